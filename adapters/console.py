@@ -1,0 +1,26 @@
+"""The console channel: prints the message. For the demo and local development."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from adapters.base import Message, SendResult
+
+
+def to_line(message: Message) -> str:
+    title = message.content.get("title", "")
+    body = message.content.get("body", "")
+    return f"[console] to {message.user_id} ({message.type_key}): {title} — {body}"
+
+
+class ConsoleAdapter:
+    channel = "console"
+    needs_address = False
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream
+
+    def send(self, message: Message) -> SendResult:
+        print(to_line(message), file=self.stream or sys.stdout, flush=True)
+        return SendResult(platform="console")

@@ -1,0 +1,108 @@
+"""The webhook channel: a signed JSON POST to the URL in the type's config.
+
+Headers: `Idempotency-Key` (the same for every attempt at one user/type/occurrence/channel),
+`X-Clarion-Timestamp` and `X-Clarion-Signature: v1=<hex HMAC-SHA256 of "{timestamp}.{body}">`.
+A 2xx or 409 (the receiver already has it) is a send; 408, 429 and 5xx are transient; other
+statuses are permanent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Mapping
+
+import urllib3
+
+from adapters.base import Message, SendResult
+from clarion.errors import PermanentSendError, TransientSendError
+
+TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"v1={digest}"
+
+
+def verify(secret: str, headers: Mapping[str, str], body: bytes, *, now: float,
+           tolerance: float = 300) -> bool:
+    """For receivers: is this request signed by us, recently?"""
+    timestamp = headers.get("X-Clarion-Timestamp", "")
+    try:
+        fresh = abs(now - int(timestamp)) <= tolerance
+    except ValueError:
+        return False
+    expected = sign(secret, timestamp, body)
+    return fresh and hmac.compare_digest(expected, headers.get("X-Clarion-Signature", ""))
+
+
+def to_request(message: Message, secret: str, now: float) -> tuple[dict[str, str], bytes]:
+    """The pure part: headers and body for one message."""
+    body = json.dumps(
+        {
+            "delivery_id": message.delivery_id,
+            "user_id": message.user_id,
+            "type": message.type_key,
+            "occurrence_key": message.occurrence_key,
+            "channel": message.channel,
+            "attempt": message.attempt,
+            "content": message.content,
+        },
+        separators=(",", ":"),
+        sort_keys=True,
+    ).encode()
+    timestamp = str(int(now))
+    headers = {
+        "Content-Type": "application/json",
+        "Idempotency-Key": message.idempotency_key,
+        "X-Clarion-Timestamp": timestamp,
+        "X-Clarion-Signature": sign(secret, timestamp, body),
+    }
+    return headers, body
+
+
+def retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None
+
+
+def from_response(status: int, headers: Mapping[str, str], body: bytes) -> SendResult:
+    """The pure part: a provider answer as a result, or the error to raise."""
+    if 200 <= status < 300 or status == 409:
+        try:
+            message_id = json.loads(body or b"{}").get("id")
+        except (ValueError, AttributeError):
+            message_id = None
+        return SendResult(platform="webhook", provider_message_id=str(message_id) if message_id else None)
+    detail = body[:200].decode(errors="replace")
+    if status in TRANSIENT_STATUSES:
+        raise TransientSendError(f"http_{status}", detail, retry_after(headers.get("Retry-After")))
+    raise PermanentSendError(f"http_{status}", detail)
+
+
+class WebhookAdapter:
+    channel = "webhook"
+    needs_address = False
+
+    def __init__(self, *, secret: str, timeout: float, default_url: str | None = None) -> None:
+        self.secret = secret
+        self.default_url = default_url
+        self.pool = urllib3.PoolManager(
+            num_pools=16, maxsize=8, retries=False, timeout=urllib3.Timeout(total=timeout)
+        )
+
+    def send(self, message: Message) -> SendResult:
+        url = message.config.get("url") or self.default_url
+        if not url:
+            raise PermanentSendError("no_url", f"type {message.type_key} has no webhook url")
+        headers, body = to_request(message, self.secret, time.time())
+        try:
+            response = self.pool.request("POST", url, body=body, headers=headers)
+        except urllib3.exceptions.HTTPError as exc:
+            raise TransientSendError("connection", str(exc)) from exc
+        return from_response(response.status, response.headers, response.data)

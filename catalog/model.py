@@ -1,0 +1,172 @@
+"""Types and templates, validated when the catalog loads (not when a worker first renders)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jinja2 import StrictUndefined, TemplateSyntaxError, meta
+from jinja2.sandbox import SandboxedEnvironment
+
+CATEGORIES = ("transactional", "security", "alert", "activation", "digest", "marketing")
+LANES = ("transactional", "activation")
+DEFAULT_LANE = {
+    "transactional": "transactional",
+    "security": "transactional",
+    "alert": "transactional",
+    "activation": "activation",
+    "digest": "activation",
+    "marketing": "activation",
+}
+
+_env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=False)
+
+
+class CatalogError(ValueError):
+    """The catalog itself is malformed (raised at load time)."""
+
+
+@dataclass(frozen=True)
+class Template:
+    """One version of a type's content: default fields plus per-channel overrides."""
+
+    version: int
+    fields: dict[str, str]
+    per_channel: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def sources(self, channel: str) -> dict[str, str]:
+        return {**self.fields, **self.per_channel.get(channel, {})}
+
+    def variables(self) -> set[str]:
+        names: set[str] = set()
+        for source in [self.fields, *self.per_channel.values()]:
+            for text in source.values():
+                names |= meta.find_undeclared_variables(_env.parse(text))
+        return names
+
+
+@dataclass(frozen=True)
+class NotificationType:
+    key: str
+    category: str
+    lane: str
+    channels: tuple[str, ...]
+    templates: dict[int, Template]
+    required: tuple[str, ...] = ()
+    defaults: dict[str, Any] = field(default_factory=dict)
+    one_platform: bool = False
+    config: dict[str, dict[str, Any]] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def version(self) -> int:
+        """The version new requests pin."""
+        return max(self.templates)
+
+    def missing(self, variables: dict[str, Any]) -> list[str]:
+        return [name for name in self.required if name not in variables]
+
+    def render(self, version: int, channel: str, variables: dict[str, Any]) -> dict[str, str]:
+        """Render every field of the pinned version for `channel` in the sandbox."""
+        template = self.templates[version]
+        context = {**self.defaults, **variables}
+        return {
+            name: _compiled(self.key, version, channel, name, source).render(context)
+            for name, source in template.sources(channel).items()
+        }
+
+
+_compiled_cache: dict[tuple, Any] = {}
+
+
+def _compiled(type_key: str, version: int, channel: str, name: str, source: str):
+    key = (type_key, version, channel, name, source)
+    if key not in _compiled_cache:
+        _compiled_cache[key] = _env.from_string(source)
+    return _compiled_cache[key]
+
+
+def _build_type(key: str, spec: dict[str, Any]) -> NotificationType:
+    def fail(message: str) -> CatalogError:
+        return CatalogError(f"type {key!r}: {message}")
+
+    category = spec.get("category")
+    if category not in CATEGORIES:
+        raise fail(f"category must be one of {', '.join(CATEGORIES)}, not {category!r}")
+    lane = spec.get("lane", DEFAULT_LANE[category])
+    if lane not in LANES:
+        raise fail(f"lane must be one of {', '.join(LANES)}, not {lane!r}")
+    channels = tuple(spec.get("channels") or ())
+    if not channels:
+        raise fail("needs at least one channel")
+    templates: dict[int, Template] = {}
+    for raw in spec.get("templates") or ():
+        raw = dict(raw)
+        try:
+            version = int(raw.pop("version"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise fail("every template needs an integer version") from exc
+        per_channel = raw.pop("channels", {}) or {}
+        templates[version] = Template(version, {k: str(v) for k, v in raw.items()}, per_channel)
+    if not templates:
+        raise fail("needs at least one template version")
+    required = tuple(spec.get("required") or ())
+    defaults = dict(spec.get("defaults") or {})
+    for template in templates.values():
+        try:
+            used = template.variables()
+        except TemplateSyntaxError as exc:
+            raise fail(f"template v{template.version}: {exc}") from exc
+        undeclared = used - set(required) - set(defaults)
+        if undeclared:
+            raise fail(
+                f"template v{template.version} uses {', '.join(sorted(undeclared))}, "
+                "which are neither required nor given defaults"
+            )
+    return NotificationType(
+        key=key,
+        category=category,
+        lane=lane,
+        channels=channels,
+        templates=templates,
+        required=required,
+        defaults=defaults,
+        one_platform=bool(spec.get("one_platform", False)),
+        config=dict(spec.get("config") or {}),
+        options=dict(spec.get("options") or {}),
+    )
+
+
+@dataclass(frozen=True)
+class Catalog:
+    types: dict[str, NotificationType]
+    source: str = "<python>"
+
+    def get(self, type_key: str) -> NotificationType | None:
+        return self.types.get(type_key)
+
+    @cached_property
+    def channels(self) -> frozenset[str]:
+        return frozenset(c for t in self.types.values() for c in t.channels)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<python>") -> Catalog:
+        types = data.get("types")
+        if not isinstance(types, dict) or not types:
+            raise CatalogError(f"{source}: needs a non-empty 'types' mapping")
+        return cls({key: _build_type(key, dict(spec or {})) for key, spec in types.items()}, source)
+
+    @classmethod
+    def from_yaml(cls, path: Path | str) -> Catalog:
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise CatalogError(f"cannot read catalog {path}: {exc}") from exc
+        return cls.from_dict(data or {}, str(path))
+
+
+EXAMPLES = Path(__file__).parent / "examples"

@@ -1,0 +1,47 @@
+"""Celery configuration for clarion: broker, lanes, beat schedule and reliability settings.
+
+Loaded by `tasks.app` with `config_from_object("celeryconfig")`. Queues: one per lane
+(`transactional`, `activation`) plus `control` for beat work, so a backlog in one lane never
+delays another; run separate workers per lane (`clarion worker --lane …`).
+"""
+
+from datetime import timedelta
+
+from kombu import Queue
+
+from clarion import settings
+
+_settings = settings.get()
+_db_url, _redis_url, broker_url = _settings.urls()
+
+task_queues = [Queue("transactional"), Queue("activation"), Queue("control")]
+task_default_queue = "control"
+task_routes = {"clarion.tick": {"queue": "control"}}  # route/deliver name their lane when published
+
+task_serializer = "json"
+accept_content = ["json"]
+task_ignore_result = True  # state lives in PostgreSQL; no result backend
+broker_connection_retry_on_startup = True
+
+# Ack a message only after its task ran: a worker that dies mid-task leaves it to be redelivered.
+task_acks_late = True
+# Without this, Celery acks the message of a child process that was killed (OOM, SIGKILL) anyway.
+task_reject_on_worker_lost = True
+# One message in flight per process: a killed process loses (and delays) at most one batch, and a
+# busy process does not hoard work that idle ones could do.
+worker_prefetch_multiplier = 1
+# If the broker connection drops, cancel running tasks so their messages are redelivered, instead
+# of finishing work whose ack can no longer reach the broker.
+worker_cancel_long_running_tasks_on_connection_loss = True
+# Redis returns an unacked message only after this; the sweeper republishes from the database
+# anyway, so this is a backstop, not what recovery waits on. Nothing uses long ETAs (kombu #337).
+broker_transport_options = {"visibility_timeout": _settings.visibility_timeout}
+
+beat_schedule = {
+    "tick": {
+        "task": "clarion.tick",
+        "schedule": timedelta(seconds=_settings.tick_interval),
+        "options": {"queue": "control", "expires": max(1.0, _settings.tick_interval * 5)},
+    }
+}
+beat_schedule_filename = str(_settings.home / "celerybeat-schedule")

@@ -1,0 +1,1 @@
+"""Shared base of clarion: settings, errors, clock and fault points. Imports nothing of ours."""

@@ -1,0 +1,73 @@
+"""The one exception root. Every error clarion raises on purpose is a ClarionError."""
+
+from __future__ import annotations
+
+
+class ClarionError(Exception):
+    """Root of every error clarion raises deliberately."""
+
+
+class ConfigurationError(ClarionError):
+    """A setting or a catalog file is missing or malformed."""
+
+
+class ServicesUnavailable(ConfigurationError):
+    """No database/Redis URL is configured and no embedded services are running."""
+
+
+class InvalidRequest(ClarionError):
+    """A notify() call that cannot be accepted. Nothing was written."""
+
+
+class UnknownType(InvalidRequest):
+    def __init__(self, type_key: str) -> None:
+        super().__init__(f"unknown notification type {type_key!r}")
+        self.type_key = type_key
+
+
+class MissingVariables(InvalidRequest):
+    def __init__(self, type_key: str, missing: list[str]) -> None:
+        super().__init__(f"type {type_key!r} needs variables: {', '.join(sorted(missing))}")
+        self.type_key = type_key
+        self.missing = sorted(missing)
+
+
+class UnknownRecipient(InvalidRequest):
+    def __init__(self, user_id: str) -> None:
+        super().__init__(f"unknown recipient {user_id!r}")
+        self.user_id = user_id
+
+
+class InvalidTimezone(InvalidRequest):
+    def __init__(self, zone: str) -> None:
+        super().__init__(f"not an IANA time zone: {zone!r}")
+        self.zone = zone
+
+
+class InvalidOccurrence(InvalidRequest):
+    """Both or neither of event_id / occurrence_key, or an empty one."""
+
+
+class SendError(ClarionError):
+    """An adapter could not hand the message to its provider."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class TransientSendError(SendError):
+    """Worth retrying: timeouts, 5xx, 429. retry_after is the provider's hint in seconds."""
+
+    def __init__(self, reason: str, detail: str = "", retry_after: float | None = None) -> None:
+        super().__init__(reason, detail)
+        self.retry_after = retry_after
+
+
+class PermanentSendError(SendError):
+    """Retrying cannot help: 4xx, unknown address, template gone."""
+
+
+class FaultInjected(ClarionError):
+    """Raised by a fault point switched on with the 'raise' action."""

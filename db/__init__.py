@@ -1,0 +1,1 @@
+"""The database: schema, migrations, named statements and the embedded PostgreSQL/Redis launcher."""

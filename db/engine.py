@@ -1,0 +1,56 @@
+"""One SQLAlchemy engine per process (re-created after fork), and the migration entry point."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, make_url
+from sqlalchemy.pool import NullPool
+
+from clarion import settings
+
+_engines: dict[tuple[int, str], Engine] = {}
+
+
+def normalise_url(url: str) -> str:
+    """Accept postgresql:// and postgres:// URLs; always drive them with psycopg 3."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def engine(url: str | None = None) -> Engine:
+    """The engine for `url` (default: the configured database) in this process."""
+    url = normalise_url(url or settings.get().urls()[0])
+    key = (os.getpid(), url)
+    if key not in _engines:
+        _engines[key] = create_engine(url, pool_size=5, max_overflow=10, pool_pre_ping=True)
+    return _engines[key]
+
+
+def dispose_all() -> None:
+    """Drop this process's engines (used after fork and at shutdown)."""
+    for key in [k for k in _engines if k[0] == os.getpid()]:
+        _engines.pop(key).dispose()
+    _engines.clear()
+
+
+def one_off_engine(url: str) -> Engine:
+    """An engine that keeps no connections (admin work: creating databases, migrating)."""
+    return create_engine(normalise_url(url), poolclass=NullPool, isolation_level="AUTOCOMMIT")
+
+
+def migrate(url: str | None = None, revision: str = "head") -> None:
+    """Bring the database to `revision` with Alembic."""
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    eng = create_engine(normalise_url(url or settings.get().urls()[0]), poolclass=NullPool)
+    with eng.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+    eng.dispose()

@@ -1,0 +1,346 @@
+"""Named statements for the send ledger. All SQL that touches requests, deliveries and incidents.
+
+Every function takes an open SQLAlchemy Connection (the caller owns the transaction) and `now`.
+Losing a race is a normal return value (None, False, or a shorter list), never an exception.
+Keys are (user_id, id) pairs; batch statements take them as two parallel arrays.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+Key = tuple[str, int]
+
+_KEYS = "unnest(CAST(:users AS text[]), CAST(:ids AS bigint[])) AS k(user_id, id)"
+
+
+def _keys(keys: Iterable[Key]) -> dict[str, list]:
+    users, ids = [], []
+    for user_id, id_ in keys:
+        users.append(user_id)
+        ids.append(id_)
+    return {"users": users, "ids": ids}
+
+
+# --- recipients -------------------------------------------------------------------------------
+
+_UPSERT_RECIPIENT = text(
+    """
+    INSERT INTO recipients (user_id, timezone, locale, country, org_id, addresses, created_at, updated_at)
+    VALUES (:user_id, :timezone, :locale, :country, :org_id, CAST(:addresses AS jsonb), :now, :now)
+    ON CONFLICT (user_id) DO UPDATE SET
+        timezone = excluded.timezone, locale = excluded.locale, country = excluded.country,
+        org_id = excluded.org_id, addresses = excluded.addresses, updated_at = excluded.updated_at
+    """
+)
+
+
+def upsert_recipient(conn: Connection, *, user_id: str, timezone: str, locale: str,
+                     country: str | None, org_id: str | None, addresses: dict[str, str],
+                     now: datetime) -> None:
+    """Create or replace a recipient."""
+    conn.execute(_UPSERT_RECIPIENT, {
+        "user_id": user_id, "timezone": timezone, "locale": locale, "country": country,
+        "org_id": org_id, "addresses": json.dumps(addresses), "now": now,
+    })
+
+
+_RECIPIENTS = text(
+    "SELECT user_id, timezone, locale, country, org_id, addresses FROM recipients "
+    "WHERE user_id = ANY(CAST(:users AS text[]))"
+)
+
+
+def recipients(conn: Connection, user_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Recipients by user id; unknown ids are simply absent."""
+    rows = conn.execute(_RECIPIENTS, {"users": list(set(user_ids))}).mappings()
+    return {row["user_id"]: dict(row) for row in rows}
+
+
+# --- requests ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    user_id: str
+    type_key: str
+    occurrence_key: str
+    lane: str
+    template_version: int
+    variables: dict[str, Any]
+
+
+_INSERT_REQUESTS = text(
+    """
+    INSERT INTO requests (user_id, type_key, occurrence_key, lane, template_version, variables,
+                          state, due_at, created_at)
+    SELECT u, t, o, l, v, CAST(vars AS jsonb), 'pending', :due_at, :now
+    FROM unnest(CAST(:users AS text[]), CAST(:types AS text[]), CAST(:occs AS text[]),
+                CAST(:lanes AS text[]), CAST(:versions AS int[]), CAST(:vars AS text[]))
+         AS x(u, t, o, l, v, vars)
+    ON CONFLICT (user_id, type_key, occurrence_key) DO NOTHING
+    RETURNING user_id, type_key, occurrence_key, id
+    """
+)
+
+_EXISTING_REQUESTS = text(
+    """
+    SELECT r.user_id, r.type_key, r.occurrence_key, r.id FROM requests r
+    JOIN unnest(CAST(:users AS text[]), CAST(:types AS text[]), CAST(:occs AS text[])) AS x(u, t, o)
+      ON r.user_id = x.u AND r.type_key = x.t AND r.occurrence_key = x.o
+    """
+)
+
+
+def insert_requests(conn: Connection, rows: Sequence[NewRequest], *, now: datetime,
+                    due_at: datetime) -> list[tuple[int, bool]]:
+    """Insert requests, one per occurrence; returns (request id, is_new) in input order.
+
+    A repeated occurrence (in the table already, or twice in `rows`) maps to the existing id.
+    """
+    params = {
+        "users": [r.user_id for r in rows], "types": [r.type_key for r in rows],
+        "occs": [r.occurrence_key for r in rows], "lanes": [r.lane for r in rows],
+        "versions": [r.template_version for r in rows],
+        "vars": [json.dumps(r.variables) for r in rows], "now": now, "due_at": due_at,
+    }
+    created = {(u, t, o): i for u, t, o, i in conn.execute(_INSERT_REQUESTS, params)}
+    ids = dict(created)
+    if len(created) < len(rows):
+        ids.update({(u, t, o): i for u, t, o, i in conn.execute(_EXISTING_REQUESTS, params)})
+    result, seen = [], set()
+    for r in rows:
+        occurrence = (r.user_id, r.type_key, r.occurrence_key)
+        result.append((ids[occurrence], occurrence in created and occurrence not in seen))
+        seen.add(occurrence)
+    return result
+
+
+_RESOLVE_REQUESTS = text(
+    f"""
+    UPDATE requests r SET state = 'routed', routed_at = :now, due_at = NULL
+    FROM {_KEYS}
+    WHERE r.user_id = k.user_id AND r.id = k.id AND r.state = 'pending'
+    RETURNING r.user_id, r.id, r.type_key, r.occurrence_key, r.lane, r.template_version, r.variables
+    """
+)
+
+
+def resolve_requests(conn: Connection, keys: Iterable[Key], *, now: datetime) -> list[dict]:
+    """Resolve-once: move pending requests to routed. Only the caller that moves a row may route it."""
+    return [dict(r) for r in conn.execute(_RESOLVE_REQUESTS, {**_keys(keys), "now": now}).mappings()]
+
+
+_DUE_REQUESTS = text(
+    """
+    UPDATE requests r SET state = 'pending', due_at = :again
+    FROM (SELECT user_id, id FROM requests WHERE due_at <= :now
+          ORDER BY due_at LIMIT :limit FOR UPDATE SKIP LOCKED) k
+    WHERE r.user_id = k.user_id AND r.id = k.id
+    RETURNING r.user_id, r.id, r.lane
+    """
+)
+
+
+def take_due_requests(conn: Connection, *, now: datetime, again: datetime, limit: int) -> list[tuple]:
+    """Requests whose routing is due (never published, stray, or deferred until now).
+
+    Each is pushed to `again`, so a crashed publisher's work comes round once more and two sweepers
+    do not both take it."""
+    return [tuple(r) for r in conn.execute(_DUE_REQUESTS, {"now": now, "again": again, "limit": limit})]
+
+
+# --- deliveries -------------------------------------------------------------------------------
+
+_INSERT_DELIVERIES = text(
+    """
+    INSERT INTO deliveries (user_id, request_id, type_key, occurrence_key, channel, one_platform,
+                            lane, state, not_before, due_at, created_at, updated_at)
+    SELECT u, r, t, o, c, p, l, 'pending', :now, :due_at, :now, :now
+    FROM unnest(CAST(:users AS text[]), CAST(:requests AS bigint[]), CAST(:types AS text[]),
+                CAST(:occs AS text[]), CAST(:channels AS text[]), CAST(:platforms AS boolean[]),
+                CAST(:lanes AS text[])) AS x(u, r, t, o, c, p, l)
+    ON CONFLICT (user_id, request_id, channel) DO NOTHING
+    RETURNING user_id, id, lane
+    """
+)
+
+
+@dataclass(frozen=True)
+class NewDelivery:
+    user_id: str
+    request_id: int
+    type_key: str
+    occurrence_key: str
+    channel: str
+    one_platform: bool
+    lane: str
+
+
+def insert_deliveries(conn: Connection, rows: Sequence[NewDelivery], *, now: datetime,
+                      due_at: datetime) -> list[tuple[str, int, str]]:
+    """Create pending deliveries; returns (user_id, delivery id, lane) of those created."""
+    if not rows:
+        return []
+    return [tuple(r) for r in conn.execute(_INSERT_DELIVERIES, {
+        "users": [r.user_id for r in rows], "requests": [r.request_id for r in rows],
+        "types": [r.type_key for r in rows], "occs": [r.occurrence_key for r in rows],
+        "channels": [r.channel for r in rows], "platforms": [r.one_platform for r in rows],
+        "lanes": [r.lane for r in rows], "now": now, "due_at": due_at,
+    })]
+
+
+_CLAIM = text(
+    f"""
+    UPDATE deliveries d
+    SET state = 'claimed', claim_token = :token, lease_until = :lease_until, due_at = :lease_until,
+        attempts = d.attempts + 1, taken_over = (d.state = 'claimed'), updated_at = :now
+    FROM {_KEYS}, requests r
+    WHERE d.user_id = k.user_id AND d.id = k.id
+      AND r.user_id = d.user_id AND r.id = d.request_id
+      AND ((d.state = 'pending' AND d.not_before <= :now)
+           OR (d.state = 'claimed' AND d.lease_until < :now))
+    RETURNING d.user_id, d.id, d.request_id, d.type_key, d.occurrence_key, d.channel, d.attempts,
+              d.taken_over, r.template_version, r.variables
+    """
+)
+
+
+def claim_deliveries(conn: Connection, keys: Iterable[Key], *, token: str, now: datetime,
+                     lease_until: datetime) -> list[dict]:
+    """Claim the deliveries that are free to send: pending and due, or claimed with a lapsed lease.
+
+    Row locks make this atomic: of many concurrent claimers exactly one gets each row. A row taken
+    from a lapsed claim comes back with taken_over=True (its previous holder may have sent)."""
+    rows = conn.execute(_CLAIM, {**_keys(keys), "token": token, "now": now,
+                                 "lease_until": lease_until}).mappings()
+    return [dict(r) for r in rows]
+
+
+_MARK_SENT = text(
+    """
+    UPDATE deliveries
+    SET state = 'sent', platform = :platform, provider_message_id = :message_id, sent_at = :now,
+        claim_token = NULL, lease_until = NULL, due_at = NULL, last_error = NULL, updated_at = :now
+    WHERE user_id = :user_id AND id = :id AND state = 'claimed' AND claim_token = :token
+    RETURNING id
+    """
+)
+
+
+def mark_sent(conn: Connection, key: Key, *, token: str, platform: str, message_id: str | None,
+              now: datetime) -> bool:
+    """Record a send, only if our claim still stands. False: the claim was taken over."""
+    row = conn.execute(_MARK_SENT, {"user_id": key[0], "id": key[1], "token": token,
+                                    "platform": platform, "message_id": message_id, "now": now})
+    return row.first() is not None
+
+
+_RELEASE = text(
+    """
+    UPDATE deliveries
+    SET state = 'pending', claim_token = NULL, lease_until = NULL, not_before = :not_before,
+        due_at = :not_before, last_error = :error, updated_at = :now
+    WHERE user_id = :user_id AND id = :id AND state = 'claimed' AND claim_token = :token
+    RETURNING id
+    """
+)
+
+
+def release_claim(conn: Connection, key: Key, *, token: str, not_before: datetime, error: str,
+                  now: datetime) -> bool:
+    """Give a claim back after a transient error; the sweeper republishes it at `not_before`."""
+    row = conn.execute(_RELEASE, {"user_id": key[0], "id": key[1], "token": token,
+                                  "not_before": not_before, "error": error, "now": now})
+    return row.first() is not None
+
+
+_FAIL = text(
+    """
+    UPDATE deliveries
+    SET state = 'failed', claim_token = NULL, lease_until = NULL, due_at = NULL, last_error = :error,
+        updated_at = :now
+    WHERE user_id = :user_id AND id = :id AND state = 'claimed' AND claim_token = :token
+    RETURNING request_id, channel
+    """
+)
+
+
+def fail_delivery(conn: Connection, key: Key, *, token: str, error: str, now: datetime) -> tuple | None:
+    """Fail a claimed delivery for good; returns (request_id, channel) or None if the claim is gone."""
+    row = conn.execute(_FAIL, {"user_id": key[0], "id": key[1], "token": token, "error": error,
+                               "now": now}).first()
+    return tuple(row) if row else None
+
+
+_DUE_DELIVERIES = text(
+    """
+    UPDATE deliveries d SET due_at = :again
+    FROM (SELECT user_id, id FROM deliveries WHERE due_at <= :now
+          ORDER BY due_at LIMIT :limit FOR UPDATE SKIP LOCKED) k
+    WHERE d.user_id = k.user_id AND d.id = k.id
+    RETURNING d.user_id, d.id, d.lane
+    """
+)
+
+
+def take_due_deliveries(conn: Connection, *, now: datetime, again: datetime, limit: int) -> list[tuple]:
+    """Deliveries to publish again: never picked up, retry time reached, or claim lease lapsed."""
+    return [tuple(r) for r in conn.execute(_DUE_DELIVERIES, {"now": now, "again": again, "limit": limit})]
+
+
+# --- decisions and incidents ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    user_id: str
+    request_id: int
+    gate: str
+    outcome: str
+    reason: str
+    detail: str = ""
+    channel: str | None = None
+    delivery_id: int | None = None
+
+
+_INSERT_DECISIONS = text(
+    """
+    INSERT INTO decisions (user_id, request_id, delivery_id, channel, gate, outcome, reason, detail,
+                           decided_at)
+    SELECT * , CAST(:now AS timestamptz) FROM unnest(
+        CAST(:users AS text[]), CAST(:requests AS bigint[]), CAST(:deliveries AS bigint[]),
+        CAST(:channels AS text[]), CAST(:gates AS text[]), CAST(:outcomes AS text[]),
+        CAST(:reasons AS text[]), CAST(:details AS text[]))
+    """
+)
+
+
+def insert_decisions(conn: Connection, rows: Sequence[Decision], *, now: datetime) -> None:
+    """Record why requests (or one channel of them) were not delivered."""
+    if not rows:
+        return
+    conn.execute(_INSERT_DECISIONS, {
+        "users": [d.user_id for d in rows], "requests": [d.request_id for d in rows],
+        "deliveries": [d.delivery_id for d in rows], "channels": [d.channel for d in rows],
+        "gates": [d.gate for d in rows], "outcomes": [d.outcome for d in rows],
+        "reasons": [d.reason for d in rows], "details": [d.detail for d in rows], "now": now,
+    })
+
+
+_INSERT_INCIDENT = text(
+    "INSERT INTO incidents (user_id, delivery_id, kind, detail, created_at) "
+    "VALUES (:user_id, :delivery_id, :kind, :detail, :now)"
+)
+
+
+def record_incident(conn: Connection, key: Key, *, kind: str, detail: str, now: datetime) -> None:
+    """Record something an operator must look at (e.g. a possible duplicate send)."""
+    conn.execute(_INSERT_INCIDENT, {"user_id": key[0], "delivery_id": key[1], "kind": kind,
+                                    "detail": detail, "now": now})

@@ -1,0 +1,164 @@
+"""Tables as SQLAlchemy Core objects, mirroring the Alembic migrations (a test compares the two).
+
+Every primary and unique key leads with user_id, so the tables can be distributed by user_id.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKeyConstraint,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+metadata = MetaData()
+
+LANES = ("transactional", "activation")
+REQUEST_STATES = ("pending", "deferred", "routed")
+DELIVERY_STATES = ("pending", "claimed", "sent", "delivered", "read", "answered", "failed", "suppressed")
+# States that hold or have used the right to send: at most one per occurrence and channel.
+SENDING_STATES = ("claimed", "sent", "delivered", "read", "answered")
+SENT_STATES = ("sent", "delivered", "read", "answered")
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def _ts(name: str, nullable: bool = True) -> Column:
+    return Column(name, DateTime(timezone=True), nullable=nullable)
+
+
+recipients = Table(
+    "recipients",
+    metadata,
+    Column("user_id", Text, primary_key=True),
+    Column("timezone", Text, nullable=False),
+    Column("locale", Text, nullable=False, server_default="en"),
+    Column("country", Text),
+    Column("org_id", Text),
+    Column("addresses", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    _ts("created_at", False),
+    _ts("updated_at", False),
+)
+
+requests = Table(
+    "requests",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("type_key", Text, nullable=False),
+    Column("occurrence_key", Text, nullable=False),
+    Column("lane", Text, nullable=False),
+    Column("template_version", Integer, nullable=False),
+    Column("variables", JSONB, nullable=False),
+    Column("state", Text, nullable=False, server_default="pending"),
+    _ts("due_at"),
+    _ts("created_at", False),
+    _ts("routed_at"),
+    PrimaryKeyConstraint("user_id", "id", name="requests_pkey"),
+    UniqueConstraint("user_id", "type_key", "occurrence_key", name="requests_occurrence_key"),
+    ForeignKeyConstraint(["user_id"], ["recipients.user_id"], name="requests_user_id_fkey"),
+    CheckConstraint(_in("state", REQUEST_STATES), name="requests_state_check"),
+    CheckConstraint(_in("lane", LANES), name="requests_lane_check"),
+    Index("requests_due", "due_at", postgresql_where=text("due_at IS NOT NULL")),
+)
+
+deliveries = Table(
+    "deliveries",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("request_id", BigInteger, nullable=False),
+    Column("type_key", Text, nullable=False),
+    Column("occurrence_key", Text, nullable=False),
+    Column("channel", Text, nullable=False),
+    Column("one_platform", Boolean, nullable=False),
+    Column("lane", Text, nullable=False),
+    Column("state", Text, nullable=False, server_default="pending"),
+    Column("claim_token", UUID(as_uuid=False)),
+    _ts("lease_until"),
+    _ts("not_before", False),
+    _ts("due_at"),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("taken_over", Boolean, nullable=False, server_default=text("false")),
+    Column("platform", Text),
+    Column("provider_message_id", Text),
+    Column("last_error", Text),
+    _ts("created_at", False),
+    _ts("updated_at", False),
+    _ts("sent_at"),
+    PrimaryKeyConstraint("user_id", "id", name="deliveries_pkey"),
+    UniqueConstraint("user_id", "request_id", "channel", name="deliveries_request_channel_key"),
+    ForeignKeyConstraint(
+        ["user_id", "request_id"], ["requests.user_id", "requests.id"], name="deliveries_request_fkey"
+    ),
+    CheckConstraint(_in("state", DELIVERY_STATES), name="deliveries_state_check"),
+    CheckConstraint(
+        f"NOT ({_in('state', SENT_STATES)}) OR platform IS NOT NULL", name="deliveries_sent_names_platform"
+    ),
+    CheckConstraint(
+        "state <> 'claimed' OR (claim_token IS NOT NULL AND lease_until IS NOT NULL)",
+        name="deliveries_claim_has_token",
+    ),
+    Index(
+        "deliveries_one_send",
+        "user_id",
+        "type_key",
+        "occurrence_key",
+        "channel",
+        unique=True,
+        postgresql_where=text(_in("state", SENDING_STATES)),
+    ),
+    Index(
+        "deliveries_one_platform",
+        "user_id",
+        "type_key",
+        "occurrence_key",
+        unique=True,
+        postgresql_where=text(f"one_platform AND {_in('state', SENDING_STATES)}"),
+    ),
+    Index("deliveries_due", "due_at", postgresql_where=text("due_at IS NOT NULL")),
+)
+
+decisions = Table(
+    "decisions",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("request_id", BigInteger, nullable=False),
+    Column("delivery_id", BigInteger),
+    Column("channel", Text),
+    Column("gate", Text, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("detail", Text, nullable=False, server_default=""),
+    _ts("decided_at", False),
+    PrimaryKeyConstraint("user_id", "id", name="decisions_pkey"),
+    Index("decisions_request", "user_id", "request_id"),
+)
+
+incidents = Table(
+    "incidents",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("delivery_id", BigInteger, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("detail", Text, nullable=False, server_default=""),
+    _ts("created_at", False),
+    PrimaryKeyConstraint("user_id", "id", name="incidents_pkey"),
+)

@@ -1,0 +1,8 @@
+"""Celery tasks and the producer API.
+
+    from tasks import notify, register_recipient
+"""
+
+from tasks.producer import Enqueued, notify, notify_many, register_recipient
+
+__all__ = ["Enqueued", "notify", "notify_many", "register_recipient"]

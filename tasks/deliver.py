@@ -1,0 +1,94 @@
+"""The deliver task: claim, render, send, and record "sent" only after the send."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from celery import shared_task
+from sqlalchemy import Connection
+
+from adapters.base import Message
+from clarion import clock, faults, settings
+from clarion.errors import PermanentSendError, SendError
+from db import ledger
+from db.engine import engine
+from tasks import runtime
+from tasks.retry import RetryPolicy, decide
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="clarion.deliver")
+def deliver(users: list[str], ids: list[int]) -> int:
+    """Deliver a batch. Rows another worker holds, or that are done, are skipped by the claim."""
+    s = settings.get()
+    token = str(uuid.uuid4())
+    now = clock.now()
+    with engine().begin() as conn:
+        claimed = ledger.claim_deliveries(conn, zip(users, ids, strict=True), token=token, now=now,
+                                          lease_until=now + timedelta(seconds=s.claim_lease))
+    runtime.count("deliver_skipped_not_claimable", len(ids) - len(claimed))
+    faults.hit("deliver.after_claim")
+    policy = RetryPolicy(max_attempts=s.max_attempts)
+    sent = 0
+    with engine().connect() as conn:
+        for row in claimed:
+            sent += _deliver_one(conn, row, token, policy)
+            conn.commit()
+    return sent
+
+
+def _deliver_one(conn: Connection, row: dict[str, Any], token: str, policy: RetryPolicy) -> int:
+    key = (row["user_id"], row["id"])
+    if row["taken_over"]:
+        ledger.record_incident(conn, key, kind="claim_taken_over", now=clock.now(),
+                               detail=f"lease lapsed on attempt {row['attempts'] - 1}; that attempt "
+                                      "may have sent (receivers dedup on the idempotency key)")
+    try:
+        message = _render(row)
+        result = runtime.adapters()[row["channel"]].send(message)
+    except SendError as error:
+        _settle_failure(conn, row, key, token, error, policy)
+        return 0
+    faults.hit("deliver.after_send")
+    if ledger.mark_sent(conn, key, token=token, platform=result.platform,
+                        message_id=result.provider_message_id, now=clock.now()):
+        return 1
+    ledger.record_incident(conn, key, kind="possible_duplicate", now=clock.now(),
+                           detail="sent, but the claim had been taken over before it was recorded")
+    log.warning("claim lost after send", extra={"action": "possible_duplicate", "delivery": key})
+    return 0
+
+
+def _render(row: dict[str, Any]) -> Message:
+    ntype = runtime.catalog().get(row["type_key"])
+    version = row["template_version"]
+    if ntype is None or version not in ntype.templates:
+        raise PermanentSendError("template_missing", f"{row['type_key']} v{version} is not in the catalog")
+    channel = row["channel"]
+    try:
+        content = ntype.render(version, channel, row["variables"])
+    except Exception as exc:  # a sandbox or undefined-variable error in content we cannot fix by retrying
+        raise PermanentSendError("render_failed", str(exc)) from exc
+    return Message(delivery_id=row["id"], user_id=row["user_id"], type_key=row["type_key"],
+                   occurrence_key=row["occurrence_key"], channel=channel, content=content,
+                   attempt=row["attempts"], config=ntype.config.get(channel, {}))
+
+
+def _settle_failure(conn: Connection, row: dict[str, Any], key: ledger.Key, token: str,
+                    error: SendError, policy: RetryPolicy) -> None:
+    now = clock.now()
+    retry = decide(error, row["attempts"], policy)
+    if retry is not None:
+        ledger.release_claim(conn, key, token=token, error=str(error), now=now,
+                             not_before=now + timedelta(seconds=retry.delay))
+        return
+    if ledger.fail_delivery(conn, key, token=token, error=str(error), now=now) is None:
+        return
+    reason = error.reason if isinstance(error, PermanentSendError) else "retries_exhausted"
+    ledger.insert_decisions(conn, [ledger.Decision(
+        row["user_id"], row["request_id"], "deliver", "failed", reason, str(error)[:500],
+        row["channel"], row["id"])], now=now)

@@ -1,0 +1,120 @@
+"""The producer API: register recipients and enqueue notifications. Bad input fails here, loudly,
+before anything is written."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from sqlalchemy import Connection
+
+from clarion import clock, faults, settings
+from clarion.errors import (
+    InvalidOccurrence,
+    InvalidRequest,
+    InvalidTimezone,
+    MissingVariables,
+    UnknownRecipient,
+    UnknownType,
+)
+from db import ledger
+from db.engine import engine
+from tasks import runtime
+from tasks.publish import ROUTE, publish
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    request_id: int
+    new: bool  # False: this occurrence was requested before; nothing new was written
+
+
+def validate_timezone(zone: str) -> str:
+    if not isinstance(zone, str) or not zone or zone.startswith(("/", ".")):
+        raise InvalidTimezone(str(zone))
+    try:
+        ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise InvalidTimezone(zone) from exc
+    return zone
+
+
+def register_recipient(user_id: str, *, timezone: str, locale: str = "en", country: str | None = None,
+                       org_id: str | None = None, addresses: Mapping[str, str] | None = None,
+                       connection: Connection | None = None) -> None:
+    """Create or update a recipient. The time zone must be an IANA name (e.g. Europe/Berlin)."""
+    if not isinstance(user_id, str) or not user_id:
+        raise InvalidRequest("user_id must be a non-empty string")
+    validate_timezone(timezone)
+    if country is not None and not (isinstance(country, str) and len(country) == 2 and country.isalpha()):
+        raise InvalidRequest(f"country must be an ISO 3166 alpha-2 code, not {country!r}")
+    fields = dict(user_id=user_id, timezone=timezone, locale=locale,
+                  country=country.upper() if country else None, org_id=org_id,
+                  addresses=dict(addresses or {}), now=clock.now())
+    if connection is not None:
+        ledger.upsert_recipient(connection, **fields)
+        return
+    with engine().begin() as conn:
+        ledger.upsert_recipient(conn, **fields)
+
+
+def _build(user_id: str, type_key: str, event_id: str | None, occurrence_key: str | None,
+           variables: Mapping[str, Any] | None) -> ledger.NewRequest:
+    ntype = runtime.catalog().get(type_key)
+    if ntype is None:
+        raise UnknownType(type_key)
+    if (event_id is None) == (occurrence_key is None):
+        raise InvalidOccurrence("give exactly one of event_id or occurrence_key")
+    key = occurrence_key if occurrence_key is not None else f"event:{event_id}"
+    if not isinstance(key, str) or key in ("", "event:"):
+        raise InvalidOccurrence("event_id / occurrence_key must be a non-empty string")
+    variables = dict(variables or {})
+    missing = ntype.missing(variables)
+    if missing:
+        raise MissingVariables(type_key, missing)
+    try:
+        json.dumps(variables)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"variables must be JSON-serialisable: {exc}") from exc
+    return ledger.NewRequest(user_id, type_key, key, ntype.lane, ntype.version, variables)
+
+
+def notify(user_id: str, type_key: str, *, event_id: str | None = None,
+           occurrence_key: str | None = None, variables: Mapping[str, Any] | None = None,
+           connection: Connection | None = None) -> Enqueued:
+    """Request one notification. Returns the request id and whether it is new.
+
+    With `connection=`, the request is written in the caller's transaction (an outbox row) and
+    routed by the next beat tick after the caller commits; otherwise it is committed and
+    published at once."""
+    return notify_many([dict(user_id=user_id, type_key=type_key, event_id=event_id,
+                             occurrence_key=occurrence_key, variables=variables)],
+                       connection=connection)[0]
+
+
+def notify_many(items: Iterable[Mapping[str, Any]], *, connection: Connection | None = None) -> list[Enqueued]:
+    """notify() for many requests in one transaction; all are validated before any is written."""
+    rows = [_build(i["user_id"], i["type_key"], i.get("event_id"), i.get("occurrence_key"),
+                   i.get("variables")) for i in items]
+    if not rows:
+        return []
+    now = clock.now()
+    if connection is not None:
+        return _insert(connection, rows, now=now, due_at=now)
+    with engine().begin() as conn:
+        result = _insert(conn, rows, now=now, due_at=now + timedelta(seconds=settings.get().stray_after))
+    faults.hit("notify.before_publish")
+    publish(ROUTE, [(r.user_id, e.request_id, r.lane) for r, e in zip(rows, result, strict=True) if e.new])
+    return result
+
+
+def _insert(conn: Connection, rows: list[ledger.NewRequest], *, now, due_at) -> list[Enqueued]:
+    known = ledger.recipients(conn, (r.user_id for r in rows))
+    unknown = next((r.user_id for r in rows if r.user_id not in known), None)
+    if unknown is not None:
+        raise UnknownRecipient(unknown)
+    return [Enqueued(i, new) for i, new in ledger.insert_requests(conn, rows, now=now, due_at=due_at)]

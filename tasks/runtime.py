@@ -1,0 +1,74 @@
+"""Per-process resources for tasks: the catalog, adapters, Redis. Created lazily, once per process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from functools import wraps
+from typing import TypeVar
+
+import redis as redis_lib
+
+from adapters.base import Adapter
+from adapters.console import ConsoleAdapter
+from adapters.webhook import WebhookAdapter
+from catalog import Catalog
+from catalog.model import EXAMPLES
+from clarion import settings
+from clarion.errors import ConfigurationError
+
+T = TypeVar("T")
+
+
+def per_process(factory: Callable[[], T]) -> Callable[[], T]:
+    """Cache `factory()` per process id, so a forked child builds its own."""
+    cache: dict[int, T] = {}
+
+    @wraps(factory)
+    def get() -> T:
+        pid = os.getpid()
+        if pid not in cache:
+            cache.clear()
+            cache[pid] = factory()
+        return cache[pid]
+
+    get.cache_clear = cache.clear  # type: ignore[attr-defined]
+    return get
+
+
+@per_process
+def catalog() -> Catalog:
+    path = settings.get().catalog or EXAMPLES / "demo.yaml"
+    try:
+        return Catalog.from_yaml(path)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from exc
+
+
+@per_process
+def adapters() -> dict[str, Adapter]:
+    s = settings.get()
+    found: list[Adapter] = [
+        ConsoleAdapter(),
+        WebhookAdapter(secret=s.webhook_secret, timeout=s.webhook_timeout, default_url=s.webhook_url),
+    ]
+    return {a.channel: a for a in found}
+
+
+@per_process
+def redis() -> redis_lib.Redis:
+    return redis_lib.Redis.from_url(settings.get().urls()[1])
+
+
+def count(name: str, amount: int = 1) -> None:
+    """Bump a cluster-wide counter shown by `clarion stats` (best effort)."""
+    if amount:
+        with contextlib.suppress(redis_lib.RedisError):
+            redis().hincrby("clarion:counters", name, amount)
+
+
+def reset() -> None:
+    """Forget cached resources (tests that switch catalogs or settings)."""
+    for cached in (catalog, adapters, redis):
+        cached.cache_clear()  # type: ignore[attr-defined]
