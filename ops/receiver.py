@@ -1,0 +1,113 @@
+"""A local webhook receiver: verifies clarion's signature and counts arrivals per idempotency key.
+
+Used by the demo, the tests and the benchmark as the far end of the webhook channel; also handy as
+a stand-in for your own service during development (`clarion receiver --port 8099`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from adapters.webhook import verify
+
+
+@dataclass
+class Arrivals:
+    """What reached the receiver; safe to read from another thread."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    by_key: Counter = field(default_factory=Counter)
+    occurrences: dict[str, set[str]] = field(default_factory=dict)  # "user/type/occ" -> keys
+    rejected: int = 0
+    fail_next: int = 0  # answer this many of the next requests with 503
+
+    def record(self, key: str, payload: dict) -> bool:
+        """Count one arrival; True if it is the first for its idempotency key."""
+        occurrence = f"{payload.get('user_id')}/{payload.get('type')}/{payload.get('occurrence_key')}"
+        with self.lock:
+            self.by_key[key] += 1
+            self.occurrences.setdefault(occurrence, set()).add(key)
+            return self.by_key[key] == 1
+
+    def take_failure(self) -> bool:
+        with self.lock:
+            if self.fail_next > 0:
+                self.fail_next -= 1
+                return True
+            return False
+
+    @property
+    def total(self) -> int:
+        with self.lock:
+            return sum(self.by_key.values())
+
+    @property
+    def unique(self) -> int:
+        with self.lock:
+            return len(self.by_key)
+
+    @property
+    def repeats(self) -> int:
+        """Arrivals the receiver dropped because it had that idempotency key already."""
+        with self.lock:
+            return sum(n - 1 for n in self.by_key.values())
+
+
+def _handler(secret: str, arrivals: Arrivals) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 - the http.server API
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if arrivals.take_failure():
+                return self._answer(503, {"error": "try later"})
+            if not verify(secret, self.headers, body, now=time.time()):
+                arrivals.rejected += 1
+                return self._answer(401, {"error": "bad signature"})
+            try:
+                payload = json.loads(body)
+            except ValueError:
+                return self._answer(400, {"error": "not JSON"})
+            first = arrivals.record(self.headers.get("Idempotency-Key", ""), payload)
+            self._answer(200 if first else 409, {"id": payload.get("delivery_id"), "duplicate": not first})
+
+        def _answer(self, status: int, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+class Receiver:
+    """A receiver serving on 127.0.0.1 in a background thread."""
+
+    def __init__(self, secret: str, port: int = 0) -> None:
+        self.arrivals = Arrivals()
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), _handler(secret, self.arrivals))
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}/hook"
+
+    def __enter__(self) -> Receiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,33 @@
+"""Run a function in N real processes that start at the same instant, and collect the results."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections.abc import Callable
+from typing import Any
+
+
+def _run(fn: Callable[..., Any], args: tuple, barrier, queue) -> None:
+    from db import engine
+
+    engine.dispose_all()  # never reuse the parent's connections
+    try:
+        barrier.wait(timeout=60)
+        queue.put(("ok", fn(*args)))
+    except BaseException as exc:  # reported to the parent, which fails the test
+        queue.put(("error", repr(exc)))
+
+
+def race(n: int, fn: Callable[..., Any], args_for: Callable[[int], tuple] = lambda i: ()) -> list[Any]:
+    """Fork n processes; each waits at a barrier, then runs fn(*args_for(i)). Raises on any error."""
+    ctx = mp.get_context("fork")
+    barrier, queue = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_run, args=(fn, args_for(i), barrier, queue)) for i in range(n)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    errors = [r for kind, r in results if kind == "error"]
+    assert not errors, errors
+    return [r for _, r in results]
