@@ -27,18 +27,34 @@ def deliver(users: list[str], ids: list[int]) -> int:
     s = settings.get()
     token = str(uuid.uuid4())
     now = clock.now()
+    lease_until = now + timedelta(seconds=s.claim_lease)
     with engine().begin() as conn:
         claimed = ledger.claim_deliveries(conn, zip(users, ids, strict=True), token=token, now=now,
-                                          lease_until=now + timedelta(seconds=s.claim_lease))
+                                          lease_until=lease_until)
     runtime.count("deliver_skipped_not_claimable", len(ids) - len(claimed))
     faults.hit("deliver.after_claim")
     policy = RetryPolicy(max_attempts=s.max_attempts)
+    # Never start a send that could still be running when the lease lapses and another worker
+    # may take the row over: stop early and hand the rest back instead.
+    last_start = lease_until - timedelta(seconds=min(s.claim_lease / 2, s.webhook_timeout + 1))
     sent = 0
     with engine().connect() as conn:
-        for row in claimed:
+        for n, row in enumerate(claimed):
+            if clock.now() > last_start:
+                _release_rest(conn, claimed[n:], token)
+                break
             sent += _deliver_one(conn, row, token, policy)
             conn.commit()
     return sent
+
+
+def _release_rest(conn: Connection, rows: list[dict[str, Any]], token: str) -> None:
+    now = clock.now()
+    for row in rows:
+        ledger.release_claim(conn, (row["user_id"], row["id"]), token=token, not_before=now,
+                             error="batch ran out of lease time", now=now)
+    conn.commit()
+    log.info("released unsent claims", extra={"action": "claims_released", "count": len(rows)})
 
 
 def _deliver_one(conn: Connection, row: dict[str, Any], token: str, policy: RetryPolicy) -> int:

@@ -1,0 +1,40 @@
+"""`clarion stats`: what the ledger holds, what was prevented, and what is queued."""
+
+from __future__ import annotations
+
+import redis as redis_lib
+
+from db import reports
+from db.engine import engine
+from ops.table import render
+
+QUEUES = ("transactional", "activation", "control")
+
+
+def counters(redis_url: str) -> dict[str, int]:
+    raw = redis_lib.Redis.from_url(redis_url).hgetall("clarion:counters")
+    return {k.decode(): int(v) for k, v in raw.items()}
+
+
+def queue_depths(broker_url: str) -> list[tuple[str, int]] | None:
+    if not broker_url.startswith(("redis://", "rediss://")):
+        return None
+    client = redis_lib.Redis.from_url(broker_url)
+    return [(q, client.llen(q)) for q in QUEUES]
+
+
+def report(database_url: str, redis_url: str, broker_url: str) -> str:
+    with engine(database_url).connect() as conn:
+        parts = [
+            render(["lane", "state", "requests"], reports.request_counts(conn), "Requests"),
+            render(["lane", "channel", "state", "deliveries"], reports.delivery_counts(conn), "Deliveries"),
+            render(["gate", "outcome", "reason", "count"], reports.decision_counts(conn),
+                   "Not delivered, with the recorded reason"),
+            render(["kind", "count"], reports.incident_counts(conn), "Incidents"),
+        ]
+    parts.append(render(["counter", "value"], sorted(counters(redis_url).items()),
+                        "Work found already done (duplicates prevented)"))
+    depths = queue_depths(broker_url)
+    if depths is not None:
+        parts.append(render(["queue", "messages waiting"], depths, "Broker queues"))
+    return "\n\n".join(parts)
