@@ -35,8 +35,9 @@ def verify(secret: str, headers: Mapping[str, str], body: bytes, *, now: float,
         fresh = abs(now - int(timestamp)) <= tolerance
     except ValueError:
         return False
-    expected = sign(secret, timestamp, body)
-    return fresh and hmac.compare_digest(expected, headers.get("X-Clarion-Signature", ""))
+    expected = sign(secret, timestamp, body).encode()
+    given = headers.get("X-Clarion-Signature", "").encode("utf-8", "surrogateescape")
+    return fresh and hmac.compare_digest(expected, given)
 
 
 def to_request(message: Message, secret: str, now: float) -> tuple[dict[str, str], bytes]:
@@ -100,9 +101,13 @@ class WebhookAdapter:
         url = message.config.get("url") or self.default_url
         if not url:
             raise PermanentSendError("no_url", f"type {message.type_key} has no webhook url")
+        if not str(url).startswith(("http://", "https://")):
+            raise PermanentSendError("bad_url", f"webhook url must be http(s): {url!r}")
         headers, body = to_request(message, self.secret, time.time())
         try:
             response = self.pool.request("POST", url, body=body, headers=headers)
+        except urllib3.exceptions.LocationValueError as exc:
+            raise PermanentSendError("bad_url", str(exc)) from exc
         except urllib3.exceptions.HTTPError as exc:
             raise TransientSendError("connection", str(exc)) from exc
         return from_response(response.status, response.headers, response.data)

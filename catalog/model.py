@@ -89,32 +89,68 @@ def _compiled(type_key: str, version: int, channel: str, name: str, source: str)
     return _compiled_cache[key]
 
 
-def _build_type(key: str, spec: dict[str, Any]) -> NotificationType:
+def _names(value: Any, what: str, fail) -> tuple[str, ...]:
+    """A list of non-empty strings (a lone string is an error, not a list of its characters)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise fail(f"{what} must be a list of names, not {value!r}")
+    return tuple(value)
+
+
+def _fields(value: Any, what: str, fail) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise fail(f"{what} must be a mapping of field name to text, not {value!r}")
+    for name, text in value.items():
+        if not isinstance(text, str | int | float) or isinstance(text, bool):
+            raise fail(f"{what}.{name} must be text, not {text!r}")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def _templates(raw_list: Any, fail) -> dict[int, Template]:
+    if not isinstance(raw_list, list) or not raw_list:
+        raise fail("needs a list of templates, each with a version")
+    templates: dict[int, Template] = {}
+    for raw in raw_list:
+        if not isinstance(raw, dict):
+            raise fail(f"a template must be a mapping, not {raw!r}")
+        raw = dict(raw)
+        version = raw.pop("version", None)
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise fail("every template needs a positive integer version")
+        if version in templates:
+            raise fail(f"template version {version} is defined twice")
+        per_channel = raw.pop("channels", None) or {}
+        if not isinstance(per_channel, dict):
+            raise fail(f"template v{version}: channels must map a channel to its fields")
+        templates[version] = Template(
+            version,
+            _fields(raw, f"template v{version}", fail),
+            {str(c): _fields(f, f"template v{version} channel {c}", fail) for c, f in per_channel.items()},
+        )
+    return templates
+
+
+def _build_type(key: str, spec: Any) -> NotificationType:
     def fail(message: str) -> CatalogError:
         return CatalogError(f"type {key!r}: {message}")
 
+    if not isinstance(spec, dict):
+        raise fail(f"must be a mapping, not {spec!r}")
     category = spec.get("category")
     if category not in CATEGORIES:
         raise fail(f"category must be one of {', '.join(CATEGORIES)}, not {category!r}")
     lane = spec.get("lane", DEFAULT_LANE[category])
     if lane not in LANES:
         raise fail(f"lane must be one of {', '.join(LANES)}, not {lane!r}")
-    channels = tuple(spec.get("channels") or ())
+    channels = _names(spec.get("channels"), "channels", fail)
     if not channels:
         raise fail("needs at least one channel")
-    templates: dict[int, Template] = {}
-    for raw in spec.get("templates") or ():
-        raw = dict(raw)
-        try:
-            version = int(raw.pop("version"))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise fail("every template needs an integer version") from exc
-        per_channel = raw.pop("channels", {}) or {}
-        templates[version] = Template(version, {k: str(v) for k, v in raw.items()}, per_channel)
-    if not templates:
-        raise fail("needs at least one template version")
-    required = tuple(spec.get("required") or ())
-    defaults = dict(spec.get("defaults") or {})
+    templates = _templates(spec.get("templates"), fail)
+    required = _names(spec.get("required"), "required", fail)
+    defaults = spec.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise fail("defaults must be a mapping")
     for template in templates.values():
         try:
             used = template.variables()
@@ -126,6 +162,9 @@ def _build_type(key: str, spec: dict[str, Any]) -> NotificationType:
                 f"template v{template.version} uses {', '.join(sorted(undeclared))}, "
                 "which are neither required nor given defaults"
             )
+    for name in ("config", "options"):
+        if not isinstance(spec.get(name) or {}, dict):
+            raise fail(f"{name} must be a mapping")
     return NotificationType(
         key=key,
         category=category,
@@ -133,7 +172,7 @@ def _build_type(key: str, spec: dict[str, Any]) -> NotificationType:
         channels=channels,
         templates=templates,
         required=required,
-        defaults=defaults,
+        defaults=dict(defaults),
         one_platform=bool(spec.get("one_platform", False)),
         config=dict(spec.get("config") or {}),
         options=dict(spec.get("options") or {}),
@@ -154,10 +193,10 @@ class Catalog:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<python>") -> Catalog:
-        types = data.get("types")
+        types = data.get("types") if isinstance(data, dict) else None
         if not isinstance(types, dict) or not types:
             raise CatalogError(f"{source}: needs a non-empty 'types' mapping")
-        return cls({key: _build_type(key, dict(spec or {})) for key, spec in types.items()}, source)
+        return cls({str(key): _build_type(str(key), spec) for key, spec in types.items()}, source)
 
     @classmethod
     def from_yaml(cls, path: Path | str) -> Catalog:
@@ -166,7 +205,7 @@ class Catalog:
             data = yaml.safe_load(path.read_text())
         except (OSError, yaml.YAMLError) as exc:
             raise CatalogError(f"cannot read catalog {path}: {exc}") from exc
-        return cls.from_dict(data or {}, str(path))
+        return cls.from_dict(data, str(path))
 
 
 EXAMPLES = Path(__file__).parent / "examples"

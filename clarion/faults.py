@@ -51,9 +51,12 @@ def parse(spec: str) -> dict[str, Fault]:
         if action not in ("crash", "raise", "sleep"):
             raise ConfigurationError(f"unknown fault action {action!r} for {point}")
         try:
-            faults[point] = Fault(point, action, float(argument or 0), int(times) if times else None)
+            count = int(times) if "*" in rest else None
+            faults[point] = Fault(point, action, float(argument or 0), count)
         except ValueError as exc:
             raise ConfigurationError(f"malformed fault entry {entry!r}") from exc
+        if count is not None and count < 1:
+            raise ConfigurationError(f"fault entry {entry!r}: *times must be at least 1")
     return faults
 
 

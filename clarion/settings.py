@@ -58,7 +58,7 @@ def read_embedded(home: Path) -> dict | None:
     try:
         data = json.loads(path.read_text())
         os.kill(int(data["pid"]), 0)
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
     return data
 

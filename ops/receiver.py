@@ -23,6 +23,7 @@ class Arrivals:
     lock: threading.Lock = field(default_factory=threading.Lock)
     by_key: Counter = field(default_factory=Counter)
     occurrences: dict[str, set[str]] = field(default_factory=dict)  # "user/type/occ" -> keys
+    deliveries: dict[str, int] = field(default_factory=dict)  # idempotency key -> delivery id
     rejected: int = 0
     fail_next: int = 0  # answer this many of the next requests with 503
 
@@ -32,6 +33,7 @@ class Arrivals:
         with self.lock:
             self.by_key[key] += 1
             self.occurrences.setdefault(occurrence, set()).add(key)
+            self.deliveries[key] = payload.get("delivery_id")
             return self.by_key[key] == 1
 
     def take_failure(self) -> bool:
@@ -91,13 +93,19 @@ def _handler(secret: str, arrivals: Arrivals) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # a sender killed mid-request (as the chaos tests do) is not news
+
+
 class Receiver:
     """A receiver serving on 127.0.0.1 in a background thread."""
 
     def __init__(self, secret: str, port: int = 0) -> None:
         self.arrivals = Arrivals()
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), _handler(secret, self.arrivals))
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", port), _handler(secret, self.arrivals))
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property

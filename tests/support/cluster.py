@@ -1,0 +1,69 @@
+"""Real worker and beat processes for acceptance tests, plus waiting on the ledger."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from sqlalchemy import text
+
+from db.engine import engine
+from ops import launch
+
+
+class Cluster:
+    """Worker and beat processes sharing one environment; each can be killed and restarted."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env = env
+        self.logs = logs
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.processes: dict[str, launch.Process] = {}
+        self.commands: dict[str, tuple[list[str], dict[str, str]]] = {}
+        self.starts = 0
+
+    def worker(self, name: str, queues: Sequence[str] = launch.QUEUES, *, concurrency: int = 2,
+               env: dict[str, str] | None = None) -> None:
+        self._start(name, launch.worker_command(queues, concurrency=concurrency, name=name,
+                                                loglevel="INFO"), env or {})
+
+    def beat(self, name: str = "beat") -> None:
+        home = Path(self.env["CLARION_HOME"]) / name
+        home.mkdir(parents=True, exist_ok=True)
+        self._start(name, launch.beat_command(home), {})
+
+    def _start(self, name: str, command: list[str], extra: dict[str, str]) -> None:
+        self.starts += 1
+        self.commands[name] = (command, extra)
+        self.processes[name] = launch.Process(command, env={**self.env, **extra},
+                                              log=self.logs / f"{name}.{self.starts}.log")
+
+    def kill(self, name: str) -> None:
+        self.processes[name].kill()
+
+    def restart(self, name: str) -> None:
+        command, extra = self.commands[name]
+        self._start(name, command, extra)
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            process.stop()
+
+
+def counts(sql: str) -> int:
+    with engine().connect() as conn:
+        return conn.execute(text(sql)).scalar_one()
+
+
+def wait_settled(timeout: float, *, expect_sent: int | None = None) -> bool:
+    """Wait until no request is unrouted and no delivery is pending or claimed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        unrouted = counts("SELECT count(*) FROM requests WHERE state <> 'routed'")
+        unsettled = counts("SELECT count(*) FROM deliveries WHERE state IN ('pending', 'claimed')")
+        sent = counts("SELECT count(*) FROM deliveries WHERE state = 'sent'")
+        if unrouted == 0 and unsettled == 0 and (expect_sent is None or sent >= expect_sent):
+            return True
+        time.sleep(0.5)
+    return False

@@ -1,0 +1,436 @@
+"""catalog/model.py: load-time validation, lanes, versions, rendering in the sandbox."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jinja2.exceptions import SecurityError, UndefinedError
+
+from catalog import CATEGORIES, Catalog, CatalogError
+from catalog.model import DEFAULT_LANE, EXAMPLES
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def spec(**overrides: Any) -> dict[str, Any]:
+    """A valid type spec; keyword arguments replace (or, with None, remove) its keys."""
+    base: dict[str, Any] = {
+        "category": "transactional",
+        "channels": ["webhook"],
+        "required": ["name"],
+        "templates": [{"version": 1, "body": "Hi {{ name }}"}],
+    }
+    base.update(overrides)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+def one(type_spec: dict[str, Any], key: str = "t"):
+    return Catalog.from_dict({"types": {key: type_spec}}).get(key)
+
+
+# --- validation errors -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("type_spec", "message"),
+    [
+        (spec(category="newsletter"), "category must be one of"),
+        (spec(category=None), "not None"),
+        (spec(lane="bulk"), "lane must be one of"),
+        (spec(lane="control"), "lane must be one of"),
+        (spec(channels=[]), "needs at least one channel"),
+        (spec(channels=None), "needs at least one channel"),
+        (spec(templates=[]), "needs a list of templates"),
+        (spec(templates=None), "needs a list of templates"),
+        (spec(templates=[{"body": "Hi {{ name }}"}]), "integer version"),
+        (spec(templates=[{"version": "one", "body": "x"}]), "integer version"),
+        (spec(templates=[{"version": None, "body": "x"}]), "integer version"),
+        (spec(templates=[{"version": 1, "body": "Hi {{ nam }}"}]), "uses nam, which are neither"),
+        (
+            spec(
+                templates=[
+                    {"version": 1, "body": "{{ name }}", "channels": {"sms": {"body": "{{ x }}"}}}
+                ]
+            ),
+            "uses x, which are neither",
+        ),
+        (
+            spec(
+                templates=[
+                    {"version": 1, "body": "{{ name }}"},
+                    {"version": 2, "body": "{{ extra }}"},
+                ]
+            ),
+            "template v2 uses extra",
+        ),
+        (spec(templates=[{"version": 1, "body": "Hi {{ name "}]), "template v1:"),
+        (spec(templates=[{"version": 1, "body": "{% if name %}open"}]), "template v1:"),
+        (spec(templates=[{"version": 1, "body": "{{ name | }}"}]), "template v1:"),
+    ],
+)
+def test_invalid_type_is_rejected_at_load(type_spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(CatalogError, match=r"type 't': ") as caught:
+        Catalog.from_dict({"types": {"t": type_spec}})
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "data", [{}, {"types": {}}, {"types": None}, {"types": ["a"]}, {"other": 1}]
+)
+def test_catalog_needs_a_types_mapping(data: dict[str, Any]) -> None:
+    with pytest.raises(CatalogError, match="non-empty 'types' mapping"):
+        Catalog.from_dict(data, source="here.yaml")
+
+
+def test_undeclared_variable_error_lists_every_name_sorted() -> None:
+    with pytest.raises(CatalogError, match=r"uses a, b, zed, which"):
+        one(spec(required=[], templates=[{"version": 1, "body": "{{ zed }}{{ b }}{{ a }}"}]))
+
+
+@pytest.mark.parametrize(
+    ("body", "required", "defaults"),
+    [
+        ("{{ name }}", ["name"], {}),
+        ("{{ name }}", [], {"name": "you"}),
+        ("{{ name }} {{ days }}", ["name"], {"days": 7}),
+        ("{% set x = 1 %}{{ x }}", [], {}),  # template-local names are not variables
+        ("{% for i in items %}{{ i }}{% endfor %}", ["items"], {}),
+        ("{{ user.name }}", ["user"], {}),
+        ("no variables at all", [], {}),
+    ],
+)
+def test_declared_variables_are_accepted(body: str, required: list[str], defaults: dict) -> None:
+    ntype = one(
+        spec(required=required, defaults=defaults, templates=[{"version": 1, "body": body}])
+    )
+    assert ntype.templates[1].fields == {"body": body}
+
+
+# --- yaml ---------------------------------------------------------------------------------------
+
+
+def test_from_yaml_reports_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "cat.yaml"
+    path.write_text("types:\n  t:\n    category: nope\n")
+    with pytest.raises(CatalogError, match="category must be one of"):
+        Catalog.from_yaml(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "non-empty 'types' mapping"),
+        ("types: {}\n", "non-empty 'types' mapping"),
+        ("types: [\n", "cannot read catalog"),
+        ("types:\n  t: {category: alert\n", "cannot read catalog"),
+    ],
+)
+def test_from_yaml_rejects_bad_files(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "cat.yaml"
+    path.write_text(text)
+    with pytest.raises(CatalogError, match=message) as caught:
+        Catalog.from_yaml(path)
+    assert str(path) in str(caught.value)
+
+
+def test_from_yaml_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match="cannot read catalog"):
+        Catalog.from_yaml(tmp_path / "absent.yaml")
+
+
+@pytest.mark.parametrize(
+    ("path", "keys"),
+    [
+        (
+            EXAMPLES / "demo.yaml",
+            {"order_receipt", "password_reset", "plan_kickoff", "stalled_plan"},
+        ),
+        (TESTS / "catalog.yaml", {"receipt", "security_code", "nudge", "two_channels", "emailed"}),
+    ],
+)
+def test_shipped_catalogs_load(path: Path, keys: set[str]) -> None:
+    catalog = Catalog.from_yaml(path)
+    assert set(catalog.types) == keys
+    assert catalog.source == str(path)
+    for ntype in catalog.types.values():
+        assert ntype.category in CATEGORIES
+        assert ntype.lane == DEFAULT_LANE[ntype.category]
+        variables = {name: f"<{name}>" for name in ntype.required}
+        for channel in ntype.channels:
+            rendered = ntype.render(ntype.version, channel, variables)
+            assert rendered and all(isinstance(v, str) for v in rendered.values())
+
+
+def test_demo_catalog_contents() -> None:
+    catalog = Catalog.from_yaml(EXAMPLES / "demo.yaml")
+    assert catalog.get("order_receipt").version == 2
+    assert catalog.get("plan_kickoff").one_platform is True
+    assert catalog.get("order_receipt").one_platform is False
+    assert catalog.get("stalled_plan").render(1, "webhook", {"first_name": "Ada"}) == {
+        "title": "Still with us, Ada?",
+        "body": "Your plan has been quiet for 7 days. Ten minutes today keeps it moving.",
+    }
+    assert catalog.channels == frozenset({"webhook", "console"})
+    assert catalog.get("nope") is None
+
+
+# --- lanes, versions, missing -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("category", "lane"),
+    [
+        ("transactional", "transactional"),
+        ("security", "transactional"),
+        ("alert", "transactional"),
+        ("activation", "activation"),
+        ("digest", "activation"),
+        ("marketing", "activation"),
+    ],
+)
+def test_lane_defaults_per_category(category: str, lane: str) -> None:
+    assert one(spec(category=category)).lane == lane
+
+
+@pytest.mark.parametrize(
+    ("category", "lane"), [("marketing", "transactional"), ("alert", "activation")]
+)
+def test_explicit_lane_overrides_the_default(category: str, lane: str) -> None:
+    assert one(spec(category=category, lane=lane)).lane == lane
+
+
+def test_every_category_has_a_default_lane() -> None:
+    assert set(DEFAULT_LANE) == set(CATEGORIES)
+
+
+@pytest.mark.parametrize(
+    ("versions", "latest"),
+    [([1], 1), ([1, 2], 2), ([3, 1, 2], 3), ([2, 10], 10)],
+)
+def test_version_is_the_highest(versions: list, latest: int) -> None:
+    ntype = one(spec(templates=[{"version": v, "body": f"v{v} {{{{ name }}}}"} for v in versions]))
+    assert ntype.version == latest
+    assert ntype.render(latest, "webhook", {"name": "x"}) == {"body": f"v{latest} x"}
+
+
+@pytest.mark.parametrize(
+    ("required", "variables", "missing"),
+    [
+        (["name"], {"name": "A"}, []),
+        (["name"], {}, ["name"]),
+        (["a", "b", "c"], {"b": 1}, ["a", "c"]),
+        (["a"], {"a": None}, []),  # present, even if null
+        ([], {"x": 1}, []),
+    ],
+)
+def test_missing(required: list[str], variables: dict, missing: list[str]) -> None:
+    body = " ".join(f"{{{{ {n} }}}}" for n in required) or "static"
+    ntype = one(spec(required=required, templates=[{"version": 1, "body": body}]))
+    assert ntype.missing(variables) == missing
+
+
+def test_one_platform_config_and_options_are_kept() -> None:
+    ntype = one(
+        spec(one_platform=True, config={"webhook": {"url": "http://x"}}, options={"cap": 3})
+    )
+    assert ntype.one_platform is True
+    assert ntype.config == {"webhook": {"url": "http://x"}}
+    assert ntype.options == {"cap": 3}
+    assert ntype.channels == ("webhook",)
+
+
+# --- render -------------------------------------------------------------------------------------
+
+OVERRIDES = spec(
+    channels=["webhook", "sms", "console"],
+    required=["name"],
+    defaults={"days": 7, "sign": "clarion"},
+    templates=[
+        {"version": 1, "title": "old {{ name }}", "body": "old body"},
+        {
+            "version": 2,
+            "title": "Hi {{ name }}",
+            "body": "Quiet for {{ days }} days. {{ sign }}",
+            "channels": {
+                "sms": {"body": "{{ name }}: {{ days }}d"},
+                "console": {"footer": "-- {{ sign }}"},
+            },
+        },
+    ],
+)
+
+
+@pytest.mark.parametrize(
+    ("version", "channel", "variables", "expected"),
+    [
+        (2, "webhook", {"name": "Ada"}, {"title": "Hi Ada", "body": "Quiet for 7 days. clarion"}),
+        (2, "sms", {"name": "Ada"}, {"title": "Hi Ada", "body": "Ada: 7d"}),
+        (2, "sms", {"name": "Ada", "days": 3}, {"title": "Hi Ada", "body": "Ada: 3d"}),
+        (
+            2,
+            "console",
+            {"name": "Ada", "sign": "ops"},
+            {"title": "Hi Ada", "body": "Quiet for 7 days. ops", "footer": "-- ops"},
+        ),
+        (2, "push", {"name": "Ada"}, {"title": "Hi Ada", "body": "Quiet for 7 days. clarion"}),
+        (1, "sms", {"name": "Ada"}, {"title": "old Ada", "body": "old body"}),  # pinned version
+    ],
+)
+def test_render(version: int, channel: str, variables: dict, expected: dict) -> None:
+    assert one(OVERRIDES).render(version, channel, variables) == expected
+
+
+def test_render_does_not_autoescape() -> None:
+    ntype = one(spec())
+    assert ntype.render(1, "webhook", {"name": "<b>&"}) == {"body": "Hi <b>&"}
+
+
+def test_render_unknown_version_raises() -> None:
+    with pytest.raises(KeyError):
+        one(spec()).render(9, "webhook", {"name": "x"})
+
+
+@pytest.mark.parametrize(
+    ("body", "variables"),
+    [
+        ("Hi {{ name }}", {}),
+        ("Hi {{ name.first }}", {"name": {}}),
+        ("Hi {{ name | upper }}", {}),
+        ("{% if name %}yes{% endif %}", {}),
+        ("{{ name ~ '!' }}", {}),
+    ],
+)
+def test_strict_undefined_raises_instead_of_rendering_blank(body: str, variables: dict) -> None:
+    ntype = one(spec(templates=[{"version": 1, "body": body}]))
+    with pytest.raises(UndefinedError):
+        ntype.render(1, "webhook", variables)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "{{ ''.__class__.__mro__ }}",
+        "{{ ''.__class__ }}",
+        "{{ name.__class__.__base__.__subclasses__() }}",
+        "{{ name.__init__ }}",
+        "{{ cycler.__init__.__globals__.os }}",
+        "{{ range.__init__ }}",
+        "{{ name.__len__() }}",
+        "{{ name['__class__'] }}",
+        "{{ name | attr('__class__') }}",
+    ],
+)
+def test_sandbox_refuses_unsafe_attributes(body: str) -> None:
+    # It loads (no undeclared variables beyond `name`), but rendering raises SecurityError.
+    ntype = one(spec(templates=[{"version": 1, "body": body}]))
+    with pytest.raises(SecurityError, match="unsafe"):
+        ntype.render(1, "webhook", {"name": "Ada"})
+
+
+@pytest.mark.parametrize("body", ["{{ name.upper.__globals__ }}", "{{ ''.format.__self__ }}"])
+def test_dunders_that_do_not_exist_fail_strictly(body: str) -> None:
+    # Builtin methods have no __globals__/__self__ visible here: StrictUndefined, not blank text.
+    ntype = one(spec(templates=[{"version": 1, "body": body}]))
+    with pytest.raises(UndefinedError):
+        ntype.render(1, "webhook", {"name": "Ada"})
+
+
+def test_sandbox_allows_plain_methods_but_not_format_escapes() -> None:
+    ntype = one(spec(templates=[{"version": 1, "body": "{{ name.mro() }}"}]))
+
+    class Evil:
+        def mro(self) -> str:  # an ordinary method is callable, its dunder relatives are not
+            return "called"
+
+    assert ntype.render(1, "webhook", {"name": Evil()}) == {"body": "called"}
+    format_string = one(
+        spec(templates=[{"version": 1, "body": "{{ '{0.__class__}'.format(name) }}"}])
+    )
+    with pytest.raises(SecurityError):
+        format_string.render(1, "webhook", {"name": "x"})
+
+
+# --- malformed shapes (once known gaps) ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [("channels", "webhook", ("webhook",)), ("required", "code", ("code",))],
+)
+def test_string_instead_of_list_is_not_split_into_characters(
+    key: str, value: str, expected: tuple
+) -> None:
+    type_spec = spec(required=[], templates=[{"version": 1, "body": "static"}])
+    type_spec[key] = value
+    try:
+        ntype = one(type_spec)
+    except CatalogError:
+        return  # rejecting it is fine too
+    assert getattr(ntype, key) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("- a\n- b\n", id="top-level-list"),
+        pytest.param("just a string\n", id="top-level-scalar"),
+        pytest.param("types:\n  t: [a, b]\n", id="type-is-list"),
+        pytest.param("types:\n  t: 5\n", id="type-is-int"),
+        pytest.param(
+            "types:\n  t:\n    category: alert\n    channels: [x]\n    templates: [hello]\n",
+            id="template-is-string",
+        ),
+        pytest.param(
+            "types:\n  t:\n    category: alert\n    channels: [x]\n    templates: {version: 1, body: hi}\n",
+            id="templates-is-mapping",
+        ),
+        pytest.param(
+            "types:\n  t:\n    category: alert\n    channels: [x]\n    templates:\n"
+            "      - {version: 1, body: hi, channels: [x]}\n",
+            id="per-channel-is-list",
+        ),
+    ],
+)
+def test_malformed_shapes_raise_catalog_error(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "cat.yaml"
+    path.write_text(text)
+    with pytest.raises(CatalogError):
+        Catalog.from_yaml(path)
+
+
+def test_non_string_per_channel_field_is_rejected_or_rendered() -> None:
+    type_spec = spec(
+        required=[], templates=[{"version": 1, "body": "hi", "channels": {"sms": {"body": 5}}}]
+    )
+    try:
+        ntype = one(type_spec)
+    except CatalogError:
+        return  # rejecting it at load is fine too
+    assert ntype.render(1, "sms", {}) == {"body": "5"}  # as a top-level field would be
+
+
+def test_duplicate_template_version_is_rejected() -> None:
+    with pytest.raises(CatalogError):
+        one(
+            spec(
+                templates=[
+                    {"version": 1, "body": "first {{ name }}"},
+                    {"version": 1, "body": "second"},
+                ]
+            )
+        )
+
+
+def test_null_field_does_not_render_as_none(tmp_path: Path) -> None:
+    path = tmp_path / "cat.yaml"
+    path.write_text(
+        "types:\n  t:\n    category: alert\n    channels: [x]\n"
+        "    templates:\n      - version: 1\n        title:\n        body: hi\n"
+    )
+    try:
+        ntype = Catalog.from_yaml(path).get("t")
+    except CatalogError:
+        return
+    assert "None" not in ntype.render(1, "x", {}).values()

@@ -1,0 +1,76 @@
+"""tasks/retry.py: the pure retry decision."""
+
+from __future__ import annotations
+
+import pytest
+
+from clarion.errors import PermanentSendError, SendError, TransientSendError
+from tasks.retry import RetryDecision, RetryPolicy, decide
+
+POLICY = RetryPolicy(base=2.0, factor=3.0, cap=900.0, max_attempts=8)
+
+
+@pytest.mark.parametrize(
+    ("error", "attempt"),
+    [
+        (PermanentSendError("http_410"), 1),
+        (PermanentSendError("no_url"), 3),
+        (TransientSendError("http_503"), 8),  # the last allowed attempt just failed
+        (TransientSendError("http_503"), 9),
+        (TransientSendError("http_429", retry_after=1.0), 8),
+        (SendError("odd"), 8),
+    ],
+)
+def test_gives_up(error: SendError, attempt: int) -> None:
+    assert decide(error, attempt, POLICY) is None
+
+
+@pytest.mark.parametrize(
+    ("attempt", "delay"),
+    [(1, 2.0), (2, 6.0), (3, 18.0), (4, 54.0), (5, 162.0), (6, 486.0), (7, 900.0)],
+)
+def test_backoff_grows_geometrically_up_to_the_cap(attempt: int, delay: float) -> None:
+    assert decide(TransientSendError("http_503"), attempt, POLICY) == RetryDecision(delay)
+
+
+def test_a_plain_send_error_is_retried_like_a_transient_one() -> None:
+    assert decide(SendError("odd"), 2, POLICY) == RetryDecision(6.0)
+
+
+def test_cap_holds_for_late_attempts_with_many_allowed() -> None:
+    policy = RetryPolicy(base=1.0, factor=2.0, cap=60.0, max_attempts=100)
+    delays = [decide(TransientSendError("x"), n, policy).delay for n in range(1, 100)]
+    assert delays[:7] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0]
+    assert max(delays) == 60.0
+    assert delays == sorted(delays)
+
+
+@pytest.mark.parametrize(
+    ("attempt", "hint", "delay"),
+    [
+        (1, 30.0, 30.0),  # hint raises the delay
+        (1, 0.5, 2.0),  # a smaller hint never lowers it
+        (1, 0.0, 2.0),
+        (3, 18.0, 18.0),
+        (2, 899.0, 899.0),
+        (2, 901.0, 900.0),  # but never above the cap
+        (1, 86400.0, 900.0),
+        (1, float("inf"), 900.0),
+        (7, 5.0, 900.0),  # capped backoff beats a small hint
+    ],
+)
+def test_retry_after_hint(attempt: int, hint: float, delay: float) -> None:
+    assert decide(
+        TransientSendError("http_429", retry_after=hint), attempt, POLICY
+    ) == RetryDecision(delay)
+
+
+def test_max_attempts_one_never_retries() -> None:
+    assert decide(TransientSendError("x"), 1, RetryPolicy(max_attempts=1)) is None
+
+
+def test_default_policy() -> None:
+    policy = RetryPolicy()
+    assert decide(TransientSendError("x"), 1, policy) == RetryDecision(policy.base)
+    assert decide(TransientSendError("x"), policy.max_attempts - 1, policy).delay <= policy.cap
+    assert decide(TransientSendError("x"), policy.max_attempts, policy) is None
