@@ -7,8 +7,8 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 from functools import lru_cache
+from typing import Any
 from zoneinfo import available_timezones
 
 from sqlalchemy import Connection
