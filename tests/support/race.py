@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 from collections.abc import Callable
 from typing import Any
+
+import kombu.pools
 
 
 def _run(fn: Callable[..., Any], args: tuple, barrier, queue) -> None:
@@ -16,10 +19,21 @@ def _run(fn: Callable[..., Any], args: tuple, barrier, queue) -> None:
         queue.put(("ok", fn(*args)))
     except BaseException as exc:  # reported to the parent, which fails the test
         queue.put(("error", repr(exc)))
+    queue.close()
+    queue.join_thread()
+    # Leave without running exit handlers: they would close broker connections inherited from the
+    # parent (an AMQP connection closed by a child is reset for the parent too).
+    os._exit(0)
 
 
 def race(n: int, fn: Callable[..., Any], args_for: Callable[[int], tuple] = lambda i: ()) -> list[Any]:
     """Fork n processes; each waits at a barrier, then runs fn(*args_for(i)). Raises on any error."""
+    from tasks.app import app
+
+    # A forked child drops the broker connections it inherits, and py-amqp's finaliser shuts down
+    # the socket the parent shares. Close them before forking; the next publish reconnects.
+    kombu.pools.reset()  # closes every pooled connection and forgets the pools
+    app._after_fork()  # and Celery forgets its references to them
     ctx = mp.get_context("fork")
     barrier, queue = ctx.Barrier(n), ctx.Queue()
     procs = [ctx.Process(target=_run, args=(fn, args_for(i), barrier, queue)) for i in range(n)]
