@@ -25,6 +25,12 @@ DEFAULT_LANE = {
 _env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=False)
 
 
+# Per-type gate options: window_exempt (neither blocked by nor opening the activation window),
+# on_window (skip | defer when blocked), critical (bypasses quiet hours and fatigue caps),
+# default (on | off when the recipient has said nothing), collapse ({key, window_seconds}).
+TYPE_OPTIONS = frozenset({"window_exempt", "on_window", "critical", "default", "collapse"})
+
+
 class CatalogError(ValueError):
     """The catalog itself is malformed (raised at load time)."""
 
@@ -65,6 +71,26 @@ class NotificationType:
     def version(self) -> int:
         """The version new requests pin."""
         return max(self.templates)
+
+    @property
+    def window_exempt(self) -> bool:
+        return bool(self.options.get("window_exempt"))
+
+    @property
+    def critical(self) -> bool:
+        return bool(self.options.get("critical"))
+
+    @property
+    def default_on(self) -> bool | None:
+        """The type's own default, or None to fall back to the category's."""
+        value = self.options.get("default")
+        return None if value is None else value in ("on", True)
+
+    def collapse_key(self, variables: dict[str, Any]) -> str | None:
+        spec = self.options.get("collapse")
+        if not spec:
+            return None
+        return _compiled(self.key, 0, "", "collapse", str(spec["key"])).render({**self.defaults, **variables})
 
     def missing(self, variables: dict[str, Any]) -> list[str]:
         return [name for name in self.required if name not in variables]
@@ -165,6 +191,24 @@ def _build_type(key: str, spec: Any) -> NotificationType:
     for name in ("config", "options"):
         if not isinstance(spec.get(name) or {}, dict):
             raise fail(f"{name} must be a mapping")
+    options = dict(spec.get("options") or {})
+    unknown = set(options) - TYPE_OPTIONS
+    if unknown:
+        raise fail(f"unknown options {sorted(unknown)}; known: {sorted(TYPE_OPTIONS)}")
+    if options.get("on_window", "skip") not in ("skip", "defer"):
+        raise fail("options.on_window must be 'skip' or 'defer'")
+    if options.get("default", "on") not in ("on", "off", True, False):
+        raise fail("options.default must be 'on' or 'off'")
+    collapse = options.get("collapse")
+    if collapse is not None:
+        if not isinstance(collapse, dict) or "key" not in collapse:
+            raise fail("options.collapse needs a key template (and window_seconds)")
+        try:
+            used = meta.find_undeclared_variables(_env.parse(str(collapse["key"])))
+        except TemplateSyntaxError as exc:
+            raise fail(f"options.collapse.key: {exc}") from exc
+        if used - set(required) - set(defaults):
+            raise fail("options.collapse.key may only use required or defaulted variables")
     return NotificationType(
         key=key,
         category=category,
@@ -175,14 +219,62 @@ def _build_type(key: str, spec: Any) -> NotificationType:
         defaults=dict(defaults),
         one_platform=bool(spec.get("one_platform", False)),
         config=dict(spec.get("config") or {}),
-        options=dict(spec.get("options") or {}),
+        options=options,
     )
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Catalog-wide gate settings."""
+
+    activation_window_hours: float = 48.0
+    per_user_per_day: int | None = None  # fatigue cap on non-critical notifications
+    per_org_per_hour: int | None = None
+    summary_type: str | None = None  # the type overflow is folded into
+    quiet_hours_bypass: tuple[str, ...] = ("security",)  # categories; `critical` types bypass too
+    marketing_sms_hours: tuple[str, str] = ("08:00", "21:00")
+
+
+def _policy(raw: Any, types: dict[str, NotificationType]) -> Policy:
+    if raw is None:
+        return Policy()
+    if not isinstance(raw, dict):
+        raise CatalogError(f"policy must be a mapping, not {raw!r}")
+    fatigue = raw.get("fatigue") or {}
+    if not isinstance(fatigue, dict):
+        raise CatalogError("policy.fatigue must be a mapping")
+    try:
+        policy = Policy(
+            activation_window_hours=float(raw.get("activation_window_hours", 48)),
+            per_user_per_day=_opt_int(fatigue.get("per_user_per_day")),
+            per_org_per_hour=_opt_int(fatigue.get("per_org_per_hour")),
+            summary_type=fatigue.get("summary_type"),
+            quiet_hours_bypass=tuple(raw.get("quiet_hours_bypass", ("security",))),
+            marketing_sms_hours=tuple(raw.get("marketing_sms_hours", ("08:00", "21:00"))),
+        )
+    except (TypeError, ValueError) as exc:
+        raise CatalogError(f"policy: {exc}") from exc
+    if policy.summary_type is not None and policy.summary_type not in types:
+        raise CatalogError(f"policy.fatigue.summary_type {policy.summary_type!r} is not a type")
+    unknown = set(policy.quiet_hours_bypass) - set(CATEGORIES)
+    if unknown:
+        raise CatalogError(f"policy.quiet_hours_bypass names unknown categories: {sorted(unknown)}")
+    return policy
+
+
+def _opt_int(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"caps must be positive integers, not {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
 class Catalog:
     types: dict[str, NotificationType]
     source: str = "<python>"
+    policy: Policy = field(default_factory=Policy)
 
     def get(self, type_key: str) -> NotificationType | None:
         return self.types.get(type_key)
@@ -196,7 +288,8 @@ class Catalog:
         types = data.get("types") if isinstance(data, dict) else None
         if not isinstance(types, dict) or not types:
             raise CatalogError(f"{source}: needs a non-empty 'types' mapping")
-        return cls({str(key): _build_type(str(key), spec) for key, spec in types.items()}, source)
+        built = {str(key): _build_type(str(key), spec) for key, spec in types.items()}
+        return cls(built, source, _policy(data.get("policy"), built))
 
     @classmethod
     def from_yaml(cls, path: Path | str) -> Catalog:

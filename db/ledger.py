@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, time
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -32,27 +32,32 @@ def _keys(keys: Iterable[Key]) -> dict[str, list]:
 
 _UPSERT_RECIPIENT = text(
     """
-    INSERT INTO recipients (user_id, timezone, locale, country, org_id, addresses, created_at, updated_at)
-    VALUES (:user_id, :timezone, :locale, :country, :org_id, CAST(:addresses AS jsonb), :now, :now)
+    INSERT INTO recipients (user_id, timezone, locale, country, org_id, addresses, quiet_start,
+                            quiet_end, created_at, updated_at)
+    VALUES (:user_id, :timezone, :locale, :country, :org_id, CAST(:addresses AS jsonb), :quiet_start,
+            :quiet_end, :now, :now)
     ON CONFLICT (user_id) DO UPDATE SET
         timezone = excluded.timezone, locale = excluded.locale, country = excluded.country,
-        org_id = excluded.org_id, addresses = excluded.addresses, updated_at = excluded.updated_at
+        org_id = excluded.org_id, addresses = excluded.addresses, quiet_start = excluded.quiet_start,
+        quiet_end = excluded.quiet_end, updated_at = excluded.updated_at
     """
 )
 
 
 def upsert_recipient(conn: Connection, *, user_id: str, timezone: str, locale: str,
                      country: str | None, org_id: str | None, addresses: dict[str, str],
+                     quiet_start: time | None = None, quiet_end: time | None = None,
                      now: datetime) -> None:
     """Create or replace a recipient."""
     conn.execute(_UPSERT_RECIPIENT, {
         "user_id": user_id, "timezone": timezone, "locale": locale, "country": country,
-        "org_id": org_id, "addresses": json.dumps(addresses), "now": now,
+        "org_id": org_id, "addresses": json.dumps(addresses), "quiet_start": quiet_start,
+        "quiet_end": quiet_end, "now": now,
     })
 
 
 _RECIPIENTS = text(
-    "SELECT user_id, timezone, locale, country, org_id, addresses FROM recipients "
+    "SELECT user_id, timezone, locale, country, org_id, addresses, quiet_start, quiet_end FROM recipients "
     "WHERE user_id = ANY(CAST(:users AS text[]))"
 )
 
@@ -122,6 +127,17 @@ def insert_requests(conn: Connection, rows: Sequence[NewRequest], *, now: dateti
     return result
 
 
+_FIND_REQUEST = text(
+    "SELECT id FROM requests WHERE user_id = :user_id AND type_key = :type_key AND occurrence_key = :occ"
+)
+
+
+def find_request(conn: Connection, user_id: str, type_key: str, occurrence_key: str) -> int | None:
+    """The id of the request for this occurrence, if there is one (for previews and explain)."""
+    return conn.execute(_FIND_REQUEST, {"user_id": user_id, "type_key": type_key,
+                                        "occ": occurrence_key}).scalar()
+
+
 _RESOLVE_REQUESTS = text(
     f"""
     UPDATE requests r SET state = 'routed', routed_at = :now, due_at = NULL
@@ -162,12 +178,12 @@ _INSERT_DELIVERIES = text(
     """
     INSERT INTO deliveries (user_id, request_id, type_key, occurrence_key, channel, one_platform,
                             lane, state, not_before, due_at, created_at, updated_at)
-    SELECT u, r, t, o, c, p, l, 'pending', :now, :due_at, :now, :now
+    SELECT u, r, t, o, c, p, l, 'pending', coalesce(nb, :now), greatest(nb, :due_at), :now, :now
     FROM unnest(CAST(:users AS text[]), CAST(:requests AS bigint[]), CAST(:types AS text[]),
                 CAST(:occs AS text[]), CAST(:channels AS text[]), CAST(:platforms AS boolean[]),
-                CAST(:lanes AS text[])) AS x(u, r, t, o, c, p, l)
+                CAST(:lanes AS text[]), CAST(:not_before AS timestamptz[])) AS x(u, r, t, o, c, p, l, nb)
     ON CONFLICT (user_id, request_id, channel) DO NOTHING
-    RETURNING user_id, id, lane
+    RETURNING user_id, id, lane, not_before > :now AS held
     """
 )
 
@@ -181,18 +197,22 @@ class NewDelivery:
     channel: str
     one_platform: bool
     lane: str
+    not_before: datetime | None = None  # held back (e.g. marketing SMS hours) until then
 
 
 def insert_deliveries(conn: Connection, rows: Sequence[NewDelivery], *, now: datetime,
-                      due_at: datetime) -> list[tuple[str, int, str]]:
-    """Create pending deliveries; returns (user_id, delivery id, lane) of those created."""
+                      due_at: datetime) -> list[tuple[str, int, str, bool]]:
+    """Create pending deliveries; returns (user_id, delivery id, lane, held) of those created.
+
+    A delivery held back by `not_before` is published by the beat tick when its time comes."""
     if not rows:
         return []
     return [tuple(r) for r in conn.execute(_INSERT_DELIVERIES, {
         "users": [r.user_id for r in rows], "requests": [r.request_id for r in rows],
         "types": [r.type_key for r in rows], "occs": [r.occurrence_key for r in rows],
         "channels": [r.channel for r in rows], "platforms": [r.one_platform for r in rows],
-        "lanes": [r.lane for r in rows], "now": now, "due_at": due_at,
+        "lanes": [r.lane for r in rows], "not_before": [r.not_before for r in rows],
+        "now": now, "due_at": due_at,
     })]
 
 

@@ -36,3 +36,34 @@ def progress(conn: Connection) -> tuple[int, int, int]:
     """(requests not yet routed, deliveries not yet settled, deliveries sent)."""
     return (conn.execute(_PENDING_REQUESTS).scalar_one(), conn.execute(_UNSETTLED).scalar_one(),
             conn.execute(_SENT).scalar_one())
+
+
+_EXPLAIN_REQUESTS = text(
+    """
+    SELECT id, type_key, occurrence_key, state, created_at, routed_at, due_at FROM requests
+    WHERE user_id = :user_id AND (CAST(:type_key AS text) IS NULL OR type_key = :type_key)
+      AND created_at >= :since
+    ORDER BY created_at DESC, id DESC LIMIT :limit
+    """
+)
+_EXPLAIN_DECISIONS = text(
+    "SELECT request_id, decided_at, gate, outcome, reason, channel, detail FROM decisions "
+    "WHERE user_id = :user_id AND request_id = ANY(CAST(:ids AS bigint[])) ORDER BY decided_at, id"
+)
+_EXPLAIN_DELIVERIES = text(
+    "SELECT request_id, channel, state, attempts, sent_at, platform, last_error, not_before FROM deliveries "
+    "WHERE user_id = :user_id AND request_id = ANY(CAST(:ids AS bigint[])) ORDER BY id"
+)
+
+
+def explain_rows(conn: Connection, user_id: str, *, type_key: str | None, since, limit: int) -> list[dict]:
+    """A recipient's requests, newest first, each with its decisions and deliveries."""
+    params = {"user_id": user_id, "type_key": type_key, "since": since, "limit": limit}
+    requests = [dict(r) for r in conn.execute(_EXPLAIN_REQUESTS, params).mappings()]
+    ids = [r["id"] for r in requests]
+    by_id = {r["id"]: {**r, "decisions": [], "deliveries": []} for r in requests}
+    for row in conn.execute(_EXPLAIN_DECISIONS, {"user_id": user_id, "ids": ids}).mappings():
+        by_id[row["request_id"]]["decisions"].append(dict(row))
+    for row in conn.execute(_EXPLAIN_DELIVERIES, {"user_id": user_id, "ids": ids}).mappings():
+        by_id[row["request_id"]]["deliveries"].append(dict(row))
+    return [by_id[i] for i in ids]

@@ -19,6 +19,7 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     Table,
     Text,
+    Time,
     UniqueConstraint,
     text,
 )
@@ -53,6 +54,8 @@ recipients = Table(
     Column("addresses", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     _ts("created_at", False),
     _ts("updated_at", False),
+    Column("quiet_start", Time),
+    Column("quiet_end", Time),
 )
 
 requests = Table(
@@ -161,4 +164,61 @@ incidents = Table(
     Column("detail", Text, nullable=False, server_default=""),
     _ts("created_at", False),
     PrimaryKeyConstraint("user_id", "id", name="incidents_pkey"),
+)
+
+preferences = Table(
+    "preferences",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("scope", Text, nullable=False),
+    Column("key", Text, nullable=False),
+    Column("channel", Text, nullable=False),
+    Column("enabled", Boolean, nullable=False),
+    _ts("updated_at", False),
+    PrimaryKeyConstraint("user_id", "scope", "key", "channel", name="preferences_pkey"),
+    ForeignKeyConstraint(["user_id"], ["recipients.user_id"], name="preferences_user_id_fkey"),
+    CheckConstraint("scope IN ('type', 'category', 'all')", name="preferences_scope_check"),
+)
+
+suppressions = Table(
+    "suppressions",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("channel", Text, nullable=False),
+    Column("address", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("detail", Text, nullable=False, server_default=""),
+    _ts("created_at", False),
+    PrimaryKeyConstraint("user_id", "channel", "address", name="suppressions_pkey"),
+)
+
+activation_windows = Table(
+    "activation_windows",
+    metadata,
+    Column("user_id", Text, primary_key=True),
+    Column("request_id", BigInteger, nullable=False),
+    Column("type_key", Text, nullable=False),
+    _ts("opened_at", False),
+    _ts("until", False),
+)
+
+fatigue_counters = Table(
+    "fatigue_counters",
+    metadata,
+    Column("scope", Text, nullable=False),
+    Column("bucket", Text, nullable=False),
+    Column("count", Integer, nullable=False),
+    _ts("expires_at", False),
+    PrimaryKeyConstraint("scope", "bucket", name="fatigue_counters_pkey"),
+)
+
+collapse_groups = Table(
+    "collapse_groups",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("collapse_key", Text, nullable=False),
+    Column("leader_id", BigInteger, nullable=False),
+    _ts("window_until", False),
+    Column("count", Integer, nullable=False),
+    PrimaryKeyConstraint("user_id", "collapse_key", name="collapse_groups_pkey"),
 )

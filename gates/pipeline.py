@@ -1,60 +1,262 @@
-"""The planner: ordered gates over a snapshot, returning a Plan. No side effects; tasks apply it.
+"""The planner: ordered gates over a snapshot of one recipient, returning a Plan. No side effects.
 
-Today the pipeline has the gates the send ledger needs (catalog, reachability, one-platform);
-preferences, quiet hours, the activation window and caps slot in here in order.
+Order: (resolve-once happens before planning, in the route task's conditional update)
+  per channel:  reachability → suppression list → preferences → one platform
+  per request:  quiet hours → marketing SMS hours → activation window → fatigue caps → collapse
+
+Gates that need an atomic claim (window, caps, collapse) plan the claim here; `gates.apply`
+makes it in PostgreSQL and, if another worker won the race since the snapshot, turns the plan
+into the same outcome the gate would have chosen had it seen that worker's row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import datetime, time, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from catalog import NotificationType
+from catalog.model import Policy
+from gates import preferences
+from gates.quiet import outside_hours_until, parse_time, quiet_until
+from scheduling.zones import country_of
+
+NOT_CAPPED = frozenset({"transactional", "security"})
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Step:
+    """One gate's verdict: shown gate by gate by --dry-run and explain; non-allows are recorded."""
+
     gate: str
-    outcome: str  # suppress | defer | collapse | digest
+    outcome: str  # allow | suppress | defer | fold | collapse
     reason: str
     detail: str = ""
     channel: str | None = None
+    until: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the gates may look at for one recipient, read in one go."""
+
+    recipient: Mapping[str, Any] | None
+    preferences: tuple[preferences.Preference, ...] = ()
+    suppressed: Mapping[tuple[str, str], str] = field(default_factory=dict)  # (channel, address) -> reason
+    window: tuple[datetime, str] | None = None  # (until, type that opened it)
+    counters: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (scope, bucket) -> count
+    collapses: Mapping[str, tuple[int, datetime, int]] = field(default_factory=dict)  # key -> (leader, until, n)
+
+
+@dataclass(frozen=True)
+class CapClaim:
+    scope: str
+    bucket: str
+    limit: int
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Fold:
+    """Fold this request into the recipient's summary for the bucket."""
+
+    summary_type: str
+    occurrence_key: str
+    due_at: datetime
 
 
 @dataclass(frozen=True)
 class Plan:
-    channels: tuple[str, ...] = ()
-    verdicts: tuple[Verdict, ...] = field(default_factory=tuple)
+    steps: tuple[Step, ...] = ()
+    channels: tuple[tuple[str, datetime | None], ...] = ()  # (channel, not before)
+    defer_until: datetime | None = None
+    window_until: datetime | None = None  # claim the activation window until then
+    caps: tuple[CapClaim, ...] = ()
+    fold: Fold | None = None
+    collapse: tuple[str, datetime] | None = None  # claim leadership of (key, until)
+    on_window: str = "skip"
 
     @property
-    def delivers(self) -> bool:
-        return bool(self.channels)
+    def outcome(self) -> str:
+        if self.channels:
+            return "deliver"
+        for step in reversed(self.steps):
+            if step.outcome != "allow" and step.channel is None:
+                return step.outcome
+        return "suppress"
+
+    @property
+    def decisions(self) -> tuple[Step, ...]:
+        """The steps to record: every one that was not an allow."""
+        return tuple(s for s in self.steps if s.outcome != "allow")
 
 
-def plan(request: Mapping[str, Any], ntype: NotificationType | None,
-         recipient: Mapping[str, Any] | None, *, now: datetime,
-         needs_address: Mapping[str, bool]) -> Plan:
-    """Decide which channels one request goes to, and why the others do not."""
+@dataclass
+class _Builder:
+    steps: list[Step] = field(default_factory=list)
+
+    def add(self, gate: str, outcome: str, reason: str, detail: str = "", channel: str | None = None,
+            until: datetime | None = None) -> None:
+        self.steps.append(Step(gate, outcome, reason, detail, channel, until))
+
+
+def plan(request: Mapping[str, Any], ntype: NotificationType | None, snapshot: Snapshot, *,
+         now: datetime, policy: Policy, needs_address: Mapping[str, bool]) -> Plan:
+    """Decide where one request goes, or why it does not, without changing anything."""
+    b = _Builder()
+    recipient = snapshot.recipient
     if ntype is None:
-        return Plan(verdicts=(Verdict("catalog", "suppress", "unknown_type",
-                                      f"type {request['type_key']!r} is not in the catalog"),))
+        b.add("catalog", "suppress", "unknown_type", f"type {request['type_key']!r} is not in the catalog")
+        return Plan(tuple(b.steps))
     if recipient is None:
-        return Plan(verdicts=(Verdict("recipient", "suppress", "unknown_recipient"),))
+        b.add("recipient", "suppress", "unknown_recipient")
+        return Plan(tuple(b.steps))
+    channels = _channel_gates(b, ntype, recipient, snapshot, needs_address)
+    if not channels:
+        return Plan(tuple(b.steps))
+    result = Plan(tuple(b.steps), on_window=ntype.options.get("on_window", "skip"))
+    for gate in (_quiet_hours, _marketing_sms_hours, _activation_window, _fatigue_caps, _collapse):
+        result, channels = gate(result, channels, request, ntype, snapshot, now, policy)
+        if not channels or result.defer_until is not None:
+            return replace(result, channels=())
+    return replace(result, channels=tuple(channels))
+
+
+def _channel_gates(b: _Builder, ntype: NotificationType, recipient: Mapping[str, Any],
+                   snapshot: Snapshot, needs_address: Mapping[str, bool]) -> list[tuple[str, datetime | None]]:
     addresses = recipient.get("addresses") or {}
-    channels: list[str] = []
-    verdicts: list[Verdict] = []
+    country = country_of(recipient.get("country"), recipient["timezone"])
+    chosen: list[tuple[str, datetime | None]] = []
     for channel in ntype.channels:
+        address = addresses.get(channel) or recipient["user_id"]
         if channel not in needs_address:
-            verdicts.append(Verdict("channel", "suppress", "no_adapter",
-                                    f"no adapter for channel {channel!r}", channel))
+            b.add("channel", "suppress", "no_adapter", f"no adapter for channel {channel!r}", channel)
         elif needs_address[channel] and not addresses.get(channel):
-            verdicts.append(Verdict("channel", "suppress", "no_address",
-                                    f"recipient has no {channel} address", channel))
-        elif ntype.one_platform and channels:
-            verdicts.append(Verdict("one_platform", "suppress", "other_platform",
-                                    f"sent on {channels[0]} instead", channel))
+            b.add("channel", "suppress", "no_address", f"recipient has no {channel} address", channel)
+        elif (channel, address) in snapshot.suppressed:
+            b.add("suppression", "suppress", "suppressed_address",
+                  f"{channel} address is on the suppression list ({snapshot.suppressed[(channel, address)]})",
+                  channel)
+        elif not (pref := preferences.resolve(ntype, channel, snapshot.preferences, country)).enabled:
+            b.add("preferences", "suppress", "opted_out", pref.source, channel)
+        elif ntype.one_platform and chosen:
+            b.add("one_platform", "suppress", "other_platform", f"sent on {chosen[0][0]} instead", channel)
         else:
-            channels.append(channel)
-    return Plan(tuple(channels), tuple(verdicts))
+            b.add("preferences", "allow", "allowed", pref.source, channel)
+            chosen.append((channel, None))
+    if not chosen:
+        b.add("channels", "suppress", "no_channel", "no channel is left to send on")
+    return chosen
+
+
+def _quiet_hours(p: Plan, channels, request, ntype, snapshot, now, policy):
+    r = snapshot.recipient
+    if ntype.critical or ntype.category in policy.quiet_hours_bypass:
+        return _step(p, "quiet_hours", "allow", "bypass", f"{ntype.category} bypasses quiet hours"), channels
+    until = quiet_until(r.get("quiet_start"), r.get("quiet_end"), r["timezone"], now)
+    if until is None:
+        return _step(p, "quiet_hours", "allow", "outside_quiet_hours"), channels
+    detail = f"quiet hours in {r['timezone']} until {until.isoformat()}"
+    return replace(_step(p, "quiet_hours", "defer", "quiet_hours", detail, until=until), defer_until=until), channels
+
+
+def _marketing_sms_hours(p: Plan, channels, request, ntype, snapshot, now, policy):
+    if ntype.category != "marketing" or not any(c == "sms" for c, _ in channels):
+        return p, channels
+    opens, closes = (parse_time(t) for t in policy.marketing_sms_hours)
+    until = outside_hours_until(opens, closes, snapshot.recipient["timezone"], now)
+    if until is None:
+        return p, channels
+    detail = f"marketing SMS only {opens:%H:%M}–{closes:%H:%M} local; held until {until.isoformat()}"
+    p = _step(p, "sms_hours", "defer", "marketing_sms_hours", detail, channel="sms", until=until)
+    return p, [(c, until if c == "sms" else nb) for c, nb in channels]
+
+
+def _activation_window(p: Plan, channels, request, ntype, snapshot, now, policy):
+    if ntype.category != "activation":
+        return p, channels
+    if ntype.window_exempt:
+        return _step(p, "activation_window", "allow", "exempt", "window-exempt type"), channels
+    if snapshot.window is not None and snapshot.window[0] > now:
+        return blocked_by_window(p, snapshot.window), []
+    until = now + timedelta(hours=policy.activation_window_hours)
+    return replace(_step(p, "activation_window", "allow", "opens_window", f"until {until.isoformat()}"),
+                   window_until=until), channels
+
+
+def blocked_by_window(p: Plan, window: tuple[datetime, str]) -> Plan:
+    """The plan for a nudge that meets an open window: skipped, or deferred to its end (per type)."""
+    until, opener = window
+    detail = f"another activation nudge ({opener}) holds the window until {until.isoformat()}"
+    if p.on_window == "defer":
+        return replace(_step(p, "activation_window", "defer", "activation_window", detail, until=until),
+                       defer_until=until, window_until=None, channels=())
+    return replace(_step(p, "activation_window", "suppress", "activation_window", detail), window_until=None,
+                   channels=())
+
+
+def cap_buckets(recipient: Mapping[str, Any], now: datetime) -> list[tuple[str, str, datetime]]:
+    """(scope, bucket, bucket end) for the recipient's local day and their organisation's hour."""
+    local = now.astimezone(ZoneInfo(recipient["timezone"]))
+    day_end = datetime.combine(local.date() + timedelta(days=1), time(0), tzinfo=local.tzinfo)
+    buckets = [(f"user:{recipient['user_id']}", local.date().isoformat(), day_end)]
+    if recipient.get("org_id"):
+        hour = now.astimezone(ZoneInfo("UTC")).replace(minute=0, second=0, microsecond=0)
+        buckets.append((f"org:{recipient['org_id']}", hour.strftime("%Y-%m-%dT%H"), hour + timedelta(hours=1)))
+    return buckets
+
+
+def _fatigue_caps(p: Plan, channels, request, ntype, snapshot, now, policy):
+    if ntype.category in NOT_CAPPED or ntype.critical or ntype.key == policy.summary_type:
+        return p, channels
+    limits = {"user": policy.per_user_per_day, "org": policy.per_org_per_hour}
+    claims = []
+    for scope, bucket, ends in cap_buckets(snapshot.recipient, now):
+        limit = limits[scope.split(":")[0]]
+        if limit is None:
+            continue
+        if snapshot.counters.get((scope, bucket), 0) >= limit:
+            return folded(p, snapshot.recipient, now, policy, f"{scope} reached {limit} in {bucket}"), []
+        claims.append(CapClaim(scope, bucket, limit, ends))
+    if not claims:
+        return p, channels
+    return replace(_step(p, "fatigue_cap", "allow", "under_cap"), caps=tuple(claims)), channels
+
+
+def folded(p: Plan, recipient: Mapping[str, Any], now: datetime, policy: Policy, detail: str) -> Plan:
+    """The plan for a request over a fatigue cap: folded into the day's summary, or dropped."""
+    if policy.summary_type is None:
+        return replace(_step(p, "fatigue_cap", "suppress", "fatigue_cap", detail + "; no summary type"),
+                       caps=(), window_until=None, channels=())
+    scope, bucket, ends = cap_buckets(recipient, now)[0]
+    fold = Fold(policy.summary_type, f"summary:{bucket}", ends)
+    detail += f"; folded into the {bucket} summary"
+    return replace(_step(p, "fatigue_cap", "fold", "fatigue_cap", detail), caps=(), fold=fold,
+                   window_until=None, channels=())
+
+
+def _collapse(p: Plan, channels, request, ntype, snapshot, now, policy):
+    key = ntype.collapse_key(request["variables"])
+    if key is None:
+        return p, channels
+    seconds = float(ntype.options["collapse"].get("window_seconds", 120))
+    group = snapshot.collapses.get(key)
+    if group is not None and group[1] > now and group[0] != request.get("id"):
+        return collapsed(p, key, group), []
+    until = now + timedelta(seconds=seconds)
+    return replace(_step(p, "collapse", "allow", "leads_group", f"key {key!r} until {until.isoformat()}"),
+                   collapse=(key, until)), channels
+
+
+def collapsed(p: Plan, key: str, group: tuple[int, datetime, int]) -> Plan:
+    leader, until, count = group
+    detail = f"collapsed into request {leader} (key {key!r}, {count + 1} so far, window until {until.isoformat()})"
+    return replace(_step(p, "collapse", "collapse", "collapsed", detail), collapse=None, caps=(),
+                   window_until=None, channels=())
+
+
+def _step(p: Plan, gate: str, outcome: str, reason: str, detail: str = "", channel: str | None = None,
+          until: datetime | None = None) -> Plan:
+    return replace(p, steps=p.steps + (Step(gate, outcome, reason, detail, channel, until),))

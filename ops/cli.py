@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import uuid
 
 from clarion import settings
-from clarion.errors import ClarionError
+from clarion.errors import ClarionError, InvalidRequest
 from ops import launch
 
 
@@ -55,6 +56,41 @@ def _demo(args: argparse.Namespace) -> int:
     return run(settings.get().home.resolve())
 
 
+def _parse_vars(pairs: list[str]) -> dict[str, str]:
+    variables = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise InvalidRequest(f"--var takes name=value, not {pair!r}")
+        variables[name] = value
+    return variables
+
+
+def _send(args: argparse.Namespace) -> int:
+    from tasks import notify
+    from tasks.planning import preview
+
+    variables = _parse_vars(args.var)
+    occurrence = {"event_id": args.event_id, "occurrence_key": args.occurrence_key}
+    if not (args.event_id or args.occurrence_key):
+        occurrence["event_id"] = f"cli:{uuid.uuid4()}"
+    if args.dry_run:
+        from ops.explain import plan_table
+
+        print(plan_table(preview(args.user, args.type, variables=variables, **occurrence)))
+        return 0
+    result = notify(args.user, args.type, variables=variables, **occurrence)
+    print(f"request {result.request_id} " + ("enqueued" if result.new else "already existed; nothing new"))
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from ops.explain import explain
+
+    print(explain(args.user, type_key=args.type, since=args.since, limit=args.limit))
+    return 0
+
+
 def _receiver(args: argparse.Namespace) -> int:
     import time
 
@@ -89,6 +125,20 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--loglevel", default="INFO")
     b.set_defaults(fn=_beat)
     sub.add_parser("stats", help="print counts by state, reason and queue").set_defaults(fn=_stats)
+    s = sub.add_parser("send", help="request one notification (try --dry-run first)")
+    s.add_argument("type")
+    s.add_argument("--user", required=True)
+    s.add_argument("--var", action="append", metavar="NAME=VALUE", help="template variable (repeatable)")
+    s.add_argument("--event-id")
+    s.add_argument("--occurrence-key")
+    s.add_argument("--dry-run", action="store_true", help="print the plan gate by gate; write nothing")
+    s.set_defaults(fn=_send)
+    e = sub.add_parser("explain", help="why did (or didn't) a recipient get something")
+    e.add_argument("--user", required=True)
+    e.add_argument("--type")
+    e.add_argument("--since", help="2d, 6h, 30m or an ISO time (default: 30 days)")
+    e.add_argument("--limit", type=int, default=20)
+    e.set_defaults(fn=_explain)
     r = sub.add_parser("receiver", help="a local webhook receiver that verifies and counts")
     r.add_argument("--port", type=int, default=8099)
     r.set_defaults(fn=_receiver)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import time, timedelta
 from functools import lru_cache
 from typing import Any
 from zoneinfo import available_timezones
@@ -24,6 +24,7 @@ from clarion.errors import (
 )
 from db import ledger
 from db.engine import engine
+from gates.quiet import parse_time
 from tasks import runtime
 from tasks.publish import ROUTE, publish
 
@@ -46,18 +47,32 @@ def validate_timezone(zone: str) -> str:
     return zone
 
 
+def _quiet(value: str | time | None) -> time | None:
+    if value is None or isinstance(value, time):
+        return value
+    try:
+        return parse_time(value)
+    except (ValueError, AttributeError) as exc:
+        raise InvalidRequest(f"quiet hours must be 'HH:MM' times, not {value!r}") from exc
+
+
 def register_recipient(user_id: str, *, timezone: str, locale: str = "en", country: str | None = None,
                        org_id: str | None = None, addresses: Mapping[str, str] | None = None,
+                       quiet_hours: tuple[str | time, str | time] | None = None,
                        connection: Connection | None = None) -> None:
-    """Create or update a recipient. The time zone must be an IANA name (e.g. Europe/Berlin)."""
+    """Create or update a recipient. The time zone must be an IANA name (e.g. Europe/Berlin);
+    quiet_hours is a daily local window such as ("22:00", "07:00")."""
     if not isinstance(user_id, str) or not user_id:
         raise InvalidRequest("user_id must be a non-empty string")
     validate_timezone(timezone)
     if country is not None and not (isinstance(country, str) and len(country) == 2 and country.isalpha()):
         raise InvalidRequest(f"country must be an ISO 3166 alpha-2 code, not {country!r}")
+    if quiet_hours is not None and (not isinstance(quiet_hours, tuple | list) or len(quiet_hours) != 2):
+        raise InvalidRequest("quiet_hours must be a (start, end) pair")
+    start, end = (_quiet(v) for v in (quiet_hours or (None, None)))
     fields = dict(user_id=user_id, timezone=timezone, locale=locale,
                   country=country.upper() if country else None, org_id=org_id,
-                  addresses=dict(addresses or {}), now=clock.now())
+                  addresses=dict(addresses or {}), quiet_start=start, quiet_end=end, now=clock.now())
     if connection is not None:
         ledger.upsert_recipient(connection, **fields)
         return
@@ -65,7 +80,7 @@ def register_recipient(user_id: str, *, timezone: str, locale: str = "en", count
         ledger.upsert_recipient(conn, **fields)
 
 
-def _build(user_id: str, type_key: str, event_id: str | None, occurrence_key: str | None,
+def build_request(user_id: str, type_key: str, event_id: str | None, occurrence_key: str | None,
            variables: Mapping[str, Any] | None) -> ledger.NewRequest:
     ntype = runtime.catalog().get(type_key)
     if ntype is None:
@@ -101,7 +116,7 @@ def notify(user_id: str, type_key: str, *, event_id: str | None = None,
 
 def notify_many(items: Iterable[Mapping[str, Any]], *, connection: Connection | None = None) -> list[Enqueued]:
     """notify() for many requests in one transaction; all are validated before any is written."""
-    rows = [_build(i["user_id"], i["type_key"], i.get("event_id"), i.get("occurrence_key"),
+    rows = [build_request(i["user_id"], i["type_key"], i.get("event_id"), i.get("occurrence_key"),
                    i.get("variables")) for i in items]
     if not rows:
         return []

@@ -233,11 +233,13 @@ def test_missing(required: list[str], variables: dict, missing: list[str]) -> No
 
 def test_one_platform_config_and_options_are_kept() -> None:
     ntype = one(
-        spec(one_platform=True, config={"webhook": {"url": "http://x"}}, options={"cap": 3})
+        spec(one_platform=True, config={"webhook": {"url": "http://x"}},
+             options={"window_exempt": True, "on_window": "defer"})
     )
     assert ntype.one_platform is True
     assert ntype.config == {"webhook": {"url": "http://x"}}
-    assert ntype.options == {"cap": 3}
+    assert ntype.options == {"window_exempt": True, "on_window": "defer"}
+    assert ntype.window_exempt
     assert ntype.channels == ("webhook",)
 
 
@@ -434,3 +436,32 @@ def test_null_field_does_not_render_as_none(tmp_path: Path) -> None:
     except CatalogError:
         return
     assert "None" not in ntype.render(1, "x", {}).values()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"cap": 3}, "unknown options"),
+        ({"on_window": "later"}, "on_window"),
+        ({"default": "maybe"}, "options.default"),
+        ({"collapse": {"window_seconds": 5}}, "collapse needs a key"),
+        ({"collapse": {"key": "{{ nope }}"}}, "collapse.key may only use"),
+    ],
+)
+def test_bad_type_options_are_rejected(options: dict, message: str) -> None:
+    with pytest.raises(CatalogError, match=message):
+        one(spec(options=options))
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        ("nope", "policy must be a mapping"),
+        ({"fatigue": {"per_user_per_day": 0}}, "positive integers"),
+        ({"fatigue": {"summary_type": "ghost"}}, "not a type"),
+        ({"quiet_hours_bypass": ["vip"]}, "unknown categories"),
+    ],
+)
+def test_bad_policy_is_rejected(policy: object, message: str) -> None:
+    with pytest.raises(CatalogError, match=message):
+        Catalog.from_dict({"types": {"t": spec()}, "policy": policy})

@@ -1,0 +1,187 @@
+"""Named statements for the gates: snapshots, and the atomic claims (window, caps, collapse).
+
+Each claim is one conditional upsert: of concurrent claimers, the database picks the winner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+_PREFERENCES = text(
+    "SELECT user_id, scope, key, channel, enabled FROM preferences WHERE user_id = ANY(CAST(:users AS text[]))"
+)
+_SUPPRESSIONS = text(
+    "SELECT user_id, channel, address, reason FROM suppressions WHERE user_id = ANY(CAST(:users AS text[]))"
+)
+_WINDOWS = text(
+    "SELECT user_id, until, type_key FROM activation_windows "
+    "WHERE user_id = ANY(CAST(:users AS text[])) AND until > :now"
+)
+_COUNTERS = text(
+    "SELECT scope, bucket, count FROM fatigue_counters WHERE scope = ANY(CAST(:scopes AS text[])) "
+    "AND expires_at > :now"
+)
+_COLLAPSES = text(
+    "SELECT user_id, collapse_key, leader_id, window_until, count FROM collapse_groups "
+    "WHERE user_id = ANY(CAST(:users AS text[])) AND window_until > :now"
+)
+
+
+def snapshot_rows(conn: Connection, users: Iterable[str], scopes: Iterable[str], *,
+                  now: datetime) -> dict[str, Any]:
+    """Everything the gates read about these recipients, in five indexed queries."""
+    users = list(set(users))
+    params = {"users": users, "now": now, "scopes": list(set(scopes))}
+    return {
+        "preferences": [tuple(r) for r in conn.execute(_PREFERENCES, params)],
+        "suppressions": [tuple(r) for r in conn.execute(_SUPPRESSIONS, params)],
+        "windows": [tuple(r) for r in conn.execute(_WINDOWS, params)],
+        "counters": [tuple(r) for r in conn.execute(_COUNTERS, params)],
+        "collapses": [tuple(r) for r in conn.execute(_COLLAPSES, params)],
+    }
+
+
+_CLAIM_WINDOW = text(
+    """
+    INSERT INTO activation_windows AS w (user_id, request_id, type_key, opened_at, until)
+    VALUES (:user_id, :request_id, :type_key, :now, :until)
+    ON CONFLICT (user_id) DO UPDATE
+        SET request_id = excluded.request_id, type_key = excluded.type_key,
+            opened_at = excluded.opened_at, until = excluded.until
+        WHERE w.until <= excluded.opened_at
+    RETURNING request_id
+    """
+)
+_WINDOW = text("SELECT until, type_key FROM activation_windows WHERE user_id = :user_id")
+
+
+def claim_window(conn: Connection, user_id: str, *, request_id: int, type_key: str, now: datetime,
+                 until: datetime) -> tuple[datetime, str] | None:
+    """Open the recipient's activation window; None if we did, else (until, type) of the open one."""
+    won = conn.execute(_CLAIM_WINDOW, {"user_id": user_id, "request_id": request_id,
+                                       "type_key": type_key, "now": now, "until": until}).first()
+    if won is not None:
+        return None
+    row = conn.execute(_WINDOW, {"user_id": user_id}).one()
+    return row[0], row[1]
+
+
+_CLAIM_CAP = text(
+    """
+    INSERT INTO fatigue_counters AS c (scope, bucket, count, expires_at)
+    VALUES (:scope, :bucket, 1, :expires_at)
+    ON CONFLICT (scope, bucket) DO UPDATE SET count = c.count + 1 WHERE c.count < :limit
+    RETURNING count
+    """
+)
+
+
+def claim_cap(conn: Connection, *, scope: str, bucket: str, limit: int, expires_at: datetime) -> bool:
+    """Take one slot under a fatigue cap; False when the cap is reached."""
+    return conn.execute(_CLAIM_CAP, {"scope": scope, "bucket": bucket, "limit": limit,
+                                     "expires_at": expires_at}).first() is not None
+
+
+_CLAIM_COLLAPSE = text(
+    """
+    INSERT INTO collapse_groups AS g (user_id, collapse_key, leader_id, window_until, count)
+    VALUES (:user_id, :key, :request_id, :until, 1)
+    ON CONFLICT (user_id, collapse_key) DO UPDATE SET
+        leader_id = CASE WHEN g.window_until > :now THEN g.leader_id ELSE excluded.leader_id END,
+        count = CASE WHEN g.window_until > :now THEN g.count + 1 ELSE 1 END,
+        window_until = CASE WHEN g.window_until > :now THEN g.window_until ELSE excluded.window_until END
+    RETURNING leader_id, window_until, count
+    """
+)
+
+
+def claim_collapse(conn: Connection, user_id: str, *, key: str, request_id: int, now: datetime,
+                   until: datetime) -> tuple[int, datetime, int]:
+    """Join or lead the collapse group; returns (leader request id, window end, members so far)."""
+    row = conn.execute(_CLAIM_COLLAPSE, {"user_id": user_id, "key": key, "request_id": request_id,
+                                         "now": now, "until": until}).one()
+    return row[0], row[1], row[2]
+
+
+_DEFER = text(
+    "UPDATE requests SET state = 'deferred', due_at = :until, routed_at = NULL "
+    "WHERE user_id = :user_id AND id = :id AND state = 'routed'"
+)
+
+
+def defer_request(conn: Connection, key: tuple[str, int], *, until: datetime) -> None:
+    """Hand a request back to the beat tick, to be routed again at `until`."""
+    conn.execute(_DEFER, {"user_id": key[0], "id": key[1], "until": until})
+
+
+_FOLD = text(
+    """
+    INSERT INTO requests AS r (user_id, type_key, occurrence_key, lane, template_version, variables,
+                               state, due_at, created_at)
+    VALUES (:user_id, :type_key, :occ, :lane, :version,
+            jsonb_build_object('count', 1, 'types', jsonb_build_array(CAST(:folded AS text))),
+            'deferred', :due_at, :now)
+    ON CONFLICT (user_id, type_key, occurrence_key) DO UPDATE SET
+        variables = jsonb_build_object(
+            'count', (r.variables->>'count')::int + 1,
+            'types', CASE WHEN r.variables->'types' ? CAST(:folded AS text) THEN r.variables->'types'
+                          ELSE r.variables->'types' || to_jsonb(CAST(:folded AS text)) END)
+        WHERE r.state = 'deferred'
+    RETURNING id
+    """
+)
+
+
+def fold_into_summary(conn: Connection, user_id: str, *, summary_type: str, occurrence_key: str,
+                      lane: str, version: int, folded_type: str, due_at: datetime,
+                      now: datetime) -> int | None:
+    """Count a folded request in the recipient's summary request (created deferred until due_at)."""
+    row = conn.execute(_FOLD, {"user_id": user_id, "type_key": summary_type, "occ": occurrence_key,
+                               "lane": lane, "version": version, "folded": folded_type,
+                               "due_at": due_at, "now": now}).first()
+    return row[0] if row else None
+
+
+# --- preferences and the suppression list -----------------------------------------------------
+
+_SET_PREFERENCE = text(
+    """
+    INSERT INTO preferences (user_id, scope, key, channel, enabled, updated_at)
+    VALUES (:user_id, :scope, :key, :channel, :enabled, :now)
+    ON CONFLICT (user_id, scope, key, channel) DO UPDATE
+        SET enabled = excluded.enabled, updated_at = excluded.updated_at
+    """
+)
+_CLEAR_PREFERENCE = text(
+    "DELETE FROM preferences WHERE user_id = :user_id AND scope = :scope AND key = :key AND channel = :channel"
+)
+
+
+def set_preferences(conn: Connection, user_id: str, rows: Iterable[tuple[str, str, str, bool | None]], *,
+                    now: datetime) -> None:
+    """Upsert (scope, key, channel, enabled) rows; enabled=None removes the setting."""
+    for scope, key, channel, enabled in rows:
+        params = {"user_id": user_id, "scope": scope, "key": key, "channel": channel, "enabled": enabled,
+                  "now": now}
+        conn.execute(_CLEAR_PREFERENCE if enabled is None else _SET_PREFERENCE, params)
+
+
+_SUPPRESS = text(
+    """
+    INSERT INTO suppressions (user_id, channel, address, reason, detail, created_at)
+    VALUES (:user_id, :channel, :address, :reason, :detail, :now)
+    ON CONFLICT (user_id, channel, address) DO NOTHING
+    """
+)
+
+
+def suppress_address(conn: Connection, user_id: str, *, channel: str, address: str, reason: str,
+                     detail: str, now: datetime) -> None:
+    """Put an address on the permanent suppression list (bounce, complaint, STOP, deactivated)."""
+    conn.execute(_SUPPRESS, {"user_id": user_id, "channel": channel, "address": address,
+                             "reason": reason, "detail": detail, "now": now})
+

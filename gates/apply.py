@@ -1,0 +1,93 @@
+"""Apply a plan inside the route transaction: make its claims atomically, then defer or fold.
+
+If a claim is lost to a concurrent worker, the plan becomes the outcome the gate would have chosen
+had its snapshot included that worker's row; a savepoint undoes any claim made before the loss.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection
+
+from catalog import Catalog, NotificationType
+from db import gating
+from gates.pipeline import Plan, Snapshot, blocked_by_window, cap_buckets, collapsed, folded
+
+
+def snapshots(conn: Connection, recipients: Mapping[str, Mapping[str, Any]], *,
+              now: datetime) -> dict[str, Snapshot]:
+    """Snapshots for many recipients at once (five queries, whatever their number)."""
+    scopes = [scope for r in recipients.values() for scope, _, _ in cap_buckets(r, now)]
+    rows = gating.snapshot_rows(conn, recipients, scopes, now=now)
+    prefs, suppressed, collapses = defaultdict(list), defaultdict(dict), defaultdict(dict)
+    for user, *pref in rows["preferences"]:
+        prefs[user].append(tuple(pref))
+    for user, channel, address, reason in rows["suppressions"]:
+        suppressed[user][(channel, address)] = reason
+    for user, key, leader, until, count in rows["collapses"]:
+        collapses[user][key] = (leader, until, count)
+    windows = {user: (until, type_key) for user, until, type_key in rows["windows"]}
+    counters = {(scope, bucket): count for scope, bucket, count in rows["counters"]}
+    return {
+        user: Snapshot(recipient, tuple(prefs[user]), suppressed[user], windows.get(user),
+                       {k: v for k, v in counters.items() if k[0] in _scopes(recipient, now)},
+                       collapses[user])
+        for user, recipient in recipients.items()
+    }
+
+
+def _scopes(recipient: Mapping[str, Any], now: datetime) -> set[str]:
+    return {scope for scope, _, _ in cap_buckets(recipient, now)}
+
+
+def apply(conn: Connection, request: Mapping[str, Any], ntype: NotificationType | None, plan: Plan, *,
+          snapshot: Snapshot, catalog: Catalog, now: datetime) -> Plan:
+    """Make the plan's claims; returns the plan that actually holds (the same one, unless a race was lost)."""
+    key = (request["user_id"], request["id"])
+    if plan.window_until or plan.caps or plan.collapse:
+        savepoint = conn.begin_nested()
+        final = _claim(conn, request, plan, snapshot, catalog, now)
+        if final is plan:
+            savepoint.commit()
+        else:
+            savepoint.rollback()
+        plan = final
+    if plan.defer_until is not None:
+        gating.defer_request(conn, key, until=plan.defer_until)
+    if plan.fold is not None:
+        summary = catalog.get(plan.fold.summary_type)
+        gating.fold_into_summary(conn, request["user_id"], summary_type=summary.key,
+                                 occurrence_key=plan.fold.occurrence_key, lane=summary.lane,
+                                 version=summary.version, folded_type=request["type_key"],
+                                 due_at=plan.fold.due_at, now=now)
+    return plan
+
+
+def _claim(conn: Connection, request: Mapping[str, Any], plan: Plan, snapshot: Snapshot,
+           catalog: Catalog, now: datetime) -> Plan:
+    user = request["user_id"]
+    if plan.window_until is not None:
+        holder = gating.claim_window(conn, user, request_id=request["id"], type_key=request["type_key"],
+                                     now=now, until=plan.window_until)
+        if holder is not None:
+            return blocked_by_window(plan, holder)
+    for cap in plan.caps:
+        if not gating.claim_cap(conn, scope=cap.scope, bucket=cap.bucket, limit=cap.limit,
+                                expires_at=cap.expires_at):
+            return folded(plan, snapshot.recipient, now, catalog.policy,
+                          f"{cap.scope} reached {cap.limit} in {cap.bucket}")
+    if plan.collapse is not None:
+        key, until = plan.collapse
+        leader, group_until, count = gating.claim_collapse(conn, user, key=key, request_id=request["id"],
+                                                           now=now, until=until)
+        if leader != request["id"]:
+            return collapsed(plan, key, (leader, group_until, count - 1))
+    return plan
+
+
+def needs_address(adapters: Iterable[Any]) -> dict[str, bool]:
+    return {a.channel: a.needs_address for a in adapters}

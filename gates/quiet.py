@@ -1,0 +1,40 @@
+"""Quiet hours and allowed-hours windows in the recipient's own zone. Pure: `now` is a parameter."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, time, timedelta
+from zoneinfo import ZoneInfo
+
+
+def _at(day: date, at: time, zone: ZoneInfo) -> datetime:
+    """`at` on `day` in `zone`. A wall time inside a spring-forward gap moves forward by the gap
+    (02:30 on a 02:00→03:00 night is 03:30); in an autumn fold the first occurrence is used."""
+    return datetime.combine(day, at, tzinfo=zone).astimezone(UTC).astimezone(zone)
+
+
+def quiet_until(start: time | None, end: time | None, zone: str, now: datetime) -> datetime | None:
+    """If `now` falls in the daily quiet window [start, end) local time, when it ends; else None.
+
+    A window with start > end crosses midnight (22:00–07:00). start == end means no window."""
+    if start is None or end is None or start == end:
+        return None
+    tz = ZoneInfo(zone)
+    local = now.astimezone(tz)
+    t = local.time().replace(tzinfo=None)
+    if start < end:
+        return _at(local.date(), end, tz) if start <= t < end else None
+    if t >= start:
+        return _at(local.date() + timedelta(days=1), end, tz)
+    if t < end:
+        return _at(local.date(), end, tz)
+    return None
+
+
+def outside_hours_until(opens: time, closes: time, zone: str, now: datetime) -> datetime | None:
+    """If `now` is outside the allowed daily hours [opens, closes), when they next open; else None."""
+    return quiet_until(closes, opens, zone, now)
+
+
+def parse_time(value: str) -> time:
+    hours, minutes = value.split(":")
+    return time(int(hours), int(minutes))
