@@ -33,6 +33,7 @@ class Settings:
     webhook_timeout: float = 10.0
     visibility_timeout: int = 600
     tick_interval: float = 1.0
+    series_grace: float = 7200.0  # an occurrence later than this is recorded as missed, not sent
     faults: str = ""
     faults_dir: Path | None = None
 

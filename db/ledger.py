@@ -33,13 +33,14 @@ def _keys(keys: Iterable[Key]) -> dict[str, list]:
 _UPSERT_RECIPIENT = text(
     """
     INSERT INTO recipients (user_id, timezone, locale, country, org_id, addresses, quiet_start,
-                            quiet_end, created_at, updated_at)
+                            quiet_end, workweek, subdivision, created_at, updated_at)
     VALUES (:user_id, :timezone, :locale, :country, :org_id, CAST(:addresses AS jsonb), :quiet_start,
-            :quiet_end, :now, :now)
+            :quiet_end, CAST(:workweek AS smallint[]), :subdivision, :now, :now)
     ON CONFLICT (user_id) DO UPDATE SET
         timezone = excluded.timezone, locale = excluded.locale, country = excluded.country,
         org_id = excluded.org_id, addresses = excluded.addresses, quiet_start = excluded.quiet_start,
-        quiet_end = excluded.quiet_end, updated_at = excluded.updated_at
+        quiet_end = excluded.quiet_end, workweek = excluded.workweek, subdivision = excluded.subdivision,
+        updated_at = excluded.updated_at
     """
 )
 
@@ -47,17 +48,19 @@ _UPSERT_RECIPIENT = text(
 def upsert_recipient(conn: Connection, *, user_id: str, timezone: str, locale: str,
                      country: str | None, org_id: str | None, addresses: dict[str, str],
                      quiet_start: time | None = None, quiet_end: time | None = None,
+                     workweek: list[int] | None = None, subdivision: str | None = None,
                      now: datetime) -> None:
     """Create or replace a recipient."""
     conn.execute(_UPSERT_RECIPIENT, {
         "user_id": user_id, "timezone": timezone, "locale": locale, "country": country,
         "org_id": org_id, "addresses": json.dumps(addresses), "quiet_start": quiet_start,
-        "quiet_end": quiet_end, "now": now,
+        "quiet_end": quiet_end, "workweek": workweek, "subdivision": subdivision, "now": now,
     })
 
 
 _RECIPIENTS = text(
-    "SELECT user_id, timezone, locale, country, org_id, addresses, quiet_start, quiet_end FROM recipients "
+    "SELECT user_id, timezone, locale, country, org_id, addresses, quiet_start, quiet_end, workweek, "
+    "subdivision FROM recipients "
     "WHERE user_id = ANY(CAST(:users AS text[]))"
 )
 
@@ -266,7 +269,8 @@ _RELEASE = text(
     """
     UPDATE deliveries
     SET state = 'pending', claim_token = NULL, lease_until = NULL, not_before = :not_before,
-        due_at = :not_before, last_error = :error, updated_at = :now
+        due_at = :not_before, last_error = :error, updated_at = :now,
+        attempts = attempts - CASE WHEN :refund THEN 1 ELSE 0 END
     WHERE user_id = :user_id AND id = :id AND state = 'claimed' AND claim_token = :token
     RETURNING id
     """
@@ -274,9 +278,10 @@ _RELEASE = text(
 
 
 def release_claim(conn: Connection, key: Key, *, token: str, not_before: datetime, error: str,
-                  now: datetime) -> bool:
-    """Give a claim back after a transient error; the sweeper republishes it at `not_before`."""
-    row = conn.execute(_RELEASE, {"user_id": key[0], "id": key[1], "token": token,
+                  now: datetime, refund_attempt: bool = False) -> bool:
+    """Give a claim back (after a transient error, or unsent: refund_attempt); the sweeper
+    republishes it at `not_before`."""
+    row = conn.execute(_RELEASE, {"user_id": key[0], "id": key[1], "token": token, "refund": refund_attempt,
                                   "not_before": not_before, "error": error, "now": now})
     return row.first() is not None
 

@@ -17,13 +17,14 @@ from sqlalchemy import (
     Integer,
     MetaData,
     PrimaryKeyConstraint,
+    SmallInteger,
     Table,
     Text,
     Time,
     UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 metadata = MetaData()
 
@@ -56,6 +57,8 @@ recipients = Table(
     _ts("updated_at", False),
     Column("quiet_start", Time),
     Column("quiet_end", Time),
+    Column("workweek", ARRAY(SmallInteger)),
+    Column("subdivision", Text),
 )
 
 requests = Table(
@@ -221,4 +224,35 @@ collapse_groups = Table(
     _ts("window_until", False),
     Column("count", Integer, nullable=False),
     PrimaryKeyConstraint("user_id", "collapse_key", name="collapse_groups_pkey"),
+)
+
+SERIES_STATES = ("active", "paused", "ended", "cancelled")
+CALENDAR_POLICIES = ("skip", "next_working_day", "send")
+
+series = Table(
+    "series",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("series_key", Text, nullable=False),
+    Column("type_key", Text, nullable=False),
+    Column("anchor_local", DateTime(timezone=False), nullable=False),
+    Column("zone", Text, nullable=False),
+    Column("every", Text, nullable=False),
+    Column("max_count", Integer),
+    _ts("until"),
+    Column("calendar_policy", Text, nullable=False),
+    Column("variables", JSONB, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("next_n", Integer, nullable=False, server_default="0"),
+    _ts("next_due_at"),
+    _ts("created_at", False),
+    _ts("updated_at", False),
+    PrimaryKeyConstraint("user_id", "id", name="series_pkey"),
+    UniqueConstraint("user_id", "series_key", name="series_key"),
+    ForeignKeyConstraint(["user_id"], ["recipients.user_id"], name="series_user_id_fkey"),
+    CheckConstraint(_in("state", SERIES_STATES), name="series_state_check"),
+    CheckConstraint(_in("calendar_policy", CALENDAR_POLICIES), name="series_policy_check"),
+    CheckConstraint("state <> 'active' OR next_due_at IS NOT NULL", name="series_due_when_active"),
+    Index("series_due", "next_due_at", postgresql_where=text("state = 'active'")),
 )

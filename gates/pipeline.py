@@ -192,9 +192,9 @@ def blocked_by_window(p: Plan, window: tuple[datetime, str]) -> Plan:
     detail = f"another activation nudge ({opener}) holds the window until {until.isoformat()}"
     if p.on_window == "defer":
         return replace(_step(p, "activation_window", "defer", "activation_window", detail, until=until),
-                       defer_until=until, window_until=None, channels=())
+                       defer_until=until, window_until=None, caps=(), collapse=None, channels=())
     return replace(_step(p, "activation_window", "suppress", "activation_window", detail), window_until=None,
-                   channels=())
+                   caps=(), collapse=None, channels=())
 
 
 def cap_buckets(recipient: Mapping[str, Any], now: datetime) -> list[tuple[str, str, datetime]]:

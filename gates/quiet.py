@@ -6,10 +6,17 @@ from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 
-def _at(day: date, at: time, zone: ZoneInfo) -> datetime:
-    """`at` on `day` in `zone`. A wall time inside a spring-forward gap moves forward by the gap
-    (02:30 on a 02:00→03:00 night is 03:30); in an autumn fold the first occurrence is used."""
-    return datetime.combine(day, at, tzinfo=zone).astimezone(UTC).astimezone(zone)
+def _at(day: date, at: time, zone: ZoneInfo, after: datetime) -> datetime:
+    """The first instant after `after` showing `at` on `day` in `zone`.
+
+    A wall time inside a spring-forward gap moves forward by the gap (02:30 on a 02:00→03:00 night
+    is 03:30). In an autumn fold the first pass is used, unless `after` is already past it (a
+    window ending in the repeated hour, seen from its second pass): then the second pass."""
+    for fold in (0, 1):
+        instant = datetime.combine(day, at, tzinfo=zone).replace(fold=fold).astimezone(UTC)
+        if instant > after.astimezone(UTC):  # compare in UTC: same-zone comparison ignores fold
+            break
+    return instant.astimezone(zone)
 
 
 def quiet_until(start: time | None, end: time | None, zone: str, now: datetime) -> datetime | None:
@@ -22,11 +29,11 @@ def quiet_until(start: time | None, end: time | None, zone: str, now: datetime) 
     local = now.astimezone(tz)
     t = local.time().replace(tzinfo=None)
     if start < end:
-        return _at(local.date(), end, tz) if start <= t < end else None
+        return _at(local.date(), end, tz, now) if start <= t < end else None
     if t >= start:
-        return _at(local.date() + timedelta(days=1), end, tz)
+        return _at(local.date() + timedelta(days=1), end, tz, now)
     if t < end:
-        return _at(local.date(), end, tz)
+        return _at(local.date(), end, tz, now)
     return None
 
 

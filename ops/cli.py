@@ -91,6 +91,39 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _arm(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    until = datetime.fromisoformat(args.until) if args.until else None
+    arm = dict(anchor=args.anchor, every=args.every, count=args.count, until=until,
+               variables=_parse_vars(args.var), calendar_policy=args.calendar)
+    if args.dry_run:
+        from ops.schedule import arm_preview
+
+        print(arm_preview(args.user, args.type, **arm))
+        return 0
+    from tasks.series import arm_series
+
+    armed = arm_series(args.user, args.type, series_key=args.key, **arm)
+    print(f"series {armed.series_id} " + ("armed" if armed.new else "was armed already")
+          + f"; first occurrence due {armed.first_due_at.isoformat()}")
+    return 0
+
+
+def _schedule(args: argparse.Namespace) -> int:
+    from ops.schedule import schedule
+
+    print(schedule(args.user, args.days))
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from ops.schedule import simulate
+
+    print(simulate(args.user, args.days))
+    return 0
+
+
 def _receiver(args: argparse.Namespace) -> int:
     import time
 
@@ -139,6 +172,27 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--since", help="2d, 6h, 30m or an ISO time (default: 30 days)")
     e.add_argument("--limit", type=int, default=20)
     e.set_defaults(fn=_explain)
+    a = sub.add_parser("arm", help="arm a recurring series (try --dry-run first)")
+    a.add_argument("type")
+    a.add_argument("--user", required=True)
+    a.add_argument("--anchor", required=True, help="local wall time of the first occurrence, e.g. 2026-12-07T09:00")
+    a.add_argument("--every", required=True, help="1d, 2w, 1mo, 3wd (working days)")
+    a.add_argument("--count", type=int)
+    a.add_argument("--until", help="ISO time with zone; no occurrence after it")
+    a.add_argument("--var", action="append", metavar="NAME=VALUE")
+    a.add_argument("--calendar", default="send", choices=["skip", "next_working_day", "send"],
+                   help="what an occurrence on a non-working day does")
+    a.add_argument("--key", help="series key; arming the same key twice changes nothing")
+    a.add_argument("--dry-run", action="store_true")
+    a.set_defaults(fn=_arm)
+    sc = sub.add_parser("schedule", help="what will fire for a recipient, when, and why not")
+    sc.add_argument("--user", required=True)
+    sc.add_argument("--days", type=int, default=14)
+    sc.set_defaults(fn=_schedule)
+    si = sub.add_parser("simulate", help="a recipient's series through the real planner on a virtual clock")
+    si.add_argument("--user", required=True)
+    si.add_argument("--days", type=int, default=365)
+    si.set_defaults(fn=_simulate)
     r = sub.add_parser("receiver", help="a local webhook receiver that verifies and counts")
     r.add_argument("--port", type=int, default=8099)
     r.set_defaults(fn=_receiver)

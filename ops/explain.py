@@ -63,9 +63,9 @@ def _verdict(r: dict) -> str:
         return "waiting to be routed"
     if any(d["state"] in ("pending", "claimed") for d in r["deliveries"]):
         return "being delivered"
-    reasons = [d["reason"] for d in r["decisions"] if d["channel"] is None] or [
-        d["reason"] for d in r["decisions"]]
-    return "not sent: " + (reasons[-1] if reasons else "no decision recorded")
+    reasons = [d["reason"] for d in r["decisions"] if d["channel"] is None and d["reason"] != "no_channel"]
+    reasons = reasons or sorted({d["reason"] for d in r["decisions"] if d["channel"]})
+    return "not sent: " + (", ".join(reasons[-1:] if reasons else ["no decision recorded"]))
 
 
 def plan_table(plan: Plan) -> str:

@@ -32,6 +32,7 @@ def deliver(users: list[str], ids: list[int]) -> int:
         claimed = ledger.claim_deliveries(conn, zip(users, ids, strict=True), token=token, now=now,
                                           lease_until=lease_until)
     runtime.count("deliver_skipped_not_claimable", len(ids) - len(claimed))
+    _record_takeovers(claimed, now)
     faults.hit("deliver.after_claim")
     policy = RetryPolicy(max_attempts=s.max_attempts)
     # Never start a send that could still be running when the lease lapses and another worker
@@ -48,21 +49,30 @@ def deliver(users: list[str], ids: list[int]) -> int:
     return sent
 
 
+def _record_takeovers(claimed: list[dict[str, Any]], now) -> None:
+    """A claim taken from a lapsed lease: its previous holder may have sent. Recorded at once, so
+    the record survives whatever happens to this attempt."""
+    taken = [row for row in claimed if row["taken_over"]]
+    if not taken:
+        return
+    with engine().begin() as conn:
+        for row in taken:
+            ledger.record_incident(conn, (row["user_id"], row["id"]), kind="claim_taken_over", now=now,
+                                   detail=f"lease lapsed on attempt {row['attempts'] - 1}; that attempt "
+                                          "may have sent (receivers dedup on the idempotency key)")
+
+
 def _release_rest(conn: Connection, rows: list[dict[str, Any]], token: str) -> None:
     now = clock.now()
     for row in rows:
         ledger.release_claim(conn, (row["user_id"], row["id"]), token=token, not_before=now,
-                             error="batch ran out of lease time", now=now)
+                             error="batch ran out of lease time", now=now, refund_attempt=True)
     conn.commit()
     log.info("released unsent claims", extra={"action": "claims_released", "count": len(rows)})
 
 
 def _deliver_one(conn: Connection, row: dict[str, Any], token: str, policy: RetryPolicy) -> int:
     key = (row["user_id"], row["id"])
-    if row["taken_over"]:
-        ledger.record_incident(conn, key, kind="claim_taken_over", now=clock.now(),
-                               detail=f"lease lapsed on attempt {row['attempts'] - 1}; that attempt "
-                                      "may have sent (receivers dedup on the idempotency key)")
     try:
         message = _render(row)
         result = runtime.adapters()[row["channel"]].send(message)

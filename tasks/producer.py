@@ -35,6 +35,12 @@ class Enqueued:
     new: bool  # False: this occurrence was requested before; nothing new was written
 
 
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise InvalidRequest(f"{name} must be a non-empty string without NUL, not {value!r}")
+    return value
+
+
 @lru_cache(maxsize=1)
 def _zones() -> frozenset[str]:
     return frozenset(available_timezones()) - {"Factory", "localtime", "posixrules"}
@@ -59,20 +65,27 @@ def _quiet(value: str | time | None) -> time | None:
 def register_recipient(user_id: str, *, timezone: str, locale: str = "en", country: str | None = None,
                        org_id: str | None = None, addresses: Mapping[str, str] | None = None,
                        quiet_hours: tuple[str | time, str | time] | None = None,
+                       workweek: list[int] | None = None, subdivision: str | None = None,
                        connection: Connection | None = None) -> None:
     """Create or update a recipient. The time zone must be an IANA name (e.g. Europe/Berlin);
-    quiet_hours is a daily local window such as ("22:00", "07:00")."""
-    if not isinstance(user_id, str) or not user_id:
-        raise InvalidRequest("user_id must be a non-empty string")
+    quiet_hours is a daily local window such as ("22:00", "07:00"); workweek lists working weekdays
+    (Monday=0) when they differ from the recipient's country; subdivision is an ISO 3166-2 region
+    code for regional holidays (e.g. "BY")."""
+    _text("user_id", user_id)
     validate_timezone(timezone)
-    if country is not None and not (isinstance(country, str) and len(country) == 2 and country.isalpha()):
+    if country is not None and not (isinstance(country, str) and len(country) == 2 and country.isascii()
+                                    and country.isalpha()):
         raise InvalidRequest(f"country must be an ISO 3166 alpha-2 code, not {country!r}")
     if quiet_hours is not None and (not isinstance(quiet_hours, tuple | list) or len(quiet_hours) != 2):
         raise InvalidRequest("quiet_hours must be a (start, end) pair")
     start, end = (_quiet(v) for v in (quiet_hours or (None, None)))
+    if workweek is not None and (not workweek or not all(isinstance(d, int) and 0 <= d <= 6 for d in workweek)):
+        raise InvalidRequest("workweek must list weekdays as integers 0 (Monday) to 6 (Sunday)")
     fields = dict(user_id=user_id, timezone=timezone, locale=locale,
                   country=country.upper() if country else None, org_id=org_id,
-                  addresses=dict(addresses or {}), quiet_start=start, quiet_end=end, now=clock.now())
+                  addresses=dict(addresses or {}), quiet_start=start, quiet_end=end,
+                  workweek=sorted(set(workweek)) if workweek else None, subdivision=subdivision,
+                  now=clock.now())
     if connection is not None:
         ledger.upsert_recipient(connection, **fields)
         return
@@ -85,19 +98,24 @@ def build_request(user_id: str, type_key: str, event_id: str | None, occurrence_
     ntype = runtime.catalog().get(type_key)
     if ntype is None:
         raise UnknownType(type_key)
+    _text("user_id", user_id)
     if (event_id is None) == (occurrence_key is None):
         raise InvalidOccurrence("give exactly one of event_id or occurrence_key")
-    key = occurrence_key if occurrence_key is not None else f"event:{event_id}"
-    if not isinstance(key, str) or key in ("", "event:"):
+    if not isinstance(event_id if occurrence_key is None else occurrence_key, str):
         raise InvalidOccurrence("event_id / occurrence_key must be a non-empty string")
+    key = occurrence_key if occurrence_key is not None else f"event:{event_id}"
+    if key in ("", "event:") or "\x00" in key:
+        raise InvalidOccurrence("event_id / occurrence_key must be a non-empty string without NUL")
     variables = dict(variables or {})
     missing = ntype.missing(variables)
     if missing:
         raise MissingVariables(type_key, missing)
     try:
-        json.dumps(variables)
+        encoded = json.dumps(variables, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise InvalidRequest(f"variables must be JSON-serialisable: {exc}") from exc
+        raise InvalidRequest(f"variables must be JSON-serialisable (no NaN or Infinity): {exc}") from exc
+    if "\\u0000" in encoded:
+        raise InvalidRequest("variables must not contain NUL characters")
     return ledger.NewRequest(user_id, type_key, key, ntype.lane, ntype.version, variables)
 
 
@@ -132,7 +150,7 @@ def notify_many(items: Iterable[Mapping[str, Any]], *, connection: Connection | 
 
 def _insert(conn: Connection, rows: list[ledger.NewRequest], *, now, due_at) -> list[Enqueued]:
     known = ledger.recipients(conn, (r.user_id for r in rows))
-    unknown = next((r.user_id for r in rows if r.user_id not in known), None)
-    if unknown is not None:
-        raise UnknownRecipient(unknown)
+    unknown = [r.user_id for r in rows if r.user_id not in known]
+    if unknown:
+        raise UnknownRecipient(unknown[0])
     return [Enqueued(i, new) for i, new in ledger.insert_requests(conn, rows, now=now, due_at=due_at)]

@@ -1,4 +1,4 @@
-"""The beat tick (control queue): republish work whose time has come.
+"""The beat tick (control queue): fire due series, then republish work whose time has come.
 
 Requests never published (outbox rows written in a caller's transaction), published but never
 routed (a lost message), or deferred until now; deliveries never picked up, due for a retry, or
@@ -16,6 +16,7 @@ from clarion import clock, settings
 from db import ledger
 from db.engine import engine
 from tasks.publish import DELIVER, ROUTE, publish
+from tasks.series import fire_due_series
 
 LIMIT = 5000
 
@@ -25,8 +26,10 @@ def tick() -> dict[str, int]:
     now = clock.now()
     again = now + timedelta(seconds=settings.get().stray_after)
     with engine().begin() as conn:
+        series = fire_due_series(conn, now=now)
+    with engine().begin() as conn:
         requests = ledger.take_due_requests(conn, now=now, again=again, limit=LIMIT)
         deliveries = ledger.take_due_deliveries(conn, now=now, again=again, limit=LIMIT)
     publish(ROUTE, requests)
     publish(DELIVER, deliveries)
-    return {"requests": len(requests), "deliveries": len(deliveries)}
+    return {"series": series, "requests": len(requests), "deliveries": len(deliveries)}

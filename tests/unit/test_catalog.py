@@ -145,7 +145,8 @@ def test_from_yaml_missing_file(tmp_path: Path) -> None:
     [
         (
             EXAMPLES / "demo.yaml",
-            {"order_receipt", "password_reset", "plan_kickoff", "stalled_plan"},
+            {"order_receipt", "password_reset", "plan_kickoff", "stalled_plan", "weekly_one_on_one",
+             "daily_summary"},
         ),
         (TESTS / "catalog.yaml", {"receipt", "security_code", "nudge", "two_channels", "emailed"}),
     ],

@@ -1,0 +1,191 @@
+"""Recurring series: arm, pause, resume, cancel, snooze one occurrence; and the tick step that
+turns due occurrences into requests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import Connection
+
+from clarion import clock, settings
+from clarion.errors import InvalidRequest, MissingVariables, UnknownRecipient, UnknownType
+from db import ledger
+from db import series as store
+from db.engine import engine
+from scheduling.calendars import WorkCalendar, calendar_for
+from scheduling.recurrence import due_at, first_due_after, parse_every
+from scheduling.series import plan_tick
+from tasks import runtime
+
+POLICIES = ("skip", "next_working_day", "send")
+
+
+@dataclass(frozen=True)
+class Armed:
+    series_id: int
+    new: bool
+    first_due_at: datetime
+
+
+def recipient_calendar(recipient: Mapping[str, Any]) -> WorkCalendar:
+    return calendar_for(workweek=recipient.get("workweek"), country=recipient.get("country"),
+                        subdivision=recipient.get("subdivision"), zone=recipient["timezone"])
+
+
+def _local_anchor(anchor: datetime | str, zone: str) -> datetime:
+    if isinstance(anchor, str):
+        try:
+            anchor = datetime.fromisoformat(anchor)
+        except ValueError as exc:
+            raise InvalidRequest(f"anchor must be an ISO date-time like 2026-12-07T09:00, not {anchor!r}") from exc
+    if not isinstance(anchor, datetime):
+        raise InvalidRequest("anchor must be a datetime")
+    if anchor.tzinfo is not None:  # an instant: take its wall time in the recipient's zone
+        anchor = anchor.astimezone(ZoneInfo(zone)).replace(tzinfo=None)
+    return anchor.replace(microsecond=0)
+
+
+def validate(conn: Connection, user_id: str, type_key: str, *, anchor: datetime | str, every: str,
+             count: int | None, until: datetime | None, variables: Mapping[str, Any] | None,
+             calendar_policy: str) -> dict[str, Any]:
+    """Check an arm request; returns the series row to write (and to preview in a dry run)."""
+    ntype = runtime.catalog().get(type_key)
+    if ntype is None:
+        raise UnknownType(type_key)
+    variables = dict(variables or {})
+    if missing := ntype.missing(variables):
+        raise MissingVariables(type_key, missing)
+    recipient = ledger.recipients(conn, [user_id]).get(user_id)
+    if recipient is None:
+        raise UnknownRecipient(user_id)
+    try:
+        parse_every(every)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
+    if calendar_policy not in POLICIES:
+        raise InvalidRequest(f"calendar_policy must be one of {', '.join(POLICIES)}")
+    if count is not None and (not isinstance(count, int) or count < 1):
+        raise InvalidRequest("count must be a positive integer")
+    if until is not None and until.tzinfo is None:
+        raise InvalidRequest("until must be timezone-aware")
+    zone = recipient["timezone"]
+    local = _local_anchor(anchor, zone)
+    return {"user_id": user_id, "type_key": type_key, "anchor_local": local, "zone": zone, "every": every,
+            "max_count": count, "until": until, "calendar_policy": calendar_policy, "variables": variables,
+            "next_n": 0, "recipient": recipient}
+
+
+def arm_series(user_id: str, type_key: str, *, anchor: datetime | str, every: str, count: int | None = None,
+               until: datetime | None = None, variables: Mapping[str, Any] | None = None,
+               calendar_policy: str = "send", series_key: str | None = None,
+               connection: Connection | None = None) -> Armed:
+    """Arm a series: occurrence n is due at anchor + n × every in the recipient's zone.
+
+    `anchor` is a local wall time (naive) in the recipient's zone; arming the same series_key twice
+    changes nothing. An anchor in the past catches up without a burst (see scheduling.series)."""
+    def write(conn: Connection) -> Armed:
+        row = validate(conn, user_id, type_key, anchor=anchor, every=every, count=count, until=until,
+                       variables=variables, calendar_policy=calendar_policy)
+        row.pop("recipient")
+        key = series_key or f"{type_key}:{row['anchor_local'].isoformat()}:{every}"
+        first = due_at(row["anchor_local"], row["zone"], parse_every(every), 0, _cal(conn, row))
+        series_id, new = store.insert_series(conn, series_key=key, next_due_at=first, now=clock.now(), **row)
+        return Armed(series_id, new, first)
+
+    if connection is not None:
+        return write(connection)
+    with engine().begin() as conn:
+        return write(conn)
+
+
+def _cal(conn: Connection, row: dict[str, Any]) -> WorkCalendar | None:
+    if parse_every(row["every"]).unit != "working_days":
+        return None
+    return recipient_calendar(ledger.recipients(conn, [row["user_id"]])[row["user_id"]])
+
+
+def _transition(user_id: str, series_id: int, from_states: tuple[str, ...], to_state: str) -> bool:
+    now = clock.now()
+    with engine().begin() as conn:
+        next_n = next_due = None
+        if to_state == "active":
+            row = store.get_series(conn, (user_id, series_id))
+            if row is None:
+                return False
+            # resume from now on: occurrences that fell due while paused are not fired late
+            every, cal = parse_every(row["every"]), _cal(conn, row)
+            next_n = max(row["next_n"], first_due_after(row["anchor_local"], row["zone"], every, now, cal))
+            next_due = due_at(row["anchor_local"], row["zone"], every, next_n, cal)
+        return store.set_series_state(conn, (user_id, series_id), from_states=from_states, to_state=to_state,
+                                      next_due_at=next_due, next_n=next_n, now=now)
+
+
+def cancel_series(user_id: str, series_id: int) -> bool:
+    """End a series for good (e.g. the manager answered "stop"). False if it was not running."""
+    return _transition(user_id, series_id, ("active", "paused"), "cancelled")
+
+
+def pause_series(user_id: str, series_id: int) -> bool:
+    return _transition(user_id, series_id, ("active",), "paused")
+
+
+def resume_series(user_id: str, series_id: int) -> bool:
+    """Resume from the next occurrence after now; none of those due while paused fires late."""
+    return _transition(user_id, series_id, ("paused",), "active")
+
+
+def snooze_occurrence(user_id: str, series_id: int, n: int, until: datetime) -> bool:
+    """Hold occurrence n until `until` without moving the anchor; the series continues as scheduled."""
+    if until.tzinfo is None:
+        raise InvalidRequest("until must be timezone-aware")
+    with engine().begin() as conn:
+        row = store.get_series(conn, (user_id, series_id))
+        if row is None:
+            return False
+        ntype = runtime.catalog().get(row["type_key"])
+        if ntype is None:
+            raise UnknownType(row["type_key"])
+        return store.snooze_occurrence(conn, user_id=user_id, type_key=row["type_key"],
+                                       occurrence_key=f"series:{series_id}:{n}", lane=ntype.lane,
+                                       version=ntype.version, variables=row["variables"], until=until,
+                                       now=clock.now()) is not None
+
+
+def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> int:
+    """The tick step: record due occurrences as requests and advance each due series once."""
+    due = store.take_due_series(conn, now=now, limit=limit)
+    if not due:
+        return 0
+    catalog = runtime.catalog()
+    recipients = ledger.recipients(conn, {r["user_id"] for r in due})
+    grace = timedelta(seconds=settings.get().series_grace)
+    rows, decisions = [], []
+    for s in due:
+        tick = plan_tick(s, recipient_calendar(recipients[s["user_id"]]), now=now, grace=grace)
+        ntype = catalog.get(s["type_key"])
+        for occ in tick.occurrences:
+            state = {"send": "pending", "moved": "deferred"}.get(occ.action, "routed")
+            rows.append({"user_id": s["user_id"], "type_key": s["type_key"],
+                         "occurrence_key": f"series:{s['id']}:{occ.n}",
+                         "lane": ntype.lane if ntype else "activation",
+                         "template_version": ntype.version if ntype else 0, "variables": s["variables"],
+                         "state": state, "due_at": occ.send_at if state == "deferred" else
+                         (now if state == "pending" else None), "_occ": occ})
+        store.advance_series(conn, (s["user_id"], s["id"]), next_n=tick.next_n, next_due_at=tick.next_due_at,
+                             ended=tick.ended, now=now)
+    created = store.insert_occurrences(conn, rows, now=now)
+    for r in rows:
+        occ = r["_occ"]
+        if r["occurrence_key"] in created and occ.action in ("missed", "skipped", "moved"):
+            gate = "schedule" if occ.action == "missed" else "calendar"
+            outcome = "defer" if occ.action == "moved" else "suppress"
+            reason = {"missed": "missed", "skipped": "non_working_day", "moved": "non_working_day"}[occ.action]
+            detail = occ.reason + (f"; sends {occ.send_at.isoformat()}" if occ.action == "moved" else "")
+            decisions.append(ledger.Decision(r["user_id"], created[r["occurrence_key"]], gate, outcome,
+                                             reason, detail))
+    ledger.insert_decisions(conn, decisions, now=now)
+    return len(due)

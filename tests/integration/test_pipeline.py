@@ -1,0 +1,570 @@
+"""The pipeline in-process against real PostgreSQL and Redis: outbox, route, deliver, retries,
+fault points and the sweeper. Time is driven by an injected clock; every test asserts on rows.
+
+Celery tasks run as plain functions here. What they publish stays in the Redis broker (no worker
+runs), so a test can read exactly which keys were published with `published`.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from adapters.base import idempotency_key
+from clarion import settings
+from clarion.errors import FaultInjected
+from db import ledger
+from db.engine import engine
+from ops.receiver import Receiver
+from tasks import notify, notify_many, register_recipient
+from tasks.deliver import deliver
+from tasks.publish import DELIVER, ROUTE
+from tasks.route import route
+from tasks.tick import tick
+from tests.support.endpoint import Endpoint
+from tests.support.pipeline import (
+    configure,
+    count,
+    drain,
+    frozen_clock,
+    published,
+    publishing_to_this_tests_broker,
+    rows,
+)
+from tests.support.race import race
+
+pytestmark = pytest.mark.integration
+
+ORDER = {"order": "A-1"}
+LANE = "transactional"  # the lane of every type used here
+NOTHING = {"requests": 0, "deliveries": 0}
+
+Key = tuple[str, int]
+
+
+@pytest.fixture(autouse=True)
+def _broker(clarion_env) -> Iterator[None]:
+    """Publish to this test's Redis (see publishing_to_this_tests_broker for why it may not)."""
+    with publishing_to_this_tests_broker():
+        yield
+
+
+@pytest.fixture
+def ann(clarion_env) -> str:
+    register_recipient("ann", timezone="Europe/Berlin")
+    return "ann"
+
+
+@pytest.fixture
+def receiver(clarion_env, monkeypatch) -> Iterator[Receiver]:
+    """The real webhook receiver, as the default webhook URL."""
+    server = Receiver(settings.get().webhook_secret)
+    # serve_forever polls for shutdown every 0.5 s by default; that is most of a test's run time
+    server.thread = threading.Thread(target=server.server.serve_forever,
+                                     kwargs={"poll_interval": 0.05}, daemon=True)
+    with server as running:
+        configure(monkeypatch, webhook_url=running.url)
+        yield running
+
+
+def _catalog(tmp_path: Path, source: str, edit: Callable[[dict], None]) -> Path:
+    """A copy of the test catalog with `edit` applied to its types."""
+    data = yaml.safe_load(Path(source).read_text())
+    edit(data["types"])
+    path = tmp_path / f"catalog-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _receipt_v1_only(types: dict) -> None:
+    types["receipt"]["templates"] = [t for t in types["receipt"]["templates"] if t["version"] == 1]
+
+
+def _routed(user: str, event: str = "e1") -> Key:
+    """Notify and route one receipt; returns the key of its one delivery."""
+    request = notify(user, "receipt", event_id=event, variables=ORDER)
+    assert route([user], [request.request_id]) == 1
+    [row] = rows("SELECT user_id, id FROM deliveries WHERE request_id = :r", r=request.request_id)
+    drain(LANE)  # drop what notify and route published; tests read what follows
+    return row["user_id"], row["id"]
+
+
+def _tick() -> dict[str, int]:
+    """What a beat tick took of the work these tests make (it may report other kinds too)."""
+    taken = tick()
+    return {"requests": taken["requests"], "deliveries": taken["deliveries"]}
+
+
+def _deliver(*keys: Key) -> int:
+    return deliver([k[0] for k in keys], [k[1] for k in keys])
+
+
+def _delivery() -> dict:
+    [row] = rows("SELECT state, platform, attempts, taken_over, claim_token, lease_until, not_before,"
+                 " due_at, last_error, provider_message_id, sent_at FROM deliveries")
+    return row
+
+
+def _decisions() -> list[dict]:
+    return rows("SELECT request_id, delivery_id, channel, gate, outcome, reason, detail"
+                " FROM decisions ORDER BY id")
+
+
+# --- outbox ----------------------------------------------------------------------------------
+
+
+def test_an_outbox_request_rolled_back_with_the_callers_transaction_leaves_no_row(ann):
+    class CallerFailed(Exception):
+        pass
+
+    with pytest.raises(CallerFailed), engine().begin() as conn:
+        notify(ann, "receipt", event_id="e1", variables=ORDER, connection=conn)
+        raise CallerFailed
+    assert count("requests") == 0
+    assert _tick() == NOTHING
+    assert published(LANE)[ROUTE] == []
+
+
+def test_an_outbox_request_committed_by_the_caller_is_routed_after_the_next_tick(clarion_env):
+    with frozen_clock() as clk:
+        with engine().begin() as conn:
+            register_recipient("cat", timezone="UTC", connection=conn)
+            enqueued = notify("cat", "receipt", event_id="e1", variables=ORDER, connection=conn)
+            assert count("requests") == 0  # invisible to everyone else until the caller commits
+        assert published(LANE)[ROUTE] == []  # the outbox path never publishes itself
+        assert rows("SELECT id, state, due_at FROM requests") == [
+            {"id": enqueued.request_id, "state": "pending", "due_at": clk.now}]
+
+        assert _tick() == {"requests": 1, "deliveries": 0}
+        assert published(LANE)[ROUTE] == [("cat", enqueued.request_id)]
+        assert _tick() == NOTHING  # taken rows are pushed ahead: the next tick leaves them alone
+
+        assert route(["cat"], [enqueued.request_id]) == 1
+        assert rows("SELECT state, due_at FROM requests") == [{"state": "routed", "due_at": None}]
+        assert count("deliveries", "request_id = :r AND state = 'pending'", r=enqueued.request_id) == 1
+        clk.advance(3600)
+        assert _tick()["requests"] == 0  # a routed request never comes round again
+
+
+# --- route -----------------------------------------------------------------------------------
+
+
+def test_routing_a_request_twice_creates_its_deliveries_once(ann):
+    request = notify(ann, "two_channels", event_id="e1")
+    ids = [request.request_id]
+    assert route([ann], ids) == 1
+    assert route([ann], ids) == 0
+    assert route([ann, ann], ids * 2) == 0
+    deliveries = rows("SELECT id, channel, state FROM deliveries ORDER BY channel")
+    assert [(d["channel"], d["state"]) for d in deliveries] == [("console", "pending"),
+                                                                ("webhook", "pending")]
+    assert sorted(published(LANE)[DELIVER]) == sorted((ann, d["id"]) for d in deliveries)
+    assert _decisions() == []
+
+
+def _route_one(user: str, request_id: int) -> int:
+    return route([user], [request_id])
+
+
+def test_eight_processes_routing_one_request_resolve_it_once(ann):
+    request = notify(ann, "two_channels", event_id="e1")
+    results = race(8, _route_one, lambda i: (ann, request.request_id))
+    assert sorted(results) == [0] * 7 + [1]
+    assert count("deliveries") == 2
+    assert len(published(LANE)[DELIVER]) == 2
+
+
+def test_a_channel_without_an_adapter_is_a_recorded_decision_not_a_delivery(ann):
+    request = notify(ann, "emailed", event_id="e1")
+    assert route([ann], [request.request_id]) == 1
+    assert count("deliveries") == 0
+    assert rows("SELECT state FROM requests") == [{"state": "routed"}]
+    decisions = _decisions()
+    assert [(d["request_id"], d["delivery_id"], d["outcome"], d["reason"])
+            for d in decisions if d["channel"] == "email"] == [
+        (request.request_id, None, "suppress", "no_adapter")]
+    assert route([ann], [request.request_id]) == 0
+    assert _decisions() == decisions  # a repeated route records nothing twice
+
+
+def test_a_type_gone_from_the_catalog_by_routing_time_is_a_recorded_decision(
+        ann, clarion_env, monkeypatch, tmp_path):
+    request = notify(ann, "security_code", event_id="e1", variables={"code": "123"})
+    configure(monkeypatch, catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"],
+                                            lambda types: types.pop("security_code")))
+    assert route([ann], [request.request_id]) == 1
+    assert count("deliveries") == 0
+    assert [(d["gate"], d["outcome"], d["reason"]) for d in _decisions()] == [
+        ("catalog", "suppress", "unknown_type")]
+
+
+def test_the_template_version_is_pinned_when_the_request_is_made(ann, clarion_env, monkeypatch,
+                                                                 tmp_path):
+    configure(monkeypatch, catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"],
+                                            _receipt_v1_only))
+    old = notify(ann, "receipt", event_id="old", variables=ORDER)
+    configure(monkeypatch, catalog=clarion_env.env["CLARION_CATALOG"])  # v2 is published
+    new = notify(ann, "receipt", event_id="new", variables=ORDER)
+    assert route([ann, ann], [old.request_id, new.request_id]) == 2
+    assert rows("SELECT id, template_version FROM requests ORDER BY id") == [
+        {"id": old.request_id, "template_version": 1}, {"id": new.request_id, "template_version": 2}]
+
+
+# --- deliver ---------------------------------------------------------------------------------
+
+
+def test_deliver_sends_once_over_the_webhook_and_records_the_send(ann, receiver):
+    key = _routed(ann)
+    assert _deliver(key) == 1
+    row = _delivery()
+    assert {k: row[k] for k in ("state", "platform", "attempts", "taken_over", "claim_token",
+                                "lease_until", "due_at", "last_error", "provider_message_id")} == {
+        "state": "sent", "platform": "webhook", "attempts": 1, "taken_over": False,
+        "claim_token": None, "lease_until": None, "due_at": None, "last_error": None,
+        "provider_message_id": str(key[1])}
+    assert row["sent_at"] is not None
+    assert dict(receiver.arrivals.by_key) == {idempotency_key(ann, "receipt", "event:e1", "webhook"): 1}
+
+    assert _deliver(key) == 0  # a redelivered message: the claim finds nothing to take
+    assert _deliver(key, key) == 0
+    assert receiver.arrivals.total == 1
+    assert _delivery()["attempts"] == 1
+    assert count("incidents") == 0
+
+
+def test_a_request_renders_the_template_version_it_pinned(ann, clarion_env, monkeypatch, tmp_path):
+    configure(monkeypatch, catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"],
+                                            _receipt_v1_only))
+    old = _routed(ann, "old")
+    configure(monkeypatch, catalog=clarion_env.env["CLARION_CATALOG"])  # now with v1 and v2
+    new = _routed(ann, "new")
+    with Endpoint() as endpoint:
+        configure(monkeypatch, webhook_url=endpoint.url)
+        assert _deliver(old, new) == 2
+    content = {c.payload["occurrence_key"]: c.payload["content"] for c in endpoint.calls}
+    assert content == {
+        "event:old": {"title": "Receipt A-1", "body": "Thanks for order A-1."},
+        "event:new": {"title": "Your receipt A-1", "body": "Thanks for order A-1."},
+    }
+
+
+def test_a_pinned_version_gone_from_the_catalog_fails_the_delivery_with_a_reason(
+        ann, clarion_env, monkeypatch, tmp_path):
+    key = _routed(ann)  # pins v2
+    configure(monkeypatch, catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"],
+                                            _receipt_v1_only))
+    with Endpoint() as endpoint:
+        configure(monkeypatch, webhook_url=endpoint.url)
+        assert _deliver(key) == 0
+    assert endpoint.calls == []
+    assert _delivery()["state"] == "failed"
+    assert [(d["delivery_id"], d["gate"], d["outcome"], d["reason"]) for d in _decisions()] == [
+        (key[1], "deliver", "failed", "template_missing")]
+
+
+def test_a_batch_that_runs_out_of_lease_time_hands_its_unsent_rows_back(ann, monkeypatch):
+    configure(monkeypatch, claim_lease=10, webhook_timeout=10)  # no send may start after lease - 5 s
+    with frozen_clock() as clk:
+        keys = [_routed(ann, f"e{n}") for n in range(3)]
+
+        def slow_provider(call) -> int:
+            clk.advance(6)  # each send takes 6 s of injected time
+            return 200
+
+        with Endpoint(slow_provider) as endpoint:
+            configure(monkeypatch, webhook_url=endpoint.url)
+            assert _deliver(*keys) == 1
+            assert len(endpoint.calls) == 1
+            handed_back = rows("SELECT id, claim_token, not_before, last_error FROM deliveries"
+                               " WHERE state = 'pending'")
+            assert len(handed_back) == 2 and count("deliveries", "state = 'sent'") == 1
+            assert {(r["claim_token"], r["not_before"], r["last_error"]) for r in handed_back} == {
+                (None, clk.now, "batch ran out of lease time")}
+            assert _tick() == {"requests": 0, "deliveries": 2}
+            assert sorted(published(LANE)[DELIVER]) == sorted((ann, r["id"]) for r in handed_back)
+            for row in handed_back:  # one at a time: each fresh claim has time for one slow send
+                assert _deliver((ann, row["id"])) == 1
+    assert count("deliveries", "state = 'sent'") == 3
+    assert len(endpoint.calls) == 3
+
+
+# --- retries and failures ----------------------------------------------------------------------
+
+
+def test_a_transient_failure_releases_the_claim_and_the_sweeper_retries_it(ann, receiver):
+    with frozen_clock() as clk:
+        key = _routed(ann)
+        receiver.arrivals.fail_next = 1
+        start = clk.now
+        assert _deliver(key) == 0
+        row = _delivery()
+        assert (row["state"], row["claim_token"], row["lease_until"], row["attempts"]) == (
+            "pending", None, None, 1)
+        assert row["not_before"] == row["due_at"] == start + timedelta(seconds=2)  # policy base
+        assert row["last_error"].startswith("http_503")
+
+        assert _deliver(key) == 0  # a message that arrives early cannot claim before not_before
+        assert _tick() == NOTHING
+        assert _delivery()["attempts"] == 1
+
+        clk.advance(2)
+        assert _tick() == {"requests": 0, "deliveries": 1}
+        assert published(LANE)[DELIVER] == [key]
+        assert _deliver(key) == 1
+    row = _delivery()
+    assert (row["state"], row["attempts"], row["last_error"]) == ("sent", 2, None)
+    assert receiver.arrivals.total == 1
+    assert _decisions() == []
+
+
+def test_a_permanent_rejection_fails_the_delivery_with_a_recorded_reason(ann, monkeypatch):
+    with frozen_clock() as clk:
+        key = _routed(ann)
+        request_id = rows("SELECT id FROM requests")[0]["id"]
+        with Endpoint(lambda call: 404) as endpoint:
+            configure(monkeypatch, webhook_url=endpoint.url)
+            assert _deliver(key) == 0
+            assert _deliver(key) == 0
+        assert len(endpoint.calls) == 1
+        row = _delivery()
+        assert (row["state"], row["claim_token"], row["due_at"], row["attempts"]) == (
+            "failed", None, None, 1)
+        assert row["last_error"].startswith("http_404")
+        [decision] = _decisions()
+        assert {k: decision[k] for k in ("request_id", "delivery_id", "channel", "gate", "outcome",
+                                         "reason")} == {
+            "request_id": request_id, "delivery_id": key[1], "channel": "webhook",
+            "gate": "deliver", "outcome": "failed", "reason": "http_404"}
+        clk.advance(3600)
+        assert _tick() == NOTHING  # failed is final
+
+
+def test_a_bad_signature_is_refused_by_the_receiver_and_fails_for_good(ann, receiver, monkeypatch):
+    configure(monkeypatch, webhook_secret="not-the-receivers-secret")
+    key = _routed(ann)
+    assert _deliver(key) == 0
+    assert (receiver.arrivals.rejected, receiver.arrivals.total) == (1, 0)
+    assert _delivery()["state"] == "failed"
+    assert [(d["gate"], d["outcome"], d["reason"]) for d in _decisions()] == [
+        ("deliver", "failed", "http_401")]
+
+
+def test_a_delivery_fails_with_retries_exhausted_after_max_attempts(ann, receiver, monkeypatch):
+    configure(monkeypatch, max_attempts=2)
+    receiver.arrivals.fail_next = 5
+    with frozen_clock() as clk:
+        key = _routed(ann)
+        assert _deliver(key) == 0
+        assert _delivery()["state"] == "pending"
+        clk.advance(2)
+        assert _tick()["deliveries"] == 1
+        assert _deliver(key) == 0
+        clk.advance(3600)
+        assert _tick() == NOTHING
+        assert _deliver(key) == 0
+    row = _delivery()
+    assert (row["state"], row["attempts"]) == ("failed", 2)
+    [decision] = _decisions()
+    assert (decision["gate"], decision["outcome"], decision["reason"]) == (
+        "deliver", "failed", "retries_exhausted")
+    assert decision["detail"].startswith("http_503")
+    assert receiver.arrivals.fail_next == 3  # two attempts reached the receiver, no more
+    assert receiver.arrivals.total == 0
+
+
+# --- fault points: crash windows ------------------------------------------------------------------
+
+
+def test_a_worker_that_dies_after_sending_is_taken_over_once_its_lease_lapses(ann, receiver,
+                                                                             monkeypatch):
+    configure(monkeypatch, claim_lease=5, faults="deliver.after_send=raise*1")
+    with frozen_clock() as clk:
+        key = _routed(ann)
+        start = clk.now
+        with pytest.raises(FaultInjected):
+            _deliver(key)
+        row = _delivery()
+        assert (row["state"], row["attempts"], row["lease_until"]) == (
+            "claimed", 1, start + timedelta(seconds=5))
+        assert receiver.arrivals.total == 1  # the provider has it; the ledger does not know yet
+
+        clk.advance(4)
+        assert _tick() == NOTHING  # the lease still stands
+        assert _deliver(key) == 0  # and no one else may claim meanwhile
+        clk.advance(2)
+        assert _tick() == {"requests": 0, "deliveries": 1}
+        assert published(LANE)[DELIVER] == [key]
+        assert _deliver(key) == 1
+    row = _delivery()
+    assert (row["state"], row["attempts"], row["taken_over"]) == ("sent", 2, True)
+    assert [r["kind"] for r in rows("SELECT kind FROM incidents WHERE delivery_id = :d", d=key[1])] == [
+        "claim_taken_over"]
+    arrivals = receiver.arrivals
+    assert (arrivals.total, arrivals.unique, arrivals.repeats) == (2, 1, 1)
+    assert set(arrivals.by_key) == {idempotency_key(ann, "receipt", "event:e1", "webhook")}
+
+
+def test_a_claim_taken_over_cannot_be_settled_with_the_old_token(ann):
+    key = _routed(ann)
+    with frozen_clock() as clk:
+        first, second = str(uuid.uuid4()), str(uuid.uuid4())
+        with engine().begin() as conn:
+            assert ledger.claim_deliveries(conn, [key], token=first, now=clk.now,
+                                           lease_until=clk.now + timedelta(seconds=5))
+        later = clk.advance(6)
+        with engine().begin() as conn:
+            [taken] = ledger.claim_deliveries(conn, [key], token=second, now=later,
+                                              lease_until=later + timedelta(seconds=5))
+            assert taken["taken_over"]
+            assert ledger.mark_sent(conn, key, token=second, platform="webhook", message_id="b",
+                                    now=later)
+        with engine().begin() as conn:
+            assert not ledger.mark_sent(conn, key, token=first, platform="webhook", message_id="a",
+                                        now=later)
+            assert not ledger.release_claim(conn, key, token=first, not_before=later, error="x",
+                                            now=later)
+            assert ledger.fail_delivery(conn, key, token=first, error="x", now=later) is None
+    row = _delivery()
+    assert (row["state"], row["provider_message_id"], row["attempts"]) == ("sent", "b", 2)
+
+
+def test_a_worker_whose_claim_was_taken_during_the_send_records_a_possible_duplicate(ann, monkeypatch):
+    """The provider is slow: meanwhile the lease lapses and another worker claims and sends."""
+    with frozen_clock() as clk:
+        key = _routed(ann)
+        later = clk.now + timedelta(seconds=settings.get().claim_lease + 1)
+
+        def slow_provider(call) -> int:
+            token = str(uuid.uuid4())
+            with engine().begin() as conn:
+                assert ledger.claim_deliveries(conn, [key], token=token, now=later,
+                                               lease_until=later + timedelta(seconds=60))
+                assert ledger.mark_sent(conn, key, token=token, platform="webhook",
+                                        message_id="other-worker", now=later)
+            return 200
+
+        with Endpoint(slow_provider) as endpoint:
+            configure(monkeypatch, webhook_url=endpoint.url)
+            assert _deliver(key) == 0
+    assert endpoint.errors == []
+    assert len(endpoint.calls) == 1
+    row = _delivery()
+    assert (row["state"], row["provider_message_id"], row["attempts"]) == ("sent", "other-worker", 2)
+    assert [r["kind"] for r in rows("SELECT kind FROM incidents")] == ["possible_duplicate"]
+
+
+def test_a_taken_over_claim_handed_back_unsent_still_leaves_an_incident(ann, receiver, monkeypatch):
+    configure(monkeypatch, claim_lease=10, webhook_timeout=10,  # no send may start after lease - 5 s
+              faults="deliver.after_send=raise*1")
+    with frozen_clock() as clk:
+        key = _routed(ann)
+        with pytest.raises(FaultInjected):
+            _deliver(key)  # sent, then the worker dies before recording it
+        clk.advance(11)
+        clk.step = 6  # a stalled worker: by its first send the batch is out of lease time
+        assert _deliver(key) == 0
+        row = _delivery()
+        # handed back unsent: the attempt is refunded, so it does not count towards max_attempts
+        assert (row["state"], row["attempts"], row["last_error"]) == (
+            "pending", 1, "batch ran out of lease time")
+        clk.step = 0
+        assert _deliver(key) == 1
+    assert receiver.arrivals.repeats == 1  # the provider got it twice ...
+    assert [r["kind"] for r in rows("SELECT kind FROM incidents")] == ["claim_taken_over"]  # ... so say so
+
+
+def test_a_request_whose_publish_was_lost_is_routed_by_the_sweeper(ann, monkeypatch):
+    configure(monkeypatch, faults="notify.before_publish=raise")
+    with frozen_clock() as clk:
+        with pytest.raises(FaultInjected):
+            notify(ann, "receipt", event_id="e1", variables=ORDER)
+        [request] = rows("SELECT id, state, due_at FROM requests")
+        assert (request["state"], request["due_at"]) == ("pending", clk.now + timedelta(seconds=30))
+        assert published(LANE)[ROUTE] == []
+        assert _tick() == NOTHING
+        clk.advance(30)
+        assert _tick() == {"requests": 1, "deliveries": 0}
+        assert published(LANE)[ROUTE] == [(ann, request["id"])]
+        assert route([ann], [request["id"]]) == 1
+    assert count("deliveries") == 1
+
+
+def test_deliveries_whose_publish_was_lost_are_sent_after_the_sweeper(ann, receiver, monkeypatch):
+    configure(monkeypatch, faults="route.after_commit=raise*1")
+    with frozen_clock() as clk:
+        request = notify(ann, "receipt", event_id="e1", variables=ORDER)
+        with pytest.raises(FaultInjected):
+            route([ann], [request.request_id])
+        [row] = rows("SELECT user_id, id, state, due_at FROM deliveries")
+        assert (row["state"], row["due_at"]) == ("pending", clk.now + timedelta(seconds=30))
+        assert published(LANE)[DELIVER] == []
+        assert route([ann], [request.request_id]) == 0  # the request was resolved: once
+        clk.advance(30)
+        assert _tick() == {"requests": 0, "deliveries": 1}
+        key = (row["user_id"], row["id"])
+        assert published(LANE)[DELIVER] == [key]
+        assert _deliver(key) == 1
+    assert _delivery()["state"] == "sent"
+    assert receiver.arrivals.total == 1
+
+
+def test_a_route_that_fails_before_commit_leaves_the_request_to_be_routed_again(ann, monkeypatch):
+    configure(monkeypatch, faults="route.before_commit=raise*1")
+    with frozen_clock() as clk:
+        request = notify(ann, "two_channels", event_id="e1")
+        with pytest.raises(FaultInjected):
+            route([ann], [request.request_id])
+        assert rows("SELECT state FROM requests") == [{"state": "pending"}]
+        assert (count("deliveries"), count("decisions")) == (0, 0)
+        clk.advance(30)
+        assert _tick() == {"requests": 1, "deliveries": 0}
+        assert route([ann], [request.request_id]) == 1
+    assert count("deliveries") == 2
+
+
+# --- where tasks are published ----------------------------------------------------------------
+
+# A process that touches a task proxy (as pytest's collection does with `from tasks.route import
+# route`) before its CLARION_* settings are in place, and then publishes with those settings.
+# --- the sweeper -------------------------------------------------------------------------------
+
+
+def test_tick_leaves_alone_work_whose_time_has_not_come(ann):
+    with frozen_clock() as clk:
+        start = clk.now
+        _routed(ann)  # the delivery is due for a republish at start + stray_after (30 s)
+        assert _tick() == NOTHING
+        clk.advance(29.999)
+        assert _tick() == NOTHING
+        assert published(LANE)[DELIVER] == []
+        clk.now = start + timedelta(seconds=30)
+        assert _tick() == {"requests": 0, "deliveries": 1}
+        assert _tick() == NOTHING  # pushed a stray interval ahead again
+        [row] = rows("SELECT due_at FROM deliveries")
+        assert row["due_at"] == clk.now + timedelta(seconds=30)
+
+
+def test_two_ticks_at_the_same_instant_take_each_due_row_once(ann):
+    with frozen_clock() as clk:
+        routed = notify_many([dict(user_id=ann, type_key="receipt", event_id=f"r{n}", variables=ORDER)
+                              for n in range(20)])
+        assert route([ann] * 20, [e.request_id for e in routed]) == 20
+        clk.advance(31)  # the 20 deliveries are now strays
+        with engine().begin() as conn:  # 30 outbox requests, due now
+            notify_many([dict(user_id=ann, type_key="receipt", event_id=f"o{n}", variables=ORDER)
+                         for n in range(30)], connection=conn)
+        drain(LANE)
+        results = race(2, tick)  # two beat processes
+        keys = published(LANE)
+        assert _tick() == NOTHING
+    assert sum(r["requests"] for r in results) == 30
+    assert sum(r["deliveries"] for r in results) == 20
+    route_keys, deliver_keys = keys[ROUTE], keys[DELIVER]
+    assert len(route_keys) == len(set(route_keys)) == 30
+    assert len(deliver_keys) == len(set(deliver_keys)) == 20
