@@ -28,6 +28,7 @@ class Settings:
     stray_after: float = 30.0  # seconds before a published-but-untouched row is published again
     max_attempts: int = 8
     batch_size: int = 100
+    send_concurrency: int = 8  # sends in flight at once within one deliver batch
     webhook_url: str | None = None  # default endpoint for webhook types without config.webhook.url
     webhook_secret: str = "clarion-dev-secret"
     webhook_timeout: float = 10.0

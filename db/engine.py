@@ -26,8 +26,13 @@ def engine(url: str | None = None) -> Engine:
     url = normalise_url(url or settings.get().urls()[0])
     key = (os.getpid(), url)
     if key not in _engines:
-        _engines[key] = create_engine(url, pool_size=5, max_overflow=10, pool_pre_ping=True)
+        _engines[key] = create_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
     return _engines[key]
+
+
+def autocommit(url: str | None = None) -> Engine:
+    """The same engine (and pool), with every statement committed on its own."""
+    return engine(url).execution_options(isolation_level="AUTOCOMMIT")
 
 
 def dispose_all() -> None:

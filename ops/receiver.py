@@ -66,7 +66,11 @@ def _handler(secret: str, arrivals: Arrivals) -> type[BaseHTTPRequestHandler]:
         disable_nagle_algorithm = True  # headers and body go out as two writes; don't let them wait 40 ms
 
         def do_POST(self) -> None:  # noqa: N802 - the http.server API
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length)
+            if len(body) < length:  # the sender died mid-request: nothing arrived
+                self.close_connection = True
+                return None
             if arrivals.take_failure():
                 return self._answer(503, {"error": "try later"})
             if not verify(secret, self.headers, body, now=time.time()):

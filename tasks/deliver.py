@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +15,7 @@ from adapters.base import Message
 from clarion import clock, faults, settings
 from clarion.errors import PermanentSendError, SendError
 from db import ledger
-from db.engine import engine
+from db.engine import autocommit, engine
 from tasks import runtime
 from tasks.retry import RetryPolicy, decide
 
@@ -36,17 +37,13 @@ def deliver(users: list[str], ids: list[int]) -> int:
     faults.hit("deliver.after_claim")
     policy = RetryPolicy(max_attempts=s.max_attempts)
     # Never start a send that could still be running when the lease lapses and another worker
-    # may take the row over: stop early and hand the rest back instead.
+    # may take the row over: rows reached too late are handed back unsent instead.
     last_start = lease_until - timedelta(seconds=min(s.claim_lease / 2, s.webhook_timeout + 1))
-    sent = 0
-    with engine().connect() as conn:
-        for n, row in enumerate(claimed):
-            if clock.now() > last_start:
-                _release_rest(conn, claimed[n:], token)
-                break
-            sent += _deliver_one(conn, row, token, policy)
-            conn.commit()
-    return sent
+    if len(claimed) <= 1 or s.send_concurrency <= 1:
+        return sum(_deliver_one(row, token, policy, last_start) for row in claimed)
+    # Sends wait on providers; a few threads overlap those waits (each uses its own connection).
+    with ThreadPoolExecutor(max_workers=min(s.send_concurrency, len(claimed))) as pool:
+        return sum(pool.map(lambda row: _deliver_one(row, token, policy, last_start), claimed))
 
 
 def _record_takeovers(claimed: list[dict[str, Any]], now) -> None:
@@ -62,29 +59,30 @@ def _record_takeovers(claimed: list[dict[str, Any]], now) -> None:
                                           "may have sent (receivers dedup on the idempotency key)")
 
 
-def _release_rest(conn: Connection, rows: list[dict[str, Any]], token: str) -> None:
-    now = clock.now()
-    for row in rows:
-        ledger.release_claim(conn, (row["user_id"], row["id"]), token=token, not_before=now,
-                             error="batch ran out of lease time", now=now, refund_attempt=True)
-    conn.commit()
-    log.info("released unsent claims", extra={"action": "claims_released", "count": len(rows)})
-
-
-def _deliver_one(conn: Connection, row: dict[str, Any], token: str, policy: RetryPolicy) -> int:
+def _deliver_one(row: dict[str, Any], token: str, policy: RetryPolicy, last_start) -> int:
     key = (row["user_id"], row["id"])
+    if clock.now() > last_start:
+        now = clock.now()
+        with engine().begin() as conn:
+            ledger.release_claim(conn, key, token=token, not_before=now, error="batch ran out of lease time",
+                                 now=now, refund_attempt=True)
+        log.info("released an unsent claim", extra={"action": "claim_released", "delivery": key})
+        return 0
     try:
         message = _render(row)
         result = runtime.adapters()[row["channel"]].send(message)
     except SendError as error:
-        _settle_failure(conn, row, key, token, error, policy)
+        with engine().begin() as conn:
+            _settle_failure(conn, row, key, token, error, policy)
         return 0
     faults.hit("deliver.after_send")
-    if ledger.mark_sent(conn, key, token=token, platform=result.platform,
-                        message_id=result.provider_message_id, now=clock.now()):
-        return 1
-    ledger.record_incident(conn, key, kind="possible_duplicate", now=clock.now(),
-                           detail="sent, but the claim had been taken over before it was recorded")
+    # One auto-committed statement: "sent" is durable as soon as PostgreSQL answers.
+    with autocommit().connect() as conn:
+        if ledger.mark_sent(conn, key, token=token, platform=result.platform,
+                            message_id=result.provider_message_id, now=clock.now()):
+            return 1
+        ledger.record_incident(conn, key, kind="possible_duplicate", now=clock.now(),
+                               detail="sent, but the claim had been taken over before it was recorded")
     log.warning("claim lost after send", extra={"action": "possible_duplicate", "delivery": key})
     return 0
 

@@ -269,7 +269,8 @@ def test_a_pinned_version_gone_from_the_catalog_fails_the_delivery_with_a_reason
 
 
 def test_a_batch_that_runs_out_of_lease_time_hands_its_unsent_rows_back(ann, monkeypatch):
-    configure(monkeypatch, claim_lease=10, webhook_timeout=10)  # no send may start after lease - 5 s
+    configure(monkeypatch, claim_lease=10, webhook_timeout=10,  # no send may start after lease - 5 s
+              send_concurrency=1)  # one send after another, so the third starts too late
     with frozen_clock() as clk:
         keys = [_routed(ann, f"e{n}") for n in range(3)]
 
