@@ -1,5 +1,5 @@
 """The catalog: notification types, categories, versioned templates. Imports nothing of ours."""
 
-from catalog.model import CATEGORIES, Catalog, CatalogError, NotificationType, Template
+from catalog.model import CATEGORIES, Button, Catalog, CatalogError, NotificationType, Template
 
-__all__ = ["CATEGORIES", "Catalog", "CatalogError", "NotificationType", "Template"]
+__all__ = ["CATEGORIES", "Button", "Catalog", "CatalogError", "NotificationType", "Template"]

@@ -35,13 +35,31 @@ class CatalogError(ValueError):
     """The catalog itself is malformed (raised at load time)."""
 
 
+BUTTON_ACTIONS = ("answer", "stop_series", "snooze")
+
+
+@dataclass(frozen=True)
+class Button:
+    """An answer a recipient can give. Labels shown anywhere come from here, never from a client."""
+
+    key: str
+    label: str
+    action: str = "answer"  # answer | stop_series | snooze
+    hours: float = 24.0  # for snooze: how long to hold the next occurrence
+    style: str | None = None  # primary | danger (where the platform has styles)
+
+
 @dataclass(frozen=True)
 class Template:
-    """One version of a type's content: default fields plus per-channel overrides."""
+    """One version of a type's content: default fields plus per-channel overrides, and buttons."""
 
     version: int
     fields: dict[str, str]
     per_channel: dict[str, dict[str, str]] = field(default_factory=dict)
+    buttons: tuple[Button, ...] = ()
+
+    def button(self, key: str) -> Button | None:
+        return next((b for b in self.buttons if b.key == key), None)
 
     def sources(self, channel: str) -> dict[str, str]:
         return {**self.fields, **self.per_channel.get(channel, {})}
@@ -149,12 +167,40 @@ def _templates(raw_list: Any, fail) -> dict[int, Template]:
         per_channel = raw.pop("channels", None) or {}
         if not isinstance(per_channel, dict):
             raise fail(f"template v{version}: channels must map a channel to its fields")
+        buttons = _buttons(raw.pop("buttons", None), f"template v{version}", fail)
         templates[version] = Template(
             version,
             _fields(raw, f"template v{version}", fail),
             {str(c): _fields(f, f"template v{version} channel {c}", fail) for c, f in per_channel.items()},
+            buttons,
         )
     return templates
+
+
+def _buttons(raw: Any, what: str, fail) -> tuple[Button, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise fail(f"{what}: buttons must be a list")
+    buttons: list[Button] = []
+    for spec in raw:
+        if not isinstance(spec, dict) or not isinstance(spec.get("key"), str) or not isinstance(
+                spec.get("label"), str):
+            raise fail(f"{what}: every button needs a text key and label")
+        key = spec["key"]
+        if not key or len(key) > 32 or not all(c.isalnum() or c in "_-" for c in key):
+            raise fail(f"{what}: button key {key!r} must be 1-32 letters, digits, _ or -")
+        if any(b.key == key for b in buttons):
+            raise fail(f"{what}: button key {key!r} is used twice")
+        action = spec.get("action", "answer")
+        if action not in BUTTON_ACTIONS:
+            raise fail(f"{what}: button action must be one of {', '.join(BUTTON_ACTIONS)}")
+        try:
+            hours = float(spec.get("hours", 24))
+        except (TypeError, ValueError) as exc:
+            raise fail(f"{what}: button hours must be a number") from exc
+        buttons.append(Button(key, spec["label"], action, hours, spec.get("style")))
+    return tuple(buttons)
 
 
 def _build_type(key: str, spec: Any) -> NotificationType:

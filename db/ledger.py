@@ -224,13 +224,13 @@ _CLAIM = text(
     UPDATE deliveries d
     SET state = 'claimed', claim_token = :token, lease_until = :lease_until, due_at = :lease_until,
         attempts = d.attempts + 1, taken_over = (d.state = 'claimed'), updated_at = :now
-    FROM {_KEYS}, requests r
+    FROM {_KEYS}, requests r, recipients rc
     WHERE d.user_id = k.user_id AND d.id = k.id
-      AND r.user_id = d.user_id AND r.id = d.request_id
+      AND r.user_id = d.user_id AND r.id = d.request_id AND rc.user_id = d.user_id
       AND ((d.state = 'pending' AND d.not_before <= :now)
            OR (d.state = 'claimed' AND d.lease_until < :now))
     RETURNING d.user_id, d.id, d.request_id, d.type_key, d.occurrence_key, d.channel, d.attempts,
-              d.taken_over, r.template_version, r.variables
+              d.taken_over, r.template_version, r.variables, rc.addresses
     """
 )
 

@@ -107,6 +107,9 @@ deliveries = Table(
     _ts("created_at", False),
     _ts("updated_at", False),
     _ts("sent_at"),
+    Column("answer", Text),
+    _ts("answered_at"),
+    Column("answered_by", Text),
     PrimaryKeyConstraint("user_id", "id", name="deliveries_pkey"),
     UniqueConstraint("user_id", "request_id", "channel", name="deliveries_request_channel_key"),
     ForeignKeyConstraint(
@@ -255,4 +258,21 @@ series = Table(
     CheckConstraint(_in("calendar_policy", CALENDAR_POLICIES), name="series_policy_check"),
     CheckConstraint("state <> 'active' OR next_due_at IS NOT NULL", name="series_due_when_active"),
     Index("series_due", "next_due_at", postgresql_where=text("state = 'active'")),
+)
+
+interactions = Table(
+    "interactions",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("delivery_id", BigInteger),
+    Column("platform", Text, nullable=False),
+    Column("platform_user", Text, nullable=False),
+    Column("answer", Text),
+    Column("outcome", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("payload", Text, nullable=False),
+    _ts("created_at", False),
+    PrimaryKeyConstraint("user_id", "id", name="interactions_pkey"),
+    CheckConstraint("outcome IN ('accepted', 'repeated', 'rejected')", name="interactions_outcome_check"),
 )

@@ -99,7 +99,9 @@ def _render(row: dict[str, Any]) -> Message:
         raise PermanentSendError("render_failed", str(exc)) from exc
     return Message(delivery_id=row["id"], user_id=row["user_id"], type_key=row["type_key"],
                    occurrence_key=row["occurrence_key"], channel=channel, content=content,
-                   attempt=row["attempts"], config=ntype.config.get(channel, {}))
+                   attempt=row["attempts"], config=ntype.config.get(channel, {}),
+                   address=(row.get("addresses") or {}).get(channel),
+                   buttons=ntype.templates[version].buttons)
 
 
 def _settle_failure(conn: Connection, row: dict[str, Any], key: ledger.Key, token: str,
