@@ -89,3 +89,16 @@ class Adapter(Protocol):
     def send(self, message: Message) -> SendResult:
         """Hand the message to the provider. Raises TransientSendError or PermanentSendError."""
         ...
+
+
+class ChatAdapter(Adapter, Protocol):
+    """Channels with buttons (Slack, Teams) also update a sent message in place, and may find a
+    message an earlier, crashed attempt already posted."""
+
+    def update(self, message: Message, provider_message_id: str, answered: str | None) -> None:
+        """Re-render the sent message; `answered` is the catalog label of the recorded answer."""
+        ...
+
+    def reconcile(self, message: Message) -> SendResult | None:
+        """The earlier attempt's message, if the provider has it (a rare, rate-limited path)."""
+        ...

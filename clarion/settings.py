@@ -35,6 +35,12 @@ class Settings:
     visibility_timeout: int = 600
     tick_interval: float = 1.0
     series_grace: float = 7200.0  # an occurrence later than this is recorded as missed, not sent
+    slack_token: str | None = None  # bot token; the slack channel exists when it is set
+    slack_api_url: str = "https://slack.com/api/"
+    slack_signing_secret: str | None = None
+    teams_app_id: str | None = None  # the teams channel exists when it is set ("none": no auth, local only)
+    teams_app_password: str | None = None
+    teams_tenant_id: str | None = None
     faults: str = ""
     faults_dir: Path | None = None
 

@@ -53,6 +53,14 @@ def adapters() -> dict[str, Adapter]:
         ConsoleAdapter(),
         WebhookAdapter(secret=s.webhook_secret, timeout=s.webhook_timeout, default_url=s.webhook_url),
     ]
+    if s.slack_token:
+        from adapters.slack import SlackAdapter
+
+        found.append(SlackAdapter.from_settings(s))
+    if s.teams_app_id:
+        from adapters.teams import TeamsAdapter
+
+        found.append(TeamsAdapter.from_settings(s))
     return {a.channel: a for a in found}
 
 

@@ -1,0 +1,1 @@
+"""The web process: ingest API, Slack and Teams endpoints, preferences, /metrics."""
