@@ -1,0 +1,5 @@
+"""slack endpoints (to be built)."""
+
+
+def routes() -> list:
+    return []

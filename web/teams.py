@@ -1,0 +1,5 @@
+"""teams endpoints (to be built)."""
+
+
+def routes() -> list:
+    return []
