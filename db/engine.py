@@ -47,8 +47,8 @@ def one_off_engine(url: str) -> Engine:
     return create_engine(normalise_url(url), poolclass=NullPool, isolation_level="AUTOCOMMIT")
 
 
-def migrate(url: str | None = None, revision: str = "head") -> None:
-    """Bring the database to `revision` with Alembic."""
+def migrate(url: str | None = None, revision: str = "head", *, down: bool = False) -> None:
+    """Bring the database up (or, with down=True, down) to `revision` with Alembic."""
     from alembic import command
     from alembic.config import Config
 
@@ -57,5 +57,5 @@ def migrate(url: str | None = None, revision: str = "head") -> None:
     eng = create_engine(normalise_url(url or settings.get().urls()[0]), poolclass=NullPool)
     with eng.begin() as connection:
         config.attributes["connection"] = connection
-        command.upgrade(config, revision)
+        (command.downgrade if down else command.upgrade)(config, revision)
     eng.dispose()
