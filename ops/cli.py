@@ -43,6 +43,20 @@ def _beat(args: argparse.Namespace) -> int:
     os.execv(command[0], command)
 
 
+def _web(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    settings.get().urls()
+    uvicorn.run("web.app:create_app", factory=True, host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def _flower(args: argparse.Namespace) -> int:
+    settings.get().urls()
+    command = launch.celery_command("flower", f"--port={args.port}")
+    os.execv(command[0], command)
+
+
 def _stats(args: argparse.Namespace) -> int:
     from ops.stats import report
 
@@ -158,6 +172,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--loglevel", default="INFO")
     b.set_defaults(fn=_beat)
     sub.add_parser("stats", help="print counts by state, reason and queue").set_defaults(fn=_stats)
+    wb = sub.add_parser("web", help="serve the Slack and Teams endpoints (ASGI, uvicorn)")
+    wb.add_argument("--host", default="127.0.0.1")
+    wb.add_argument("--port", type=int, default=8000)
+    wb.set_defaults(fn=_web)
+    fl = sub.add_parser("flower", help="run Flower on the clarion broker (needs `pip install flower`)")
+    fl.add_argument("--port", type=int, default=5555)
+    fl.set_defaults(fn=_flower)
     s = sub.add_parser("send", help="request one notification (try --dry-run first)")
     s.add_argument("type")
     s.add_argument("--user", required=True)
