@@ -37,6 +37,10 @@ worker_cancel_long_running_tasks_on_connection_loss = True
 # anyway, so this is a backstop, not what recovery waits on. Nothing uses long ETAs (kombu #337).
 broker_transport_options = {"visibility_timeout": _settings.visibility_timeout}
 
+# Task events for Flower (`clarion flower`): batching keeps them to a few per thousand notifications.
+worker_send_task_events = True
+task_send_sent_event = True
+
 beat_schedule = {
     "tick": {
         "task": "clarion.tick",

@@ -176,7 +176,7 @@ def parser() -> argparse.ArgumentParser:
     wb.add_argument("--host", default="127.0.0.1")
     wb.add_argument("--port", type=int, default=8000)
     wb.set_defaults(fn=_web)
-    fl = sub.add_parser("flower", help="run Flower on the clarion broker (needs `pip install flower`)")
+    fl = sub.add_parser("flower", help="run Flower on the clarion broker")
     fl.add_argument("--port", type=int, default=5555)
     fl.set_defaults(fn=_flower)
     s = sub.add_parser("send", help="request one notification (try --dry-run first)")
