@@ -10,9 +10,15 @@ from datetime import timedelta
 from kombu import Queue
 
 from clarion import settings
+from clarion.errors import ServicesUnavailable
 
 _settings = settings.get()
-_db_url, _redis_url, broker_url = _settings.urls()
+try:
+    broker_url = _settings.urls()[2]
+except ServicesUnavailable:
+    # Importing must not need running services (tests are collected before any start). A process
+    # that publishes resolves the broker then (tasks.publish); a worker refuses to start without it.
+    broker_url = None
 
 task_queues = [Queue("transactional"), Queue("activation"), Queue("control")]
 task_default_queue = "control"

@@ -107,6 +107,17 @@ def claim_collapse(conn: Connection, user_id: str, *, key: str, request_id: int,
     return row[0], row[1], row[2]
 
 
+_JOIN_COLLAPSE = text(
+    "UPDATE collapse_groups SET count = count + 1 "
+    "WHERE user_id = :user_id AND collapse_key = :key AND window_until > :now"
+)
+
+
+def join_collapse(conn: Connection, user_id: str, *, key: str, now: datetime) -> None:
+    """Count a collapsed follower on its group (the leader's "and N more")."""
+    conn.execute(_JOIN_COLLAPSE, {"user_id": user_id, "key": key, "now": now})
+
+
 _DEFER = text(
     "UPDATE requests SET state = 'deferred', due_at = :until, routed_at = NULL "
     "WHERE user_id = :user_id AND id = :id AND state = 'routed'"
@@ -130,7 +141,7 @@ _FOLD = text(
             'count', (r.variables->>'count')::int + 1,
             'types', CASE WHEN r.variables->'types' ? CAST(:folded AS text) THEN r.variables->'types'
                           ELSE r.variables->'types' || to_jsonb(CAST(:folded AS text)) END)
-        WHERE r.state = 'deferred'
+        WHERE r.state IN ('deferred', 'pending')
     RETURNING id
     """
 )

@@ -53,9 +53,15 @@ _RECORD = text(
 )
 
 
+def _storable(text: str, limit: int) -> str:
+    """Untrusted text as PostgreSQL text can hold it: cut, NUL and lone surrogates escaped."""
+    return text[:limit].encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
 def record_interaction(conn: Connection, *, user_id: str, delivery_id: int | None, platform: str,
                        platform_user: str, answer: str | None, outcome: str, reason: str, payload: str,
                        now: datetime) -> None:
     conn.execute(_RECORD, {"user_id": user_id, "delivery_id": delivery_id, "platform": platform,
-                           "platform_user": platform_user[:200], "answer": answer, "outcome": outcome,
-                           "reason": reason, "payload": payload[:1000], "now": now})
+                           "platform_user": _storable(platform_user, 200), "answer": answer,
+                           "outcome": outcome, "reason": reason, "payload": _storable(payload, 1000),
+                           "now": now})

@@ -230,7 +230,7 @@ _CLAIM = text(
       AND ((d.state = 'pending' AND d.not_before <= :now)
            OR (d.state = 'claimed' AND d.lease_until < :now))
     RETURNING d.user_id, d.id, d.request_id, d.type_key, d.occurrence_key, d.channel, d.attempts,
-              d.taken_over, r.template_version, r.variables, rc.addresses
+              d.taken_over, d.last_error, r.template_version, r.variables, rc.addresses
     """
 )
 
@@ -240,7 +240,8 @@ def claim_deliveries(conn: Connection, keys: Iterable[Key], *, token: str, now: 
     """Claim the deliveries that are free to send: pending and due, or claimed with a lapsed lease.
 
     Row locks make this atomic: of many concurrent claimers exactly one gets each row. A row taken
-    from a lapsed claim comes back with taken_over=True (its previous holder may have sent)."""
+    from a lapsed claim comes back with taken_over=True (its previous holder may have sent), and
+    every row with the error its previous attempt left (last_error)."""
     rows = conn.execute(_CLAIM, {**_keys(keys), "token": token, "now": now,
                                  "lease_until": lease_until}).mappings()
     return [dict(r) for r in rows]

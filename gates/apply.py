@@ -58,13 +58,22 @@ def apply(conn: Connection, request: Mapping[str, Any], ntype: NotificationType 
         plan = final
     if plan.defer_until is not None:
         gating.defer_request(conn, key, until=plan.defer_until)
+    if plan.join_collapse is not None:
+        gating.join_collapse(conn, request["user_id"], key=plan.join_collapse, now=now)
     if plan.fold is not None:
-        summary = catalog.get(plan.fold.summary_type)
-        gating.fold_into_summary(conn, request["user_id"], summary_type=summary.key,
-                                 occurrence_key=plan.fold.occurrence_key, lane=summary.lane,
-                                 version=summary.version, folded_type=request["type_key"],
-                                 due_at=plan.fold.due_at, now=now)
+        _fold(conn, request, plan, catalog, now)
     return plan
+
+
+def _fold(conn: Connection, request: Mapping[str, Any], plan: Plan, catalog: Catalog, now: datetime) -> None:
+    summary = catalog.get(plan.fold.summary_type)
+    fields = dict(summary_type=summary.key, lane=summary.lane, version=summary.version,
+                  folded_type=request["type_key"], now=now)
+    folded = gating.fold_into_summary(conn, request["user_id"], occurrence_key=plan.fold.occurrence_key,
+                                      due_at=plan.fold.due_at, **fields)
+    if folded is None:  # the bucket's summary has just been routed: count this one in a late summary
+        gating.fold_into_summary(conn, request["user_id"], occurrence_key=f"{plan.fold.occurrence_key}+late",
+                                 due_at=now, **fields)
 
 
 def _claim(conn: Connection, request: Mapping[str, Any], plan: Plan, snapshot: Snapshot,

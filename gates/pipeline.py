@@ -76,6 +76,7 @@ class Plan:
     caps: tuple[CapClaim, ...] = ()
     fold: Fold | None = None
     collapse: tuple[str, datetime] | None = None  # claim leadership of (key, until)
+    join_collapse: str | None = None  # count this request on the open group with that key
     on_window: str = "skip"
 
     @property
@@ -254,7 +255,7 @@ def collapsed(p: Plan, key: str, group: tuple[int, datetime, int]) -> Plan:
     leader, until, count = group
     detail = f"collapsed into request {leader} (key {key!r}, {count + 1} so far, window until {until.isoformat()})"
     return replace(_step(p, "collapse", "collapse", "collapsed", detail), collapse=None, caps=(),
-                   window_until=None, channels=())
+                   window_until=None, channels=(), join_collapse=key)
 
 
 def _step(p: Plan, gate: str, outcome: str, reason: str, detail: str = "", channel: str | None = None,

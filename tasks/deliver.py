@@ -13,13 +13,14 @@ from sqlalchemy import Connection
 
 from adapters.base import Message
 from clarion import clock, faults, settings
-from clarion.errors import PermanentSendError, SendError
+from clarion.errors import PermanentSendError, SendError, TransientSendError
 from db import ledger
 from db.engine import autocommit, engine
 from tasks import runtime
 from tasks.retry import RetryPolicy, decide
 
 log = logging.getLogger(__name__)
+UNRECONCILED = "unreconciled"  # last_error prefix: a takeover whose earlier send is not yet ruled out
 
 
 @shared_task(name="clarion.deliver")
@@ -63,9 +64,10 @@ def _deliver_one(row: dict[str, Any], token: str, policy: RetryPolicy, last_star
     key = (row["user_id"], row["id"])
     if clock.now() > last_start:
         now = clock.now()
+        error = "batch ran out of lease time"
         with engine().begin() as conn:
-            ledger.release_claim(conn, key, token=token, not_before=now, error="batch ran out of lease time",
-                                 now=now, refund_attempt=True)
+            ledger.release_claim(conn, key, token=token, not_before=now, now=now, refund_attempt=True,
+                                 error=f"{UNRECONCILED}: {error}" if _owes_reconcile(row) else error)
         log.info("released an unsent claim", extra={"action": "claim_released", "delivery": key})
         return 0
     try:
@@ -73,7 +75,7 @@ def _deliver_one(row: dict[str, Any], token: str, policy: RetryPolicy, last_star
         adapter = runtime.adapters()[row["channel"]]
         # A claim taken over from a lapsed lease: a channel that can look for its own earlier
         # message (Slack's message metadata) finds it instead of posting again.
-        reconciled = adapter.reconcile(message) if row["taken_over"] and hasattr(adapter, "reconcile") else None
+        reconciled = _reconcile(adapter, message) if _owes_reconcile(row) else None
         result = reconciled or adapter.send(message)
     except SendError as error:
         with engine().begin() as conn:
@@ -89,6 +91,23 @@ def _deliver_one(row: dict[str, Any], token: str, policy: RetryPolicy, last_star
                                detail="sent, but the claim had been taken over before it was recorded")
     log.warning("claim lost after send", extra={"action": "possible_duplicate", "delivery": key})
     return 0
+
+
+def _owes_reconcile(row: dict[str, Any]) -> bool:
+    """Taken over (or a retry of a takeover whose look-up could not run yet) on a channel that can
+    look for its own earlier message."""
+    pending = row["taken_over"] or (row.get("last_error") or "").startswith(UNRECONCILED)
+    return pending and hasattr(runtime.adapters().get(row["channel"]), "reconcile")
+
+
+def _reconcile(adapter: Any, message: Message) -> Any:
+    """The earlier attempt's message, or None. A provider that cannot answer now (a rate limit)
+    leaves the question open: the release records UNRECONCILED, so the retry asks again instead
+    of posting a second copy."""
+    try:
+        return adapter.reconcile(message)
+    except TransientSendError as error:
+        raise TransientSendError(UNRECONCILED, str(error), error.retry_after) from error
 
 
 def _render(row: dict[str, Any]) -> Message:

@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from clarion import settings
-from tasks.app import app
+from tasks.app import app, use_broker
 
 ROUTE = "clarion.route"
 DELIVER = "clarion.deliver"
@@ -17,6 +17,9 @@ def publish(task: str, rows: Iterable[tuple[str, int, str]]) -> int:
     by_lane: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for user_id, id_, lane in rows:
         by_lane[lane].append((user_id, id_))
+    if not by_lane:
+        return 0
+    use_broker(settings.get().urls()[2])
     size = settings.get().batch_size
     sent = 0
     with app.producer_or_acquire() as producer:

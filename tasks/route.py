@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import logging
+import random
+import time
 from datetime import timedelta
 
 from celery import shared_task
+from psycopg.errors import DeadlockDetected
+from sqlalchemy.exc import OperationalError
 
 from clarion import clock, faults, settings
 from db import ledger
@@ -18,9 +22,27 @@ from tasks.publish import DELIVER, publish
 log = logging.getLogger(__name__)
 
 
+DEADLOCK_RETRIES = 3
+
+
 @shared_task(name="clarion.route")
 def route(users: list[str], ids: list[int]) -> int:
     """Route a batch of requests. A request already routed is skipped: re-publishing changes nothing."""
+    keys = sorted(zip(users, ids, strict=True))  # one lock order for every batch
+    for attempt in range(DEADLOCK_RETRIES + 1):
+        try:
+            return _route([u for u, _ in keys], [i for _, i in keys])
+        except OperationalError as exc:
+            # Two batches claiming shared rows (an organisation's cap counter) in opposite orders:
+            # PostgreSQL aborts one; its transaction left nothing behind, so run it again.
+            if not isinstance(exc.orig, DeadlockDetected) or attempt == DEADLOCK_RETRIES:
+                raise
+            log.info("route batch deadlocked; retrying", extra={"action": "route_deadlock_retry"})
+            time.sleep(random.uniform(0.01, 0.1) * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _route(users: list[str], ids: list[int]) -> int:
     now = clock.now()
     catalog = runtime.catalog()
     reachable = needs_address(runtime.adapters().values())

@@ -82,19 +82,6 @@ def reset_process_state() -> None:
     engine.dispose_all()
 
 
-def _point_celery_at(broker_url: str) -> None:
-    """celeryconfig resolves the broker once per process, possibly while pytest collected a test
-    module before any fixture set CLARION_*; make sure this process publishes to the test broker."""
-    import kombu.pools
-
-    from tasks.app import app
-
-    if app.conf.broker_url != broker_url:
-        kombu.pools.reset()
-        app._after_fork()  # Celery's own reset of its connection and producer pools
-        app.conf.broker_url = broker_url
-
-
 @pytest.fixture
 def clarion_env(services: Services, template_database: str, tmp_path: Path,
                 monkeypatch: pytest.MonkeyPatch) -> Iterator[TestEnv]:
@@ -119,10 +106,10 @@ def clarion_env(services: Services, template_database: str, tmp_path: Path,
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     reset_process_state()
-    _point_celery_at(services.broker_url)
-    if services.broker_url != services.redis_url:
-        from tasks.app import app
+    from tasks.app import app, use_broker
 
+    use_broker(services.broker_url)
+    if services.broker_url != services.redis_url:
         app.control.purge()  # another broker keeps messages from earlier tests
     yield TestEnv(url, services.redis_url, tmp_path / "home", env)
     reset_process_state()
