@@ -31,6 +31,15 @@ class ButtonValue:
         return json.dumps({"u": self.user_id, "d": self.delivery_id, "a": self.answer}, separators=(",", ":"))
 
 
+def _is_storable(text: str) -> bool:
+    """Free of NUL and lone surrogates: what we emit, and what PostgreSQL text can hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
+
+
 def decode_value(raw: object) -> ButtonValue | None:
     """Parse an untrusted button value; None for anything that is not exactly what we emit."""
     if isinstance(raw, bytes):
@@ -44,11 +53,11 @@ def decode_value(raw: object) -> ButtonValue | None:
     if not isinstance(data, dict) or set(data) != {"u", "d", "a"}:
         return None
     user, delivery, answer = data["u"], data["d"], data["a"]
-    if not (isinstance(user, str) and 0 < len(user) <= 200 and "\x00" not in user):
+    if not (isinstance(user, str) and 0 < len(user) <= 200 and _is_storable(user)):
         return None
     if not (isinstance(delivery, int) and not isinstance(delivery, bool) and 0 < delivery < 2**63):
         return None
-    if not (isinstance(answer, str) and 0 < len(answer) <= 32):
+    if not (isinstance(answer, str) and 0 < len(answer) <= 32 and _is_storable(answer)):
         return None
     return ButtonValue(user, delivery, answer)
 

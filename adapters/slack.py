@@ -1,0 +1,315 @@
+"""The Slack channel: a Block Kit DM to the recipient's Slack user id, updated in place once answered.
+
+Pure parts: `to_blocks`, `answered_blocks`, `metadata`, `find_posted`, `error_for`. I/O: `SlackAdapter`
+over the real slack_sdk `WebClient` (conversations.open, chat.postMessage with message metadata
+carrying the delivery id, chat.update, conversations.history for crash reconciliation).
+
+A 429 pauses the whole workspace (keyed by a hash of the bot token) in Redis until Retry-After has
+passed; while paused, sends fail fast as transient without calling Slack. A recipient Slack says is
+gone goes on the suppression list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import logging
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+from urllib.error import URLError
+
+import redis as redis_lib
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+
+from adapters.base import Message, SendResult
+from catalog import Button
+from clarion import clock
+from clarion.errors import PermanentSendError, SendError, TransientSendError
+from clarion.settings import Settings
+
+log = logging.getLogger(__name__)
+
+METADATA_EVENT = "clarion_delivery"
+TRANSIENT_ERRORS = frozenset({"ratelimited", "internal_error", "fatal_error", "service_unavailable",
+                              "request_timeout"})
+# The recipient is gone or cannot be messaged: their address goes on the suppression list.
+# (`account_inactive` is not here: Slack sends it when the *bot token's* user or workspace is
+# deleted, which says nothing about the recipient.)
+UNREACHABLE_ERRORS = frozenset({"user_not_found", "user_disabled", "cannot_dm_bot"})
+DEFAULT_PAUSE = 30.0  # seconds, when a 429 comes without Retry-After
+HISTORY_LIMIT = 15  # conversations.history's page cap for non-Marketplace apps
+HISTORY_WINDOW = timedelta(days=1)  # how far back reconciliation looks for an earlier attempt
+HEADER_MAX, TEXT_MAX, BUTTON_MAX, BUTTONS_MAX = 150, 3000, 75, 25
+
+
+# --- pure: Block Kit ----------------------------------------------------------------------------
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def escape(text: str) -> str:
+    """Slack's mrkdwn control characters: no links, mentions or channel pings from content."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _plain(text: str, limit: int) -> dict[str, Any]:
+    return {"type": "plain_text", "text": _cut(text, limit), "emoji": True}
+
+
+def content_blocks(message: Message) -> list[dict[str, Any]]:
+    """Header (title) and section (body) from the rendered content."""
+    title = message.content.get("title", "").strip()
+    body = (message.content.get("body") or message.content.get("text") or "").strip()
+    blocks: list[dict[str, Any]] = []
+    if title:
+        blocks.append({"type": "header", "text": _plain(title, HEADER_MAX)})
+    if body:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _cut(escape(body), TEXT_MAX)}})
+    return blocks
+
+
+def button_element(message: Message, button: Button) -> dict[str, Any]:
+    """One catalog button: label from the catalog, compact JSON value naming delivery and answer."""
+    element = {"type": "button", "text": _plain(button.label, BUTTON_MAX),
+               "value": message.button_value(button), "action_id": f"clarion:{button.key}"}
+    if button.style in ("primary", "danger"):
+        element["style"] = button.style
+    return element
+
+
+def to_blocks(message: Message) -> list[dict[str, Any]]:
+    """The message as Block Kit: content, then one actions block with the catalog's buttons."""
+    blocks = content_blocks(message)
+    if message.buttons:
+        blocks.append({"type": "actions", "block_id": "clarion_answers",
+                       "elements": [button_element(message, b) for b in message.buttons[:BUTTONS_MAX]]})
+    return blocks
+
+
+def answered_blocks(message: Message, label: str) -> list[dict[str, Any]]:
+    """The same message with its buttons replaced by "Answered: <label>" (label from the catalog)."""
+    return [*content_blocks(message),
+            {"type": "context", "elements": [_plain(f"Answered: {label}", TEXT_MAX)]}]
+
+
+def fallback_text(message: Message) -> str:
+    """The notification text (shown where blocks are not)."""
+    parts = [message.content.get("title", ""), message.content.get("body") or message.content.get("text", "")]
+    return _cut(escape("\n".join(p.strip() for p in parts if p and p.strip())) or message.type_key, TEXT_MAX)
+
+
+def metadata(message: Message) -> dict[str, Any]:
+    """Message metadata: how reconciliation recognises this delivery's message later."""
+    return {"event_type": METADATA_EVENT,
+            "event_payload": {"delivery_id": message.delivery_id, "user_id": message.user_id,
+                              "idempotency_key": message.idempotency_key}}
+
+
+def find_posted(messages: list[dict[str, Any]], message: Message) -> str | None:
+    """The ts of the message (from conversations.history) that carries this delivery's metadata."""
+    for item in messages:
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        if not isinstance(meta, dict) or meta.get("event_type") != METADATA_EVENT:
+            continue
+        payload = meta.get("event_payload") or {}
+        if (str(payload.get("delivery_id")) == str(message.delivery_id)
+                and payload.get("user_id") == message.user_id and item.get("ts")):
+            return str(item["ts"])
+    return None
+
+
+def message_ref(channel: str, ts: str) -> str:
+    """The provider message id clarion stores: "<channel>:<ts>"."""
+    return f"{channel}:{ts}"
+
+
+def parse_ref(ref: str | None) -> tuple[str, str] | None:
+    """(channel, ts) from a stored provider message id; None if it is not one of ours."""
+    channel, sep, ts = (ref or "").partition(":")
+    return (channel, ts) if sep and channel and ts else None
+
+
+def retry_after(headers: dict[str, Any] | None) -> float | None:
+    """The Retry-After header in seconds (any capitalisation), or None."""
+    for name, value in (headers or {}).items():
+        if name.lower() == "retry-after":
+            value = value[0] if isinstance(value, list) and value else value
+            try:
+                return max(0.0, float(value))
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def error_for(status: int, error: str | None, headers: dict[str, Any] | None) -> SendError:
+    """A Slack Web API failure as the SendError to raise."""
+    reason = error if isinstance(error, str) and error.isidentifier() else f"http_{status}"
+    detail = f"slack answered {status}: {str(error)[:200]}"
+    if status == 429 or reason == "ratelimited":
+        return TransientSendError("ratelimited", detail, retry_after(headers) or DEFAULT_PAUSE)
+    if status >= 500 or reason in TRANSIENT_ERRORS:
+        return TransientSendError(reason, detail, retry_after(headers))
+    return PermanentSendError(reason, detail)
+
+
+@contextmanager
+def slack_errors() -> Iterator[None]:
+    """Translate slack_sdk and network errors into SendErrors at the boundary."""
+    try:
+        yield
+    except SlackApiError as exc:
+        response = exc.response
+        raise error_for(response.status_code, response.get("error"), response.headers) from exc
+    except (URLError, OSError, http.client.HTTPException) as exc:
+        raise TransientSendError("connection", str(exc)[:200]) from exc
+
+
+# --- I/O ------------------------------------------------------------------------------------------
+
+
+class Pauses:
+    """Per-workspace send pauses in Redis: "paused until T" (T from clarion's clock)."""
+
+    def __init__(self, client: Callable[[], redis_lib.Redis], key: str) -> None:
+        self.client, self.key = client, key
+
+    def remaining(self) -> float | None:
+        """Seconds the workspace is still paused for, or None. Redis trouble never blocks a send."""
+        try:
+            raw = self.client().get(self.key)
+        except redis_lib.RedisError:
+            log.warning("pause check failed", extra={"action": "slack_pause_unknown"})
+            return None
+        left = float(raw) - clock.now().timestamp() if raw else 0.0
+        return left if left > 0 else None
+
+    def pause(self, seconds: float) -> None:
+        """Pause the workspace for `seconds` from now (never shortening a longer pause)."""
+        until = clock.now().timestamp() + seconds
+        try:
+            current = self.client().get(self.key)
+            if current is None or float(current) < until:
+                # the expiry only tidies up; whether a pause holds is decided against the clock
+                self.client().set(self.key, repr(until), ex=math.ceil(seconds) + 60)
+        except redis_lib.RedisError:
+            log.warning("pause not stored", extra={"action": "slack_pause_lost"})
+
+
+def suppress_in_ledger(message: Message, reason: str) -> None:
+    """Put the recipient's Slack address on the suppression list, in its own transaction."""
+    from db import gating
+    from db.engine import engine
+
+    with engine().begin() as conn:
+        gating.suppress_address(conn, message.user_id, channel="slack", address=message.address or "",
+                                reason="deactivated", detail=f"slack: {reason}", now=clock.now())
+
+
+def update_message(client: WebClient, message: Message, provider_message_id: str, label: str) -> bool:
+    """Replace a sent message's buttons with its answer (chat.update). False if Slack refused."""
+    ref = parse_ref(provider_message_id)
+    if ref is None:
+        return False
+    try:
+        with slack_errors():
+            client.chat_update(channel=ref[0], ts=ref[1], text=fallback_text(message),
+                               blocks=answered_blocks(message, label))
+    except SendError as error:
+        log.warning("slack update failed: %s", error, extra={"action": "slack_update_failed"})
+        return False
+    return True
+
+
+class SlackAdapter:
+    channel = "slack"
+    needs_address = True  # the recipient's Slack user id
+
+    def __init__(self, client: WebClient, *, pauses: Pauses | None = None,
+                 on_unreachable: Callable[[Message, str], None] | None = None) -> None:
+        self.client = client
+        self.pauses = pauses
+        self.on_unreachable = on_unreachable
+        self._dms: dict[str, str] = {}  # user id -> DM channel id (stable; saves conversations.open)
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> SlackAdapter:
+        """The adapter for the configured workspace (CLARION_SLACK_TOKEN, CLARION_SLACK_API_URL)."""
+        # No SDK retries: a retried chat.postMessage can post twice; the ledger retries instead.
+        client = WebClient(token=s.slack_token, base_url=s.slack_api_url, timeout=int(s.webhook_timeout),
+                           retry_handlers=[])
+        connection: list[redis_lib.Redis] = []
+
+        def redis() -> redis_lib.Redis:
+            if not connection:
+                connection.append(redis_lib.Redis.from_url(s.urls()[1]))
+            return connection[0]
+
+        workspace = hashlib.sha256((s.slack_token or "").encode()).hexdigest()[:16]
+        return cls(client, pauses=Pauses(redis, f"clarion:slack:pause:{workspace}"),
+                   on_unreachable=suppress_in_ledger)
+
+    def send(self, message: Message) -> SendResult:
+        """Open the DM and post the message. Raises TransientSendError / PermanentSendError."""
+        left = self.pauses.remaining() if self.pauses else None
+        if left is not None:
+            raise TransientSendError("paused", f"workspace rate-limited for {left:.1f}s more", left)
+        try:
+            with slack_errors():
+                channel = self._dm(message)
+                posted = self.client.chat_postMessage(
+                    channel=channel, text=fallback_text(message), blocks=to_blocks(message),
+                    metadata=metadata(message), unfurl_links=False, unfurl_media=False)
+        except SendError as error:
+            self._failed(message, error, pause=True)
+            raise
+        return SendResult(platform="slack", provider_message_id=message_ref(posted["channel"], posted["ts"]))
+
+    def update(self, message: Message, provider_message_id: str, answered: str | None) -> None:
+        """Show the recorded answer in place of the buttons."""
+        if answered is not None:
+            update_message(self.client, message, provider_message_id, answered)
+
+    def reconcile(self, message: Message) -> SendResult | None:
+        """Look for this delivery's message among the DM's latest few (message metadata). A 429
+        raises TransientSendError: "not known yet", to be asked again later, never a new post."""
+        try:
+            with slack_errors():
+                channel = self._dm(message)
+                oldest = (clock.now() - HISTORY_WINDOW).timestamp()
+                history = self.client.conversations_history(
+                    channel=channel, include_all_metadata=True, limit=HISTORY_LIMIT, oldest=f"{oldest:.6f}")
+        except SendError as error:
+            self._failed(message, error, pause=False)  # history has its own limit; posting is not paused
+            raise
+        ts = find_posted(history.get("messages") or [], message)
+        log.info("slack reconcile", extra={"action": "slack_reconciled" if ts else "slack_not_found",
+                                           "delivery": message.delivery_id})
+        return SendResult(platform="slack", provider_message_id=message_ref(channel, ts)) if ts else None
+
+    def _dm(self, message: Message) -> str:
+        address = message.address
+        if not address:
+            raise PermanentSendError("no_address", f"{message.user_id} has no slack address")
+        if address not in self._dms:
+            if len(self._dms) > 10_000:
+                self._dms.clear()
+            self._dms[address] = self.client.conversations_open(users=address)["channel"]["id"]
+        return self._dms[address]
+
+    def _failed(self, message: Message, error: SendError, *, pause: bool) -> None:
+        if isinstance(error, PermanentSendError):
+            self._dms.pop(message.address or "", None)  # a stale DM id is not trusted again
+        if pause and error.reason == "ratelimited" and self.pauses:
+            self.pauses.pause(getattr(error, "retry_after", None) or DEFAULT_PAUSE)
+            log.warning("slack paused", extra={"action": "slack_paused", "seconds": error.retry_after})
+        if error.reason in UNREACHABLE_ERRORS and self.on_unreachable and message.address:
+            try:
+                self.on_unreachable(message, error.reason)
+            except Exception:  # the delivery still fails for good; the next one will try again
+                log.exception("suppression not recorded", extra={"action": "slack_suppress_failed"})
