@@ -22,11 +22,11 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from ops.fake_slack import FakeSlack, block_actions, signed
 from tasks import notify_many, register_recipient
 from tasks.deliver import deliver
 from tasks.route import route
 from tests.conftest import ROOT
-from tests.support.fake_slack import FakeSlack, block_actions, signed
 from tests.support.pipeline import configure, drain, publishing_to_this_tests_broker, rows
 from tests.support.race import race
 from web import slack as web_slack

@@ -34,6 +34,13 @@ from clarion.errors import FaultInjected, PermanentSendError, TransientSendError
 from db import ledger
 from db.engine import engine
 from db.interactions import interaction_target
+from ops.fake_slack import (
+    FakeSlack,
+    block_actions,
+    event_callback,
+    serving,
+    signed,
+)
 from tasks import notify, register_recipient, runtime
 from tasks.deliver import deliver
 from tasks.interactions import handle_click
@@ -41,13 +48,6 @@ from tasks.preferences import get_preferences
 from tasks.route import route
 from tasks.tick import tick
 from tests.conftest import ROOT
-from tests.support.fake_slack import (
-    FakeSlack,
-    block_actions,
-    event_callback,
-    serving,
-    signed,
-)
 from tests.support.pipeline import (
     configure,
     count,

@@ -1,4 +1,4 @@
-"""A local Slack Web API: the wire format the real slack_sdk speaks, for tests without the internet.
+"""A local Slack Web API: the wire format the real slack_sdk speaks, for tests and the demo (no internet).
 
 Point a client at it with `WebClient(token=FakeSlack.TOKEN, base_url=server.api_url)`. It answers
 POST /api/<method> with form or JSON bodies exactly as Slack does (HTTP 200 and {"ok": true, ...}
