@@ -38,7 +38,15 @@ _UPSERT_RECIPIENT = text(
             :quiet_end, CAST(:workweek AS smallint[]), :subdivision, :now, :now)
     ON CONFLICT (user_id) DO UPDATE SET
         timezone = excluded.timezone, locale = excluded.locale, country = excluded.country,
-        org_id = excluded.org_id, addresses = excluded.addresses, quiet_start = excluded.quiet_start,
+        org_id = excluded.org_id, quiet_start = excluded.quiet_start,
+        -- the Teams conversation clarion learned (db/teams.py) outlives a re-registration that
+        -- keeps the same Teams id and names no conversation of its own
+        addresses = excluded.addresses || CASE
+            WHEN excluded.addresses->'teams_conversation' IS NULL
+                 AND excluded.addresses->>'teams' = recipients.addresses->>'teams'
+                 AND recipients.addresses->'teams_conversation' IS NOT NULL
+            THEN jsonb_build_object('teams_conversation', recipients.addresses->'teams_conversation')
+            ELSE '{}'::jsonb END,
         quiet_end = excluded.quiet_end, workweek = excluded.workweek, subdivision = excluded.subdivision,
         updated_at = excluded.updated_at
     """

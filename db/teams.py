@@ -3,6 +3,7 @@
 A recipient is addressed on Teams by `addresses["teams"]` = the Teams user id (`29:…`, the
 `from.id` of that user's activities). `addresses["teams_conversation"]` holds the conversation
 reference (a JSON string) captured when the user last talked to the bot; proactive sends need it.
+Registering the recipient again keeps it while their Teams id stays the same (db.ledger's upsert).
 
 The lookups by Teams user id read `addresses @> {"teams": id}`: a sequential scan of recipients
 today, and ready for a GIN index on `addresses` (jsonb_path_ops) when one is added.

@@ -1,0 +1,459 @@
+"""The Microsoft Teams channel: Adaptive Cards posted proactively into the 1:1 chat a user has with
+the bot; buttons as Action.Execute (Universal Actions) with Action.Submit as the fallback.
+
+Addressing. `addresses["teams"]` is the user's Teams id (`29:…`, their activities' `from.id`, which
+is what a click arrives with). `addresses["teams_conversation"]` is the conversation reference
+(`ConversationRef` as JSON: serviceUrl, conversation id, tenant id, bot id) that web.teams stores
+when the user talks to the bot. A Message carries only addresses["teams"], so `send` loads the
+reference with one primary-key read (db.teams); it checks the Teams id still matches, too.
+
+Pure: to_card, answered_card, preferences_card, preferences_changes, to_activity, from_activity,
+reference_from_activity, send_error, message_id. I/O: TeamsAdapter.send and update, through
+botframework-connector's ConnectorClient against the reference's serviceUrl, and the per-
+conversation limiter (Teams allows 7 messages/s, 8/2 s, 60/30 s, 1800/h per conversation).
+The adapter reaches the database only through the `ReferenceStore` it is given; `from_settings`
+wires `LedgerStore` (db.teams, db.gating, imported lazily) and the Redis limiter.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+from urllib.parse import quote, unquote
+
+import requests
+from botbuilder.schema import (
+    Activity,
+    ActivityTypes,
+    Attachment,
+    ConversationAccount,
+    ErrorResponseException,
+)
+from botframework.connector import ConnectorClient
+from botframework.connector.auth import MicrosoftAppCredentials
+from msrest.exceptions import ClientRequestError
+
+from adapters.base import Message, SendResult
+from adapters.webhook import retry_after
+from clarion import clock
+from clarion.errors import PermanentSendError, SendError, TransientSendError
+
+log = logging.getLogger(__name__)
+
+LOCAL_APP_ID = "none"  # CLARION_TEAMS_APP_ID=none: no Bot Framework auth (local development, tests)
+CARD_CONTENT_TYPE = "application/vnd.microsoft.card.adaptive"
+CLICK_VERB, CLICK_KEY = "clarion", "clarion"
+PREFERENCES_VERB, PREFERENCES_KEY = "clarion_preferences", "clarion_preferences"
+STYLES = {"primary": "positive", "danger": "destructive"}
+GONE_STATUSES = frozenset({403, 404})  # the bot was removed from the conversation, or it is gone
+TRANSIENT_STATUSES = frozenset({401, 408, 425, 429})  # 401: our token was refused; a new one may do
+TEAMS_LIMITS = ((7, 1.0), (8, 2.0), (60, 30.0), (1800, 3600.0))  # (messages, seconds) per conversation
+
+
+def local_mode(app_id: str | None) -> bool:
+    return (app_id or "").strip().lower() == LOCAL_APP_ID
+
+
+# --- addressing ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConversationRef:
+    """Where a proactive message to one user goes."""
+
+    service_url: str
+    conversation_id: str
+    tenant_id: str | None = None
+    bot_id: str | None = None
+    channel_id: str = "msteams"
+
+    def to_json(self) -> str:
+        return json.dumps({"serviceUrl": self.service_url, "conversationId": self.conversation_id,
+                           "tenantId": self.tenant_id, "botId": self.bot_id, "channelId": self.channel_id},
+                          separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | None) -> ConversationRef | None:
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError:
+            return None
+        if not isinstance(data, dict):
+            return None
+        url, conversation = data.get("serviceUrl"), data.get("conversationId")
+        if not (isinstance(url, str) and url.startswith(("https://", "http://")) and isinstance(conversation, str)
+                and conversation):
+            return None
+        optional = {k: data.get(k) if isinstance(data.get(k), str) else None for k in ("tenantId", "botId")}
+        return cls(url, conversation, optional["tenantId"], optional["botId"], data.get("channelId") or "msteams")
+
+
+def reference_from_activity(activity: Activity) -> ConversationRef | None:
+    """The 1:1 conversation an incoming activity came from; None for group chats and channels."""
+    conversation, sender = activity.conversation, activity.from_property
+    if not (conversation and conversation.id and sender and sender.id and activity.service_url):
+        return None
+    if conversation.conversation_type != "personal":
+        return None  # a nudge must never land in a channel or group chat
+    channel_data = activity.channel_data if isinstance(activity.channel_data, dict) else {}
+    tenant = conversation.tenant_id or (channel_data.get("tenant") or {}).get("id")
+    bot = activity.recipient.id if activity.recipient else None
+    return ConversationRef(activity.service_url, conversation.id, tenant, bot, activity.channel_id or "msteams")
+
+
+def message_id(conversation_id: str, activity_id: str) -> str:
+    """The provider message id recorded on a delivery: "{conversation id}:{activity id}", the
+    conversation id percent-encoded, since both ids may hold colons ("a:1…", "1:1…")."""
+    return f"{quote(conversation_id, safe='')}:{activity_id}"
+
+
+def split_message_id(value: str | None) -> tuple[str, str] | None:
+    """(conversation id, activity id) from a recorded provider message id."""
+    conversation, _, activity = (value or "").partition(":")
+    return (unquote(conversation), activity) if conversation and activity else None
+
+
+# --- cards (to the platform) ---------------------------------------------------------------------
+
+
+def _card(body: list[dict], actions: list[dict] | None = None) -> dict[str, Any]:
+    card: dict[str, Any] = {"type": "AdaptiveCard", "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
+                            "version": "1.4", "body": body}
+    if actions:
+        card["actions"] = actions
+    return card
+
+
+def _action(title: str, verb: str, data: dict[str, Any], style: str | None = None) -> dict[str, Any]:
+    """Action.Execute (Universal Actions) falling back to Action.Submit on older clients."""
+    fallback: dict[str, Any] = {"type": "Action.Submit", "title": title, "data": data}
+    action: dict[str, Any] = {"type": "Action.Execute", "title": title, "verb": verb, "data": data,
+                              "fallback": fallback}
+    if style in STYLES:
+        action["style"] = fallback["style"] = STYLES[style]
+    return action
+
+
+def _text(content: Mapping[str, str]) -> list[dict[str, Any]]:
+    blocks = []
+    if content.get("title"):
+        blocks.append({"type": "TextBlock", "text": content["title"], "weight": "Bolder", "size": "Medium",
+                       "wrap": True})
+    if content.get("body"):
+        blocks.append({"type": "TextBlock", "text": content["body"], "wrap": True})
+    return blocks
+
+
+def to_card(message: Message) -> dict[str, Any]:
+    """The nudge as an Adaptive Card: title and body, one action per catalog button."""
+    actions = [_action(b.label, CLICK_VERB, {CLICK_KEY: message.button_value(b)}, b.style)
+               for b in message.buttons]
+    return _card(_text(message.content), actions)
+
+
+def answered_card(message: Message, label: str) -> dict[str, Any]:
+    """The same card once answered: the actions give way to the answer's catalog label."""
+    answered = {"type": "TextBlock", "text": f"Answered: {label}", "weight": "Bolder", "color": "Good",
+                "wrap": True}
+    return _card([*_text(message.content), answered])
+
+
+def preferences_card(choices: Sequence[tuple[str, str, bool]], note: str | None = None) -> dict[str, Any]:
+    """A card with one toggle per (type key, label, enabled) and a Save action."""
+    body: list[dict[str, Any]] = [{"type": "TextBlock", "text": "Which nudges would you like to get?",
+                                   "weight": "Bolder", "wrap": True}]
+    body += [{"type": "Input.Toggle", "id": f"type:{key}", "title": label, "value": str(on).lower(),
+              "valueOn": "true", "valueOff": "false"} for key, label, on in choices]
+    if note:
+        body.append({"type": "TextBlock", "text": note, "isSubtle": True, "wrap": True})
+    return _card(body, [_action("Save", PREFERENCES_VERB, {PREFERENCES_KEY: "save"}, "primary")])
+
+
+def preferences_changes(data: Mapping[str, Any], choices: Sequence[tuple[str, str, bool]]) -> dict[str, bool | None]:
+    """The settings a submitted preferences card asks for: only the offered types, only changes.
+    A type-wide setting, clearing any Teams-only one, so the toggle is what the user gets."""
+    changes: dict[str, bool | None] = {}
+    for key, _label, enabled in choices:
+        wanted = _toggle(data.get(f"type:{key}"))
+        if wanted is not None and wanted != enabled:
+            changes[f"type:{key}"] = wanted
+            changes[f"type:{key}/teams"] = None
+    return changes
+
+
+def _toggle(raw: object) -> bool | None:
+    if isinstance(raw, bool):
+        return raw
+    return {"true": True, "false": False}.get(raw) if isinstance(raw, str) else None  # not 1 == True
+
+
+def card_attachment(card: dict[str, Any]) -> Attachment:
+    return Attachment(content_type=CARD_CONTENT_TYPE, content=card)
+
+
+def to_activity(card: dict[str, Any], ref: ConversationRef, summary: str | None = None) -> Activity:
+    """The message activity that carries a card into the referenced conversation."""
+    return Activity(type=ActivityTypes.message, summary=summary or None, attachments=[card_attachment(card)],
+                    conversation=ConversationAccount(id=ref.conversation_id, tenant_id=ref.tenant_id),
+                    channel_id=ref.channel_id, service_url=ref.service_url)
+
+
+# --- actions (from the platform) -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TeamsAction:
+    """Something a Teams user did that clarion answers."""
+
+    kind: str  # click | preferences_open | preferences_save
+    via: str  # execute (an adaptiveCard/action invoke) | submit (a message with a value) | text
+    user: str  # the sender's Teams id (from.id)
+    value: Any = None  # click: the raw button value; preferences_save: the card's data
+
+
+def from_activity(activity: Activity, command: str | None = "preferences") -> TeamsAction | None:
+    """Clarion's own payloads in an incoming activity; None for anything else (the host's)."""
+    user = str(getattr(activity.from_property, "id", None) or "")
+    if activity.type == ActivityTypes.invoke and activity.name == "adaptiveCard/action":
+        action = activity.value.get("action") if isinstance(activity.value, dict) else None
+        return _from_data(action.get("verb"), action.get("data"), "execute", user) if isinstance(action, dict) else None
+    if activity.type != ActivityTypes.message:
+        return None
+    if isinstance(activity.value, dict):
+        return _from_data(None, activity.value, "submit", user)
+    text = re.sub(r"<at>.*?</at>", "", activity.text or "").strip().lower()
+    return TeamsAction("preferences_open", "text", user) if command and text == command else None
+
+
+def _from_data(verb: object, data: object, via: str, user: str) -> TeamsAction | None:
+    fields = data if isinstance(data, dict) else {}
+    if verb == CLICK_VERB or CLICK_KEY in fields:
+        return TeamsAction("click", via, user, fields.get(CLICK_KEY))
+    if verb == PREFERENCES_VERB or PREFERENCES_KEY in fields:
+        if fields.get(PREFERENCES_KEY) == "open":
+            return TeamsAction("preferences_open", via, user)
+        return TeamsAction("preferences_save", via, user, fields)
+    return None
+
+
+# --- provider answers ----------------------------------------------------------------------------
+
+
+def send_error(status: int, headers: Mapping[str, str], body: str) -> SendError:
+    """A connector failure as the error to raise: 401, 408, 425, 429 and 5xx are transient."""
+    try:
+        error = json.loads(body or "{}").get("error") or {}
+        detail = f"{error.get('code', '')}: {error.get('message', '')}".strip(": ")
+    except (ValueError, AttributeError):
+        detail = ""
+    detail = (detail or body or "")[:200]
+    if status in TRANSIENT_STATUSES or status >= 500:
+        return TransientSendError(f"http_{status}", detail, retry_after(headers.get("Retry-After")))
+    return PermanentSendError(f"http_{status}", detail)
+
+
+# --- the per-conversation limit ------------------------------------------------------------------
+
+# KEYS: the conversation's send log (a sorted set of times), its pause (the time it ends). ARGV:
+# now, a unique member, then (limit, window) pairs. Returns "0" when the send may go (and logs it),
+# else the seconds to wait. Redis returns Lua numbers as integers, hence the strings. Times are
+# the caller's (clarion.clock), so an injected clock drives the limits; TTLs only clean up.
+_ACQUIRE = """
+local now, wait, longest = tonumber(ARGV[1]), 0, 0
+local paused = tonumber(redis.call('GET', KEYS[2]) or '0')
+if paused > now then return tostring(paused - now) end
+for i = 3, #ARGV, 2 do
+  local limit, window = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  if window > longest then longest = window end
+  local since = '(' .. string.format('%.6f', now - window)
+  local n = redis.call('ZCOUNT', KEYS[1], since, '+inf')
+  if n >= limit then
+    local e = redis.call('ZRANGEBYSCORE', KEYS[1], since, '+inf', 'WITHSCORES', 'LIMIT', n - limit, 1)
+    wait = math.max(wait, tonumber(e[2]) + window - now)
+  end
+end
+if wait > 0 then return tostring(wait) end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now - longest))
+redis.call('ZADD', KEYS[1], string.format('%.6f', now), ARGV[2])
+redis.call('PEXPIRE', KEYS[1], math.ceil(longest * 1000))
+return '0'
+"""
+
+
+class ConversationLimiter:
+    """Sliding-window send limits per conversation, shared by every worker through Redis."""
+
+    def __init__(self, redis_factory: Callable[[], Any], limits: Sequence[tuple[int, float]] = TEAMS_LIMITS,
+                 prefix: str = "clarion:teams:") -> None:
+        self.redis_factory = redis_factory
+        self.limits = tuple(limits)
+        self.prefix = prefix
+
+    def _keys(self, conversation: str) -> list[str]:
+        tag = uuid.uuid5(uuid.NAMESPACE_URL, conversation).hex
+        return [f"{self.prefix}sends:{tag}", f"{self.prefix}pause:{tag}"]
+
+    def acquire(self, conversation: str, now: float) -> float:
+        """0.0 when a send to `conversation` may go now (and counts it), else seconds to wait."""
+        args = [repr(now), uuid.uuid4().hex, *[str(v) for pair in self.limits for v in pair]]
+        return float(self.redis_factory().eval(_ACQUIRE, 2, *self._keys(conversation), *args))
+
+    def pause(self, conversation: str, now: float, seconds: float) -> None:
+        """Hold every send to `conversation` (the provider said 429) for `seconds` after `now`."""
+        self.redis_factory().set(self._keys(conversation)[1], repr(now + seconds),
+                                 px=max(1, int(seconds * 1000)))
+
+
+# --- the adapter ---------------------------------------------------------------------------------
+
+
+class ReferenceStore(Protocol):
+    def reference(self, user_id: str, teams_user: str) -> ConversationRef | None: ...
+
+    def gone(self, user_id: str, teams_user: str, detail: str) -> None: ...
+
+
+class LedgerStore:
+    """References and suppressions in clarion's database (db.teams, db.gating)."""
+
+    def reference(self, user_id: str, teams_user: str) -> ConversationRef | None:
+        from db import teams
+        from db.engine import engine
+
+        with engine().connect() as conn:
+            return ConversationRef.from_json(teams.conversation_reference(conn, user_id, teams_user))
+
+    def gone(self, user_id: str, teams_user: str, detail: str) -> None:
+        from db import gating
+        from db.engine import engine
+
+        with engine().begin() as conn:
+            gating.suppress_address(conn, user_id, channel="teams", address=teams_user, reason="deactivated",
+                                    detail=detail[:500], now=clock.now())
+
+
+def credentials_for(app_id: str | None, password: str | None, tenant_id: str | None) -> MicrosoftAppCredentials:
+    """The bot's outbound credentials; none at all in local mode (no Authorization header)."""
+    if local_mode(app_id):
+        return MicrosoftAppCredentials.empty()
+    return MicrosoftAppCredentials(app_id, password, channel_auth_tenant=tenant_id)
+
+
+class TeamsAdapter:
+    channel = "teams"
+    needs_address = True
+
+    def __init__(self, *, credentials: MicrosoftAppCredentials, store: ReferenceStore,
+                 limiter: ConversationLimiter | None = None, timeout: float = 10.0, max_wait: float = 1.0,
+                 sleep: Callable[[float], None] = time.sleep, wall: Callable[[], float] | None = None) -> None:
+        self.credentials = credentials
+        self.store = store
+        self.limiter = limiter
+        self.timeout = timeout
+        self.max_wait = max_wait  # longer waits for the limiter go back to the queue as a retry
+        self.sleep = sleep
+        self.wall = wall or (lambda: clock.now().timestamp())
+        self._local = threading.local()
+
+    @classmethod
+    def from_settings(cls, s: Any) -> TeamsAdapter:
+        from tasks import runtime  # wiring only: the adapter itself takes its collaborators
+
+        return cls(credentials=credentials_for(s.teams_app_id, s.teams_app_password, s.teams_tenant_id),
+                   store=LedgerStore(), limiter=ConversationLimiter(runtime.redis), timeout=s.webhook_timeout)
+
+    def send(self, message: Message) -> SendResult:
+        ref = self._reference(message)
+        activity = to_activity(to_card(message), ref, message.content.get("title"))
+        sent = self._call(message, ref, lambda c: c.conversations.send_to_conversation(ref.conversation_id, activity))
+        return SendResult(platform="teams",
+                          provider_message_id=message_id(ref.conversation_id, sent.id) if sent and sent.id else None)
+
+    def update(self, message: Message, provider_message_id: str, answered: str | None) -> None:
+        """Replace the sent card: answered (with the catalog label) or as first sent."""
+        ids = split_message_id(provider_message_id)
+        if ids is None:
+            raise PermanentSendError("bad_message_id", f"not a Teams message id: {provider_message_id!r}")
+        ref = replace(self._reference(message), conversation_id=ids[0])
+        card = answered_card(message, answered) if answered else to_card(message)
+        activity = to_activity(card, ref, message.content.get("title"))
+        activity.id = ids[1]
+        self._call(message, ref, lambda c: c.conversations.update_activity(ids[0], ids[1], activity))
+
+    def reconcile(self, message: Message) -> SendResult | None:
+        """Teams has no cheap way to find a bot's earlier message in a conversation (no metadata
+        search, and history reads need Graph permissions): a taken-over claim sends again."""
+        return None
+
+    def _reference(self, message: Message) -> ConversationRef:
+        if not message.address:
+            raise PermanentSendError("no_address", "recipient has no teams address")
+        ref = self.store.reference(message.user_id, message.address)
+        if ref is None:
+            raise PermanentSendError("no_conversation", f"{message.address} has not talked to the bot yet "
+                                                        "(no stored conversation reference)")
+        return ref
+
+    def _call(self, message: Message, ref: ConversationRef, operation: Callable[[ConnectorClient], Any]) -> Any:
+        self._throttle(ref.conversation_id)
+        try:
+            return operation(self._client(ref.service_url))
+        except ErrorResponseException as exc:
+            raise self._failed(message, ref, exc.response) from exc
+        except (ClientRequestError, requests.RequestException) as exc:
+            raise TransientSendError("connection", str(exc)[:200]) from exc
+        except PermissionError as exc:  # no token for the bot's credentials (AAD said no)
+            raise TransientSendError("token", str(exc)[:200]) from exc
+
+    def _failed(self, message: Message, ref: ConversationRef, response: requests.Response) -> SendError:
+        error = send_error(response.status_code, response.headers, response.text)
+        if response.status_code == 429 and self.limiter is not None:
+            self._guard(lambda: self.limiter.pause(ref.conversation_id, self.wall(),
+                                                  getattr(error, "retry_after", None) or 1.0))
+        if response.status_code in GONE_STATUSES:
+            self.store.gone(message.user_id, message.address or "", str(error))
+        log.info("teams send failed", extra={"action": "teams_send_failed", "reason": error.reason})
+        return error
+
+    def _throttle(self, conversation: str) -> None:
+        wait = 0.0
+        for _ in range(3):
+            wait = self._guard(lambda: self.limiter.acquire(conversation, self.wall())) if self.limiter else 0.0
+            if not wait:
+                return
+            if wait > self.max_wait:
+                break
+            self.sleep(wait)
+        raise TransientSendError("throttled", f"conversation over its Teams rate limit for {wait:.2f}s",
+                                 retry_after=wait)
+
+    @staticmethod
+    def _guard(call: Callable[[], float | None]) -> float:
+        """The limiter is a courtesy to the provider: a Redis outage must not stop sends."""
+        try:
+            return call() or 0.0
+        except Exception:
+            log.warning("teams limiter unavailable", extra={"action": "teams_limiter_error"}, exc_info=True)
+            return 0.0
+
+    def _client(self, service_url: str) -> ConnectorClient:
+        clients = self._local.__dict__.setdefault("clients", {})
+        if service_url not in clients:
+            client = ConnectorClient(self.credentials, base_url=service_url)
+            # Retries are the ledger's job (and a 429 must reach it): msrest would otherwise retry
+            # 5xx three times and sleep through a Retry-After inside this worker thread.
+            policy = client.config.retry_policy
+            policy.retries = 0
+            policy.policy.status_forcelist = frozenset()
+            policy.policy.respect_retry_after_header = False
+            policy.policy.raise_on_status = False
+            client.config.connection.timeout = self.timeout
+            clients[service_url] = client
+        return clients[service_url]
