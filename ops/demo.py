@@ -18,7 +18,8 @@ from sqlalchemy import make_url, text
 
 from clarion import settings
 from clarion.errors import ClarionError
-from ops import launch
+from ops import demo_chat, launch
+from ops.fake_slack import FakeSlack
 from ops.receiver import Receiver
 from ops.table import render
 
@@ -94,8 +95,8 @@ def run(home: Path) -> int:
     try:
         url = _prepare_database(services.database_url)
         redis_lib.Redis.from_url(services.redis_url).flushdb()
-        with Receiver(settings.get().webhook_secret) as receiver:
-            env = {
+        with Receiver(settings.get().webhook_secret) as receiver, FakeSlack() as slack:
+            env = {**demo_chat.env(slack),
                 "CLARION_HOME": str(home),
                 "CLARION_DATABASE_URL": url,
                 "CLARION_REDIS_URL": services.redis_url,
@@ -111,7 +112,7 @@ def run(home: Path) -> int:
             os.environ.update({k: v for k, v in env.items() if k != "CLARION_FAULTS"})
             settings.reset()
             processes = _start_processes(home, env)
-            return _play(url, services.redis_url, receiver, processes, home, env, started)
+            return _play(url, services.redis_url, receiver, processes, home, env, started, slack)
     except ClarionError as exc:
         say(f"demo failed: {exc}")
         return 1
@@ -145,7 +146,7 @@ def _start_processes(home: Path, env: dict[str, str]) -> list[launch.Process]:
     ]
 
 
-def _play(url, redis_url, receiver, processes, home, env, started) -> int:
+def _play(url, redis_url, receiver, processes, home, env, started, slack) -> int:
     from tasks import notify, notify_many, register_recipient
     from tasks.publish import DELIVER, ROUTE, publish
 
@@ -191,8 +192,9 @@ def _play(url, redis_url, receiver, processes, home, env, started) -> int:
                             for i in items}), timeout=45)
     time.sleep(1.0)  # let the re-published messages drain so the counters are complete
     _summary(url, redis_url, receiver, len(items), len(repeats))
+    chat = demo_chat.run(slack, say)
     say(f"finished in {time.monotonic() - started:.1f} s" + ("" if done else " (timed out waiting)"))
-    return 0 if done else 1
+    return 0 if done and chat else 1
 
 
 def _summary(url: str, redis_url: str, receiver: Receiver, requested: int, repeated: int) -> None:
