@@ -146,7 +146,7 @@ def test_from_yaml_missing_file(tmp_path: Path) -> None:
         (
             EXAMPLES / "demo.yaml",
             {"order_receipt", "password_reset", "plan_kickoff", "stalled_plan", "weekly_one_on_one",
-             "daily_summary"},
+             "daily_summary", "goal_prompt"},
         ),
         (TESTS / "catalog.yaml", {"receipt", "security_code", "nudge", "two_channels", "emailed"}),
     ],
@@ -173,7 +173,7 @@ def test_demo_catalog_contents() -> None:
         "title": "Still with us, Ada?",
         "body": "Your plan has been quiet for 7 days. Ten minutes today keeps it moving.",
     }
-    assert catalog.channels == frozenset({"webhook", "console"})
+    assert catalog.channels == frozenset({"webhook", "console", "slack"})
     assert catalog.get("nope") is None
 
 
