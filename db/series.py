@@ -46,19 +46,25 @@ def take_due_series(conn: Connection, *, now: datetime, limit: int) -> list[dict
     return [dict(r) for r in conn.execute(_TAKE_DUE, {"now": now, "limit": limit}).mappings()]
 
 
-_ADVANCE = text(
+_ADVANCE_MANY = text(
     """
-    UPDATE series SET next_n = :next_n, next_due_at = :next_due_at,
-        state = CASE WHEN :ended THEN 'ended' ELSE state END, updated_at = :now
-    WHERE user_id = :user_id AND id = :id AND state = 'active'
+    UPDATE series s SET next_n = x.n, next_due_at = x.due,
+        state = CASE WHEN x.ended THEN 'ended' ELSE s.state END, updated_at = :now
+    FROM unnest(CAST(:users AS text[]), CAST(:ids AS bigint[]), CAST(:ns AS int[]),
+                CAST(:dues AS timestamptz[]), CAST(:ended AS boolean[])) AS x(u, i, n, due, ended)
+    WHERE s.user_id = x.u AND s.id = x.i AND s.state = 'active'
     """
 )
 
 
-def advance_series(conn: Connection, key: tuple[str, int], *, next_n: int, next_due_at: datetime | None,
-                   ended: bool, now: datetime) -> None:
-    conn.execute(_ADVANCE, {"user_id": key[0], "id": key[1], "next_n": next_n,
-                            "next_due_at": next_due_at, "ended": ended, "now": now})
+def advance_many(conn: Connection, rows: list[tuple[str, int, int, datetime | None, bool]], *,
+                 now: datetime) -> None:
+    """Move many series on in one statement: (user_id, id, next_n, next_due_at, ended) each; a series
+    no longer active (cancelled or paused meanwhile) is left alone."""
+    if rows:
+        conn.execute(_ADVANCE_MANY, {"users": [r[0] for r in rows], "ids": [r[1] for r in rows],
+                                     "ns": [r[2] for r in rows], "dues": [r[3] for r in rows],
+                                     "ended": [r[4] for r in rows], "now": now})
 
 
 _SET_STATE = text(

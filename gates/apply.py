@@ -21,8 +21,8 @@ from gates.pipeline import Plan, Snapshot, blocked_by_window, cap_buckets, colla
 def snapshots(conn: Connection, recipients: Mapping[str, Mapping[str, Any]], *,
               now: datetime) -> dict[str, Snapshot]:
     """Snapshots for many recipients at once (five queries, whatever their number)."""
-    scopes = [scope for r in recipients.values() for scope, _, _ in cap_buckets(r, now)]
-    rows = gating.snapshot_rows(conn, recipients, scopes, now=now)
+    scopes = {user: [scope for scope, _, _ in cap_buckets(r, now)] for user, r in recipients.items()}
+    rows = gating.snapshot_rows(conn, recipients, [s for each in scopes.values() for s in each], now=now)
     prefs, suppressed, collapses = defaultdict(list), defaultdict(dict), defaultdict(dict)
     for user, *pref in rows["preferences"]:
         prefs[user].append(tuple(pref))
@@ -31,17 +31,15 @@ def snapshots(conn: Connection, recipients: Mapping[str, Mapping[str, Any]], *,
     for user, key, leader, until, count in rows["collapses"]:
         collapses[user][key] = (leader, until, count)
     windows = {user: (until, type_key) for user, until, type_key in rows["windows"]}
-    counters = {(scope, bucket): count for scope, bucket, count in rows["counters"]}
+    counters: dict[str, dict[tuple[str, str], int]] = defaultdict(dict)
+    for scope, bucket, count in rows["counters"]:
+        counters[scope][(scope, bucket)] = count
     return {
         user: Snapshot(recipient, tuple(prefs[user]), suppressed[user], windows.get(user),
-                       {k: v for k, v in counters.items() if k[0] in _scopes(recipient, now)},
+                       {k: v for scope in scopes[user] for k, v in counters.get(scope, {}).items()},
                        collapses[user])
         for user, recipient in recipients.items()
     }
-
-
-def _scopes(recipient: Mapping[str, Any], now: datetime) -> set[str]:
-    return {scope for scope, _, _ in cap_buckets(recipient, now)}
 
 
 def apply(conn: Connection, request: Mapping[str, Any], ntype: NotificationType | None, plan: Plan, *,

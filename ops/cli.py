@@ -86,7 +86,7 @@ def _send(args: argparse.Namespace) -> int:
 
     variables = _parse_vars(args.var)
     occurrence = {"event_id": args.event_id, "occurrence_key": args.occurrence_key}
-    if not (args.event_id or args.occurrence_key):
+    if args.event_id is None and args.occurrence_key is None:
         occurrence["event_id"] = f"cli:{uuid.uuid4()}"
     if args.dry_run:
         from ops.explain import plan_table
@@ -101,6 +101,8 @@ def _send(args: argparse.Namespace) -> int:
 def _explain(args: argparse.Namespace) -> int:
     from ops.explain import explain
 
+    if args.limit < 1:
+        raise InvalidRequest(f"--limit must be a positive whole number, not {args.limit}")
     print(explain(args.user, type_key=args.type, since=args.since, limit=args.limit))
     return 0
 
@@ -108,7 +110,10 @@ def _explain(args: argparse.Namespace) -> int:
 def _arm(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-    until = datetime.fromisoformat(args.until) if args.until else None
+    try:
+        until = datetime.fromisoformat(args.until) if args.until else None
+    except ValueError as exc:
+        raise InvalidRequest(f"--until takes an ISO time with a zone, not {args.until!r}") from exc
     arm = dict(anchor=args.anchor, every=args.every, count=args.count, until=until,
                variables=_parse_vars(args.var), calendar_policy=args.calendar)
     if args.dry_run:

@@ -35,9 +35,13 @@ class Enqueued:
     new: bool  # False: this occurrence was requested before; nothing new was written
 
 
+MAX_KEY = 512  # unique keys stay well inside PostgreSQL's index row limit
+
+
 def _text(name: str, value: object) -> str:
-    if not isinstance(value, str) or not value or "\x00" in value:
-        raise InvalidRequest(f"{name} must be a non-empty string without NUL, not {value!r}")
+    if not isinstance(value, str) or not value or "\x00" in value or len(value) > MAX_KEY:
+        raise InvalidRequest(f"{name} must be a non-empty string of at most {MAX_KEY} characters without "
+                             f"NUL, not {str(value)[:40]!r}")
     return value
 
 
@@ -106,6 +110,8 @@ def build_request(user_id: str, type_key: str, event_id: str | None, occurrence_
     key = occurrence_key if occurrence_key is not None else f"event:{event_id}"
     if key in ("", "event:") or "\x00" in key:
         raise InvalidOccurrence("event_id / occurrence_key must be a non-empty string without NUL")
+    if len(key) > MAX_KEY:
+        raise InvalidOccurrence(f"event_id / occurrence_key must be at most {MAX_KEY} characters")
     variables = dict(variables or {})
     missing = ntype.missing(variables)
     if missing:

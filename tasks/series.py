@@ -3,6 +3,7 @@ turns due occurrences into requests."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,7 +22,10 @@ from scheduling.recurrence import due_at, first_due_after, parse_every
 from scheduling.series import plan_tick
 from tasks import runtime
 
+log = logging.getLogger(__name__)
 POLICIES = ("skip", "next_working_day", "send")
+UNIT_DAYS = {"days": 1, "weeks": 7, "months": 31, "working_days": 1.4}
+MAX_INTERVAL_DAYS = 3660
 
 
 @dataclass(frozen=True)
@@ -63,9 +67,11 @@ def validate(conn: Connection, user_id: str, type_key: str, *, anchor: datetime 
     if recipient is None:
         raise UnknownRecipient(user_id)
     try:
-        parse_every(every)
+        interval = parse_every(every)
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc
+    if interval.count * UNIT_DAYS[interval.unit] > MAX_INTERVAL_DAYS:
+        raise InvalidRequest(f"every {every!r} is longer than ten years")
     if calendar_policy not in POLICIES:
         raise InvalidRequest(f"calendar_policy must be one of {', '.join(POLICIES)}")
     if count is not None and (not isinstance(count, int) or count < 1):
@@ -163,9 +169,16 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
     catalog = runtime.catalog()
     recipients = ledger.recipients(conn, {r["user_id"] for r in due})
     grace = timedelta(seconds=settings.get().series_grace)
-    rows, decisions = [], []
+    rows, decisions, advances = [], [], []
     for s in due:
-        tick = plan_tick(s, recipient_calendar(recipients[s["user_id"]]), now=now, grace=grace)
+        try:
+            tick = plan_tick(s, recipient_calendar(recipients[s["user_id"]]), now=now, grace=grace)
+        except (OverflowError, ValueError):
+            # one series whose time cannot be computed must not stop every other series: end it
+            log.exception("series cannot be scheduled; ending it", extra={"action": "series_failed",
+                                                                          "series": (s["user_id"], s["id"])})
+            advances.append((s["user_id"], s["id"], s["next_n"], None, True))
+            continue
         ntype = catalog.get(s["type_key"])
         for occ in tick.occurrences:
             state = {"send": "pending", "moved": "deferred"}.get(occ.action, "routed")
@@ -175,8 +188,8 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
                          "template_version": ntype.version if ntype else 0, "variables": s["variables"],
                          "state": state, "due_at": occ.send_at if state == "deferred" else
                          (now if state == "pending" else None), "_occ": occ})
-        store.advance_series(conn, (s["user_id"], s["id"]), next_n=tick.next_n, next_due_at=tick.next_due_at,
-                             ended=tick.ended, now=now)
+        advances.append((s["user_id"], s["id"], tick.next_n, tick.next_due_at, tick.ended))
+    store.advance_many(conn, advances, now=now)
     created = store.insert_occurrences(conn, rows, now=now)
     for r in rows:
         occ = r["_occ"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import json
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,7 +10,6 @@ from typing import Any
 
 import kombu.pools
 import pytest
-import redis
 from sqlalchemy import text
 
 from clarion import clock, faults, settings
@@ -107,19 +104,24 @@ def publishing_to_this_tests_broker() -> Iterator[None]:
 
 
 def drain(queue: str) -> list[tuple[str, list[str], list[int]]]:
-    """Take every message waiting in a lane's Redis broker queue: (task name, users, ids) each.
+    """Take every message waiting in a lane's broker queue: (task name, users, ids) each, oldest
+    first. Works on any kombu broker (Redis, RabbitMQ).
 
     Integration tests run no worker, so what the code published is still there to be read."""
-    client = redis.Redis.from_url(settings.get().urls()[2])
-    with client.pipeline() as pipe:
-        pipe.lrange(queue, 0, -1)
-        pipe.delete(queue)
-        raw, _ = pipe.execute()
     messages = []
-    for item in reversed(raw):  # kombu pushes on the left: oldest last
-        envelope = json.loads(item)
-        args, _kwargs, _embed = json.loads(base64.b64decode(envelope["body"]))
-        messages.append((envelope["headers"]["task"], list(args[0]), list(args[1])))
+    with kombu.Connection(settings.get().urls()[2]) as conn:
+        waiting = conn.SimpleQueue(queue)
+        try:
+            while True:
+                try:
+                    message = waiting.get(block=False)
+                except waiting.Empty:
+                    break
+                args, _kwargs, _embed = message.decode()
+                messages.append((message.headers["task"], list(args[0]), list(args[1])))
+                message.ack()
+        finally:
+            waiting.close()
     return messages
 
 
