@@ -54,7 +54,6 @@ from clarion import settings  # noqa: E402
 
 settings.reset()
 
-import gates.apply as gapply  # noqa: E402
 from db import gating, ledger  # noqa: E402
 from db.engine import engine, migrate, one_off_engine  # noqa: E402
 from gates.apply import needs_address, snapshots  # noqa: E402
@@ -222,37 +221,18 @@ def connection(url: str, meter: Meter):
         meter.server_cpu = None if server is None or after is None else after - server
 
 
-def run_clarion(url: str, requests: list[dict], *, batch: int, now: datetime,
-                what_if: bool = False) -> tuple[list, float, Meter]:
-    """Per batch, in one transaction: recipients + snapshots (six queries), then plan() per request.
-
-    what_if: NOT the shipped code. gates.apply.snapshots() filters the counters with
-    `if k[0] in _scopes(recipient, now)` inside a comprehension over every counter row of the batch, so
-    _scopes (cap_buckets: zone conversions, strftime) runs recipients x counters times per batch. With
-    what_if, _scopes is memoised per recipient for the duration of one batch (in this process only), to
-    show what the assembly costs when it is linear. The result is the same."""
+def run_clarion(url: str, requests: list[dict], *, batch: int, now: datetime) -> tuple[list, float, Meter]:
+    """Per batch, in one transaction: recipients + snapshots (six queries), then plan() per request."""
     catalog = runtime.catalog()
     reachable = needs_address(runtime.adapters().values())
     meter, plans = Meter(), []
     meter.snapshot_sql = 0.0
     original, gating.snapshot_rows = _timed_snapshot_rows(meter)
-    original_scopes = gapply._scopes
-    if what_if:
-        memo: dict[int, set[str]] = {}
-
-        def scopes_once(recipient, now):
-            key = id(recipient)  # the recipient dicts live for the whole snapshots() call
-            if key not in memo:
-                memo[key] = original_scopes(recipient, now)
-            return memo[key]
-        gapply._scopes = scopes_once
-        meter.memo = memo
     try:
         return _run_clarion(url, requests, batch=batch, now=now, meter=meter, plans=plans, catalog=catalog,
                             reachable=reachable)
     finally:
         gating.snapshot_rows = original
-        gapply._scopes = original_scopes
 
 
 def _run_clarion(url, requests, *, batch, now, meter, plans, catalog, reachable):
@@ -411,8 +391,6 @@ def main() -> None:
                         "per-gate baseline uses the first one for its transactions")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--what-if", action="store_true", help="add a path with gates.apply._scopes memoised "
-                        "per recipient (NOT the shipped code; see run_clarion) at the largest batch size")
     parser.add_argument("--profile", action="store_true", help="also cProfile one pass of each path (after "
                         "the timed rounds) and print the top functions by cumulative time")
     args = parser.parse_args()
@@ -439,9 +417,6 @@ def main() -> None:
         run_per_gate(url, warm, batch=batches[0], now=now)
 
         paths = [(f"clarion, batch {b}", lambda b=b: run_clarion(url, requests, batch=b, now=now)) for b in batches]
-        if args.what_if:
-            b = max(batches)
-            paths.append((f"what-if, batch {b}*", lambda: run_clarion(url, requests, batch=b, now=now, what_if=True)))
         paths.append(("per-gate queries", lambda: run_per_gate(url, requests, batch=batches[0], now=now)))
         results: dict[str, list[tuple[float, Meter]]] = {label: [] for label, _ in paths}
         reference, mismatches, outcomes = None, Counter(), Counter()
@@ -491,9 +466,6 @@ def main() -> None:
               "transactions and loop.\ncpu µs/plan = this process + its PostgreSQL backend (from /proc); "
               "\"cpu vs per-gate\" = the baseline's CPU per plan / this path's, same round: steadier than wall "
               "time on a busy machine.")
-        if args.what_if:
-            print("* what-if: clarion with gates.apply._scopes memoised per recipient (in this process only), "
-                  "NOT the shipped code: the snapshot assembly made linear.")
         if sum(mismatches.values()):
             print(f"MISMATCHES: {dict(mismatches)}")
         if args.profile:
