@@ -40,11 +40,18 @@ def deliver(users: list[str], ids: list[int]) -> int:
     # Never start a send that could still be running when the lease lapses and another worker
     # may take the row over: rows reached too late are handed back unsent instead.
     last_start = lease_until - timedelta(seconds=min(s.claim_lease / 2, s.webhook_timeout + 1))
-    if len(claimed) <= 1 or s.send_concurrency <= 1:
-        return sum(_deliver_one(row, token, policy, last_start) for row in claimed)
-    # Sends wait on providers; a few threads overlap those waits (each uses its own connection).
-    with ThreadPoolExecutor(max_workers=min(s.send_concurrency, len(claimed))) as pool:
-        return sum(pool.map(lambda row: _deliver_one(row, token, policy, last_start), claimed))
+    lanes = max(1, min(s.send_concurrency, len(claimed)))
+
+    def run(share: list[dict[str, Any]]) -> int:
+        # one auto-committing connection per sending thread: "sent" is durable once PostgreSQL answers
+        with autocommit().connect() as conn:
+            return sum(_deliver_one(conn, row, token, policy, last_start) for row in share)
+
+    if lanes == 1:
+        return run(claimed)
+    # Sends wait on providers; a few threads overlap those waits.
+    with ThreadPoolExecutor(max_workers=lanes) as pool:
+        return sum(pool.map(run, [claimed[i::lanes] for i in range(lanes)]))
 
 
 def _record_takeovers(claimed: list[dict[str, Any]], now) -> None:
@@ -60,13 +67,13 @@ def _record_takeovers(claimed: list[dict[str, Any]], now) -> None:
                                           "may have sent (receivers dedup on the idempotency key)")
 
 
-def _deliver_one(row: dict[str, Any], token: str, policy: RetryPolicy, last_start) -> int:
+def _deliver_one(conn: Connection, row: dict[str, Any], token: str, policy: RetryPolicy, last_start) -> int:
     key = (row["user_id"], row["id"])
     if clock.now() > last_start:
         now = clock.now()
         error = "batch ran out of lease time"
-        with engine().begin() as conn:
-            ledger.release_claim(conn, key, token=token, not_before=now, now=now, refund_attempt=True,
+        with engine().begin() as tx:
+            ledger.release_claim(tx, key, token=token, not_before=now, now=now, refund_attempt=True,
                                  error=f"{UNRECONCILED}: {error}" if _owes_reconcile(row) else error)
         log.info("released an unsent claim", extra={"action": "claim_released", "delivery": key})
         return 0
@@ -78,17 +85,15 @@ def _deliver_one(row: dict[str, Any], token: str, policy: RetryPolicy, last_star
         reconciled = _reconcile(adapter, message) if _owes_reconcile(row) else None
         result = reconciled or adapter.send(message)
     except SendError as error:
-        with engine().begin() as conn:
-            _settle_failure(conn, row, key, token, error, policy)
+        with engine().begin() as tx:  # failing and recording why: one transaction
+            _settle_failure(tx, row, key, token, error, policy)
         return 0
     faults.hit("deliver.after_send")
-    # One auto-committed statement: "sent" is durable as soon as PostgreSQL answers.
-    with autocommit().connect() as conn:
-        if ledger.mark_sent(conn, key, token=token, platform=result.platform,
-                            message_id=result.provider_message_id, now=clock.now()):
-            return 1
-        ledger.record_incident(conn, key, kind="possible_duplicate", now=clock.now(),
-                               detail="sent, but the claim had been taken over before it was recorded")
+    if ledger.mark_sent(conn, key, token=token, platform=result.platform,
+                        message_id=result.provider_message_id, now=clock.now()):
+        return 1
+    ledger.record_incident(conn, key, kind="possible_duplicate", now=clock.now(),
+                           detail="sent, but the claim had been taken over before it was recorded")
     log.warning("claim lost after send", extra={"action": "possible_duplicate", "delivery": key})
     return 0
 
