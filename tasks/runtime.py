@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from collections.abc import Callable
 from functools import wraps
+from pathlib import Path
 from typing import TypeVar
 
 import redis as redis_lib
@@ -39,11 +41,28 @@ def per_process(factory: Callable[[], T]) -> Callable[[], T]:
 
 @per_process
 def catalog() -> Catalog:
-    path = settings.get().catalog or EXAMPLES / "demo.yaml"
+    """The catalog named by CLARION_CATALOG: a YAML file, or `package.module:NAME` holding a
+    Catalog or the same mapping as the YAML (default: the demo catalog)."""
+    source = settings.get().catalog or EXAMPLES / "demo.yaml"
     try:
-        return Catalog.from_yaml(path)
+        if not Path(source).exists() and ":" in str(source):
+            return _from_python(str(source))
+        return Catalog.from_yaml(source)
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from exc
+
+
+def _from_python(spec: str) -> Catalog:
+    module_name, _, name = spec.partition(":")
+    try:
+        value = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"CLARION_CATALOG={spec!r}: cannot import {name} from {module_name}") from exc
+    if isinstance(value, Catalog):
+        return value
+    if isinstance(value, dict):
+        return Catalog.from_dict(value, spec)
+    raise ConfigurationError(f"CLARION_CATALOG={spec!r} is neither a Catalog nor a mapping")
 
 
 @per_process
