@@ -48,12 +48,13 @@ sys.path.insert(0, str(ROOT))
 
 os.environ["CLARION_CATALOG"] = str(ROOT / "tests" / "catalog_gates.yaml")
 
-from sqlalchemy import make_url, text  # noqa: E402
+from sqlalchemy import text  # noqa: E402
 
 from clarion import settings  # noqa: E402
 
 settings.reset()
 
+from bench.common import say, start_services, with_database  # noqa: E402
 from db import gating, ledger  # noqa: E402
 from db.engine import engine, migrate, one_off_engine  # noqa: E402
 from gates.apply import needs_address, snapshots  # noqa: E402
@@ -74,25 +75,13 @@ PREFERENCE_MENU = [("type", "promo", "*", True), ("type", "promo", "console", Fa
 CLUSTERS = ["c1", "c2", "c3", "c4", "c5"]
 
 
-def say(msg: str) -> None:
-    print(msg, flush=True)
 
 
 # --- services and the fresh database ----------------------------------------------------------
 
 
-def with_database(url: str, name: str) -> str:
-    return make_url(url).set(database=name).render_as_string(hide_password=False)
 
 
-def start_services(name: str):
-    url = os.environ.get("CLARION_DATABASE_URL")
-    if url:
-        return url, None
-    from db.embedded import ensure_running
-
-    handle = ensure_running(ROOT / ".clarion" / f"bench-{name}")
-    return handle.database_url, handle
 
 
 # --- the data set -----------------------------------------------------------------------------

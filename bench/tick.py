@@ -43,13 +43,14 @@ sys.path.insert(0, str(ROOT))
 
 os.environ["CLARION_CATALOG"] = str(ROOT / "tests" / "catalog_gates.yaml")
 
-from sqlalchemy import make_url, text  # noqa: E402
+from sqlalchemy import text  # noqa: E402
 
 from clarion import settings  # noqa: E402
 
 settings.reset()
 
 import tasks.series as tseries  # noqa: E402
+from bench.common import say, start_services, with_database  # noqa: E402
 from db import ledger  # noqa: E402
 from db import series as store  # noqa: E402
 from db.engine import dispose_all, engine, migrate, one_off_engine  # noqa: E402
@@ -62,22 +63,10 @@ EVERY = ["1d", "1w", "2w", "1mo", "1d", "1w", "1wd", "1d"]
 POLICIES = ["send", "skip", "next_working_day"]
 
 
-def say(msg: str) -> None:
-    print(msg, flush=True)
 
 
-def with_database(url: str, name: str) -> str:
-    return make_url(url).set(database=name).render_as_string(hide_password=False)
 
 
-def start_services(name: str):
-    url = os.environ.get("CLARION_DATABASE_URL")
-    if url:
-        return url, None
-    from db.embedded import ensure_running
-
-    handle = ensure_running(ROOT / ".clarion" / f"bench-{name}")
-    return handle.database_url, handle
 
 
 def sql_array(values) -> str:

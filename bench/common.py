@@ -1,0 +1,30 @@
+"""Set-up shared by the benchmark scripts: where the services are, and a fresh database name."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sqlalchemy import make_url
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def with_database(url: str, name: str) -> str:
+    """The same server URL, naming another database."""
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+def start_services(name: str):
+    """(database URL, handle to stop or None): CLARION_DATABASE_URL, else embedded services of our own."""
+    url = os.environ.get("CLARION_DATABASE_URL")
+    if url:
+        return url, None
+    from db.embedded import ensure_running
+
+    handle = ensure_running(ROOT / ".clarion" / f"bench-{name}")
+    return handle.database_url, handle
