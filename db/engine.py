@@ -26,7 +26,13 @@ def engine(url: str | None = None) -> Engine:
     url = normalise_url(url or settings.get().urls()[0])
     key = (os.getpid(), url)
     if key not in _engines:
-        _engines[key] = create_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
+        # prepare_threshold=0: every statement is a server-side prepared statement from its first
+        # run on a connection (psycopg's default prepares on the 5th run). The ledger's statements run
+        # thousands of times per connection; measured ~20% less CPU per notification. None of them
+        # carries a partial-index predicate as a parameter (DESIGN's auto-prepare trap), and
+        # tests/integration/test_claims.py runs the claim 50+ times on one connection.
+        _engines[key] = create_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True,
+                                      connect_args={"prepare_threshold": 0})
     return _engines[key]
 
 
