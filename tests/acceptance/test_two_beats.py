@@ -160,7 +160,9 @@ def test_two_beats_for_a_minute_over_ten_thousand_series_create_no_occurrence_tw
     # (which the unique index on requests would have hidden).
     assert min(beat_ticks.values()) >= 0.5 * 5 * window, beat_ticks
     assert sum(t["series"] for t in ticks) == total, "some series was fired by two ticks"
-    assert all(fired_by.values()), f"one control worker ran no tick that fired a series: {fired_by}"
+    # Both workers ran ticks (which of them finds the due series first is a matter of timing).
+    ran_by = {w: len(_tick_results(cluster, (w,))) for w in workers}
+    assert all(ran_by.values()), f"one control worker ran no tick: {ran_by}"
     for w in workers:
         assert "raised unexpected" not in cluster.log_text(w), f"a tick failed in {w}"
 
