@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import kombu
 import redis as redis_lib
 
 from db import reports
@@ -16,11 +17,18 @@ def counters(redis_url: str) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in raw.items()}
 
 
-def queue_depths(broker_url: str) -> list[tuple[str, int]] | None:
-    if not broker_url.startswith(("redis://", "rediss://")):
-        return None
-    client = redis_lib.Redis.from_url(broker_url)
-    return [(q, client.llen(q)) for q in QUEUES]
+def queue_depths(broker_url: str) -> list[tuple[str, int | str]]:
+    """Messages waiting in each clarion queue, on any kombu broker (Redis, RabbitMQ)."""
+    depths: list[tuple[str, int | str]] = []
+    with kombu.Connection(broker_url, connect_timeout=5) as conn:
+        channel = conn.channel()
+        for queue in QUEUES:
+            try:
+                depths.append((queue, channel.queue_declare(queue=queue, passive=True).message_count))
+            except conn.channel_errors:  # not declared yet: no worker has consumed it so far
+                depths.append((queue, "(none yet)"))
+                channel = conn.channel()
+    return depths
 
 
 def report(database_url: str, redis_url: str, broker_url: str) -> str:
@@ -34,7 +42,5 @@ def report(database_url: str, redis_url: str, broker_url: str) -> str:
         ]
     parts.append(render(["counter", "value"], sorted(counters(redis_url).items()),
                         "Work found already done (duplicates prevented)"))
-    depths = queue_depths(broker_url)
-    if depths is not None:
-        parts.append(render(["queue", "messages waiting"], depths, "Broker queues"))
+    parts.append(render(["queue", "messages waiting"], queue_depths(broker_url), "Broker queues"))
     return "\n\n".join(parts)
