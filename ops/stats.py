@@ -26,7 +26,7 @@ def queue_depths(broker_url: str) -> list[tuple[str, int | str]]:
             try:
                 depths.append((queue, channel.queue_declare(queue=queue, passive=True).message_count))
             except conn.channel_errors:  # not declared yet: no worker has consumed it so far
-                depths.append((queue, "(none yet)"))
+                depths.append((queue, "0 (not declared yet)"))
                 channel = conn.channel()
     return depths
 
