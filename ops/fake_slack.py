@@ -26,11 +26,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 import uvicorn
+
+from ops.local_server import LocalServer
 
 JSON_FIELDS = ("blocks", "metadata", "view", "attachments")
 
@@ -78,7 +80,7 @@ def _parse(content_type: str, body: bytes, query: str) -> dict[str, Any]:
     return params
 
 
-class FakeSlack:
+class FakeSlack(LocalServer):
     TOKEN = "xoxb-clarion-test"
     TEAM = "T0CLARION"
     BOT_USER = "UCLARIONBOT"
@@ -92,17 +94,13 @@ class FakeSlack:
         self.failures: dict[str, list[Failure]] = {}
         self._counter = itertools.count(1)
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
+        super().__init__(self._handler())
 
     # --- control and inspection ----------------------------------------------------------------
 
     @property
     def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return self.base_url
 
     @property
     def api_url(self) -> str:
@@ -130,13 +128,6 @@ class FakeSlack:
         with self.lock:
             return next((m for m in self.messages.get(channel, []) if m.ts == ts), None)
 
-    def __enter__(self) -> FakeSlack:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
     # --- the API ---------------------------------------------------------------------------------
 

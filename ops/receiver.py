@@ -11,9 +11,10 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from adapters.webhook import verify
+from ops.local_server import LocalServer, send_json
 
 
 @dataclass
@@ -84,12 +85,7 @@ def _handler(secret: str, arrivals: Arrivals) -> type[BaseHTTPRequestHandler]:
             self._answer(200 if first else 409, {"id": payload.get("delivery_id"), "duplicate": not first})
 
         def _answer(self, status: int, payload: dict) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_json(self, status, payload)
 
         def log_message(self, *args: object) -> None:
             pass
@@ -97,30 +93,13 @@ def _handler(secret: str, arrivals: Arrivals) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address) -> None:
-        pass  # a sender killed mid-request (as the chaos tests do) is not news
-
-
-class Receiver:
+class Receiver(LocalServer):
     """A receiver serving on 127.0.0.1 in a background thread."""
 
     def __init__(self, secret: str, port: int = 0) -> None:
         self.arrivals = Arrivals()
-        self.server = _Server(("127.0.0.1", port), _handler(secret, self.arrivals))
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        super().__init__(_handler(secret, self.arrivals), port)
 
     @property
     def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}/hook"
-
-    def __enter__(self) -> Receiver:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        return self.base_url + "/hook"

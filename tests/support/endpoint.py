@@ -11,7 +11,9 @@ import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from ops.local_server import LocalServer, send_json
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,7 @@ class Call:
 Respond = Callable[[Call], int]
 
 
-class Endpoint:
+class Endpoint(LocalServer):
     """Serves on 127.0.0.1 in a background thread; `respond(call)` returns the HTTP status."""
 
     def __init__(self, respond: Respond = lambda call: 200) -> None:
@@ -46,30 +48,14 @@ class Endpoint:
                 except BaseException as exc:  # surfaced by the test through `errors`
                     outer.errors.append(exc)
                     status = 500
-                data = json.dumps({"id": f"m-{len(outer.calls)}"}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, {"id": f"m-{len(outer.calls)}"})
 
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
+        super().__init__(Handler)
 
     @property
     def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}/hook"
+        return self.base_url + "/hook"
 
-    def __enter__(self) -> Endpoint:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()

@@ -20,9 +20,11 @@ import json
 import threading
 from collections import deque
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import unquote
+
+from ops.local_server import LocalServer, send_json
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class Call:
         return None
 
 
-class FakeConnector:
+class FakeConnector(LocalServer):
     """Serves on 127.0.0.1 in a background thread; records every call in `calls`."""
 
     def __init__(self) -> None:
@@ -88,22 +90,12 @@ class FakeConnector:
                 self._answer(status, answer, headers)
 
             def _answer(self, status: int, payload: dict, headers: dict[str, str]) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, payload, headers)
 
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
+        super().__init__(Handler)
 
     # --- what the test sets up -----------------------------------------------------------------
 
@@ -125,8 +117,7 @@ class FakeConnector:
 
     @property
     def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}/"
+        return self.base_url + "/"
 
     @property
     def sent(self) -> list[Call]:
@@ -161,10 +152,3 @@ class FakeConnector:
             self.known.add((conversation, new_id))
             return 201, {}, {"id": new_id}
 
-    def __enter__(self) -> FakeConnector:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
