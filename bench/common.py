@@ -28,3 +28,14 @@ def start_services(name: str):
 
     handle = ensure_running(ROOT / ".clarion" / f"bench-{name}")
     return handle.database_url, handle
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """A plain-text table: first column left-aligned, the figures right-aligned."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])

@@ -54,7 +54,7 @@ from clarion import settings  # noqa: E402
 
 settings.reset()
 
-from bench.common import say, start_services, with_database  # noqa: E402
+from bench.common import say, start_services, table, with_database  # noqa: E402
 from db import gating, ledger  # noqa: E402
 from db.engine import engine, migrate, one_off_engine  # noqa: E402
 from gates.apply import needs_address, snapshots  # noqa: E402
@@ -364,12 +364,6 @@ def run_per_gate(url: str, requests: list[dict], *, batch: int, now: datetime) -
 
 
 # --- report -----------------------------------------------------------------------------------
-
-
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ from clarion import settings  # noqa: E402
 settings.reset()
 
 import tasks.series as tseries  # noqa: E402
-from bench.common import say, start_services, with_database  # noqa: E402
+from bench.common import say, start_services, table, with_database  # noqa: E402
 from db import ledger  # noqa: E402
 from db import series as store  # noqa: E402
 from db.engine import dispose_all, engine, migrate, one_off_engine  # noqa: E402
@@ -258,12 +258,6 @@ def explain(url: str, now: datetime, limit: int) -> tuple[list[str], list[str]]:
 
 
 # --- report -----------------------------------------------------------------------------------
-
-
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
 def main() -> None:

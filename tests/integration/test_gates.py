@@ -76,10 +76,7 @@ def vclock() -> Iterator[VirtualClock]:
 @pytest.fixture
 def receiver(gates, monkeypatch) -> Iterator[Receiver]:
     """The real webhook receiver as the default webhook URL (every gate-catalog type uses webhook)."""
-    server = Receiver(settings.get().webhook_secret)
-    server.thread = threading.Thread(target=server.server.serve_forever,
-                                     kwargs={"poll_interval": 0.05}, daemon=True)
-    with server as running:
+    with Receiver(settings.get().webhook_secret) as running:
         configure(monkeypatch, webhook_url=running.url)
         yield running
 

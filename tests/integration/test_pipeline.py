@@ -7,7 +7,6 @@ runs), so a test can read exactly which keys were published with `published`.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -64,11 +63,7 @@ def ann(clarion_env) -> str:
 @pytest.fixture
 def receiver(clarion_env, monkeypatch) -> Iterator[Receiver]:
     """The real webhook receiver, as the default webhook URL."""
-    server = Receiver(settings.get().webhook_secret)
-    # serve_forever polls for shutdown every 0.5 s by default; that is most of a test's run time
-    server.thread = threading.Thread(target=server.server.serve_forever,
-                                     kwargs={"poll_interval": 0.05}, daemon=True)
-    with server as running:
+    with Receiver(settings.get().webhook_secret) as running:
         configure(monkeypatch, webhook_url=running.url)
         yield running
 
