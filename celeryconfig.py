@@ -36,9 +36,10 @@ task_reject_on_worker_lost = True
 # One message in flight per process: a killed process loses (and delays) at most one batch, and a
 # busy process does not hoard work that idle ones could do.
 worker_prefetch_multiplier = 1
-# If the broker connection drops, cancel running tasks so their messages are redelivered, instead
-# of finishing work whose ack can no longer reach the broker.
-worker_cancel_long_running_tasks_on_connection_loss = True
+# A broker restart must not cancel a task mid-send (Celery would SIGTERM it between the provider's
+# answer and "sent" — a crash window per message in flight). Running tasks finish; a message whose
+# ack is lost with the connection is redelivered, and the ledger makes that a no-op.
+worker_cancel_long_running_tasks_on_connection_loss = False
 # Redis returns an unacked message only after this; the sweeper republishes from the database
 # anyway, so this is a backstop, not what recovery waits on. Nothing uses long ETAs (kombu #337).
 broker_transport_options = {"visibility_timeout": _settings.visibility_timeout}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from catalog import Button
@@ -85,18 +86,43 @@ class Message:
         return idempotency_key(self.user_id, self.type_key, self.occurrence_key, self.channel)
 
 
+MAX_PROVIDER_ID = 512
+
+
+def clean_provider_id(value: object) -> str | None:
+    """A provider's message id as PostgreSQL text can hold it: a string, no NUL or lone
+    surrogates, at most MAX_PROVIDER_ID characters; None for nothing usable."""
+    if value is None or isinstance(value, bool):
+        return None
+    text = str(value).encode("utf-8", "replace").decode("utf-8").replace("\x00", "")
+    return text[:MAX_PROVIDER_ID] or None
+
+
 @dataclass(frozen=True)
 class SendResult:
+    """Sent: the provider took the message. `repeat` is what the provider said about the
+    idempotency key: True (it had it already: this was a repeat it dropped), False (first arrival),
+    None (the provider cannot tell)."""
+
     platform: str
     provider_message_id: str | None = None
+    repeat: bool | None = None
 
 
 class Adapter(Protocol):
+    """A channel. Three outcomes of `send`: a SendResult (sent), TransientSendError or
+    PermanentSendError (failed: the provider did not take it), UnknownSendError (it may have).
+
+    `dedups_by_key`: the provider drops a second request with the same idempotency key, so a send
+    with an unknown outcome may be repeated under that key. A channel that can look for its own
+    earlier message also has `reconcile(message, since) -> SendResult | None` (see ChatAdapter)."""
+
     channel: str
     needs_address: bool
+    dedups_by_key: bool
 
     def send(self, message: Message) -> SendResult:
-        """Hand the message to the provider. Raises TransientSendError or PermanentSendError."""
+        """Hand the message to the provider."""
         ...
 
 
@@ -108,6 +134,7 @@ class ChatAdapter(Adapter, Protocol):
         """Re-render the sent message; `answered` is the catalog label of the recorded answer."""
         ...
 
-    def reconcile(self, message: Message) -> SendResult | None:
-        """The earlier attempt's message, if the provider has it (a rare, rate-limited path)."""
+    def reconcile(self, message: Message, since: datetime) -> SendResult | None:
+        """The message an earlier attempt (started at or after `since`) posted, if the provider
+        has it; None if it does not. TransientSendError: the provider cannot be asked now."""
         ...

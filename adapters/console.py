@@ -17,6 +17,7 @@ def to_line(message: Message) -> str:
 class ConsoleAdapter:
     channel = "console"
     needs_address = False
+    dedups_by_key = False  # printing has no unknown outcome
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream

@@ -5,8 +5,14 @@ over the real slack_sdk `WebClient` (conversations.open, chat.postMessage with m
 carrying the delivery id, chat.update, conversations.history for crash reconciliation).
 
 A 429 pauses the whole workspace (keyed by a hash of the bot token) in Redis until Retry-After has
-passed; while paused, sends fail fast as transient without calling Slack. A recipient Slack says is
-gone goes on the suppression list.
+passed; while paused, sends are deferred (the attempt refunded) without calling Slack. A recipient
+Slack says is gone goes on the suppression list.
+
+Three outcomes. chat.postMessage answered `ok` is sent; an error answer, or a failure before the
+request was written (urllib's URLError: no connection), failed; a 5xx, a timeout waiting for the
+answer or a connection dropped mid-answer is *unknown*: Slack may have posted it. Slack has no
+idempotency key, but every message carries its delivery in message metadata, so the next attempt
+first looks for it (`reconcile`) and posts only if it is not there.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.error import URLError
 
@@ -28,7 +34,14 @@ from slack_sdk.errors import SlackApiError
 from adapters.base import Message, SendResult
 from catalog import Button
 from clarion import clock
-from clarion.errors import PermanentSendError, SendError, TransientSendError
+from clarion.errors import (
+    DeferredSendError,
+    PermanentSendError,
+    SendError,
+    ThrottledError,
+    TransientSendError,
+    UnknownSendError,
+)
 from clarion.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -42,7 +55,8 @@ TRANSIENT_ERRORS = frozenset({"ratelimited", "internal_error", "fatal_error", "s
 UNREACHABLE_ERRORS = frozenset({"user_not_found", "user_disabled", "cannot_dm_bot"})
 DEFAULT_PAUSE = 30.0  # seconds, when a 429 comes without Retry-After
 HISTORY_LIMIT = 15  # conversations.history's page cap for non-Marketplace apps
-HISTORY_WINDOW = timedelta(days=1)  # how far back reconciliation looks for an earlier attempt
+HISTORY_MARGIN = timedelta(minutes=5)  # clock differences between PostgreSQL and Slack
+HISTORY_PAGES = 4  # conversations.history calls one reconciliation may make
 HEADER_MAX, TEXT_MAX, BUTTON_MAX, BUTTONS_MAX = 150, 3000, 75, 25
 
 
@@ -147,26 +161,37 @@ def retry_after(headers: dict[str, Any] | None) -> float | None:
     return None
 
 
-def error_for(status: int, error: str | None, headers: dict[str, Any] | None) -> SendError:
-    """A Slack Web API failure as the SendError to raise."""
+def error_for(status: int, error: str | None, headers: dict[str, Any] | None, *,
+              posting: bool = False) -> SendError:
+    """A Slack Web API failure as the SendError to raise. `posting`: the call posts a message,
+    so a 5xx leaves its outcome unknown (Slack may have posted it before failing)."""
     reason = error if isinstance(error, str) and error.isidentifier() else f"http_{status}"
     detail = f"slack answered {status}: {str(error)[:200]}"
     if status == 429 or reason == "ratelimited":
-        return TransientSendError("ratelimited", detail, retry_after(headers) or DEFAULT_PAUSE)
+        return ThrottledError("ratelimited", detail, retry_after(headers) or DEFAULT_PAUSE)
+    if status >= 500 and posting:
+        return UnknownSendError(reason, detail)
     if status >= 500 or reason in TRANSIENT_ERRORS:
         return TransientSendError(reason, detail, retry_after(headers))
     return PermanentSendError(reason, detail)
 
 
 @contextmanager
-def slack_errors() -> Iterator[None]:
-    """Translate slack_sdk and network errors into SendErrors at the boundary."""
+def slack_errors(*, posting: bool = False) -> Iterator[None]:
+    """Translate slack_sdk and network errors into SendErrors at the boundary. urllib raises
+    URLError when the request could not be written (no connection: failed); anything raised while
+    waiting for the answer leaves a posting call's outcome unknown."""
     try:
         yield
     except SlackApiError as exc:
         response = exc.response
-        raise error_for(response.status_code, response.get("error"), response.headers) from exc
-    except (URLError, OSError, http.client.HTTPException) as exc:
+        raise error_for(response.status_code, response.get("error"), response.headers,
+                        posting=posting) from exc
+    except URLError as exc:
+        raise TransientSendError("connection", str(exc)[:200]) from exc
+    except (OSError, http.client.HTTPException) as exc:
+        if posting:
+            raise UnknownSendError("no_answer", str(exc)[:200]) from exc
         raise TransientSendError("connection", str(exc)[:200]) from exc
 
 
@@ -229,6 +254,7 @@ def update_message(client: WebClient, message: Message, provider_message_id: str
 class SlackAdapter:
     channel = "slack"
     needs_address = True  # the recipient's Slack user id
+    dedups_by_key = False  # no idempotency key: an unknown send is reconciled through metadata
 
     def __init__(self, client: WebClient, *, pauses: Pauses | None = None,
                  on_unreachable: Callable[[Message, str], None] | None = None) -> None:
@@ -255,42 +281,61 @@ class SlackAdapter:
                    on_unreachable=suppress_in_ledger)
 
     def send(self, message: Message) -> SendResult:
-        """Open the DM and post the message. Raises TransientSendError / PermanentSendError."""
-        left = self.pauses.remaining() if self.pauses else None
-        if left is not None:
-            raise TransientSendError("paused", f"workspace rate-limited for {left:.1f}s more", left)
+        """Open the DM and post the message (three outcomes: see the module docstring)."""
+        self._check_pause()
         try:
             with slack_errors():
                 channel = self._dm(message)
+            with slack_errors(posting=True):
                 posted = self.client.chat_postMessage(
                     channel=channel, text=fallback_text(message), blocks=to_blocks(message),
                     metadata=metadata(message), unfurl_links=False, unfurl_media=False)
         except SendError as error:
             self._failed(message, error, pause=True)
             raise
-        return SendResult(platform="slack", provider_message_id=message_ref(posted["channel"], posted["ts"]))
+        return SendResult(platform="slack", provider_message_id=message_ref(str(posted["channel"]),
+                                                                            str(posted["ts"])))
+
+    def _check_pause(self) -> None:
+        left = self.pauses.remaining() if self.pauses else None
+        if left is not None:
+            raise ThrottledError("paused", f"workspace rate-limited for {left:.1f}s more", left)
 
     def update(self, message: Message, provider_message_id: str, answered: str | None) -> None:
         """Show the recorded answer in place of the buttons."""
         if answered is not None:
             update_message(self.client, message, provider_message_id, answered)
 
-    def reconcile(self, message: Message) -> SendResult | None:
-        """Look for this delivery's message among the DM's latest few (message metadata). A 429
-        raises TransientSendError: "not known yet", to be asked again later, never a new post."""
+    def reconcile(self, message: Message, since: datetime) -> SendResult | None:
+        """Look for this delivery's message (by its metadata) among what the DM received since the
+        earlier attempt began. Slack cannot be asked now (a 429, an outage): DeferredSendError —
+        "not known yet", to be asked again later, never a new post. UnknownSendError: it cannot
+        be found out (the DM got too many messages since)."""
         try:
             with slack_errors():
                 channel = self._dm(message)
-                oldest = (clock.now() - HISTORY_WINDOW).timestamp()
-                history = self.client.conversations_history(
-                    channel=channel, include_all_metadata=True, limit=HISTORY_LIMIT, oldest=f"{oldest:.6f}")
+                ts = self._find(channel, message, since - HISTORY_MARGIN)
         except SendError as error:
             self._failed(message, error, pause=False)  # history has its own limit; posting is not paused
-            raise
-        ts = find_posted(history.get("messages") or [], message)
+            if isinstance(error, PermanentSendError | UnknownSendError):
+                raise
+            raise DeferredSendError("reconcile_pending", str(error), getattr(error, "retry_after", None)) from error
         log.info("slack reconcile", extra={"action": "slack_reconciled" if ts else "slack_not_found",
                                            "delivery": message.delivery_id})
         return SendResult(platform="slack", provider_message_id=message_ref(channel, ts)) if ts else None
+
+    def _find(self, channel: str, message: Message, oldest: datetime) -> str | None:
+        cursor = None
+        for _ in range(HISTORY_PAGES):
+            page = self.client.conversations_history(
+                channel=channel, include_all_metadata=True, limit=HISTORY_LIMIT,
+                oldest=f"{oldest.timestamp():.6f}", cursor=cursor)
+            ts = find_posted(page.get("messages") or [], message)
+            cursor = (page.get("response_metadata") or {}).get("next_cursor")
+            if ts or not (page.get("has_more") and cursor):
+                return ts
+        # Too many messages to look through: whether it was posted stays unknown.
+        raise UnknownSendError("history_too_long", f"more than {HISTORY_PAGES} pages since {oldest}")
 
     def _dm(self, message: Message) -> str:
         address = message.address

@@ -43,7 +43,13 @@ from msrest.exceptions import ClientRequestError
 from adapters.base import Message, SendResult
 from adapters.webhook import retry_after
 from clarion import clock
-from clarion.errors import PermanentSendError, SendError, TransientSendError
+from clarion.errors import (
+    PermanentSendError,
+    SendError,
+    ThrottledError,
+    TransientSendError,
+    UnknownSendError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -246,17 +252,35 @@ def _from_data(verb: object, data: object, via: str, user: str) -> TeamsAction |
 # --- provider answers ----------------------------------------------------------------------------
 
 
-def send_error(status: int, headers: Mapping[str, str], body: str) -> SendError:
-    """A connector failure as the error to raise: 401, 408, 425, 429 and 5xx are transient."""
+def send_error(status: int, headers: Mapping[str, str], body: str, *, posting: bool = False) -> SendError:
+    """A connector failure as the error to raise: 429 throttled; 401, 408, 425 transient; a 5xx
+    transient, or unknown when the call posts a message (it may have been posted); else permanent."""
     try:
         error = json.loads(body or "{}").get("error") or {}
         detail = f"{error.get('code', '')}: {error.get('message', '')}".strip(": ")
     except (ValueError, AttributeError):
         detail = ""
     detail = (detail or body or "")[:200]
+    hint = retry_after(headers.get("Retry-After"))
+    if status == 429:
+        return ThrottledError(f"http_{status}", detail, hint)
+    if status >= 500 and posting:
+        return UnknownSendError(f"http_{status}", detail)
     if status in TRANSIENT_STATUSES or status >= 500:
-        return TransientSendError(f"http_{status}", detail, retry_after(headers.get("Retry-After")))
+        return TransientSendError(f"http_{status}", detail, hint)
     return PermanentSendError(f"http_{status}", detail)
+
+
+def network_error(exc: Exception, *, posting: bool) -> SendError:
+    """A requests/msrest network failure: failed if no connection was made (the request cannot
+    have left), unknown for a posting call once it may have been written (read timeout, reset)."""
+    inner = getattr(exc, "inner_exception", None) or exc
+    if isinstance(inner, requests.ConnectTimeout) or (
+            isinstance(inner, requests.ConnectionError) and "NewConnectionError" in repr(inner)):
+        return TransientSendError("connection", str(inner)[:200])
+    if posting:
+        return UnknownSendError("no_answer", str(inner)[:200])
+    return TransientSendError("connection", str(inner)[:200])
 
 
 # --- the per-conversation limit ------------------------------------------------------------------
@@ -347,8 +371,14 @@ def credentials_for(app_id: str | None, password: str | None, tenant_id: str | N
 
 
 class TeamsAdapter:
+    """Teams has no idempotency key and no cheap way to find a bot's earlier message in a
+    conversation (no metadata search; history reads need Graph permissions), so a send whose
+    outcome is unknown can be neither reconciled nor deduplicated: tasks.deliver holds it
+    (at-most-once types) or sends it again with an incident (at-least-once types)."""
+
     channel = "teams"
     needs_address = True
+    dedups_by_key = False
 
     def __init__(self, *, credentials: MicrosoftAppCredentials, store: ReferenceStore,
                  limiter: ConversationLimiter | None = None, timeout: float = 10.0, max_wait: float = 1.0,
@@ -372,7 +402,8 @@ class TeamsAdapter:
     def send(self, message: Message) -> SendResult:
         ref = self._reference(message)
         activity = to_activity(to_card(message), ref, message.content.get("title"))
-        sent = self._call(message, ref, lambda c: c.conversations.send_to_conversation(ref.conversation_id, activity))
+        sent = self._call(message, ref, lambda c: c.conversations.send_to_conversation(ref.conversation_id, activity),
+                          posting=True)
         return SendResult(platform="teams",
                           provider_message_id=message_id(ref.conversation_id, sent.id) if sent and sent.id else None)
 
@@ -387,11 +418,6 @@ class TeamsAdapter:
         activity.id = ids[1]
         self._call(message, ref, lambda c: c.conversations.update_activity(ids[0], ids[1], activity))
 
-    def reconcile(self, message: Message) -> SendResult | None:
-        """Teams has no cheap way to find a bot's earlier message in a conversation (no metadata
-        search, and history reads need Graph permissions): a taken-over claim sends again."""
-        return None
-
     def _reference(self, message: Message) -> ConversationRef:
         if not message.address:
             raise PermanentSendError("no_address", "recipient has no teams address")
@@ -401,19 +427,21 @@ class TeamsAdapter:
                                                         "(no stored conversation reference)")
         return ref
 
-    def _call(self, message: Message, ref: ConversationRef, operation: Callable[[ConnectorClient], Any]) -> Any:
+    def _call(self, message: Message, ref: ConversationRef, operation: Callable[[ConnectorClient], Any],
+              *, posting: bool = False) -> Any:
         self._throttle(ref.conversation_id)
         try:
             return operation(self._client(ref.service_url))
         except ErrorResponseException as exc:
-            raise self._failed(message, ref, exc.response) from exc
+            raise self._failed(message, ref, exc.response, posting) from exc
         except (ClientRequestError, requests.RequestException) as exc:
-            raise TransientSendError("connection", str(exc)[:200]) from exc
+            raise network_error(exc, posting=posting) from exc
         except PermissionError as exc:  # no token for the bot's credentials (AAD said no)
             raise TransientSendError("token", str(exc)[:200]) from exc
 
-    def _failed(self, message: Message, ref: ConversationRef, response: requests.Response) -> SendError:
-        error = send_error(response.status_code, response.headers, response.text)
+    def _failed(self, message: Message, ref: ConversationRef, response: requests.Response,
+                posting: bool) -> SendError:
+        error = send_error(response.status_code, response.headers, response.text, posting=posting)
         if response.status_code == 429 and self.limiter is not None:
             self._guard(lambda: self.limiter.pause(ref.conversation_id, self.wall(),
                                                   getattr(error, "retry_after", None) or 1.0))
@@ -431,8 +459,8 @@ class TeamsAdapter:
             if wait > self.max_wait:
                 break
             self.sleep(wait)
-        raise TransientSendError("throttled", f"conversation over its Teams rate limit for {wait:.2f}s",
-                                 retry_after=wait)
+        raise ThrottledError("throttled", f"conversation over its Teams rate limit for {wait:.2f}s",
+                             retry_after=wait)
 
     @staticmethod
     def _guard(call: Callable[[], float | None]) -> float:

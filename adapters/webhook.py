@@ -2,8 +2,11 @@
 
 Headers: `Idempotency-Key` (the same for every attempt at one user/type/occurrence/channel),
 `X-Clarion-Timestamp` and `X-Clarion-Signature: v1=<hex HMAC-SHA256 of "{timestamp}.{body}">`.
-A 2xx or 409 (the receiver already has it) is a send; 408, 429 and 5xx are transient; other
-statuses are permanent.
+Three outcomes. A 2xx or 409 (the receiver already has this key) is a send; 408, 425 and 429
+failed (transient: nothing was taken), other 4xx failed for good; a 5xx, a read timeout or a
+connection dropped after the request was written is *unknown* (it may have been taken). Receivers
+dedup on the key (`dedups_by_key`), so clarion may repeat an unknown send under the same key; a
+409 tells it the earlier attempt had arrived (recorded as an incident of kind `repeat`).
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ from collections.abc import Mapping
 
 import urllib3
 
-from adapters.base import Message, SendResult
-from clarion.errors import PermanentSendError, TransientSendError
+from adapters.base import Message, SendResult, clean_provider_id
+from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
 
-TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+FAILED_STATUSES = frozenset({408, 425, 429})  # the receiver says it did not take the request
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
@@ -77,18 +80,33 @@ def from_response(status: int, headers: Mapping[str, str], body: bytes) -> SendR
     if 200 <= status < 300 or status == 409:
         try:
             message_id = json.loads(body or b"{}").get("id")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             message_id = None
-        return SendResult(platform="webhook", provider_message_id=str(message_id) if message_id else None)
+        return SendResult(platform="webhook", provider_message_id=clean_provider_id(message_id),
+                          repeat=status == 409)
     detail = body[:200].decode(errors="replace")
-    if status in TRANSIENT_STATUSES:
-        raise TransientSendError(f"http_{status}", detail, retry_after(headers.get("Retry-After")))
+    hint = retry_after(headers.get("Retry-After"))
+    if status == 429:
+        raise ThrottledError(f"http_{status}", detail, hint)
+    if status in FAILED_STATUSES:
+        raise TransientSendError(f"http_{status}", detail, hint)
+    if status >= 500:
+        raise UnknownSendError(f"http_{status}", detail, hint)
     raise PermanentSendError(f"http_{status}", detail)
+
+
+def error_for(exc: urllib3.exceptions.HTTPError) -> TransientSendError | UnknownSendError:
+    """A network error as an outcome: failed if the request cannot have left (no connection),
+    unknown once it may have been written (a read timeout, a connection dropped mid-answer)."""
+    if isinstance(exc, urllib3.exceptions.ConnectTimeoutError):  # NewConnectionError is one too
+        return TransientSendError("connection", str(exc)[:200])
+    return UnknownSendError("no_answer", str(exc)[:200])
 
 
 class WebhookAdapter:
     channel = "webhook"
     needs_address = False
+    dedups_by_key = True  # the webhook contract: receivers drop a repeated Idempotency-Key
 
     def __init__(self, *, secret: str, timeout: float, default_url: str | None = None) -> None:
         self.secret = secret
@@ -109,5 +127,5 @@ class WebhookAdapter:
         except urllib3.exceptions.LocationValueError as exc:
             raise PermanentSendError("bad_url", str(exc)) from exc
         except urllib3.exceptions.HTTPError as exc:
-            raise TransientSendError("connection", str(exc)) from exc
+            raise error_for(exc) from exc
         return from_response(response.status, response.headers, response.data)

@@ -27,8 +27,19 @@ _env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False, keep_tr
 
 # Per-type gate options: window_exempt (neither blocked by nor opening the activation window),
 # on_window (skip | defer when blocked), critical (bypasses quiet hours and fatigue caps),
-# default (on | off when the recipient has said nothing), collapse ({key, window_seconds}).
-TYPE_OPTIONS = frozenset({"window_exempt", "on_window", "critical", "default", "collapse"})
+# default (on | off when the recipient has said nothing), collapse ({key, window_seconds}),
+# delivery (at_most_once | at_least_once: what a send with an unknown outcome may do; see GUARANTEE).
+TYPE_OPTIONS = frozenset({"window_exempt", "on_window", "critical", "default", "collapse", "delivery"})
+GUARANTEES = ("at_most_once", "at_least_once")
+# "Never twice" is the promise of a nudge; a receipt or a security code must arrive.
+GUARANTEE = {
+    "transactional": "at_least_once",
+    "security": "at_least_once",
+    "alert": "at_least_once",
+    "activation": "at_most_once",
+    "digest": "at_most_once",
+    "marketing": "at_most_once",
+}
 
 
 class CatalogError(ValueError):
@@ -97,6 +108,11 @@ class NotificationType:
     @property
     def critical(self) -> bool:
         return bool(self.options.get("critical"))
+
+    @property
+    def guarantee(self) -> str:
+        """at_most_once | at_least_once: `options.delivery`, else the category's default."""
+        return str(self.options.get("delivery") or GUARANTEE[self.category])
 
     @property
     def default_on(self) -> bool | None:
@@ -243,6 +259,8 @@ def _build_type(key: str, spec: Any) -> NotificationType:
         raise fail(f"unknown options {sorted(unknown)}; known: {sorted(TYPE_OPTIONS)}")
     if options.get("on_window", "skip") not in ("skip", "defer"):
         raise fail("options.on_window must be 'skip' or 'defer'")
+    if options.get("delivery", "at_most_once") not in GUARANTEES:
+        raise fail(f"options.delivery must be one of {', '.join(GUARANTEES)}")
     if options.get("default", "on") not in ("on", "off", True, False):
         raise fail("options.default must be 'on' or 'off'")
     collapse = options.get("collapse")

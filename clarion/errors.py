@@ -69,5 +69,26 @@ class PermanentSendError(SendError):
     """Retrying cannot help: 4xx, unknown address, template gone."""
 
 
+class DeferredSendError(TransientSendError):
+    """Nothing was attempted, and it should be later: the attempt is refunded and the delivery
+    waits `retry_after` (e.g. a catalog version a newer worker has, a reconcile look-up that is
+    rate-limited). The caller bounds how long."""
+
+
+class ThrottledError(DeferredSendError):
+    """Not sent because a rate limit said "not now" (clarion's own budget, or the provider's 429)."""
+
+
+class UnknownSendError(SendError):
+    """The third outcome: the request may have reached the provider, but no answer came back (a
+    timeout or a 5xx after the request was written, a dropped connection, a send past its
+    deadline). Never retried blindly: reconciled, resent under the provider's idempotency key, or
+    held as `unknown` for an operator (tasks.outcomes decides, per channel and type)."""
+
+    def __init__(self, reason: str, detail: str = "", retry_after: float | None = None) -> None:
+        super().__init__(reason, detail)
+        self.retry_after = retry_after
+
+
 class FaultInjected(ClarionError):
     """Raised by a fault point switched on with the 'raise' action."""

@@ -24,7 +24,10 @@ class Settings:
     redis_url: str | None = None
     broker_url: str | None = None
     catalog: Path | None = None
-    claim_lease: float = 60.0  # seconds a claim holds the right to send
+    claim_lease: float = 60.0  # seconds a claim holds the right to send (PostgreSQL's clock)
+    send_timeout: float = 20.0  # hard budget of one send, all its provider calls together
+    catalog_skew_grace: float = 600.0  # seconds a type/version unknown here waits for a newer worker
+    republish_cap: float = 300.0  # longest wait between republishes of a row that makes no progress
     stray_after: float = 30.0  # seconds before a published-but-untouched row is published again
     max_attempts: int = 8
     batch_size: int = 100

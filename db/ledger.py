@@ -17,10 +17,10 @@ from sqlalchemy import Connection, text
 
 Key = tuple[str, int]
 
-_KEYS = "unnest(CAST(:users AS text[]), CAST(:ids AS bigint[])) AS k(user_id, id)"
+KEY_PAIRS = "unnest(CAST(:users AS text[]), CAST(:ids AS bigint[])) AS k(user_id, id)"
 
 
-def _keys(keys: Iterable[Key]) -> dict[str, list]:
+def key_params(keys: Iterable[Key]) -> dict[str, list]:
     users, ids = [], []
     for user_id, id_ in keys:
         users.append(user_id)
@@ -152,22 +152,42 @@ def find_request(conn: Connection, user_id: str, type_key: str, occurrence_key: 
 _RESOLVE_REQUESTS = text(
     f"""
     UPDATE requests r SET state = 'routed', routed_at = :now, due_at = NULL
-    FROM {_KEYS}
+    FROM {KEY_PAIRS}
     WHERE r.user_id = k.user_id AND r.id = k.id AND r.state = 'pending'
-    RETURNING r.user_id, r.id, r.type_key, r.occurrence_key, r.lane, r.template_version, r.variables
+    RETURNING r.user_id, r.id, r.type_key, r.occurrence_key, r.lane, r.template_version, r.variables,
+              r.created_at
     """
 )
 
 
 def resolve_requests(conn: Connection, keys: Iterable[Key], *, now: datetime) -> list[dict]:
     """Resolve-once: move pending requests to routed. Only the caller that moves a row may route it."""
-    return [dict(r) for r in conn.execute(_RESOLVE_REQUESTS, {**_keys(keys), "now": now}).mappings()]
+    return [dict(r) for r in conn.execute(_RESOLVE_REQUESTS, {**key_params(keys), "now": now}).mappings()]
+
+
+_UNRESOLVE_REQUESTS = text(
+    f"""
+    UPDATE requests r SET state = 'pending', routed_at = NULL, due_at = :due_at
+    FROM {KEY_PAIRS}
+    WHERE r.user_id = k.user_id AND r.id = k.id AND r.state = 'routed'
+    """
+)
+
+
+def unresolve_requests(conn: Connection, keys: Iterable[Key], *, due_at: datetime) -> None:
+    """Put requests resolved in this transaction back, to be routed at `due_at` (by a worker whose
+    catalog has their type: a rolling deploy)."""
+    conn.execute(_UNRESOLVE_REQUESTS, {**key_params(keys), "due_at": due_at})
 
 
 _DUE_REQUESTS = text(
     """
-    UPDATE requests r SET state = 'pending', due_at = :again
-    FROM (SELECT user_id, id FROM requests WHERE due_at <= :now
+    UPDATE requests r
+    SET state = 'pending',
+        due_at = CAST(:now AS timestamptz)
+                 + make_interval(secs => least(:cap, :again * power(2, least(r.rounds, 16)))),
+        rounds = least(r.rounds + 1, 1000)
+    FROM (SELECT user_id, id FROM requests WHERE lane = :lane AND due_at <= :now
           ORDER BY due_at LIMIT :limit FOR UPDATE SKIP LOCKED) k
     WHERE r.user_id = k.user_id AND r.id = k.id
     RETURNING r.user_id, r.id, r.lane
@@ -175,12 +195,15 @@ _DUE_REQUESTS = text(
 )
 
 
-def take_due_requests(conn: Connection, *, now: datetime, again: datetime, limit: int) -> list[tuple]:
-    """Requests whose routing is due (never published, stray, or deferred until now).
+def take_due_requests(conn: Connection, *, lane: str, now: datetime, again: float, cap: float,
+                      limit: int) -> list[tuple]:
+    """One lane's requests whose routing is due (never published, stray, or deferred until now).
 
-    Each is pushed to `again`, so a crashed publisher's work comes round once more and two sweepers
-    do not both take it."""
-    return [tuple(r) for r in conn.execute(_DUE_REQUESTS, {"now": now, "again": again, "limit": limit})]
+    Each is pushed `again` seconds on (doubling each time it comes round unrouted, up to `cap`), so
+    a crashed publisher's work comes round once more, two sweepers do not both take it, and a
+    backlog is not republished in full every few seconds."""
+    return [tuple(r) for r in conn.execute(_DUE_REQUESTS, {"now": now, "again": again, "cap": cap,
+                                                           "lane": lane, "limit": limit})]
 
 
 # --- deliveries -------------------------------------------------------------------------------
@@ -225,108 +248,6 @@ def insert_deliveries(conn: Connection, rows: Sequence[NewDelivery], *, now: dat
         "lanes": [r.lane for r in rows], "not_before": [r.not_before for r in rows],
         "now": now, "due_at": due_at,
     })]
-
-
-_CLAIM = text(
-    f"""
-    UPDATE deliveries d
-    SET state = 'claimed', claim_token = :token, lease_until = :lease_until, due_at = :lease_until,
-        attempts = d.attempts + 1, taken_over = (d.state = 'claimed'), updated_at = :now
-    FROM {_KEYS}, requests r, recipients rc
-    WHERE d.user_id = k.user_id AND d.id = k.id
-      AND r.user_id = d.user_id AND r.id = d.request_id AND rc.user_id = d.user_id
-      AND ((d.state = 'pending' AND d.not_before <= :now)
-           OR (d.state = 'claimed' AND d.lease_until < :now))
-    RETURNING d.user_id, d.id, d.request_id, d.type_key, d.occurrence_key, d.channel, d.attempts,
-              d.taken_over, d.last_error, r.template_version, r.variables, rc.addresses
-    """
-)
-
-
-def claim_deliveries(conn: Connection, keys: Iterable[Key], *, token: str, now: datetime,
-                     lease_until: datetime) -> list[dict]:
-    """Claim the deliveries that are free to send: pending and due, or claimed with a lapsed lease.
-
-    Row locks make this atomic: of many concurrent claimers exactly one gets each row. A row taken
-    from a lapsed claim comes back with taken_over=True (its previous holder may have sent), and
-    every row with the error its previous attempt left (last_error)."""
-    rows = conn.execute(_CLAIM, {**_keys(keys), "token": token, "now": now,
-                                 "lease_until": lease_until}).mappings()
-    return [dict(r) for r in rows]
-
-
-_MARK_SENT = text(
-    """
-    UPDATE deliveries
-    SET state = 'sent', platform = :platform, provider_message_id = :message_id, sent_at = :now,
-        claim_token = NULL, lease_until = NULL, due_at = NULL, last_error = NULL, updated_at = :now
-    WHERE user_id = :user_id AND id = :id AND state = 'claimed' AND claim_token = :token
-    RETURNING id
-    """
-)
-
-
-def mark_sent(conn: Connection, key: Key, *, token: str, platform: str, message_id: str | None,
-              now: datetime) -> bool:
-    """Record a send, only if our claim still stands. False: the claim was taken over."""
-    row = conn.execute(_MARK_SENT, {"user_id": key[0], "id": key[1], "token": token,
-                                    "platform": platform, "message_id": message_id, "now": now})
-    return row.first() is not None
-
-
-_RELEASE = text(
-    """
-    UPDATE deliveries
-    SET state = 'pending', claim_token = NULL, lease_until = NULL, not_before = :not_before,
-        due_at = :not_before, last_error = :error, updated_at = :now,
-        attempts = attempts - CASE WHEN :refund THEN 1 ELSE 0 END
-    WHERE user_id = :user_id AND id = :id AND state = 'claimed' AND claim_token = :token
-    RETURNING id
-    """
-)
-
-
-def release_claim(conn: Connection, key: Key, *, token: str, not_before: datetime, error: str,
-                  now: datetime, refund_attempt: bool = False) -> bool:
-    """Give a claim back (after a transient error, or unsent: refund_attempt); the sweeper
-    republishes it at `not_before`."""
-    row = conn.execute(_RELEASE, {"user_id": key[0], "id": key[1], "token": token, "refund": refund_attempt,
-                                  "not_before": not_before, "error": error, "now": now})
-    return row.first() is not None
-
-
-_FAIL = text(
-    """
-    UPDATE deliveries
-    SET state = 'failed', claim_token = NULL, lease_until = NULL, due_at = NULL, last_error = :error,
-        updated_at = :now
-    WHERE user_id = :user_id AND id = :id AND state = 'claimed' AND claim_token = :token
-    RETURNING request_id, channel
-    """
-)
-
-
-def fail_delivery(conn: Connection, key: Key, *, token: str, error: str, now: datetime) -> tuple | None:
-    """Fail a claimed delivery for good; returns (request_id, channel) or None if the claim is gone."""
-    row = conn.execute(_FAIL, {"user_id": key[0], "id": key[1], "token": token, "error": error,
-                               "now": now}).first()
-    return tuple(row) if row else None
-
-
-_DUE_DELIVERIES = text(
-    """
-    UPDATE deliveries d SET due_at = :again
-    FROM (SELECT user_id, id FROM deliveries WHERE due_at <= :now
-          ORDER BY due_at LIMIT :limit FOR UPDATE SKIP LOCKED) k
-    WHERE d.user_id = k.user_id AND d.id = k.id
-    RETURNING d.user_id, d.id, d.lane
-    """
-)
-
-
-def take_due_deliveries(conn: Connection, *, now: datetime, again: datetime, limit: int) -> list[tuple]:
-    """Deliveries to publish again: never picked up, retry time reached, or claim lease lapsed."""
-    return [tuple(r) for r in conn.execute(_DUE_DELIVERIES, {"now": now, "again": again, "limit": limit})]
 
 
 # --- decisions and incidents ------------------------------------------------------------------

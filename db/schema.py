@@ -30,9 +30,12 @@ metadata = MetaData()
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
-DELIVERY_STATES = ("pending", "claimed", "sent", "delivered", "read", "answered", "failed", "suppressed")
+DELIVERY_STATES = (
+    "pending", "claimed", "unknown", "sent", "delivered", "read", "answered", "failed", "suppressed"
+)
 # States that hold or have used the right to send: at most one per occurrence and channel.
-SENDING_STATES = ("claimed", "sent", "delivered", "read", "answered")
+# `unknown` is one: its attempt may have reached the provider.
+SENDING_STATES = ("claimed", "unknown", "sent", "delivered", "read", "answered")
 SENT_STATES = ("sent", "delivered", "read", "answered")
 
 
@@ -75,12 +78,13 @@ requests = Table(
     _ts("due_at"),
     _ts("created_at", False),
     _ts("routed_at"),
+    Column("rounds", SmallInteger, nullable=False, server_default="0"),
     PrimaryKeyConstraint("user_id", "id", name="requests_pkey"),
     UniqueConstraint("user_id", "type_key", "occurrence_key", name="requests_occurrence_key"),
     ForeignKeyConstraint(["user_id"], ["recipients.user_id"], name="requests_user_id_fkey"),
     CheckConstraint(_in("state", REQUEST_STATES), name="requests_state_check"),
     CheckConstraint(_in("lane", LANES), name="requests_lane_check"),
-    Index("requests_due", "due_at", postgresql_where=text("due_at IS NOT NULL")),
+    Index("requests_due", "lane", "due_at", postgresql_where=text("due_at IS NOT NULL")),
 )
 
 deliveries = Table(
@@ -110,6 +114,9 @@ deliveries = Table(
     Column("answer", Text),
     _ts("answered_at"),
     Column("answered_by", Text),
+    _ts("send_started_at"),
+    _ts("maybe_sent_at"),
+    Column("rounds", SmallInteger, nullable=False, server_default="0"),
     PrimaryKeyConstraint("user_id", "id", name="deliveries_pkey"),
     UniqueConstraint("user_id", "request_id", "channel", name="deliveries_request_channel_key"),
     ForeignKeyConstraint(
@@ -140,7 +147,7 @@ deliveries = Table(
         unique=True,
         postgresql_where=text(f"one_platform AND {_in('state', SENDING_STATES)}"),
     ),
-    Index("deliveries_due", "due_at", postgresql_where=text("due_at IS NOT NULL")),
+    Index("deliveries_due", "lane", "due_at", postgresql_where=text("due_at IS NOT NULL")),
 )
 
 decisions = Table(

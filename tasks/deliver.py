@@ -1,51 +1,88 @@
-"""The deliver task: claim, render, send, and record "sent" only after the send."""
+"""The deliver task: claim, render, send, and record "sent" only after the send.
+
+A claimed row goes through: prepare (adapter, template; nothing is sent) → reconcile, if an
+earlier attempt may have sent → begin the send (one conditional update: the claim is still ours,
+the lease now covers the whole send budget, and the row says this attempt reached the provider) →
+the provider call under a hard deadline → record the outcome: sent, failed (retry or fail), or
+unknown (tasks.outcomes decides: reconcile, resend under the idempotency key, or hold).
+
+Every exception on a row is caught and settled on that row; only a process that dies leaves a
+claim behind, and its lease (PostgreSQL's clock) hands the row to the next worker.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
-from typing import Any
+from concurrent.futures import TimeoutError as CallTimeout
+from dataclasses import dataclass
 
 from celery import shared_task
-from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
 
-from adapters.base import Message
+from adapters.base import Adapter, Message, SendResult, clean_provider_id
 from clarion import clock, faults, settings
-from clarion.errors import PermanentSendError, SendError, TransientSendError
-from db import ledger
-from db.engine import autocommit, engine
+from clarion.errors import (
+    DeferredSendError,
+    PermanentSendError,
+    SendError,
+    TransientSendError,
+    UnknownSendError,
+)
+from db import claims
+from db.claims import ClaimedDelivery
+from db.engine import engine
 from tasks import runtime
-from tasks.retry import RetryPolicy, decide
+from tasks.outcomes import (
+    RowConnection,
+    record_exhausted,
+    record_incident,
+    settle_failure,
+    settle_unknown,
+)
+from tasks.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
-UNRECONCILED = "unreconciled"  # last_error prefix: a takeover whose earlier send is not yet ruled out
+MARGIN = 5.0  # seconds of lease kept beyond a send's budget, to record its outcome
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What every row of one deliver message shares."""
+
+    token: str
+    policy: RetryPolicy
+    budget: float  # seconds one send may take, all its provider calls together
+    skew_grace: float  # seconds a type or version this worker lacks waits for a newer worker
 
 
 @shared_task(name="clarion.deliver")
 def deliver(users: list[str], ids: list[int]) -> int:
     """Deliver a batch. Rows another worker holds, or that are done, are skipped by the claim."""
     s = settings.get()
-    token = str(uuid.uuid4())
+    batch = Batch(str(uuid.uuid4()), RetryPolicy(max_attempts=s.max_attempts), s.send_timeout,
+                  s.catalog_skew_grace)
+    keys = list(zip(users, ids, strict=True))
     now = clock.now()
-    lease_until = now + timedelta(seconds=s.claim_lease)
     with engine().begin() as conn:
-        claimed = ledger.claim_deliveries(conn, zip(users, ids, strict=True), token=token, now=now,
-                                          lease_until=lease_until)
-    runtime.count("deliver_skipped_not_claimable", len(ids) - len(claimed))
-    _record_takeovers(claimed, now)
+        exhausted = claims.exhaust_deliveries(conn, keys, now=now, max_attempts=s.max_attempts)
+        record_exhausted(conn, exhausted, now=now)
+        claimed = sorted(claims.claim_deliveries(conn, keys, token=batch.token, now=now, lease=s.claim_lease,
+                                                 max_attempts=s.max_attempts), key=lambda r: r.key)
+    runtime.count("deliver_skipped_not_claimable", len(ids) - len(claimed) - len(exhausted))
     faults.hit("deliver.after_claim")
-    policy = RetryPolicy(max_attempts=s.max_attempts)
-    # Never start a send that could still be running when the lease lapses and another worker
-    # may take the row over: rows reached too late are handed back unsent instead.
-    last_start = lease_until - timedelta(seconds=min(s.claim_lease / 2, s.webhook_timeout + 1))
     lanes = max(1, min(s.send_concurrency, len(claimed)))
 
-    def run(share: list[dict[str, Any]]) -> int:
+    def run(share: list[ClaimedDelivery]) -> int:
         # one auto-committing connection per sending thread: "sent" is durable once PostgreSQL answers
-        with autocommit().connect() as conn:
-            return sum(_deliver_one(conn, row, token, policy, last_start) for row in share)
+        db = RowConnection()
+        try:
+            return sum(_deliver_one(db, row, batch) for row in share)
+        finally:
+            db.close()
 
     if lanes == 1:
         return run(claimed)
@@ -54,95 +91,157 @@ def deliver(users: list[str], ids: list[int]) -> int:
         return sum(pool.map(run, [claimed[i::lanes] for i in range(lanes)]))
 
 
-def _record_takeovers(claimed: list[dict[str, Any]], now) -> None:
-    """A claim taken from a lapsed lease: its previous holder may have sent. Recorded at once, so
-    the record survives whatever happens to this attempt."""
-    taken = [row for row in claimed if row["taken_over"]]
-    if not taken:
-        return
-    with engine().begin() as conn:
-        for row in taken:
-            ledger.record_incident(conn, (row["user_id"], row["id"]), kind="claim_taken_over", now=now,
-                                   detail=f"lease lapsed on attempt {row['attempts'] - 1}; that attempt "
-                                          "may have sent (receivers dedup on the idempotency key)")
-
-
-def _deliver_one(conn: Connection, row: dict[str, Any], token: str, policy: RetryPolicy, last_start) -> int:
-    key = (row["user_id"], row["id"])
-    if clock.now() > last_start:
-        now = clock.now()
-        error = "batch ran out of lease time"
-        with engine().begin() as tx:
-            ledger.release_claim(tx, key, token=token, not_before=now, now=now, refund_attempt=True,
-                                 error=f"{UNRECONCILED}: {error}" if _owes_reconcile(row) else error)
-        log.info("released an unsent claim", extra={"action": "claim_released", "delivery": key})
-        return 0
+def _deliver_one(db: RowConnection, row: ClaimedDelivery, batch: Batch) -> int:
+    """One row, whatever happens: an error that cannot even be recorded (the database is down)
+    leaves the row to its lease, and the thread goes on with the next."""
     try:
-        message = _render(row)
-        adapter = runtime.adapters()[row["channel"]]
-        # A claim taken over from a lapsed lease: a channel that can look for its own earlier
-        # message (Slack's message metadata) finds it instead of posting again.
-        reconciled = _reconcile(adapter, message) if _owes_reconcile(row) else None
-        result = reconciled or adapter.send(message)
-    except SendError as error:
-        with engine().begin() as tx:  # failing and recording why: one transaction
-            _settle_failure(tx, row, key, token, error, policy)
+        return _deliver_row(db, row, batch)
+    except Exception:
+        log.exception("delivery not settled", extra={"action": "deliver_unsettled", "delivery": row.key})
         return 0
-    faults.hit("deliver.after_send")
-    if ledger.mark_sent(conn, key, token=token, platform=result.platform,
-                        message_id=result.provider_message_id, now=clock.now()):
-        return 1
-    ledger.record_incident(conn, key, kind="possible_duplicate", now=clock.now(),
-                           detail="sent, but the claim had been taken over before it was recorded")
-    log.warning("claim lost after send", extra={"action": "possible_duplicate", "delivery": key})
+
+
+def _deliver_row(db: RowConnection, row: ClaimedDelivery, batch: Batch) -> int:
+    try:
+        adapter, message = _prepare(row, batch)
+    except SendError as error:
+        settle_failure(db, row, batch.token, error, batch.policy)
+        return 0
+    except Exception as exc:  # a bug or an outage before anything was sent: retried, then failed
+        log.exception("delivery could not be prepared", extra={"action": "deliver_error", "delivery": row.key})
+        settle_failure(db, row, batch.token, TransientSendError("internal_error", _describe(exc)), batch.policy)
+        return 0
+    checked = False
+    if row.maybe_sent_at is not None:
+        found = _settle_earlier_attempt(db, row, batch, adapter, message)
+        if found is not None:
+            return found
+        checked = hasattr(adapter, "reconcile")
+    return _send(db, row, batch, adapter, message, repeat_possible=row.maybe_sent_at is not None and not checked)
+
+
+def _prepare(row: ClaimedDelivery, batch: Batch) -> tuple[Adapter, Message]:
+    """The adapter and the rendered message. A type, version or channel this worker does not
+    have (a rolling deploy: a newer producer or worker has it) waits for one that does."""
+    adapter = runtime.adapters().get(row.channel)
+    ntype = runtime.catalog().get(row.type_key)
+    if adapter is None:
+        raise _skew(row, batch, "no_adapter", f"channel {row.channel!r} is not configured on this worker")
+    version = row.template_version
+    if ntype is None or version not in ntype.templates:
+        raise _skew(row, batch, "template_missing", f"{row.type_key} v{version} is not in the catalog")
+    try:
+        content = ntype.render(version, row.channel, row.variables)
+    except Exception as exc:  # a sandbox or undefined-variable error in content we cannot fix by retrying
+        raise PermanentSendError("render_failed", _describe(exc)) from exc
+    return adapter, Message(
+        delivery_id=row.id, user_id=row.user_id, type_key=row.type_key, occurrence_key=row.occurrence_key,
+        channel=row.channel, content=content, attempt=row.attempts, config=ntype.config.get(row.channel, {}),
+        address=(row.addresses or {}).get(row.channel), buttons=ntype.templates[version].buttons)
+
+
+def _skew(row: ClaimedDelivery, batch: Batch, reason: str, detail: str) -> SendError:
+    age = (clock.now() - row.requested_at).total_seconds()
+    if age < batch.skew_grace:
+        return DeferredSendError(reason, f"{detail}; waiting for a worker that has it", retry_after=10.0)
+    return PermanentSendError(reason, detail)
+
+
+def _settle_earlier_attempt(db: RowConnection, row: ClaimedDelivery, batch: Batch, adapter: Adapter,
+                            message: Message) -> int | None:
+    """An earlier attempt may have sent. A channel that can look for its own message does
+    (found: recorded as sent, 1); otherwise tasks.outcomes says whether this attempt may send
+    again (None: go on) or must hold (0)."""
+    reconcile = getattr(adapter, "reconcile", None)
+    if reconcile is not None:
+        try:
+            found = reconcile(message, row.maybe_sent_at)
+        except UnknownSendError as error:  # cannot be found out: held, or sent again, as policy says
+            held = settle_unknown(db, row, batch.token, error, adapter, batch.policy, checkable=False,
+                                  release=False)
+            return 0 if held else None
+        except SendError as error:
+            settle_failure(db, row, batch.token, error, batch.policy)
+            return 0
+        if found is not None:
+            log.info("earlier send found", extra={"action": "delivery_reconciled", "delivery": row.key})
+            return _record_sent(db, row, batch, found, deadline=time.monotonic() + MARGIN, repeat_possible=False)
+        return None
+    error = UnknownSendError("earlier_attempt", "an earlier attempt reached the provider; its answer was lost")
+    held = settle_unknown(db, row, batch.token, error, adapter, batch.policy, checkable=False, release=False)
+    return 0 if held else None
+
+
+def _send(db: RowConnection, row: ClaimedDelivery, batch: Batch, adapter: Adapter, message: Message, *,
+          repeat_possible: bool) -> int:
+    left = db.run(lambda c: claims.begin_send(c, row.key, token=batch.token, need=batch.budget + MARGIN))
+    if left is None:
+        log.info("claim lost before the send", extra={"action": "claim_lost", "delivery": row.key})
+        return 0
+    deadline = time.monotonic() + left - 1.0
+    try:
+        result = _call(adapter, message, min(batch.budget, left - MARGIN))
+        faults.hit("deliver.after_send")
+        return _record_sent(db, row, batch, result, deadline=deadline, repeat_possible=repeat_possible)
+    except UnknownSendError as error:
+        settle_unknown(db, row, batch.token, error, adapter, batch.policy)
+    except SendError as error:
+        settle_failure(db, row, batch.token, error, batch.policy)
+    except Exception as exc:  # raised once the request may have left: its outcome is unknown
+        log.exception("send ended in an error", extra={"action": "deliver_error", "delivery": row.key})
+        settle_unknown(db, row, batch.token, UnknownSendError("internal_error", _describe(exc)), adapter,
+                       batch.policy)
     return 0
 
 
-def _owes_reconcile(row: dict[str, Any]) -> bool:
-    """Taken over (or a retry of a takeover whose look-up could not run yet) on a channel that can
-    look for its own earlier message."""
-    pending = row["taken_over"] or (row.get("last_error") or "").startswith(UNRECONCILED)
-    return pending and hasattr(runtime.adapters().get(row["channel"]), "reconcile")
+_calls: dict[int, ThreadPoolExecutor] = {}
 
 
-def _reconcile(adapter: Any, message: Message) -> Any:
-    """The earlier attempt's message, or None. A provider that cannot answer now (a rate limit)
-    leaves the question open: the release records UNRECONCILED, so the retry asks again instead
-    of posting a second copy."""
+def _call(adapter: Adapter, message: Message, budget: float) -> SendResult:
+    """adapter.send under a hard wall-clock budget: past it, the outcome is unknown and the row is
+    settled while the lease still covers it (the straggling call ends on its own timeouts)."""
+    pool = _calls.get(os.getpid())
+    if pool is None:
+        _calls.clear()
+        pool = _calls[os.getpid()] = ThreadPoolExecutor(max_workers=64, thread_name_prefix="clarion-send")
+    future = pool.submit(adapter.send, message)
     try:
-        return adapter.reconcile(message)
-    except TransientSendError as error:
-        raise TransientSendError(UNRECONCILED, str(error), error.retry_after) from error
+        return future.result(timeout=max(0.1, budget))
+    except CallTimeout:
+        raise UnknownSendError("deadline", f"no answer within the {budget:.1f} s send budget") from None
 
 
-def _render(row: dict[str, Any]) -> Message:
-    ntype = runtime.catalog().get(row["type_key"])
-    version = row["template_version"]
-    if ntype is None or version not in ntype.templates:
-        raise PermanentSendError("template_missing", f"{row['type_key']} v{version} is not in the catalog")
-    channel = row["channel"]
-    try:
-        content = ntype.render(version, channel, row["variables"])
-    except Exception as exc:  # a sandbox or undefined-variable error in content we cannot fix by retrying
-        raise PermanentSendError("render_failed", str(exc)) from exc
-    return Message(delivery_id=row["id"], user_id=row["user_id"], type_key=row["type_key"],
-                   occurrence_key=row["occurrence_key"], channel=channel, content=content,
-                   attempt=row["attempts"], config=ntype.config.get(channel, {}),
-                   address=(row.get("addresses") or {}).get(channel),
-                   buttons=ntype.templates[version].buttons)
+def _record_sent(db: RowConnection, row: ClaimedDelivery, batch: Batch, result: SendResult, *,
+                 deadline: float, repeat_possible: bool) -> int:
+    """mark_sent, retried on a fresh connection while the lease lasts (a database restart must not
+    turn a send into a resend). Past the deadline the row is left to its lease: the next attempt
+    knows this one reached the provider."""
+    platform = clean_provider_id(result.platform) or row.channel
+    message_id = clean_provider_id(result.provider_message_id)
+    pause = 0.1
+    while True:
+        try:
+            won = db.run(lambda c: claims.mark_sent(c, row.key, token=batch.token, platform=platform,
+                                                    message_id=message_id, now=clock.now()))
+            break
+        except DBAPIError:
+            if time.monotonic() + pause > deadline:
+                log.exception("sent, but not recorded", extra={"action": "sent_not_recorded", "delivery": row.key})
+                return 0
+            time.sleep(pause)
+            pause = min(2.0, pause * 2)
+    if not won:
+        record_incident(db, row, "possible_duplicate", "sent, but the claim had been taken over before it was recorded")
+        return 0
+    if repeat_possible and result.repeat is not False:
+        kind = "repeat" if result.repeat else "possible_duplicate"
+        detail = ("the provider already had this idempotency key: an earlier attempt had arrived; "
+                  "the repeat was dropped" if result.repeat else
+                  "sent again after an attempt whose outcome was unknown; the provider cannot dedup")
+        record_incident(db, row, kind, detail)
+    return 1
 
 
-def _settle_failure(conn: Connection, row: dict[str, Any], key: ledger.Key, token: str,
-                    error: SendError, policy: RetryPolicy) -> None:
-    now = clock.now()
-    retry = decide(error, row["attempts"], policy)
-    if retry is not None:
-        ledger.release_claim(conn, key, token=token, error=str(error), now=now,
-                             not_before=now + timedelta(seconds=retry.delay))
-        return
-    if ledger.fail_delivery(conn, key, token=token, error=str(error), now=now) is None:
-        return
-    reason = error.reason if isinstance(error, PermanentSendError) else "retries_exhausted"
-    ledger.insert_decisions(conn, [ledger.Decision(
-        row["user_id"], row["request_id"], "deliver", "failed", reason, str(error)[:500],
-        row["channel"], row["id"])], now=now)
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
+

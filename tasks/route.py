@@ -42,6 +42,25 @@ def route(users: list[str], ids: list[int]) -> int:
     raise AssertionError("unreachable")
 
 
+SKEW_RETRY = 10.0  # seconds before a request of a type this worker lacks is routed again
+
+
+def _known_types(conn, requests: list[dict], catalog, now) -> list[dict]:
+    """Requests whose type this worker's catalog lacks, if recent, go back to wait for a worker
+    that has it (a rolling deploy: the producer runs a newer catalog); older than
+    CLARION_CATALOG_SKEW_GRACE, they are planned, and the planner records `unknown_type`."""
+    grace = timedelta(seconds=settings.get().catalog_skew_grace)
+    waiting = [r for r in requests if catalog.get(r["type_key"]) is None and now - r["created_at"] < grace]
+    if not waiting:
+        return requests
+    ledger.unresolve_requests(conn, [(r["user_id"], r["id"]) for r in waiting],
+                              due_at=now + timedelta(seconds=SKEW_RETRY))
+    log.info("types not in this catalog yet", extra={"action": "route_type_unknown_here",
+                                                     "types": sorted({r["type_key"] for r in waiting})})
+    skipped = {id(r) for r in waiting}
+    return [r for r in requests if id(r) not in skipped]
+
+
 def _route(users: list[str], ids: list[int]) -> int:
     now = clock.now()
     catalog = runtime.catalog()
@@ -49,7 +68,8 @@ def _route(users: list[str], ids: list[int]) -> int:
     deliveries: list[ledger.NewDelivery] = []
     decisions: list[ledger.Decision] = []
     with engine().begin() as conn:
-        requests = ledger.resolve_requests(conn, zip(users, ids, strict=True), now=now)
+        requests = _known_types(conn, ledger.resolve_requests(conn, zip(users, ids, strict=True), now=now),
+                                catalog, now)
         recipients = ledger.recipients(conn, (r["user_id"] for r in requests))
         snaps = snapshots(conn, recipients, now=now)
         for request in requests:

@@ -4,32 +4,41 @@ Requests never published (outbox rows written in a caller's transaction), publis
 routed (a lost message), or deferred until now; deliveries never picked up, due for a retry, or
 whose claim lease lapsed. Two beat processes, or overlapping ticks, only publish wake-ups twice:
 route and deliver are idempotent by construction.
+
+Each lane has its own republish budget per tick, transactional first, so an activation backlog (or
+a wave of quiet-hours deferrals) never starves transactional retries, takeovers or outbox rows;
+a row that keeps coming round waits twice as long each time (up to CLARION_REPUBLISH_CAP).
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from celery import shared_task
 
 from clarion import clock, settings
-from db import ledger
+from db import claims, ledger
 from db.engine import engine
 from tasks.publish import DELIVER, ROUTE, publish
 from tasks.series import fire_due_series
 
-LIMIT = 5000
+LANE_LIMIT = 5000  # rows of each kind per lane per tick
+LANES = ("transactional", "activation")  # in the order they are served
 
 
 @shared_task(name="clarion.tick")
 def tick() -> dict[str, int]:
+    s = settings.get()
     now = clock.now()
-    again = now + timedelta(seconds=settings.get().stray_after)
     with engine().begin() as conn:
         series = fire_due_series(conn, now=now)
-    with engine().begin() as conn:
-        requests = ledger.take_due_requests(conn, now=now, again=again, limit=LIMIT)
-        deliveries = ledger.take_due_deliveries(conn, now=now, again=again, limit=LIMIT)
-    publish(ROUTE, requests)
-    publish(DELIVER, deliveries)
-    return {"series": series, "requests": len(requests), "deliveries": len(deliveries)}
+    taken = {"series": series, "requests": 0, "deliveries": 0}
+    for lane in LANES:
+        budget = {"lane": lane, "now": now, "again": s.stray_after,
+                  "cap": max(s.stray_after, s.republish_cap), "limit": LANE_LIMIT}
+        with engine().begin() as conn:
+            requests = ledger.take_due_requests(conn, **budget)
+            deliveries = claims.take_due_deliveries(conn, **budget)
+        publish(ROUTE, requests)
+        publish(DELIVER, deliveries)
+        taken["requests"] += len(requests)
+        taken["deliveries"] += len(deliveries)
+    return taken

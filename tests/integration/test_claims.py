@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from datetime import timedelta
 
@@ -10,11 +12,14 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
 from clarion import clock
-from db import ledger
+from db import claims
 from db.engine import engine
 from tasks import notify, register_recipient
 from tasks.route import route
+from tests.support.pipeline import expire_lease
 from tests.support.race import race
+
+LEASE = 60.0
 
 pytestmark = pytest.mark.integration
 
@@ -27,12 +32,19 @@ def _routed_delivery(user: str = "u1", event: str = "e1") -> tuple[str, int]:
         return user, conn.execute(text("SELECT id FROM deliveries WHERE user_id = :u"), {"u": user}).scalar_one()
 
 
-def _claim(key: tuple[str, int]) -> int:
-    now = clock.now()
+def _claim(key: tuple[str, int], skew: float = 0.0, lease: float = LEASE) -> int:
+    """Claim with a worker clock `skew` seconds off; returns the rows won."""
+    now = clock.now() + timedelta(seconds=skew)
     with engine().begin() as conn:
-        rows = ledger.claim_deliveries(conn, [key], token=str(uuid.uuid4()), now=now,
-                                       lease_until=now + timedelta(seconds=60))
+        rows = claims.claim_deliveries(conn, [key], token=str(uuid.uuid4()), now=now, lease=lease,
+                                       max_attempts=8)
     return len(rows)
+
+
+def _waiting_on_locks() -> int:
+    with engine().connect() as conn:
+        return conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                 "AND wait_event_type = 'Lock'")).scalar_one()
 
 
 def test_sixteen_processes_racing_for_one_claim_get_exactly_one(clarion_env):
@@ -44,23 +56,96 @@ def test_sixteen_processes_racing_for_one_claim_get_exactly_one(clarion_env):
     assert (state, attempts) == ("claimed", 1)
 
 
+def test_the_losers_wait_on_the_winners_row_lock_and_then_find_it_taken(clarion_env):
+    """The winner's claim is held open (not committed); the others must block on its row lock —
+    shown in pg_stat_activity — and, once it commits, claim nothing."""
+    key = _routed_delivery()
+    winner = engine().connect()
+    won = claims.claim_deliveries(winner, [key], token=str(uuid.uuid4()), now=clock.now(), lease=LEASE,
+                                  max_attempts=8)
+    assert len(won) == 1
+    seen_waiting: list[int] = []
+
+    def commit_once_all_wait() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _waiting_on_locks() < 8:
+            time.sleep(0.01)
+        seen_waiting.append(_waiting_on_locks())
+        winner.commit()
+
+    releaser = threading.Thread(target=commit_once_all_wait)
+    releaser.start()
+    try:
+        results = race(8, _claim, lambda i: (key,))
+    finally:
+        releaser.join()
+        winner.close()
+    assert seen_waiting == [8], "the other claimers never queued behind the winner's lock"
+    assert results == [0] * 8
+    with engine().connect() as conn:
+        assert conn.execute(text("SELECT attempts FROM deliveries")).scalar_one() == 1
+
+
 def test_a_lapsed_claim_is_taken_over_once_and_flagged(clarion_env):
     key = _routed_delivery()
-    start = clock.now()
     with engine().begin() as conn:
-        first = ledger.claim_deliveries(conn, [key], token=str(uuid.uuid4()), now=start,
-                                        lease_until=start + timedelta(seconds=5))
-    assert first and not first[0]["taken_over"]
-    later = start + timedelta(seconds=6)
-    clock.set_source(lambda: later)
-    try:
-        results = race(16, _claim, lambda i: (key,))
-    finally:
-        clock.set_source(None)
+        first = claims.claim_deliveries(conn, [key], token=str(uuid.uuid4()), now=clock.now(), lease=LEASE,
+                                        max_attempts=8)
+    assert first and not first[0].taken_over and first[0].maybe_sent_at is None
+    assert LEASE - 5 < first[0].lease_left <= LEASE  # the time left, on PostgreSQL's clock
+    expire_lease(key)
+    results = race(16, _claim, lambda i: (key,))
     assert sorted(results) == [0] * 15 + [1]
     with engine().connect() as conn:
-        taken_over, attempts = conn.execute(text("SELECT taken_over, attempts FROM deliveries")).one()
+        taken_over, attempts, owed = conn.execute(
+            text("SELECT taken_over, attempts, maybe_sent_at FROM deliveries")).one()
     assert taken_over and attempts == 2
+    assert owed is None  # the first holder never reached the provider: nothing can have been sent
+
+
+def test_workers_whose_clocks_differ_by_thirty_seconds_never_take_over_a_live_claim(clarion_env):
+    """Leases are set and compared on PostgreSQL's clock: a worker 30 s ahead (injected) racing
+    ones 30 s behind cannot see a live lease as lapsed; only a lease that really ran out moves."""
+    key = _routed_delivery()
+    assert _claim(key, skew=-30.0, lease=5.0) == 1  # the slow worker holds a 5 s lease
+    results = race(8, _claim, lambda i: (key, 30.0 if i % 2 else -30.0))
+    assert results == [0] * 8
+    expire_lease(key)
+    assert sorted(race(8, _claim, lambda i: (key, 30.0 if i % 2 else -30.0))) == [0] * 7 + [1]
+
+
+def test_a_takeover_of_an_attempt_that_reached_the_provider_owes_a_reconcile(clarion_env):
+    key = _routed_delivery()
+    token = str(uuid.uuid4())
+    with engine().begin() as conn:
+        claims.claim_deliveries(conn, [key], token=token, now=clock.now(), lease=LEASE, max_attempts=8)
+        left = claims.begin_send(conn, key, token=token, need=90.0)
+        assert left is not None and 85.0 < left <= 90.0  # the lease now covers the whole send
+        assert claims.begin_send(conn, key, token=str(uuid.uuid4()), need=90.0) is None
+    expire_lease(key)
+    with engine().begin() as conn:
+        [taken] = claims.claim_deliveries(conn, [key], token=str(uuid.uuid4()), now=clock.now(),
+                                          lease=LEASE, max_attempts=8)
+    assert taken.taken_over and taken.maybe_sent_at is not None
+
+
+def test_the_claim_refuses_rows_at_the_attempt_cap_and_takeovers_count(clarion_env):
+    key = _routed_delivery()
+    for attempt in range(3):
+        assert _claim_capped(key, 3) == 1, f"claim {attempt + 1} of 3"
+        expire_lease(key)
+    assert _claim_capped(key, 3) == 0
+    with engine().begin() as conn:
+        [failed] = claims.exhaust_deliveries(conn, [key], now=clock.now(), max_attempts=3)
+    assert failed["attempts"] == 3
+    with engine().connect() as conn:
+        assert conn.execute(text("SELECT state FROM deliveries")).scalar_one() == "failed"
+
+
+def _claim_capped(key: tuple[str, int], cap: int) -> int:
+    with engine().begin() as conn:
+        return len(claims.claim_deliveries(conn, [key], token=str(uuid.uuid4()), now=clock.now(), lease=LEASE,
+                                           max_attempts=cap))
 
 
 def test_the_claim_statement_survives_psycopg_auto_prepare(clarion_env):
@@ -76,9 +161,9 @@ def test_the_claim_statement_survives_psycopg_auto_prepare(clarion_env):
     with engine().connect() as conn:
         for key in keys:
             for _ in range(2):  # the second claim of the same row must lose, every time
-                ledger.claim_deliveries(conn, [key], token=str(uuid.uuid4()), now=now,
-                                        lease_until=now + timedelta(seconds=60))
-            assert ledger.mark_sent(conn, key, token="00000000-0000-0000-0000-000000000000",
+                claims.claim_deliveries(conn, [key], token=str(uuid.uuid4()), now=now, lease=LEASE,
+                                        max_attempts=8)
+            assert claims.mark_sent(conn, key, token="00000000-0000-0000-0000-000000000000",
                                     platform="webhook", message_id=None, now=now) is False
             conn.commit()
         claimed = conn.execute(text("SELECT count(*) FROM deliveries WHERE state = 'claimed'")).scalar()
@@ -90,11 +175,11 @@ def test_mark_sent_needs_the_current_token(clarion_env):
     now = clock.now()
     token = str(uuid.uuid4())
     with engine().begin() as conn:
-        ledger.claim_deliveries(conn, [key], token=token, now=now, lease_until=now + timedelta(seconds=60))
-        assert not ledger.mark_sent(conn, key, token=str(uuid.uuid4()), platform="webhook",
+        claims.claim_deliveries(conn, [key], token=token, now=now, lease=LEASE, max_attempts=8)
+        assert not claims.mark_sent(conn, key, token=str(uuid.uuid4()), platform="webhook",
                                     message_id=None, now=now)
-        assert ledger.mark_sent(conn, key, token=token, platform="webhook", message_id="m1", now=now)
-        assert not ledger.mark_sent(conn, key, token=token, platform="webhook", message_id="m1", now=now)
+        assert claims.mark_sent(conn, key, token=token, platform="webhook", message_id="m1", now=now)
+        assert not claims.mark_sent(conn, key, token=token, platform="webhook", message_id="m1", now=now)
 
 
 def test_the_partial_index_refuses_a_second_sending_row_for_one_occurrence(clarion_env):

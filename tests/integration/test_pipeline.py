@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import yaml
+from sqlalchemy import text
 
 from adapters.base import idempotency_key
-from clarion import settings
+from clarion import clock, settings
 from clarion.errors import FaultInjected
-from db import ledger
+from db import claims, ledger
 from db.engine import engine
 from ops.receiver import Receiver
 from tasks import notify, notify_many, register_recipient
@@ -31,6 +32,7 @@ from tests.support.pipeline import (
     configure,
     count,
     drain,
+    expire_lease,
     frozen_clock,
     published,
     publishing_to_this_tests_broker,
@@ -102,7 +104,7 @@ def _deliver(*keys: Key) -> int:
 
 def _delivery() -> dict:
     [row] = rows("SELECT state, platform, attempts, taken_over, claim_token, lease_until, not_before,"
-                 " due_at, last_error, provider_message_id, sent_at FROM deliveries")
+                 " due_at, last_error, provider_message_id, sent_at, maybe_sent_at FROM deliveries")
     return row
 
 
@@ -188,11 +190,25 @@ def test_a_channel_without_an_adapter_is_a_recorded_decision_not_a_delivery(ann)
     assert _decisions() == decisions  # a repeated route records nothing twice
 
 
-def test_a_type_gone_from_the_catalog_by_routing_time_is_a_recorded_decision(
+def test_a_type_this_worker_lacks_waits_for_a_worker_that_has_it(ann, clarion_env, monkeypatch, tmp_path):
+    """A rolling deploy: the producer's catalog has a type an older worker's does not."""
+    request = notify(ann, "security_code", event_id="e1", variables={"code": "123"})
+    full = clarion_env.env["CLARION_CATALOG"]
+    configure(monkeypatch, catalog=_catalog(tmp_path, full, lambda types: types.pop("security_code")))
+    assert route([ann], [request.request_id]) == 0
+    [waiting] = rows("SELECT state, due_at > now() AS later FROM requests")
+    assert waiting == {"state": "pending", "later": True} and _decisions() == []
+    configure(monkeypatch, catalog=full)  # the newer worker takes it
+    assert route([ann], [request.request_id]) == 1
+    assert count("deliveries") == 1 and _decisions() == []
+
+
+def test_a_type_gone_from_the_catalog_past_the_grace_is_a_recorded_decision(
         ann, clarion_env, monkeypatch, tmp_path):
     request = notify(ann, "security_code", event_id="e1", variables={"code": "123"})
-    configure(monkeypatch, catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"],
-                                            lambda types: types.pop("security_code")))
+    configure(monkeypatch, catalog_skew_grace=0.001,
+              catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"],
+                               lambda types: types.pop("security_code")))
     assert route([ann], [request.request_id]) == 1
     assert count("deliveries") == 0
     assert [(d["gate"], d["outcome"], d["reason"]) for d in _decisions()] == [
@@ -249,11 +265,30 @@ def test_a_request_renders_the_template_version_it_pinned(ann, clarion_env, monk
     }
 
 
-def test_a_pinned_version_gone_from_the_catalog_fails_the_delivery_with_a_reason(
+def test_a_pinned_version_this_worker_lacks_waits_with_its_attempt_refunded(
         ann, clarion_env, monkeypatch, tmp_path):
     key = _routed(ann)  # pins v2
     configure(monkeypatch, catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"],
                                             _receipt_v1_only))
+    with Endpoint() as endpoint:
+        configure(monkeypatch, webhook_url=endpoint.url)
+        for _ in range(20):  # however often an old worker gets it, it costs no attempt
+            assert _deliver(key) == 0
+            with engine().begin() as conn:
+                conn.execute(text("UPDATE deliveries SET not_before = now()"))
+        row = _delivery()
+        assert (row["state"], row["attempts"]) == ("pending", 0)
+        assert row["last_error"].startswith("template_missing")
+        configure(monkeypatch, catalog=clarion_env.env["CLARION_CATALOG"])  # a newer worker
+        assert _deliver(key) == 1
+    assert len(endpoint.calls) == 1 and _decisions() == []
+
+
+def test_a_pinned_version_gone_past_the_grace_fails_the_delivery_with_a_reason(
+        ann, clarion_env, monkeypatch, tmp_path):
+    key = _routed(ann)  # pins v2
+    configure(monkeypatch, catalog_skew_grace=0.001,
+              catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"], _receipt_v1_only))
     with Endpoint() as endpoint:
         configure(monkeypatch, webhook_url=endpoint.url)
         assert _deliver(key) == 0
@@ -263,60 +298,63 @@ def test_a_pinned_version_gone_from_the_catalog_fails_the_delivery_with_a_reason
         (key[1], "deliver", "failed", "template_missing")]
 
 
-def test_a_batch_that_runs_out_of_lease_time_hands_its_unsent_rows_back(ann, monkeypatch):
-    configure(monkeypatch, claim_lease=10, webhook_timeout=10,  # no send may start after lease - 5 s
-              send_concurrency=1)  # one send after another, so the third starts too late
-    with frozen_clock() as clk:
-        keys = [_routed(ann, f"e{n}") for n in range(3)]
+def test_a_slow_batch_sends_a_row_whose_lease_lapsed_but_not_one_another_worker_took(ann, monkeypatch):
+    """A thread reaches its later rows late. A lapsed lease nobody took is still ours (the
+    conditional update on the token proves it, and extends the lease); a row a rival claimed
+    meanwhile is left to the rival, unsent."""
+    configure(monkeypatch, send_concurrency=1)  # one send after another
+    keys = [_routed(ann, f"e{n}") for n in range(3)]
 
-        def slow_provider(call) -> int:
-            clk.advance(6)  # each send takes 6 s of injected time
-            return 200
+    def slow_provider(call) -> int:
+        if call.payload["occurrence_key"] == "event:e0":  # while the first send is in flight ...
+            for key in keys[1:]:
+                expire_lease(key)
+            with engine().begin() as conn:  # ... a rival takes the third row
+                assert claims.claim_deliveries(conn, [keys[2]], token=str(uuid.uuid4()), now=clock.now(),
+                                               lease=60, max_attempts=8)
+        return 200
 
-        with Endpoint(slow_provider) as endpoint:
-            configure(monkeypatch, webhook_url=endpoint.url)
-            assert _deliver(*keys) == 1
-            assert len(endpoint.calls) == 1
-            handed_back = rows("SELECT id, claim_token, not_before, last_error FROM deliveries"
-                               " WHERE state = 'pending'")
-            assert len(handed_back) == 2 and count("deliveries", "state = 'sent'") == 1
-            assert {(r["claim_token"], r["not_before"], r["last_error"]) for r in handed_back} == {
-                (None, clk.now, "batch ran out of lease time")}
-            assert _tick() == {"requests": 0, "deliveries": 2}
-            assert sorted(published(LANE)[DELIVER]) == sorted((ann, r["id"]) for r in handed_back)
-            for row in handed_back:  # one at a time: each fresh claim has time for one slow send
-                assert _deliver((ann, row["id"])) == 1
-    assert count("deliveries", "state = 'sent'") == 3
-    assert len(endpoint.calls) == 3
+    with Endpoint(slow_provider) as endpoint:
+        configure(monkeypatch, webhook_url=endpoint.url)
+        assert _deliver(*keys) == 2
+    assert endpoint.errors == []
+    assert [c.payload["occurrence_key"] for c in endpoint.calls] == ["event:e0", "event:e1"]
+    assert [r["state"] for r in rows("SELECT state FROM deliveries ORDER BY id")] == ["sent", "sent", "claimed"]
+    assert count("incidents") == 0
 
 
 # --- retries and failures ----------------------------------------------------------------------
 
 
-def test_a_transient_failure_releases_the_claim_and_the_sweeper_retries_it(ann, receiver):
-    with frozen_clock() as clk:
+def test_a_transient_failure_releases_the_claim_and_the_sweeper_retries_it(ann, monkeypatch):
+    answers = iter([408, 200])
+    with frozen_clock(datetime.now(UTC) + timedelta(days=1)) as clk, \
+            Endpoint(lambda call: next(answers)) as endpoint:
+        configure(monkeypatch, webhook_url=endpoint.url)
         key = _routed(ann)
-        receiver.arrivals.fail_next = 1
         start = clk.now
         assert _deliver(key) == 0
         row = _delivery()
         assert (row["state"], row["claim_token"], row["lease_until"], row["attempts"]) == (
             "pending", None, None, 1)
-        assert row["not_before"] == row["due_at"] == start + timedelta(seconds=2)  # policy base
-        assert row["last_error"].startswith("http_503")
+        assert row["not_before"] == row["due_at"]
+        wait = (row["not_before"] - start).total_seconds()
+        assert 2 * 0.8 <= wait <= 2 * 1.2  # the policy's base, with jitter
+        assert row["last_error"].startswith("http_408")
+        assert row["maybe_sent_at"] is None  # a 408: the receiver did not take it
 
         assert _deliver(key) == 0  # a message that arrives early cannot claim before not_before
         assert _tick() == NOTHING
         assert _delivery()["attempts"] == 1
 
-        clk.advance(2)
+        clk.advance(2.5)
         assert _tick() == {"requests": 0, "deliveries": 1}
         assert published(LANE)[DELIVER] == [key]
         assert _deliver(key) == 1
     row = _delivery()
     assert (row["state"], row["attempts"], row["last_error"]) == ("sent", 2, None)
-    assert receiver.arrivals.total == 1
-    assert _decisions() == []
+    assert len(endpoint.calls) == 2
+    assert _decisions() == [] and count("incidents") == 0
 
 
 def test_a_permanent_rejection_fails_the_delivery_with_a_recorded_reason(ann, monkeypatch):
@@ -358,7 +396,7 @@ def test_a_delivery_fails_with_retries_exhausted_after_max_attempts(ann, receive
         key = _routed(ann)
         assert _deliver(key) == 0
         assert _delivery()["state"] == "pending"
-        clk.advance(2)
+        clk.advance(3)
         assert _tick()["deliveries"] == 1
         assert _deliver(key) == 0
         clk.advance(3600)
@@ -377,102 +415,101 @@ def test_a_delivery_fails_with_retries_exhausted_after_max_attempts(ann, receive
 # --- fault points: crash windows ------------------------------------------------------------------
 
 
-def test_a_worker_that_dies_after_sending_is_taken_over_once_its_lease_lapses(ann, receiver,
-                                                                             monkeypatch):
-    configure(monkeypatch, claim_lease=5, faults="deliver.after_send=raise*1")
-    with frozen_clock() as clk:
+def test_an_error_after_the_send_is_an_unknown_outcome_resent_under_the_same_key(ann, receiver, monkeypatch):
+    configure(monkeypatch, faults="deliver.after_send=raise*1")
+    with frozen_clock(datetime.now(UTC) + timedelta(days=1)) as clk:
         key = _routed(ann)
-        start = clk.now
-        with pytest.raises(FaultInjected):
-            _deliver(key)
+        assert _deliver(key) == 0  # sent, then an error before "sent" was recorded: caught on the row
         row = _delivery()
-        assert (row["state"], row["attempts"], row["lease_until"]) == (
-            "claimed", 1, start + timedelta(seconds=5))
-        assert receiver.arrivals.total == 1  # the provider has it; the ledger does not know yet
-
-        clk.advance(4)
-        assert _tick() == NOTHING  # the lease still stands
-        assert _deliver(key) == 0  # and no one else may claim meanwhile
-        clk.advance(2)
+        assert (row["state"], row["attempts"], row["claim_token"]) == ("pending", 1, None)
+        assert row["maybe_sent_at"] is not None and row["last_error"].startswith("internal_error")
+        assert receiver.arrivals.total == 1  # the provider has it; the ledger does not know
+        clk.advance(3)
         assert _tick() == {"requests": 0, "deliveries": 1}
-        assert published(LANE)[DELIVER] == [key]
         assert _deliver(key) == 1
     row = _delivery()
-    assert (row["state"], row["attempts"], row["taken_over"]) == ("sent", 2, True)
-    assert [r["kind"] for r in rows("SELECT kind FROM incidents WHERE delivery_id = :d", d=key[1])] == [
-        "claim_taken_over"]
+    assert (row["state"], row["attempts"], row["maybe_sent_at"]) == ("sent", 2, None)
     arrivals = receiver.arrivals
     assert (arrivals.total, arrivals.unique, arrivals.repeats) == (2, 1, 1)
     assert set(arrivals.by_key) == {idempotency_key(ann, "receipt", "event:e1", "webhook")}
+    # the receiver answered 409 to the repeat: a repeat that did happen (and was dropped by key)
+    assert [r["kind"] for r in rows("SELECT kind FROM incidents WHERE delivery_id = :d", d=key[1])] == ["repeat"]
+
+
+def _dead_worker(key: Key, *, posted: bool) -> None:
+    """A worker that claimed and reached the send (and, if `posted`, the provider), then died."""
+    token = str(uuid.uuid4())
+    with engine().begin() as conn:
+        [row] = claims.claim_deliveries(conn, [key], token=token, now=clock.now(), lease=60, max_attempts=8)
+        assert claims.begin_send(conn, key, token=token, need=30) is not None
+    if posted:
+        from adapters.base import Message
+        from tasks import runtime
+
+        runtime.adapters()["webhook"].send(Message(
+            delivery_id=row.id, user_id=row.user_id, type_key=row.type_key, occurrence_key=row.occurrence_key,
+            channel="webhook", content={"title": "t"}, attempt=row.attempts))
+
+
+@pytest.mark.parametrize("posted", [True, False])
+def test_a_takeover_resends_under_the_key_and_an_incident_only_marks_a_real_repeat(ann, receiver, posted):
+    key = _routed(ann)
+    _dead_worker(key, posted=posted)
+    assert _tick() == NOTHING  # the lease still stands
+    assert _deliver(key) == 0  # and no one else may claim meanwhile
+    expire_lease(key)
+    assert _tick() == {"requests": 0, "deliveries": 1}
+    assert published(LANE)[DELIVER] == [key]
+    assert _deliver(key) == 1
+    row = _delivery()
+    assert (row["state"], row["attempts"], row["taken_over"]) == ("sent", 2, True)
+    assert receiver.arrivals.total == (2 if posted else 1) and receiver.arrivals.unique == 1
+    kinds = [r["kind"] for r in rows("SELECT kind FROM incidents")]
+    assert kinds == (["repeat"] if posted else [])
 
 
 def test_a_claim_taken_over_cannot_be_settled_with_the_old_token(ann):
     key = _routed(ann)
-    with frozen_clock() as clk:
-        first, second = str(uuid.uuid4()), str(uuid.uuid4())
-        with engine().begin() as conn:
-            assert ledger.claim_deliveries(conn, [key], token=first, now=clk.now,
-                                           lease_until=clk.now + timedelta(seconds=5))
-        later = clk.advance(6)
-        with engine().begin() as conn:
-            [taken] = ledger.claim_deliveries(conn, [key], token=second, now=later,
-                                              lease_until=later + timedelta(seconds=5))
-            assert taken["taken_over"]
-            assert ledger.mark_sent(conn, key, token=second, platform="webhook", message_id="b",
-                                    now=later)
-        with engine().begin() as conn:
-            assert not ledger.mark_sent(conn, key, token=first, platform="webhook", message_id="a",
-                                        now=later)
-            assert not ledger.release_claim(conn, key, token=first, not_before=later, error="x",
-                                            now=later)
-            assert ledger.fail_delivery(conn, key, token=first, error="x", now=later) is None
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    now = clock.now()
+    with engine().begin() as conn:
+        assert claims.claim_deliveries(conn, [key], token=first, now=now, lease=5, max_attempts=8)
+    expire_lease(key)
+    with engine().begin() as conn:
+        [taken] = claims.claim_deliveries(conn, [key], token=second, now=now, lease=5, max_attempts=8)
+        assert taken.taken_over
+        assert claims.begin_send(conn, key, token=first, need=10) is None
+        assert claims.mark_sent(conn, key, token=second, platform="webhook", message_id="b", now=now)
+    with engine().begin() as conn:
+        assert not claims.mark_sent(conn, key, token=first, platform="webhook", message_id="a", now=now)
+        assert not claims.release_claim(conn, key, token=first, not_before=now, error="x", now=now)
+        assert not claims.hold_unknown(conn, key, token=first, error="x", now=now)
+        assert claims.fail_delivery(conn, key, token=first, error="x", now=now) is None
     row = _delivery()
     assert (row["state"], row["provider_message_id"], row["attempts"]) == ("sent", "b", 2)
 
 
 def test_a_worker_whose_claim_was_taken_during_the_send_records_a_possible_duplicate(ann, monkeypatch):
     """The provider is slow: meanwhile the lease lapses and another worker claims and sends."""
-    with frozen_clock() as clk:
-        key = _routed(ann)
-        later = clk.now + timedelta(seconds=settings.get().claim_lease + 1)
+    key = _routed(ann)
 
-        def slow_provider(call) -> int:
-            token = str(uuid.uuid4())
-            with engine().begin() as conn:
-                assert ledger.claim_deliveries(conn, [key], token=token, now=later,
-                                               lease_until=later + timedelta(seconds=60))
-                assert ledger.mark_sent(conn, key, token=token, platform="webhook",
-                                        message_id="other-worker", now=later)
-            return 200
+    def slow_provider(call) -> int:
+        token = str(uuid.uuid4())
+        expire_lease(key)
+        with engine().begin() as conn:
+            assert claims.claim_deliveries(conn, [key], token=token, now=clock.now(), lease=60, max_attempts=8)
+            assert claims.mark_sent(conn, key, token=token, platform="webhook",
+                                    message_id="other-worker", now=clock.now())
+        return 200
 
-        with Endpoint(slow_provider) as endpoint:
-            configure(monkeypatch, webhook_url=endpoint.url)
-            assert _deliver(key) == 0
+    with Endpoint(slow_provider) as endpoint:
+        configure(monkeypatch, webhook_url=endpoint.url)
+        assert _deliver(key) == 0
     assert endpoint.errors == []
     assert len(endpoint.calls) == 1
     row = _delivery()
     assert (row["state"], row["provider_message_id"], row["attempts"]) == ("sent", "other-worker", 2)
     assert [r["kind"] for r in rows("SELECT kind FROM incidents")] == ["possible_duplicate"]
-
-
-def test_a_taken_over_claim_handed_back_unsent_still_leaves_an_incident(ann, receiver, monkeypatch):
-    configure(monkeypatch, claim_lease=10, webhook_timeout=10,  # no send may start after lease - 5 s
-              faults="deliver.after_send=raise*1")
-    with frozen_clock() as clk:
-        key = _routed(ann)
-        with pytest.raises(FaultInjected):
-            _deliver(key)  # sent, then the worker dies before recording it
-        clk.advance(11)
-        clk.step = 6  # a stalled worker: by its first send the batch is out of lease time
-        assert _deliver(key) == 0
-        row = _delivery()
-        # handed back unsent: the attempt is refunded, so it does not count towards max_attempts
-        assert (row["state"], row["attempts"], row["last_error"]) == (
-            "pending", 1, "batch ran out of lease time")
-        clk.step = 0
-        assert _deliver(key) == 1
-    assert receiver.arrivals.repeats == 1  # the provider got it twice ...
-    assert [r["kind"] for r in rows("SELECT kind FROM incidents")] == ["claim_taken_over"]  # ... so say so
 
 
 def test_a_request_whose_publish_was_lost_is_routed_by_the_sweeper(ann, monkeypatch):

@@ -131,3 +131,12 @@ def published(queue: str) -> dict[str, list[tuple[str, int]]]:
     for name, users, ids in drain(queue):
         keys[name].extend(zip(users, ids, strict=True))
     return keys
+
+
+def expire_lease(key: tuple[str, int]) -> None:
+    """What the passing of a claim's lease looks like: leases live on PostgreSQL's clock, so a
+    test moves the lease, not an injected clock."""
+    with engine().begin() as conn:
+        conn.execute(text("UPDATE deliveries SET lease_until = clock_timestamp() - interval '1 second', "
+                          "due_at = clock_timestamp() - interval '1 second' "
+                          "WHERE user_id = :u AND id = :id"), {"u": key[0], "id": key[1]})

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from clarion.errors import PermanentSendError, SendError, TransientSendError
+from clarion.errors import (
+    DeferredSendError,
+    PermanentSendError,
+    SendError,
+    ThrottledError,
+    TransientSendError,
+    UnknownSendError,
+)
 from tasks.retry import RetryDecision, RetryPolicy, decide
 
-POLICY = RetryPolicy(base=2.0, factor=3.0, cap=900.0, max_attempts=8)
+POLICY = RetryPolicy(base=2.0, factor=3.0, cap=900.0, max_attempts=8, jitter=0.0)
 
 
 @pytest.mark.parametrize(
@@ -38,7 +45,7 @@ def test_a_plain_send_error_is_retried_like_a_transient_one() -> None:
 
 
 def test_cap_holds_for_late_attempts_with_many_allowed() -> None:
-    policy = RetryPolicy(base=1.0, factor=2.0, cap=60.0, max_attempts=100)
+    policy = RetryPolicy(base=1.0, factor=2.0, cap=60.0, max_attempts=100, jitter=0.0)
     delays = [decide(TransientSendError("x"), n, policy).delay for n in range(1, 100)]
     assert delays[:7] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0]
     assert max(delays) == 60.0
@@ -69,8 +76,32 @@ def test_max_attempts_one_never_retries() -> None:
     assert decide(TransientSendError("x"), 1, RetryPolicy(max_attempts=1)) is None
 
 
+def test_an_unknown_outcome_is_retried_like_a_transient_one_and_counts() -> None:
+    assert decide(UnknownSendError("no_answer"), 2, POLICY) == RetryDecision(6.0)
+    assert decide(UnknownSendError("no_answer"), 8, POLICY) is None
+
+
+@pytest.mark.parametrize("attempt", [1, 8, 20, 1000])
+def test_a_throttle_is_refunded_and_never_gives_up(attempt: int) -> None:
+    decision = decide(ThrottledError("paused", retry_after=7.0), attempt, POLICY)
+    assert decision == RetryDecision(7.0, refund=True)
+    assert decide(DeferredSendError("template_missing"), attempt, POLICY) == RetryDecision(2.0, refund=True)
+
+
+@pytest.mark.parametrize(("rand", "spread"), [(0.0, 0.8), (0.5, 1.0), (1.0, 1.2)])
+def test_jitter_spreads_each_delay_within_its_fraction(rand: float, spread: float) -> None:
+    policy = RetryPolicy(base=10.0, factor=2.0, cap=900.0, jitter=0.2)
+    assert decide(TransientSendError("x"), 2, policy, rand=lambda: rand).delay == pytest.approx(20.0 * spread)
+
+
+def test_jittered_delays_differ_but_stay_in_bounds() -> None:
+    delays = {decide(TransientSendError("x"), 3, RetryPolicy(jitter=0.2)).delay for _ in range(200)}
+    assert len(delays) > 100
+    assert all(18.0 * 0.8 <= d <= 18.0 * 1.2 for d in delays)
+
+
 def test_default_policy() -> None:
-    policy = RetryPolicy()
+    policy = RetryPolicy(jitter=0.0)
     assert decide(TransientSendError("x"), 1, policy) == RetryDecision(policy.base)
     assert decide(TransientSendError("x"), policy.max_attempts - 1, policy).delay <= policy.cap
     assert decide(TransientSendError("x"), policy.max_attempts, policy) is None

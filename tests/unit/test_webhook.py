@@ -15,14 +15,20 @@ import pytest
 from adapters import base
 from adapters.base import Message, SendResult
 from adapters.webhook import (
-    TRANSIENT_STATUSES,
+    FAILED_STATUSES,
     WebhookAdapter,
     from_response,
     sign,
     to_request,
     verify,
 )
-from clarion.errors import PermanentSendError, SendError, TransientSendError
+from clarion.errors import (
+    PermanentSendError,
+    SendError,
+    ThrottledError,
+    TransientSendError,
+    UnknownSendError,
+)
 
 SECRET = "s3cret"
 NOW = 1_700_000_000.0
@@ -198,8 +204,15 @@ def test_idempotency_key_separates_fields(a: tuple, b: tuple) -> None:
 )
 def test_from_response_success(status: int, body: bytes, message_id: str | None) -> None:
     assert from_response(status, {}, body) == SendResult(
-        platform="webhook", provider_message_id=message_id
+        platform="webhook", provider_message_id=message_id, repeat=status == 409
     )
+
+
+def test_a_provider_id_is_cleaned_before_it_is_stored() -> None:
+    result = from_response(200, {}, json.dumps({"id": "m\u0000-\ud800" + "x" * 600}).encode())
+    assert result.provider_message_id is not None
+    assert "\x00" not in result.provider_message_id and len(result.provider_message_id) == 512
+    result.provider_message_id.encode("utf-8")  # no lone surrogate left
 
 
 @pytest.mark.parametrize(
@@ -212,17 +225,30 @@ def test_from_response_success(status: int, body: bytes, message_id: str | None)
         (429, "-3", 0.0),
         (429, "Wed, 21 Oct 2015 07:28:00 GMT", None),  # HTTP-date form is not parsed
         (429, "", None),
-        (500, None, None),
-        (502, "30", 30.0),
-        (503, "120", 120.0),
-        (504, "0", 0.0),
     ],
 )
-def test_from_response_transient(
+def test_from_response_failed_but_worth_retrying(
     status: int, retry_after_header: str | None, retry_after: float | None
 ) -> None:
     headers = {} if retry_after_header is None else {"Retry-After": retry_after_header}
     with pytest.raises(TransientSendError) as caught:
+        from_response(status, headers, b"busy")
+    error = caught.value
+    assert isinstance(error, ThrottledError) == (status == 429)  # a 429 refunds the attempt
+    assert error.reason == f"http_{status}"
+    assert error.detail == "busy"
+    assert error.retry_after == retry_after
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after_header", "retry_after"),
+    [(500, None, None), (502, "30", 30.0), (503, "120", 120.0), (504, "0", 0.0), (599, None, None)],
+)
+def test_a_5xx_leaves_the_outcome_unknown(
+    status: int, retry_after_header: str | None, retry_after: float | None
+) -> None:
+    headers = {} if retry_after_header is None else {"Retry-After": retry_after_header}
+    with pytest.raises(UnknownSendError) as caught:
         from_response(status, headers, b"busy")
     error = caught.value
     assert error.reason == f"http_{status}"
@@ -230,7 +256,7 @@ def test_from_response_transient(
     assert error.retry_after == retry_after
 
 
-@pytest.mark.parametrize("status", [301, 400, 401, 403, 404, 410, 413, 422, 501])
+@pytest.mark.parametrize("status", [301, 400, 401, 403, 404, 410, 413, 422])
 def test_from_response_permanent(status: int) -> None:
     with pytest.raises(PermanentSendError) as caught:
         from_response(status, {"Retry-After": "5"}, b"no")
@@ -238,8 +264,8 @@ def test_from_response_permanent(status: int) -> None:
     assert not isinstance(caught.value, TransientSendError)
 
 
-def test_transient_statuses_table() -> None:
-    assert frozenset({408, 425, 429, 500, 502, 503, 504}) == TRANSIENT_STATUSES
+def test_failed_statuses_table() -> None:
+    assert frozenset({408, 425, 429}) == FAILED_STATUSES
 
 
 def test_from_response_detail_is_truncated_and_decoded() -> None:
@@ -318,7 +344,7 @@ def test_send_success_is_signed_and_keyed(receiver: Receiver) -> None:
         201, {"Content-Type": "application/json"}, b'{"id": "prov-9"}'
     )
     result = adapter().send(replace(MESSAGE, config={"url": receiver.url + "/hook"}))
-    assert result == SendResult(platform="webhook", provider_message_id="prov-9")
+    assert result == SendResult(platform="webhook", provider_message_id="prov-9", repeat=False)
     [(path, headers, body)] = receiver.received
     assert path == "/hook"
     assert headers["Idempotency-Key"] == MESSAGE.idempotency_key
@@ -330,9 +356,9 @@ def test_send_uses_default_url_and_config_url_wins(receiver: Receiver) -> None:
     receiver.replies["/default"] = Reply(204)
     receiver.replies["/typed"] = Reply(200, body=b'{"id": "t"}')
     hook = adapter(default_url=receiver.url + "/default")
-    assert hook.send(MESSAGE) == SendResult("webhook", None)
+    assert hook.send(MESSAGE) == SendResult("webhook", None, repeat=False)
     assert hook.send(replace(MESSAGE, config={"url": receiver.url + "/typed"})) == SendResult(
-        "webhook", "t"
+        "webhook", "t", repeat=False
     )
     assert [path for path, _, _ in receiver.received] == ["/default", "/typed"]
 
@@ -347,9 +373,9 @@ def test_send_retries_carry_the_same_idempotency_key(receiver: Receiver) -> None
     assert [json.loads(body)["attempt"] for _, _, body in receiver.received] == [1, 2]
 
 
-def test_send_503_is_transient_with_hint(receiver: Receiver) -> None:
+def test_send_503_is_unknown_with_hint(receiver: Receiver) -> None:
     receiver.replies["/hook"] = Reply(503, {"Retry-After": "12"}, b"maintenance")
-    with pytest.raises(TransientSendError) as caught:
+    with pytest.raises(UnknownSendError) as caught:
         adapter(default_url=receiver.url + "/hook").send(MESSAGE)
     assert (caught.value.reason, caught.value.detail, caught.value.retry_after) == (
         "http_503",
@@ -364,16 +390,17 @@ def test_send_410_is_permanent(receiver: Receiver) -> None:
         adapter(default_url=receiver.url + "/hook").send(MESSAGE)
 
 
-def test_send_timeout_is_transient(receiver: Receiver) -> None:
+def test_a_read_timeout_leaves_the_outcome_unknown(receiver: Receiver) -> None:
     receiver.replies["/slow"] = Reply(200, delay=1.0)
     started = time.monotonic()
-    with pytest.raises(TransientSendError) as caught:
+    with pytest.raises(UnknownSendError) as caught:
         adapter(default_url=receiver.url + "/slow", timeout=0.2).send(MESSAGE)
-    assert caught.value.reason == "connection"
+    assert caught.value.reason == "no_answer"
+    assert len(receiver.received) == 1  # the request had arrived: it may well have been taken
     assert time.monotonic() - started < 0.9
 
 
-def test_send_connection_refused_is_transient() -> None:
+def test_send_connection_refused_is_failed_not_unknown() -> None:
     with pytest.raises(TransientSendError) as caught:
         adapter(default_url=f"http://127.0.0.1:{closed_port()}/hook").send(MESSAGE)
     assert caught.value.reason == "connection"

@@ -1,0 +1,241 @@
+"""Named statements for the right to send: claim, begin a send, and settle it (sent, released,
+unknown, failed); and the tick's republish of deliveries.
+
+Leases are set and compared on PostgreSQL's clock (`clock_timestamp()`), never a worker's: a worker
+whose clock runs fast cannot take over a live claim, and a statement returns the seconds the lease
+has left so the worker can count them down on its own monotonic clock. Every settling statement is
+conditional on the claim token; losing the claim is a normal return value (False / None).
+
+Two columns carry what a send may have done: `send_started_at` (this attempt reached the provider
+call) and `maybe_sent_at` (an earlier attempt may have sent, since then; NULL when nothing is owed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from db.ledger import KEY_PAIRS, Key, key_params
+
+
+@dataclass(frozen=True)
+class ClaimedDelivery:
+    """A delivery this worker holds the claim on, with what sending it needs."""
+
+    user_id: str
+    id: int
+    request_id: int
+    type_key: str
+    occurrence_key: str
+    channel: str
+    lane: str
+    attempts: int  # including this one
+    taken_over: bool  # claimed from a lapsed lease
+    maybe_sent_at: datetime | None  # an earlier attempt may have sent (from then on)
+    last_error: str | None
+    template_version: int
+    variables: dict[str, Any]
+    addresses: dict[str, Any]
+    requested_at: datetime
+    lease_left: float  # seconds, on PostgreSQL's clock, when the claim was made
+
+    @property
+    def key(self) -> Key:
+        return (self.user_id, self.id)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ClaimedDelivery:
+        return cls(**{name: row[name] for name in cls.__dataclass_fields__})
+
+
+_LEASE = "clock_timestamp() + make_interval(secs => :lease)"
+
+_CLAIM = text(
+    f"""
+    UPDATE deliveries d
+    SET state = 'claimed', claim_token = :token, lease_until = {_LEASE}, due_at = {_LEASE},
+        attempts = d.attempts + 1, taken_over = (d.state = 'claimed'), rounds = 0,
+        maybe_sent_at = CASE WHEN d.state = 'claimed' THEN coalesce(d.maybe_sent_at, d.send_started_at)
+                             ELSE d.maybe_sent_at END,
+        send_started_at = NULL, updated_at = :now
+    FROM {KEY_PAIRS}, requests r, recipients rc
+    WHERE d.user_id = k.user_id AND d.id = k.id
+      AND r.user_id = d.user_id AND r.id = d.request_id AND rc.user_id = d.user_id
+      AND d.attempts < :max_attempts
+      AND ((d.state = 'pending' AND d.not_before <= greatest(CAST(:now AS timestamptz), clock_timestamp()))
+           OR (d.state = 'claimed' AND d.lease_until < clock_timestamp()))
+    RETURNING d.user_id, d.id, d.request_id, d.type_key, d.occurrence_key, d.channel, d.lane,
+              d.attempts, d.taken_over, d.maybe_sent_at, d.last_error, r.template_version,
+              r.variables, rc.addresses, r.created_at AS requested_at,
+              extract(epoch FROM d.lease_until - clock_timestamp())::float8 AS lease_left
+    """
+)
+
+
+def claim_deliveries(conn: Connection, keys: Iterable[Key], *, token: str, now: datetime,
+                     lease: float, max_attempts: int) -> list[ClaimedDelivery]:
+    """Claim the deliveries that are free to send: pending and due (by `now` or PostgreSQL's clock,
+    so a worker whose clock runs slow is not idle), or claimed with a lease lapsed on PostgreSQL's
+    clock (never a worker's); never one that has used up its attempts.
+
+    Row locks make this atomic: of many concurrent claimers exactly one gets each row, the others
+    wait on its lock and then find the row taken. A takeover of an attempt that had reached the
+    provider comes back with maybe_sent_at set: that attempt may have sent."""
+    rows = conn.execute(_CLAIM, {**key_params(keys), "token": token, "now": now, "lease": lease,
+                                 "max_attempts": max_attempts}).mappings()
+    return [ClaimedDelivery.from_row(r) for r in rows]
+
+
+_EXHAUST = text(
+    f"""
+    UPDATE deliveries d
+    SET state = 'failed', claim_token = NULL, lease_until = NULL, due_at = NULL,
+        maybe_sent_at = coalesce(d.maybe_sent_at, CASE WHEN d.state = 'claimed' THEN d.send_started_at END),
+        send_started_at = NULL, updated_at = :now
+    FROM {KEY_PAIRS}
+    WHERE d.user_id = k.user_id AND d.id = k.id AND d.attempts >= :max_attempts
+      AND (d.state = 'pending' OR (d.state = 'claimed' AND d.lease_until < clock_timestamp()))
+    RETURNING d.user_id, d.id, d.request_id, d.channel, d.attempts, d.maybe_sent_at, d.last_error
+    """
+)
+
+
+def exhaust_deliveries(conn: Connection, keys: Iterable[Key], *, now: datetime,
+                       max_attempts: int) -> list[dict[str, Any]]:
+    """Fail the rows among `keys` that may not be claimed again: attempts used up, and pending or
+    abandoned by a worker that died (a takeover counts as an attempt)."""
+    rows = conn.execute(_EXHAUST, {**key_params(keys), "now": now, "max_attempts": max_attempts}).mappings()
+    return [dict(r) for r in rows]
+
+
+_BEGIN_SEND = text(
+    """
+    UPDATE deliveries
+    SET send_started_at = clock_timestamp(),
+        lease_until = greatest(lease_until, clock_timestamp() + make_interval(secs => :need)),
+        due_at = greatest(lease_until, clock_timestamp() + make_interval(secs => :need))
+    WHERE user_id = :user_id AND id = :id AND state = 'claimed' AND claim_token = :token
+    RETURNING extract(epoch FROM lease_until - clock_timestamp())::float8
+    """
+)
+
+
+def begin_send(conn: Connection, key: Key, *, token: str, need: float) -> float | None:
+    """About to call the provider: record that this attempt reached the send, and extend the lease
+    so that at least `need` seconds are left. Returns the seconds left (PostgreSQL's clock), or
+    None if the claim is no longer ours (send nothing)."""
+    return conn.execute(_BEGIN_SEND, {"user_id": key[0], "id": key[1], "token": token,
+                                      "need": need}).scalar()
+
+
+_MARK_SENT = text(
+    """
+    UPDATE deliveries
+    SET state = 'sent', platform = :platform, provider_message_id = :message_id, sent_at = :now,
+        claim_token = NULL, lease_until = NULL, due_at = NULL, last_error = NULL, updated_at = :now,
+        send_started_at = NULL, maybe_sent_at = NULL
+    WHERE user_id = :user_id AND id = :id AND state = 'claimed' AND claim_token = :token
+    RETURNING id
+    """
+)
+
+
+def mark_sent(conn: Connection, key: Key, *, token: str, platform: str, message_id: str | None,
+              now: datetime) -> bool:
+    """Record a send, only if our claim still stands. False: the claim was taken over."""
+    row = conn.execute(_MARK_SENT, {"user_id": key[0], "id": key[1], "token": token,
+                                    "platform": platform, "message_id": message_id, "now": now})
+    return row.first() is not None
+
+
+_RELEASE = text(
+    """
+    UPDATE deliveries
+    SET state = 'pending', claim_token = NULL, lease_until = NULL, not_before = :not_before,
+        due_at = :not_before, last_error = :error, updated_at = :now, rounds = 0,
+        maybe_sent_at = CASE WHEN :maybe_sent
+                             THEN coalesce(maybe_sent_at, send_started_at, clock_timestamp())
+                             ELSE maybe_sent_at END,
+        send_started_at = NULL,
+        attempts = attempts - CASE WHEN :refund THEN 1 ELSE 0 END
+    WHERE user_id = :user_id AND id = :id AND state = 'claimed' AND claim_token = :token
+    RETURNING id
+    """
+)
+
+
+def release_claim(conn: Connection, key: Key, *, token: str, not_before: datetime, error: str,
+                  now: datetime, refund_attempt: bool = False, maybe_sent: bool = False) -> bool:
+    """Give a claim back, to be retried at `not_before` (the tick republishes it then).
+
+    refund_attempt: nothing was attempted (a throttle, a catalog not deployed here yet).
+    maybe_sent: this attempt may have reached the provider; the next one must reconcile first."""
+    row = conn.execute(_RELEASE, {"user_id": key[0], "id": key[1], "token": token, "refund": refund_attempt,
+                                  "maybe_sent": maybe_sent, "not_before": not_before, "error": error,
+                                  "now": now})
+    return row.first() is not None
+
+
+_HOLD_UNKNOWN = text(
+    """
+    UPDATE deliveries
+    SET state = 'unknown', claim_token = NULL, lease_until = NULL, due_at = NULL, last_error = :error,
+        maybe_sent_at = coalesce(maybe_sent_at, send_started_at, clock_timestamp()),
+        send_started_at = NULL, updated_at = :now
+    WHERE user_id = :user_id AND id = :id AND state = 'claimed' AND claim_token = :token
+    RETURNING request_id
+    """
+)
+
+
+def hold_unknown(conn: Connection, key: Key, *, token: str, error: str, now: datetime) -> bool:
+    """Park a send whose outcome is unknown and may not be repeated: state `unknown`, for an
+    operator (`clarion redrive --state unknown` sends it again under the same key)."""
+    row = conn.execute(_HOLD_UNKNOWN, {"user_id": key[0], "id": key[1], "token": token, "error": error,
+                                       "now": now})
+    return row.first() is not None
+
+
+_FAIL = text(
+    """
+    UPDATE deliveries
+    SET state = 'failed', claim_token = NULL, lease_until = NULL, due_at = NULL, last_error = :error,
+        send_started_at = NULL, updated_at = :now
+    WHERE user_id = :user_id AND id = :id AND state = 'claimed' AND claim_token = :token
+    RETURNING request_id, channel
+    """
+)
+
+
+def fail_delivery(conn: Connection, key: Key, *, token: str, error: str, now: datetime) -> tuple | None:
+    """Fail a claimed delivery for good; returns (request_id, channel) or None if the claim is gone."""
+    row = conn.execute(_FAIL, {"user_id": key[0], "id": key[1], "token": token, "error": error,
+                               "now": now}).first()
+    return tuple(row) if row else None
+
+
+_DUE_DELIVERIES = text(
+    """
+    UPDATE deliveries d
+    SET due_at = CAST(:now AS timestamptz)
+                 + make_interval(secs => least(:cap, :again * power(2, least(d.rounds, 16)))),
+        rounds = least(d.rounds + 1, 1000)
+    FROM (SELECT user_id, id FROM deliveries WHERE lane = :lane AND due_at <= :now
+          ORDER BY due_at LIMIT :limit FOR UPDATE SKIP LOCKED) k
+    WHERE d.user_id = k.user_id AND d.id = k.id
+    RETURNING d.user_id, d.id, d.lane
+    """
+)
+
+
+def take_due_deliveries(conn: Connection, *, lane: str, now: datetime, again: float, cap: float,
+                        limit: int) -> list[tuple]:
+    """One lane's deliveries to publish again: never picked up, retry time reached, or claim lease
+    lapsed. Each is pushed `again` seconds on, doubling each time it comes round without progress
+    (up to `cap`), so a backlog is not republished in full every few seconds."""
+    return [tuple(r) for r in conn.execute(_DUE_DELIVERIES, {"now": now, "again": again, "cap": cap,
+                                                             "lane": lane, "limit": limit})]

@@ -1,0 +1,140 @@
+"""Settling a send's outcome on its row: failed (retry or fail), unknown (reconcile, resend under
+the idempotency key, or hold), and the incidents that mark a possible repeat.
+
+The unknown-outcome policy is one pure function, `unknown_action`:
+
+| channel can                     | at_most_once (activation, marketing, digest) | at_least_once (transactional, security, alert) |
+| ------------------------------- | -------------------------------------------- | ---------------------------------------------- |
+| look for its message (Slack)    | reconcile, then send only if not found       | the same                                       |
+| dedup by key (webhook)          | resend under the same key                    | the same                                       |
+| neither (Teams)                 | hold as `unknown` + incident                 | resend + `possible_duplicate` incident         |
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
+
+from adapters.base import Adapter
+from clarion import clock
+from clarion.errors import PermanentSendError, SendError
+from db import claims, ledger
+from db.claims import ClaimedDelivery
+from db.engine import autocommit, engine
+from tasks import runtime
+from tasks.retry import RetryPolicy, decide
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class RowConnection:
+    """One auto-committing connection for a sending thread, replaced after a database error (a
+    restart mid-batch must cost the rows in flight, not the thread's whole share)."""
+
+    def __init__(self) -> None:
+        self.conn: Connection | None = None
+
+    def run(self, statement: Callable[[Connection], T]) -> T:
+        if self.conn is None:
+            self.conn = autocommit().connect()
+        try:
+            return statement(self.conn)
+        except DBAPIError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:  # a dead connection may not even close cleanly
+                log.debug("connection not closed cleanly", exc_info=True)
+            self.conn = None
+
+
+def unknown_action(adapter: Adapter, guarantee: str, *, checkable: bool = True) -> str:
+    """What a send whose outcome is unknown may do next: reconcile | resend | hold.
+    checkable=False: the provider was asked already, or cannot be."""
+    if checkable and hasattr(adapter, "reconcile"):
+        return "reconcile"  # the next attempt looks for the message first
+    if getattr(adapter, "dedups_by_key", False) or guarantee == "at_least_once":
+        return "resend"
+    return "hold"
+
+
+def guarantee_of(row: ClaimedDelivery) -> str:
+    ntype = runtime.catalog().get(row.type_key)
+    return ntype.guarantee if ntype is not None else "at_most_once"
+
+
+def settle_unknown(db: RowConnection, row: ClaimedDelivery, token: str, error: SendError, adapter: Adapter,
+                   policy: RetryPolicy, *, checkable: bool = True, release: bool = True) -> bool:
+    """Settle an unknown outcome; True if the row is now held as `unknown`. Otherwise, with
+    release=True, the claim goes back marked "may have sent" (or fails at the attempt cap);
+    with release=False the caller goes on to send in this attempt."""
+    action = unknown_action(adapter, guarantee_of(row), checkable=checkable)
+    log.warning("send outcome unknown: %s", error, extra={"action": "send_unknown", "delivery": row.key,
+                                                          "next": action})
+    if action == "hold":
+        now = clock.now()
+        if db.run(lambda c: claims.hold_unknown(c, row.key, token=token, error=str(error)[:500], now=now)):
+            with engine().begin() as tx:
+                _decide(tx, row, "unknown", error.reason, str(error), now)
+                ledger.record_incident(tx, row.key, kind="outcome_unknown", now=now, detail=(
+                    f"{error}; the provider can neither be asked nor dedup, and the type is at-most-once: "
+                    "held for an operator (clarion redrive --state unknown sends it again)")[:1000])
+        return True
+    if release:
+        _retry_or_fail(db, row, token, error, policy, maybe_sent=True)
+    return False
+
+
+def settle_failure(db: RowConnection, row: ClaimedDelivery, token: str, error: SendError,
+                   policy: RetryPolicy) -> None:
+    """The provider did not take the message (or nothing was attempted): retry later or fail."""
+    _retry_or_fail(db, row, token, error, policy, maybe_sent=False)
+
+
+def _retry_or_fail(db: RowConnection, row: ClaimedDelivery, token: str, error: SendError,
+                   policy: RetryPolicy, *, maybe_sent: bool) -> None:
+    now = clock.now()
+    retry = decide(error, row.attempts, policy)
+    if retry is not None:
+        db.run(lambda c: claims.release_claim(
+            c, row.key, token=token, error=str(error)[:500], now=now, refund_attempt=retry.refund,
+            maybe_sent=maybe_sent, not_before=now + timedelta(seconds=retry.delay)))
+        return
+    with engine().begin() as tx:  # failing and recording why: one transaction
+        if claims.fail_delivery(tx, row.key, token=token, error=str(error)[:500], now=now) is None:
+            return
+        reason = error.reason if isinstance(error, PermanentSendError) else "retries_exhausted"
+        earlier = maybe_sent or row.maybe_sent_at is not None
+        _decide(tx, row, "failed", reason, f"{error}" + ("; an attempt may have reached the provider"
+                                                         if earlier else ""), now)
+
+
+def _decide(conn: Connection, row: ClaimedDelivery, outcome: str, reason: str, detail: str, now: datetime) -> None:
+    ledger.insert_decisions(conn, [ledger.Decision(row.user_id, row.request_id, "deliver", outcome, reason,
+                                                   detail[:500], row.channel, row.id)], now=now)
+
+
+def record_incident(db: RowConnection, row: ClaimedDelivery, kind: str, detail: str) -> None:
+    """Something an operator must look at: a repeat that happened or may have."""
+    db.run(lambda c: ledger.record_incident(c, row.key, kind=kind, detail=detail, now=clock.now()))
+    log.warning("incident: %s", kind, extra={"action": kind, "delivery": row.key})
+
+
+def record_exhausted(conn: Connection, rows: Sequence[dict[str, Any]], *, now: datetime) -> None:
+    """Decisions for rows failed at the claim because their attempts were used up."""
+    ledger.insert_decisions(conn, [ledger.Decision(
+        r["user_id"], r["request_id"], "deliver", "failed", "retries_exhausted",
+        (f"{r['attempts']} attempts used" + ("; an attempt may have reached the provider"
+                                            if r["maybe_sent_at"] else "")
+         + (f"; last error: {r['last_error']}" if r["last_error"] else ""))[:500], r["channel"], r["id"])
+        for r in rows], now=now)
