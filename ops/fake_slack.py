@@ -8,7 +8,9 @@ messages with their metadata, updates, ephemeral replies and published Home view
 Methods: auth.test, conversations.open, chat.postMessage, chat.update, chat.postEphemeral,
 conversations.history (metadata only with include_all_metadata), views.publish.
 Failures on demand: `fail(method, error, status=200, retry_after=None, times=1)` and
-`deactivate(user)` (conversations.open then answers user_disabled).
+`deactivate(user)` (conversations.open then answers user_disabled). Lost answers on demand:
+`losses.next("drop" | "late" | "5xx", match="chat.postMessage")` performs the call (the message is
+posted) and then loses its answer, as a timeout or a dropped connection does.
 
 Slack's other side, for clarion's endpoint: `signed(...)` headers (v0= HMAC-SHA256 of
 "v0:{timestamp}:{body}"), `block_actions(...)` and `event_callback(...)` bodies, and `serving(app)`
@@ -32,7 +34,7 @@ from urllib.parse import parse_qsl, urlencode
 
 import uvicorn
 
-from ops.local_server import LocalServer
+from ops.local_server import AnswerLoss, LocalServer
 
 JSON_FIELDS = ("blocks", "metadata", "view", "attachments")
 
@@ -92,6 +94,7 @@ class FakeSlack(LocalServer):
         self.views: dict[str, dict] = {}  # user -> last published Home view
         self.deactivated: set[str] = set()
         self.failures: dict[str, list[Failure]] = {}
+        self.losses = AnswerLoss()
         self._counter = itertools.count(1)
         self.lock = threading.Lock()
         super().__init__(self._handler())
@@ -241,6 +244,8 @@ class FakeSlack(LocalServer):
                 token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else params.get("token")
                 method = path.removeprefix("/api/")
                 status, headers, answer = fake.answer(method, params, token)
+                if fake.losses.apply(self):
+                    return
                 data = json.dumps(answer).encode()
                 self.send_response(status)
                 for name, value in {"Content-Type": "application/json; charset=utf-8", **headers}.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Self
 
@@ -49,3 +50,50 @@ def send_json(handler: BaseHTTPRequestHandler, status: int, payload: object,
         handler.send_header(name, value)
     handler.end_headers()
     handler.wfile.write(data)
+
+
+LOSS_MODES = ("drop", "late", "5xx")
+
+
+class AnswerLoss:
+    """Scripted losses of an answer *after* the request was accepted — the third outcome of a
+    send, on purpose: `drop` closes the connection without answering, `late` answers only after
+    `delay` seconds (past the client's timeout), `5xx` answers 500 although the request was taken.
+    Thread-safe; each scripted loss is used once."""
+
+    def __init__(self) -> None:
+        self._queue: list[tuple[str, float, str | None]] = []
+        self._lock = threading.Lock()
+        self.applied: list[str] = []
+
+    def next(self, mode: str, *, times: int = 1, delay: float = 2.0, match: str | None = None) -> None:
+        """Lose the answer of the next `times` accepted requests (whose path contains `match`)."""
+        if mode not in LOSS_MODES:
+            raise ValueError(f"unknown loss mode {mode!r}; modes: {', '.join(LOSS_MODES)}")
+        with self._lock:
+            self._queue.extend([(mode, delay, match)] * times)
+
+    def _take(self, path: str) -> tuple[str, float] | None:
+        with self._lock:
+            for i, (mode, delay, match) in enumerate(self._queue):
+                if match is None or match in path:
+                    del self._queue[i]
+                    self.applied.append(mode)
+                    return mode, delay
+        return None
+
+    def apply(self, handler: BaseHTTPRequestHandler) -> bool:
+        """Call once the request was accepted. True: the answer was lost or replaced, and the
+        handler must not answer; False: answer as usual (perhaps late)."""
+        taken = self._take(handler.path)
+        if taken is None:
+            return False
+        mode, delay = taken
+        if mode == "late":
+            time.sleep(delay)
+            return False
+        if mode == "5xx":
+            send_json(handler, 500, {"ok": False, "error": "internal_error"})
+            return True
+        handler.close_connection = True  # drop: no status line, the connection just closes
+        return True

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 
 from adapters.webhook import verify
-from ops.local_server import LocalServer, send_json
+from ops.local_server import AnswerLoss, LocalServer, send_json
 
 
 @dataclass
@@ -26,7 +26,9 @@ class Arrivals:
     occurrences: dict[str, set[str]] = field(default_factory=dict)  # "user/type/occ" -> keys
     deliveries: dict[str, int] = field(default_factory=dict)  # idempotency key -> delivery id
     rejected: int = 0
-    fail_next: int = 0  # answer this many of the next requests with 503
+    fail_next: int = 0  # answer this many of the next requests with 503 (nothing is taken)
+    # lose the answer to a request that *was* taken (counted): `losses.next("drop" | "late" | "5xx")`
+    losses: AnswerLoss = field(default_factory=AnswerLoss)
 
     def record(self, key: str, payload: dict) -> bool:
         """Count one arrival; True if it is the first for its idempotency key."""
@@ -82,6 +84,8 @@ def _handler(secret: str, arrivals: Arrivals) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 return self._answer(400, {"error": "not JSON"})
             first = arrivals.record(self.headers.get("Idempotency-Key", ""), payload)
+            if arrivals.losses.apply(self):
+                return None
             self._answer(200 if first else 409, {"id": payload.get("delivery_id"), "duplicate": not first})
 
         def _answer(self, status: int, payload: dict) -> None:

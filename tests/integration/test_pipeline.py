@@ -19,7 +19,7 @@ from sqlalchemy import text
 from adapters.base import idempotency_key
 from clarion import clock, settings
 from clarion.errors import FaultInjected
-from db import claims, ledger
+from db import claims
 from db.engine import engine
 from ops.receiver import Receiver
 from tasks import notify, notify_many, register_recipient

@@ -13,7 +13,6 @@ import random
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
 
 import httpx
 import pytest
@@ -32,7 +31,7 @@ from catalog import Button
 from clarion import clock
 from clarion import settings as clarion_settings
 from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
-from db import claims, ledger
+from db import claims
 from db.engine import engine
 from db.interactions import interaction_target
 from ops.fake_slack import (

@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import unquote
 
-from ops.local_server import LocalServer, send_json
+from ops.local_server import AnswerLoss, LocalServer, send_json
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ class FakeConnector(LocalServer):
         self.documents: dict[str, dict] = {}  # GET path -> JSON (OpenID metadata, keys)
         self._ids = itertools.count(1_700_000_000_001)
         self._lock = threading.Lock()
+        self.losses = AnswerLoss()  # lose the answer to an accepted call: losses.next("drop" | "late" | "5xx")
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -87,6 +88,8 @@ class FakeConnector(LocalServer):
                             dict(self.headers.items()), status, answer.get("id"))
                 with outer._lock:
                     outer.calls.append(call)
+                if call.ok and outer.losses.apply(self):
+                    return
                 self._answer(status, answer, headers)
 
             def _answer(self, status: int, payload: dict, headers: dict[str, str]) -> None:
