@@ -112,11 +112,15 @@ def test_ten_thousand_requests_survive_workers_killed_every_few_seconds(clarion_
         assert settled, "the pipeline did not settle"
         assert len(kills) >= 3, f"chaos loop killed only {kills}"
         _assert_every_occurrence_once(receiver, items)
-        # A worker killed between the provider's answer and "sent" causes a resend with the same key;
-        # every such resend went through a takeover that was recorded as an incident.
-        assert _repeated_deliveries(receiver) <= _incident_deliveries("claim_taken_over")
+        # A worker killed between the provider's answer and "sent" causes a resend with the same key,
+        # which the receiver answers 409: each such repeat is an incident, and every incident is one.
+        repeated, incidents = _repeated_deliveries(receiver), _incident_deliveries("repeat")
+        assert incidents <= repeated, "an incident that marks no repeat"
+        assert len(repeated - incidents) <= len(kills), "repeats no incident records"
+        assert not _incident_deliveries("outcome_unknown")
         print(f"\nkills={len(kills)} arrivals={receiver.arrivals.total} "
-              f"unique={receiver.arrivals.unique} dropped_by_key={receiver.arrivals.repeats}")
+              f"unique={receiver.arrivals.unique} dropped_by_key={receiver.arrivals.repeats} "
+              f"incidents={len(incidents)} precision={len(incidents & repeated) / max(1, len(incidents)):.2f}")
 
 
 def test_a_crash_after_the_send_resends_once_under_the_same_key(clarion_env, tmp_path):
@@ -141,11 +145,12 @@ def test_a_crash_after_the_send_resends_once_under_the_same_key(clarion_env, tmp
     _assert_every_occurrence_once(receiver, items)
     # Each crash happened after the receiver accepted a message and before "sent" was recorded, so
     # exactly three messages arrived twice, each time with the same idempotency key, which is what
-    # let the receiver drop the repeat. Each of the three was taken over and recorded as an incident.
+    # let the receiver drop the repeat (409). Each of the three, and nothing else, is an incident.
     assert receiver.arrivals.repeats == 3
     repeated = _repeated_deliveries(receiver)
     assert len(repeated) == 3
-    assert repeated <= _incident_deliveries("claim_taken_over")
+    assert repeated == _incident_deliveries("repeat")
+    assert counts("SELECT count(*) FROM incidents") == 3
 
 
 def test_an_activation_backlog_does_not_delay_transactional(clarion_env, tmp_path):
