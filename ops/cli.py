@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import uuid
@@ -32,7 +33,15 @@ def _worker(args: argparse.Namespace) -> int:
     lanes = args.lane or list(launch.QUEUES)
     command = launch.worker_command(lanes, concurrency=args.concurrency, pool=args.pool,
                                     name="-".join(lanes), loglevel=args.loglevel)
-    os.execv(command[0], command)
+    if args.no_restart:  # under an outside supervisor (systemd, Kubernetes): be the worker itself
+        os.execv(command[0], command)
+    _log_to_stderr()
+    return launch.supervise(command, backoff=launch.Backoff(first=args.restart_delay))
+
+
+def _log_to_stderr() -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="[%(asctime)s: %(levelname)s/clarion] %(message)s")
 
 
 def _beat(args: argparse.Namespace) -> int:
@@ -172,6 +181,10 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--concurrency", "-c", type=int, default=2)
     w.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
     w.add_argument("--loglevel", default="INFO")
+    w.add_argument("--no-restart", action="store_true",
+                   help="exec the celery worker directly instead of restarting it when it exits")
+    w.add_argument("--restart-delay", type=float, default=1.0,
+                   help="seconds before the first restart; doubled up to 30 while it keeps exiting")
     w.set_defaults(fn=_worker)
     b = sub.add_parser("beat", help="run the beat clock (one is enough; two are harmless)")
     b.add_argument("--loglevel", default="INFO")
