@@ -138,6 +138,18 @@ def _arm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _redrive(args: argparse.Namespace) -> int:
+    from clarion import clock
+    from ops.redrive import Filters, parse_time, redrive
+
+    now = clock.now()
+    filters = Filters(states=tuple(args.state or ["failed"]), type_key=args.type, reason=args.reason,
+                      since=parse_time(args.since, "--since", now),
+                      until=parse_time(args.until, "--until", now), limit=args.limit)
+    print(redrive(filters, dry_run=args.dry_run, now=now))
+    return 0
+
+
 def _schedule(args: argparse.Namespace) -> int:
     from ops.schedule import schedule
 
@@ -224,6 +236,16 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--key", help="series key; arming the same key twice changes nothing")
     a.add_argument("--dry-run", action="store_true")
     a.set_defaults(fn=_arm)
+    rd = sub.add_parser("redrive", help="re-queue failed (or unknown) deliveries (try --dry-run first)")
+    rd.add_argument("--type", help="only this notification type")
+    rd.add_argument("--reason", help="only this failure reason, e.g. template_missing")
+    rd.add_argument("--state", action="append", choices=["failed", "unknown"],
+                    help="deliveries in this state (repeatable; default: failed)")
+    rd.add_argument("--since", help="stopped at or after: 2d, 6h, 30m or an ISO time")
+    rd.add_argument("--until", help="stopped before: 2d, 6h, 30m or an ISO time")
+    rd.add_argument("--limit", type=int, default=1000, help="at most this many (default 1000)")
+    rd.add_argument("--dry-run", action="store_true", help="show what would be re-queued; change nothing")
+    rd.set_defaults(fn=_redrive)
     sc = sub.add_parser("schedule", help="what will fire for a recipient, when, and why not")
     sc.add_argument("--user", required=True)
     sc.add_argument("--days", type=int, default=14)
