@@ -1,6 +1,7 @@
 """Celery configuration for clarion: broker, lanes, beat schedule and reliability settings.
 
-Loaded by `tasks.app` with `config_from_object("celeryconfig")`. Queues: one per lane
+Loaded by `tasks.app` from this file's path (never by module name: a host app's own celeryconfig
+on sys.path must not replace it); a worker refuses to start without CLARION_CONFIG. Queues: one per lane
 (`transactional`, `activation`) plus `control` for beat work, so a backlog in one lane never
 delays another; run separate workers per lane (`clarion worker --lane …`).
 """
@@ -11,6 +12,8 @@ from kombu import Queue
 
 from clarion import settings
 from clarion.errors import ServicesUnavailable
+
+CLARION_CONFIG = True  # the marker tasks.app checks at worker start: this is clarion's config
 
 _settings = settings.get()
 try:

@@ -86,6 +86,35 @@ def set_series_state(conn: Connection, key: tuple[str, int], *, from_states: Seq
                                      "now": now}).first() is not None
 
 
+_LOCK_ACTIVE = text("SELECT * FROM series WHERE user_id = :user_id AND id = :id AND state = 'active' FOR UPDATE")
+
+
+def lock_active_series(conn: Connection, key: tuple[str, int]) -> dict[str, Any] | None:
+    """The series if it is active, row-locked for this transaction (a concurrent cancel waits, or
+    has already won and we see it no longer active); None otherwise."""
+    row = conn.execute(_LOCK_ACTIVE, {"user_id": key[0], "id": key[1]}).mappings().first()
+    return dict(row) if row else None
+
+
+_DROP_UNROUTED = text(
+    """
+    UPDATE requests r SET state = 'routed', routed_at = :now, due_at = NULL
+    FROM series s
+    WHERE s.user_id = :user_id AND s.id = :id
+      AND r.user_id = s.user_id AND r.type_key = s.type_key AND r.occurrence_key LIKE :prefix
+      AND r.state IN ('pending', 'deferred')
+    RETURNING r.id
+    """
+)
+
+
+def drop_unrouted_occurrences(conn: Connection, key: tuple[str, int], *, now: datetime) -> list[int]:
+    """Resolve a series' occurrences that were not routed yet (e.g. held by a snooze) without
+    sending them: the ids of those requests, for the caller to record why."""
+    params = {"user_id": key[0], "id": key[1], "prefix": f"series:{key[1]}:%", "now": now}
+    return [r[0] for r in conn.execute(_DROP_UNROUTED, params)]
+
+
 _GET = text("SELECT * FROM series WHERE user_id = :user_id AND id = :id")
 _OF_USER = text("SELECT * FROM series WHERE user_id = :user_id ORDER BY id")
 
@@ -132,7 +161,8 @@ _SNOOZE = text(
     INSERT INTO requests AS r (user_id, type_key, occurrence_key, lane, template_version, variables,
                                state, due_at, created_at)
     VALUES (:user_id, :type_key, :occ, :lane, :version, CAST(:variables AS jsonb), 'deferred', :until, :now)
-    ON CONFLICT (user_id, type_key, occurrence_key) DO UPDATE SET state = 'deferred', due_at = :until
+    ON CONFLICT (user_id, type_key, occurrence_key) DO UPDATE
+        SET state = 'deferred', due_at = GREATEST(r.due_at, CAST(:until AS timestamptz))
         WHERE r.state IN ('pending', 'deferred')
     RETURNING id
     """
@@ -141,8 +171,8 @@ _SNOOZE = text(
 
 def snooze_occurrence(conn: Connection, *, user_id: str, type_key: str, occurrence_key: str, lane: str,
                       version: int, variables: dict[str, Any], until: datetime, now: datetime) -> int | None:
-    """Hold one occurrence until `until` (created early if the tick has not reached it); None if it
-    was already routed."""
+    """Hold one occurrence until `until` (created early if the tick has not reached it), or later
+    if it was already held longer: never earlier. None if it was already routed."""
     row = conn.execute(_SNOOZE, {"user_id": user_id, "type_key": type_key, "occ": occurrence_key,
                                  "lane": lane, "version": version, "variables": json.dumps(variables),
                                  "until": until, "now": now}).first()

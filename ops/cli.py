@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import uuid
@@ -32,7 +33,15 @@ def _worker(args: argparse.Namespace) -> int:
     lanes = args.lane or list(launch.QUEUES)
     command = launch.worker_command(lanes, concurrency=args.concurrency, pool=args.pool,
                                     name="-".join(lanes), loglevel=args.loglevel)
-    os.execv(command[0], command)
+    if args.no_restart:  # under an outside supervisor (systemd, Kubernetes): be the worker itself
+        os.execv(command[0], command)
+    _log_to_stderr()
+    return launch.supervise(command, backoff=launch.Backoff(first=args.restart_delay))
+
+
+def _log_to_stderr() -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="[%(asctime)s: %(levelname)s/clarion] %(message)s")
 
 
 def _beat(args: argparse.Namespace) -> int:
@@ -129,6 +138,18 @@ def _arm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _redrive(args: argparse.Namespace) -> int:
+    from clarion import clock
+    from ops.redrive import Filters, parse_time, redrive
+
+    now = clock.now()
+    filters = Filters(states=tuple(args.state or ["failed"]), type_key=args.type, reason=args.reason,
+                      since=parse_time(args.since, "--since", now),
+                      until=parse_time(args.until, "--until", now), limit=args.limit)
+    print(redrive(filters, dry_run=args.dry_run, now=now))
+    return 0
+
+
 def _schedule(args: argparse.Namespace) -> int:
     from ops.schedule import schedule
 
@@ -172,6 +193,10 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--concurrency", "-c", type=int, default=2)
     w.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
     w.add_argument("--loglevel", default="INFO")
+    w.add_argument("--no-restart", action="store_true",
+                   help="exec the celery worker directly instead of restarting it when it exits")
+    w.add_argument("--restart-delay", type=float, default=1.0,
+                   help="seconds before the first restart; doubled up to 30 while it keeps exiting")
     w.set_defaults(fn=_worker)
     b = sub.add_parser("beat", help="run the beat clock (one is enough; two are harmless)")
     b.add_argument("--loglevel", default="INFO")
@@ -211,6 +236,16 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--key", help="series key; arming the same key twice changes nothing")
     a.add_argument("--dry-run", action="store_true")
     a.set_defaults(fn=_arm)
+    rd = sub.add_parser("redrive", help="re-queue failed (or unknown) deliveries (try --dry-run first)")
+    rd.add_argument("--type", help="only this notification type")
+    rd.add_argument("--reason", help="only this failure reason, e.g. template_missing")
+    rd.add_argument("--state", action="append", choices=["failed", "unknown"],
+                    help="deliveries in this state (repeatable; default: failed)")
+    rd.add_argument("--since", help="stopped at or after: 2d, 6h, 30m or an ISO time")
+    rd.add_argument("--until", help="stopped before: 2d, 6h, 30m or an ISO time")
+    rd.add_argument("--limit", type=int, default=1000, help="at most this many (default 1000)")
+    rd.add_argument("--dry-run", action="store_true", help="show what would be re-queued; change nothing")
+    rd.set_defaults(fn=_redrive)
     sc = sub.add_parser("schedule", help="what will fire for a recipient, when, and why not")
     sc.add_argument("--user", required=True)
     sc.add_argument("--days", type=int, default=14)

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 QUEUES = ("transactional", "activation", "control")
+REFUSED = 2  # a worker's exit status when it refused to start (tasks.app): restarting cannot help
+log = logging.getLogger("clarion.supervisor")
 
 
 def celery_command(*args: str) -> list[str]:
@@ -37,12 +41,13 @@ class Process:
     """A child process in its own process group, so it and its pool children stop together."""
 
     def __init__(self, command: list[str], *, env: Mapping[str, str] | None = None,
-                 log: Path | None = None, cwd: Path | None = None) -> None:
+                 log: Path | None = None, cwd: Path | None = None, inherit_output: bool = False) -> None:
         self.command = command
         self.log = log
-        out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
+        out = open(log, "ab") if log else None if inherit_output else subprocess.DEVNULL  # noqa: SIM115
         self.popen = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=out,
-                                      stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd)
+                                      stderr=None if inherit_output else subprocess.STDOUT,
+                                      start_new_session=True, cwd=cwd)
         if log:
             out.close()
 
@@ -55,22 +60,22 @@ class Process:
 
     def kill(self) -> None:
         """SIGKILL the whole group: what a crashed machine looks like."""
-        self._signal_group(signal.SIGKILL)
+        self.signal_group(signal.SIGKILL)
         self.popen.wait()
 
     def stop(self, timeout: float = 15) -> None:
         """Warm shutdown (SIGTERM), then SIGKILL if it does not finish in time."""
         if not self.alive():
-            self._signal_group(signal.SIGKILL)  # reap any orphaned pool children
+            self.signal_group(signal.SIGKILL)  # reap any orphaned pool children
             return
-        self._signal_group(signal.SIGTERM)
+        self.signal_group(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout)
-        self._signal_group(signal.SIGKILL)
+        self.signal_group(signal.SIGKILL)
         self.popen.wait()
 
-    def _signal_group(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, sig)
 
 
@@ -81,3 +86,94 @@ def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
             return True
         time.sleep(interval)
     return predicate()
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Restart delays: first, doubled after each quick exit up to most; back to first once a run
+    lasted `stable` seconds."""
+
+    first: float = 1.0
+    most: float = 30.0
+    stable: float = 60.0
+
+    def next(self, previous: float | None, ran: float) -> float:
+        """The delay before the next start, after a run of `ran` seconds."""
+        if previous is None or ran >= self.stable:
+            return self.first
+        return min(self.most, max(self.first, previous * 2))
+
+
+class Supervisor:
+    """Run a command (a celery worker) and start it again whenever it exits unexpectedly.
+
+    A kombu 5.7 worker can die on a Redis restart (restore_unacked -> _connparams: AttributeError)
+    and does not come back by itself. SIGTERM or SIGINT stops the child warmly (SIGTERM to its
+    process group, SIGKILL after `stop_timeout`) and then the supervisor; an exit with REFUSED (the
+    worker refused to start: wrong config, no broker, bad catalog) is final, not retried."""
+
+    def __init__(self, command: list[str], *, env: Mapping[str, str] | None = None,
+                 backoff: Backoff = Backoff(), stop_timeout: float = 60.0) -> None:
+        self.command, self.env, self.backoff, self.stop_timeout = command, env, backoff, stop_timeout
+        self.stop_signal: int | None = None  # set by the handler only: no locks in a signal handler
+        self.starts = 0
+        self.child: Process | None = None
+
+    def run(self) -> int:
+        """Supervise until stopped; returns the exit status to leave with."""
+        self._handle_signals()
+        delay: float | None = None
+        while True:
+            started, code = time.monotonic(), self._run_once()
+            if self.stopping:
+                log.info("worker stopped", extra={"action": "worker_stopped", "exit": code})
+                return 0 if code in (0, -signal.SIGTERM) else 1
+            if code == REFUSED:
+                log.error("worker refused to start; not restarting", extra={"action": "worker_refused"})
+                return REFUSED
+            delay = self.backoff.next(delay, time.monotonic() - started)
+            log.warning("worker exited with %s; restarting in %.1f s", code, delay,
+                        extra={"action": "worker_restarting", "exit": code, "delay": delay,
+                               "starts": self.starts})
+            if self._sleep(delay):
+                return 0
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_signal is not None
+
+    def _sleep(self, seconds: float) -> bool:
+        """Wait, unless told to stop; True if told to stop."""
+        until = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < until:
+            time.sleep(0.1)
+        return self.stopping
+
+    def _run_once(self) -> int:
+        self.starts += 1
+        self.child = Process(self.command, env=self.env, inherit_output=True)
+        deadline = None
+        while (code := self.child.popen.poll()) is None:
+            if self.stopping and deadline is None:
+                log.info("stopping the worker (%s)", signal.Signals(self.stop_signal).name,
+                         extra={"action": "worker_stopping"})
+                self.child.signal_group(signal.SIGTERM)
+                deadline = time.monotonic() + self.stop_timeout
+            if deadline is not None and time.monotonic() > deadline:
+                self.child.signal_group(signal.SIGKILL)
+            time.sleep(0.2)
+        self.child.signal_group(signal.SIGKILL)  # pool children the worker left behind
+        return code
+
+    def _handle_signals(self) -> None:
+        def stop(signum: int, _frame: object) -> None:
+            self.stop_signal = self.stop_signal or signum
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+
+
+def supervise(command: list[str], *, env: Mapping[str, str] | None = None, backoff: Backoff = Backoff(),
+              stop_timeout: float = 60.0) -> int:
+    """Run `command` under a Supervisor until SIGTERM/SIGINT; the exit status to leave with."""
+    return Supervisor(command, env=env, backoff=backoff, stop_timeout=stop_timeout).run()

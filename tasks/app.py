@@ -1,13 +1,56 @@
-"""The Celery app. Workers run `celery -A tasks.app worker`; `clarion worker` does that for you."""
+"""The Celery app. Workers run `celery -A tasks.app worker`; `clarion worker` does that for you.
+
+clarion's Celery settings are the top-level `celeryconfig.py` installed with it, loaded from that file
+by path: `config_from_object("celeryconfig")` would take the first module of that name on sys.path,
+and a host app's own celeryconfig.py would silently replace clarion's (no lanes, no late acks).
+
+A worker refuses to start — one line on stderr, exit status 2, within seconds — unless the loaded
+config is clarion's, the broker answers and the catalog loads. Celery logs and swallows exceptions
+raised by signal handlers (celery #2738), so the refusal leaves the process with os._exit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import kombu.pools
 from celery import Celery
-from celery.signals import worker_init, worker_process_init
+from celery.signals import celeryd_init, worker_process_init
+from kombu.utils.url import maybe_sanitize_url
 
 from clarion import settings
+from clarion.errors import ClarionError, ConfigurationError
+
+CONFIG_FILE = Path(__file__).resolve().parent.parent / "celeryconfig.py"
+CONFIG_MODULE = "clarion_celeryconfig"  # its name in sys.modules: never shadowed by, nor shadowing, a host's
+LANE_QUEUES = frozenset({"transactional", "activation", "control"})
+BROKER_CHECK_TIMEOUT = 3.0  # seconds to reach the broker at start before refusing
+REFUSED = 2  # exit status of a worker that refuses to start
+
+
+def load_config(path: Path = CONFIG_FILE) -> ModuleType:
+    """clarion's celeryconfig module, executed from its own file once per process."""
+    if (loaded := sys.modules.get(CONFIG_MODULE)) is not None:
+        return loaded
+    spec = importlib.util.spec_from_file_location(CONFIG_MODULE, path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise ConfigurationError(f"clarion's Celery config {path} is missing: reinstall clarion")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[CONFIG_MODULE] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[CONFIG_MODULE]
+        raise
+    return module
+
 
 app = Celery("clarion", include=["tasks.route", "tasks.deliver", "tasks.tick"])
-app.config_from_object("celeryconfig")
+app.config_from_object(load_config())
 
 
 @worker_process_init.connect
@@ -18,10 +61,60 @@ def _fresh_connections(**_: object) -> None:
     engine.dispose_all()
 
 
-@worker_init.connect
-def _require_services(**_: object) -> None:
-    # A worker without a database and broker is a configuration error: say so at start.
-    use_broker(settings.get().urls()[2])
+@celeryd_init.connect
+def _refuse_a_wrong_start(**_: object) -> None:
+    """Runs in the `celery worker` main process before it builds its pool or consumes anything."""
+    try:
+        check_worker_start()
+    except ClarionError as exc:
+        refuse(str(exc))
+    except Exception as exc:  # anything unexpected here is as fatal: never start half-configured
+        refuse(f"{type(exc).__name__}: {exc}")
+
+
+def refuse(message: str) -> None:
+    """Stop this process now: Celery logs and carries on after any exception a signal handler
+    raises, so say why on stderr and leave without unwinding (no pool or consumer exists yet)."""
+    print(f"clarion: worker refused to start: {message}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(REFUSED)
+
+
+def check_worker_start() -> None:
+    """Raise ConfigurationError unless this worker has clarion's config, a broker and a catalog."""
+    check_config(app.conf)
+    use_broker(settings.get().urls()[2])  # raises ServicesUnavailable when nothing is configured
+    check_broker(app.conf.broker_url)
+    from tasks import runtime
+
+    runtime.catalog()  # TODO(issue 9 item 5): runtime.check_catalog() will replace this line
+
+
+def check_config(conf: object) -> None:
+    """The loaded Celery config is clarion's: its marker, the lane queues and late acks."""
+    get = getattr(conf, "get", None)
+    if get is None or get("CLARION_CONFIG") is not True:
+        raise ConfigurationError("the Celery config is not clarion's celeryconfig.py (no CLARION_CONFIG "
+                                 "marker): a module of that name elsewhere on sys.path, or config_from_object")
+    queues = {getattr(q, "name", q) for q in get("task_queues") or ()}
+    if queues != LANE_QUEUES:
+        raise ConfigurationError(f"the Celery config's task_queues are {sorted(queues)}, not clarion's "
+                                 f"lanes {sorted(LANE_QUEUES)}")
+    if not (get("task_acks_late") and get("task_reject_on_worker_lost")):
+        raise ConfigurationError("the Celery config lost late acks (task_acks_late, "
+                                 "task_reject_on_worker_lost): messages would be lost with a worker")
+
+
+def check_broker(url: str | None) -> None:
+    """One short connection attempt; no default broker (Celery's is amqp://guest@localhost)."""
+    if not url:
+        raise ConfigurationError("no broker configured: set CLARION_BROKER_URL or CLARION_REDIS_URL")
+    try:
+        with app.connection_for_write(url) as conn:
+            conn.ensure_connection(max_retries=1, timeout=BROKER_CHECK_TIMEOUT)
+    except Exception as exc:
+        safe = maybe_sanitize_url(url)  # without the password
+        raise ConfigurationError(f"the broker {safe} cannot be reached: {exc}") from exc
 
 
 def use_broker(url: str) -> None:

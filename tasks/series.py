@@ -4,10 +4,10 @@ turns due occurrences into requests."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import Connection
@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 POLICIES = ("skip", "next_working_day", "send")
 UNIT_DAYS = {"days": 1, "weeks": 7, "months": 31, "working_days": 1.4}
 MAX_INTERVAL_DAYS = 3660
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -114,9 +115,19 @@ def _cal(conn: Connection, row: dict[str, Any]) -> WorkCalendar | None:
     return recipient_calendar(ledger.recipients(conn, [row["user_id"]])[row["user_id"]])
 
 
-def _transition(user_id: str, series_id: int, from_states: tuple[str, ...], to_state: str) -> bool:
-    now = clock.now()
+def _in_transaction(connection: Connection | None, work: Callable[[Connection], T]) -> T:
+    """Run `work` in the caller's transaction, or in a new one of its own."""
+    if connection is not None:
+        return work(connection)
     with engine().begin() as conn:
+        return work(conn)
+
+
+def _transition(user_id: str, series_id: int, from_states: tuple[str, ...], to_state: str, *,
+                connection: Connection | None = None) -> bool:
+    now = clock.now()
+
+    def apply(conn: Connection) -> bool:
         next_n = next_due = None
         if to_state == "active":
             row = store.get_series(conn, (user_id, series_id))
@@ -126,39 +137,69 @@ def _transition(user_id: str, series_id: int, from_states: tuple[str, ...], to_s
             every, cal = parse_every(row["every"]), _cal(conn, row)
             next_n = max(row["next_n"], first_due_after(row["anchor_local"], row["zone"], every, now, cal))
             next_due = due_at(row["anchor_local"], row["zone"], every, next_n, cal)
-        return store.set_series_state(conn, (user_id, series_id), from_states=from_states, to_state=to_state,
-                                      next_due_at=next_due, next_n=next_n, now=now)
+        moved = store.set_series_state(conn, (user_id, series_id), from_states=from_states,
+                                       to_state=to_state, next_due_at=next_due, next_n=next_n, now=now)
+        if moved and to_state == "cancelled":
+            _drop_held_occurrences(conn, (user_id, series_id), now)
+        return moved
+
+    return _in_transaction(connection, apply)
 
 
-def cancel_series(user_id: str, series_id: int) -> bool:
-    """End a series for good (e.g. the manager answered "stop"). False if it was not running."""
-    return _transition(user_id, series_id, ("active", "paused"), "cancelled")
+def _drop_held_occurrences(conn: Connection, key: tuple[str, int], now: datetime) -> None:
+    """A cancelled series sends nothing more: not even an occurrence a snooze created early."""
+    dropped = store.drop_unrouted_occurrences(conn, key, now=now)
+    ledger.insert_decisions(conn, [ledger.Decision(key[0], request_id, "series", "suppress",
+                                                   "series_cancelled", f"series {key[1]} was cancelled")
+                                   for request_id in dropped], now=now)
 
 
-def pause_series(user_id: str, series_id: int) -> bool:
-    return _transition(user_id, series_id, ("active",), "paused")
+def cancel_series(user_id: str, series_id: int, *, connection: Connection | None = None) -> bool:
+    """End a series for good (e.g. the manager answered "stop"). False if it was not running.
+
+    Occurrences already recorded but not yet routed (a snoozed one, say) are resolved unsent, with a
+    `series_cancelled` decision. Pass `connection=` to do it inside the caller's transaction."""
+    return _transition(user_id, series_id, ("active", "paused"), "cancelled", connection=connection)
 
 
-def resume_series(user_id: str, series_id: int) -> bool:
+def pause_series(user_id: str, series_id: int, *, connection: Connection | None = None) -> bool:
+    return _transition(user_id, series_id, ("active",), "paused", connection=connection)
+
+
+def resume_series(user_id: str, series_id: int, *, connection: Connection | None = None) -> bool:
     """Resume from the next occurrence after now; none of those due while paused fires late."""
-    return _transition(user_id, series_id, ("paused",), "active")
+    return _transition(user_id, series_id, ("paused",), "active", connection=connection)
 
 
-def snooze_occurrence(user_id: str, series_id: int, n: int, until: datetime) -> bool:
-    """Hold occurrence n until `until` without moving the anchor; the series continues as scheduled."""
+def snooze_occurrence(user_id: str, series_id: int, n: int, until: datetime, *,
+                      connection: Connection | None = None) -> bool:
+    """Hold occurrence n until max(its own due time, `until`): a snooze never brings an occurrence
+    forward, and the anchor does not move (the series continues as scheduled).
+
+    Only an active series is touched (its row is locked, so a concurrent cancel either waits for
+    this or wins and leaves nothing to hold). False if the series is not active, has no
+    occurrence n (count or until reached), or occurrence n was already routed."""
     if until.tzinfo is None:
         raise InvalidRequest("until must be timezone-aware")
-    with engine().begin() as conn:
-        row = store.get_series(conn, (user_id, series_id))
-        if row is None:
+
+    def hold(conn: Connection) -> bool:
+        row = store.lock_active_series(conn, (user_id, series_id))
+        if row is None or n < 0 or (row["max_count"] is not None and n >= row["max_count"]):
             return False
+        own = due_at(row["anchor_local"], row["zone"], parse_every(row["every"]), n, _cal(conn, row))
+        if row["until"] is not None and own > row["until"]:
+            return False
+        if n >= row["next_n"] and until <= own:
+            return True  # its own schedule already holds it that long: nothing to write
         ntype = runtime.catalog().get(row["type_key"])
         if ntype is None:
             raise UnknownType(row["type_key"])
         return store.snooze_occurrence(conn, user_id=user_id, type_key=row["type_key"],
                                        occurrence_key=f"series:{series_id}:{n}", lane=ntype.lane,
-                                       version=ntype.version, variables=row["variables"], until=until,
-                                       now=clock.now()) is not None
+                                       version=ntype.version, variables=row["variables"],
+                                       until=max(own, until), now=clock.now()) is not None
+
+    return _in_transaction(connection, hold)
 
 
 def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> int:

@@ -1,0 +1,115 @@
+"""The worker supervisor (ops.launch.Supervisor) with real processes, no services: a child that
+crashes is started again with backoff and a log line each time, a refusal is final, and SIGTERM or
+SIGINT stops child and supervisor cleanly (SIGKILL for a child that ignores SIGTERM)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ops.launch import REFUSED, Backoff, wait_until
+
+# A stand-in worker: records its pid, then exits with the next status in EXITS (or runs until told).
+CHILD = textwrap.dedent("""
+    import os, signal, sys, time
+    starts = sys.argv[1]
+    with open(starts, "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    n = len(open(starts).read().split())
+    exits = [int(x) for x in sys.argv[2].split(",") if x]
+    if sys.argv[3] == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if n <= len(exits):
+        sys.exit(exits[n - 1])
+    while True:
+        time.sleep(0.1)
+""")
+SUPERVISOR = textwrap.dedent("""
+    import logging, sys
+    from ops.launch import Backoff, supervise
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    sys.exit(supervise([sys.executable, sys.argv[1], *sys.argv[2:]],
+                       backoff=Backoff(first=0.2, most=0.8, stable=5), stop_timeout=1.5))
+""")
+
+
+def _supervise(tmp_path: Path, exits: str, mode: str = "") -> tuple[subprocess.Popen, Path]:
+    child, starts = tmp_path / "child.py", tmp_path / "starts"
+    child.write_text(CHILD)
+    starts.touch()
+    proc = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(child), str(starts), exits, mode or "-"],
+                            stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    return proc, starts
+
+
+def _pids(starts: Path) -> list[int]:
+    return [int(p) for p in starts.read_text().split()]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie still answers kill(0) until reaped: look at its state
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_crashing_worker_is_restarted_with_backoff_and_stops_cleanly(tmp_path, stop):
+    proc, starts = _supervise(tmp_path, "1,3")  # exits 1, then 3, then runs until stopped
+    try:
+        assert wait_until(lambda: len(_pids(starts)) == 3, timeout=20)
+        time.sleep(0.5)
+        last = _pids(starts)[-1]
+        assert not _gone(last)
+        proc.send_signal(stop)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    restarts = [line for line in err.splitlines() if "restarting in" in line]
+    assert len(restarts) == 2, err
+    assert "exited with 1; restarting in 0.2 s" in restarts[0]
+    assert "restarting in 0.4 s" in restarts[1]  # backed off
+    assert "stopping the worker" in err and "Traceback" not in err
+    assert all(_gone(pid) for pid in _pids(starts))
+    assert len(_pids(starts)) == 3  # nothing started after the stop
+
+
+def test_a_worker_that_refused_to_start_is_not_restarted(tmp_path):
+    proc, starts = _supervise(tmp_path, str(REFUSED))
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == REFUSED
+    assert len(_pids(starts)) == 1
+    assert "refused to start; not restarting" in err
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_stop_timeout(tmp_path):
+    proc, starts = _supervise(tmp_path, "", "ignore-term")
+    try:
+        assert wait_until(lambda: len(_pids(starts)) == 1, timeout=20)
+        time.sleep(0.5)
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert 1.0 <= time.monotonic() - began < 6
+    assert proc.returncode == 1  # the worker did not stop warmly
+    assert _gone(_pids(starts)[0])
+
+
+@pytest.mark.parametrize(("previous", "ran", "expected"), [
+    (None, 0.1, 1.0), (1.0, 0.1, 2.0), (2.0, 5.0, 4.0), (16.0, 1.0, 30.0), (30.0, 1.0, 30.0),
+    (30.0, 60.0, 1.0), (8.0, 120.0, 1.0),
+])
+def test_backoff_doubles_while_it_keeps_exiting_and_resets_after_a_stable_run(previous, ran, expected):
+    assert Backoff(first=1.0, most=30.0, stable=60.0).next(previous, ran) == expected
