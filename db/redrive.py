@@ -88,7 +88,9 @@ _REQUEUE = text(
     f"""
     UPDATE deliveries d
     SET state = 'pending', attempts = 0, not_before = :now, due_at = :now, last_error = NULL,
-        claim_token = NULL, lease_until = NULL, taken_over = false, updated_at = :now
+        claim_token = NULL, lease_until = NULL, taken_over = false, updated_at = :now, rounds = 0,
+        -- the operator chose to send again: an unknown earlier outcome no longer holds it back
+        maybe_sent_at = NULL, send_started_at = NULL
     FROM unnest(CAST(:users AS text[]), CAST(:ids AS bigint[])) AS k(user_id, id)
     WHERE d.user_id = k.user_id AND d.id = k.id AND d.state = ANY(CAST(:states AS text[]))
       AND NOT {_SENT_ELSEWHERE}

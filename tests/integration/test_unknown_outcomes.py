@@ -151,3 +151,17 @@ def test_an_error_after_every_send_ends_failed_at_the_cap_with_one_message(serve
     assert _row(key)["state"] == "failed" and _row(key)["attempts"] == 3
     assert receiver.arrivals.unique == 1 and receiver.arrivals.total == 3
     assert rows("SELECT reason FROM decisions WHERE gate = 'deliver'") == [{"reason": "retries_exhausted"}]
+
+
+def test_an_operator_redrives_a_held_unknown_send_under_the_same_row(servers):
+    from clarion import clock
+    from db import redrive
+
+    _, _, connector = servers
+    connector.losses.next("drop")
+    key = _send_once("nudge_teams")
+    assert _row(key)["state"] == "unknown"
+    with engine().begin() as conn:
+        assert redrive.requeue(conn, [key], states=("unknown",), now=clock.now()) == {key}
+    assert deliver([key[0]], [key[1]]) == 1  # the operator's choice: sent again, not held again
+    assert len(connector.sent) == 2 and _row(key)["state"] == "sent"
