@@ -52,14 +52,15 @@ def _old_worker_catalog(tmp_path: Path) -> Path:
 
 def _failed_in_a_rolling_deploy(monkeypatch, tmp_path: Path, user: str = "ann", type_key: str = "receipt",
                                 variables: dict | None = None) -> Key:
-    """A request pinned by a newer producer, delivered by an older worker: fails template_missing."""
+    """A request pinned by a newer producer, delivered by an older worker past the skew grace:
+    fails template_missing."""
     request = notify(user, type_key, event_id=f"e-{user}-{type_key}", variables=variables or {"order": "A-1"})
     assert route([user], [request.request_id]) == 1
     [row] = rows("SELECT user_id, id FROM deliveries WHERE request_id = :r", r=request.request_id)
     key = (row["user_id"], row["id"])
-    configure(monkeypatch, catalog=_old_worker_catalog(tmp_path))
+    configure(monkeypatch, catalog=_old_worker_catalog(tmp_path), catalog_skew_grace=0.001)
     deliver([key[0]], [key[1]])
-    configure(monkeypatch, catalog=CATALOG)  # the deploy finished: every worker has v2
+    configure(monkeypatch, catalog=CATALOG, catalog_skew_grace=None)  # the deploy finished: all have v2
     drain("transactional")
     drain("activation")
     return key
