@@ -136,7 +136,7 @@ class Outcomes:
         # any other exception propagates and fails the test, with the example that raised it
 
     def check(self) -> None:
-        assert self.ok >= 10 and self.refused >= 30, (self.ok, self.refused)
+        assert self.ok >= 3 and self.refused >= 30, (self.ok, self.refused)
 
 
 # --- the fuzz tests -------------------------------------------------------------------------------
