@@ -507,6 +507,8 @@ class Bench:
             "CLARION_REDIS_URL": self.redis_url,
             "CLARION_BROKER_URL": self.broker_url,
             "CLARION_CATALOG": str(ROOT / "tests" / "catalog.yaml"),
+            # with a database URL the public development secret is refused
+            "CLARION_WEBHOOK_SECRET": os.environ.get("CLARION_WEBHOOK_SECRET") or "clarion-bench-secret",
         }
         os.environ.update(self.env)
         settings.reset()
@@ -971,7 +973,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.database()
         bench.environment()
         say(f"logs: {bench.logs.relative_to(ROOT)}")
-        secret = from_env().webhook_secret  # CLARION_WEBHOOK_SECRET, or the default
+        secret = from_env().webhook_secret  # CLARION_WEBHOOK_SECRET (set by environment())
         rounds: list[list[Result]] = []
         for number in range(1, args.rounds + 1):
             bench.round, bench.tag = number, f"{bench.run_id}r{number}"

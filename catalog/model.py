@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
-from jinja2 import StrictUndefined, TemplateSyntaxError, meta
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2 import TemplateSyntaxError, meta
+from jinja2.exceptions import SecurityError, TemplateAssertionError, UndefinedError
+
+from catalog.sandbox import Sample
+from catalog.sandbox import env as _env
+from catalog.sandbox import render as _render
 
 CATEGORIES = ("transactional", "security", "alert", "activation", "digest", "marketing")
 LANES = ("transactional", "activation")
@@ -22,7 +28,9 @@ DEFAULT_LANE = {
     "marketing": "activation",
 }
 
-_env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=False)
+# Every channel name a type may list: the adapters that exist and those on their way. A name not in
+# here is a typo (`webhok`) and refused at load. Extend it when a channel is added.
+CHANNELS = frozenset({"console", "webhook", "slack", "teams", "email", "sms", "push", "in_app"})
 
 
 # Per-type gate options: window_exempt (neither blocked by nor opening the activation window),
@@ -68,6 +76,7 @@ class Template:
     fields: dict[str, str]
     per_channel: dict[str, dict[str, str]] = field(default_factory=dict)
     buttons: tuple[Button, ...] = ()
+    samples: dict[str, Any] = field(default_factory=dict)  # variables the load-time check renders with
 
     def button(self, key: str) -> Button | None:
         return next((b for b in self.buttons if b.key == key), None)
@@ -82,6 +91,12 @@ class Template:
                 names |= meta.find_undeclared_variables(_env.parse(text))
         return names
 
+    def targets(self, channels: tuple[str, ...]) -> list[tuple[str, str, str]]:
+        """(channel, field, source) for every field this version renders on `channels` (the type's)
+        and on the channels it has overrides for."""
+        return [(channel, name, source) for channel in sorted(set(channels) | set(self.per_channel))
+                for name, source in self.sources(channel).items()]
+
 
 @dataclass(frozen=True)
 class NotificationType:
@@ -95,6 +110,7 @@ class NotificationType:
     one_platform: bool = False
     config: dict[str, dict[str, Any]] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    samples: dict[str, Any] = field(default_factory=dict)  # for every version without its own
 
     @property
     def version(self) -> int:
@@ -124,7 +140,7 @@ class NotificationType:
         spec = self.options.get("collapse")
         if not spec:
             return None
-        return _compiled(self.key, 0, "", "collapse", str(spec["key"])).render({**self.defaults, **variables})
+        return _render(_compiled(self.key, 0, "", "collapse", str(spec["key"])), {**self.defaults, **variables})
 
     def missing(self, variables: dict[str, Any]) -> list[str]:
         return [name for name in self.required if name not in variables]
@@ -134,9 +150,15 @@ class NotificationType:
         template = self.templates[version]
         context = {**self.defaults, **variables}
         return {
-            name: _compiled(self.key, version, channel, name, source).render(context)
+            name: _render(_compiled(self.key, version, channel, name, source), context)
             for name, source in template.sources(channel).items()
         }
+
+    def sample_variables(self, version: int) -> dict[str, Any]:
+        """What the load-time check renders version `version` with: the declared samples (of the
+        version, else of the type) over a Sample for every required variable, over the defaults."""
+        template = self.templates[version]
+        return {**self.defaults, **{n: Sample(n) for n in self.required}, **self.samples, **template.samples}
 
 
 _compiled_cache: dict[tuple, Any] = {}
@@ -184,13 +206,33 @@ def _templates(raw_list: Any, fail) -> dict[int, Template]:
         if not isinstance(per_channel, dict):
             raise fail(f"template v{version}: channels must map a channel to its fields")
         buttons = _buttons(raw.pop("buttons", None), f"template v{version}", fail)
+        samples = _samples(raw.pop("samples", None), f"template v{version}", fail)
+        for channel in per_channel:
+            _channel_name(channel, f"template v{version} channels", fail)
         templates[version] = Template(
             version,
             _fields(raw, f"template v{version}", fail),
             {str(c): _fields(f, f"template v{version} channel {c}", fail) for c, f in per_channel.items()},
             buttons,
+            samples,
         )
     return templates
+
+
+def _channel_name(name: Any, what: str, fail) -> str:
+    if name not in CHANNELS:
+        close = difflib.get_close_matches(str(name), sorted(CHANNELS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(CHANNELS))}"
+        raise fail(f"{what}: unknown channel {name!r}{hint}")
+    return name
+
+
+def _samples(raw: Any, what: str, fail) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(k, str) for k in raw):
+        raise fail(f"{what}: samples must map variable names to sample values")
+    return dict(raw)
 
 
 def _buttons(raw: Any, what: str, fail) -> tuple[Button, ...]:
@@ -234,16 +276,15 @@ def _build_type(key: str, spec: Any) -> NotificationType:
     channels = _names(spec.get("channels"), "channels", fail)
     if not channels:
         raise fail("needs at least one channel")
+    for channel in channels:
+        _channel_name(channel, "channels", fail)
     templates = _templates(spec.get("templates"), fail)
     required = _names(spec.get("required"), "required", fail)
     defaults = spec.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise fail("defaults must be a mapping")
     for template in templates.values():
-        try:
-            used = template.variables()
-        except TemplateSyntaxError as exc:
-            raise fail(f"template v{template.version}: {exc}") from exc
+        used = _variables_used(key, template, channels)
         undeclared = used - set(required) - set(defaults)
         if undeclared:
             raise fail(
@@ -270,10 +311,10 @@ def _build_type(key: str, spec: Any) -> NotificationType:
         try:
             used = meta.find_undeclared_variables(_env.parse(str(collapse["key"])))
         except TemplateSyntaxError as exc:
-            raise fail(f"options.collapse.key: {exc}") from exc
+            raise fail(f"options.collapse.key: {_render_problem(exc)}") from exc
         if used - set(required) - set(defaults):
             raise fail("options.collapse.key may only use required or defaulted variables")
-    return NotificationType(
+    ntype = NotificationType(
         key=key,
         category=category,
         lane=lane,
@@ -284,7 +325,59 @@ def _build_type(key: str, spec: Any) -> NotificationType:
         one_platform=bool(spec.get("one_platform", False)),
         config=dict(spec.get("config") or {}),
         options=options,
+        samples=_samples(spec.get("samples"), "type", fail),
     )
+    check_renders(ntype)
+    return ntype
+
+
+def _where(type_key: str, version: int, channel: str, name: str) -> str:
+    return f"type {type_key!r} v{version} channel {channel!r} field {name!r}"
+
+
+def _variables_used(type_key: str, template: Template, channels: tuple[str, ...]) -> set[str]:
+    """The variables the version's fields use; a field that does not compile is a CatalogError."""
+    used: set[str] = set()
+    for channel, name, source in template.targets(channels):
+        try:
+            used |= meta.find_undeclared_variables(_env.parse(source))
+        except TemplateSyntaxError as exc:  # also TemplateAssertionError: an unknown filter or test
+            raise CatalogError(f"{_where(type_key, template.version, channel, name)}: "
+                               f"{_render_problem(exc)}") from exc
+    return used
+
+
+def check_renders(ntype: NotificationType) -> None:
+    """Render every field of every version for every channel it targets, with the sample variables,
+    in the delivery sandbox: a template that cannot render fails here, not in every delivery."""
+    for version, template in sorted(ntype.templates.items()):
+        context = ntype.sample_variables(version)
+        for channel, name, source in template.targets(ntype.channels):
+            try:
+                _render(_compiled(ntype.key, version, channel, name, source), context)
+            except Exception as exc:  # whatever a template can raise; the message says which
+                raise CatalogError(f"{_where(ntype.key, version, channel, name)}: "
+                                   f"{_render_problem(exc)}") from exc
+        if ntype.options.get("collapse"):
+            try:
+                ntype.collapse_key(context)
+            except Exception as exc:
+                raise CatalogError(f"type {ntype.key!r} v{version} options.collapse.key: "
+                                   f"{_render_problem(exc)}") from exc
+
+
+def _render_problem(exc: Exception) -> str:
+    text = str(exc).split("\n")[0]
+    if isinstance(exc, TemplateAssertionError):
+        named = re.match(r"No (filter|test) named '([^']*)'", text)
+        return f"unknown {named[1]} {named[2]!r}" if named else text
+    if isinstance(exc, TemplateSyntaxError):
+        return f"{text} (line {exc.lineno})"
+    if isinstance(exc, SecurityError):
+        return f"refused by the sandbox: {text}"
+    if isinstance(exc, UndefinedError):
+        return f"{text} (declare samples: for this type or version if a sample is missing)"
+    return f"cannot render: {type(exc).__name__}: {text}"
 
 
 @dataclass(frozen=True)
@@ -343,26 +436,69 @@ class Catalog:
     def get(self, type_key: str) -> NotificationType | None:
         return self.types.get(type_key)
 
+    def check(self) -> Catalog:
+        """The load-time checks again, for a Catalog built in Python rather than by from_dict:
+        channel names and a render of every field. Raises CatalogError naming the source."""
+        try:
+            for ntype in self.types.values():
+                for channel in [*ntype.channels, *(c for t in ntype.templates.values() for c in t.per_channel)]:
+                    _channel_name(channel, f"type {ntype.key!r} channels", CatalogError)
+                check_renders(ntype)
+        except CatalogError as exc:
+            raise CatalogError(f"{self.source}: {exc}") from (exc.__cause__ or exc)
+        return self
+
     @cached_property
     def channels(self) -> frozenset[str]:
         return frozenset(c for t in self.types.values() for c in t.channels)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<python>") -> Catalog:
-        types = data.get("types") if isinstance(data, dict) else None
-        if not isinstance(types, dict) or not types:
-            raise CatalogError(f"{source}: needs a non-empty 'types' mapping")
-        built = {str(key): _build_type(str(key), spec) for key, spec in types.items()}
-        return cls(built, source, _policy(data.get("policy"), built))
+        """Build and check a catalog; every CatalogError names `source` (the file) first."""
+        try:
+            types = data.get("types") if isinstance(data, dict) else None
+            if not isinstance(types, dict) or not types:
+                raise CatalogError("needs a non-empty 'types' mapping")
+            built = {str(key): _build_type(str(key), spec) for key, spec in types.items()}
+            return cls(built, source, _policy(data.get("policy"), built))
+        except CatalogError as exc:  # the same error with the file named; keep the original cause
+            raise CatalogError(f"{source}: {exc}") from (exc.__cause__ or exc)
 
     @classmethod
     def from_yaml(cls, path: Path | str) -> Catalog:
         path = Path(path)
         try:
-            data = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as exc:
+            data = yaml.load(path.read_text(), Loader=CatalogLoader)  # noqa: S506 (a SafeLoader)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             raise CatalogError(f"cannot read catalog {path}: {exc}") from exc
         return cls.from_dict(data, str(path))
+
+
+class CatalogLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that keeps mapping keys as the text written (a type named `no`, `on` or `1`
+    stays "no", "on", "1"), reads only true/false as booleans (YAML 1.2: `yes`, `no`, `on` and
+    `off` are text) and refuses a key given twice."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[str, Any]:
+        self.flatten_mapping(node)
+        mapping: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise yaml.constructor.ConstructorError(None, None, "a mapping key must be text",
+                                                        key_node.start_mark)
+            if key_node.value in mapping:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key_node.value!r} is given twice",
+                                                        key_node.start_mark)
+            mapping[key_node.value] = self.construct_object(value_node, deep=deep)
+        return mapping
+
+
+_BOOL = "tag:yaml.org,2002:bool"
+CatalogLoader.yaml_implicit_resolvers = {
+    first: [(tag, regex) for tag, regex in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+CatalogLoader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 EXAMPLES = Path(__file__).parent / "examples"

@@ -19,6 +19,18 @@ class InvalidRequest(ClarionError):
     """A notify() call that cannot be accepted. Nothing was written."""
 
 
+class InvalidField(InvalidRequest):
+    """One argument, or one part of it (`variables.items[2]`, `addresses.email`), is malformed.
+
+    `field` names it as the caller wrote it; `reason` says what is wrong, without echoing more
+    than a short excerpt of the value."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
 class UnknownType(InvalidRequest):
     def __init__(self, type_key: str) -> None:
         super().__init__(f"unknown notification type {type_key!r}")
@@ -38,14 +50,18 @@ class UnknownRecipient(InvalidRequest):
         self.user_id = user_id
 
 
-class InvalidTimezone(InvalidRequest):
-    def __init__(self, zone: str) -> None:
-        super().__init__(f"not an IANA time zone: {zone!r}")
+class InvalidTimezone(InvalidField):
+    def __init__(self, zone: str, field: str = "timezone") -> None:
+        super().__init__(field, f"not an IANA time zone: {str(zone)[:80]!r}")
         self.zone = zone
 
 
-class InvalidOccurrence(InvalidRequest):
-    """Both or neither of event_id / occurrence_key, or an empty one."""
+class InvalidOccurrence(InvalidField):
+    """Both or neither of event_id / occurrence_key, an empty or malformed one, or a key with a
+    reserved prefix (`series:` keys are written by series only)."""
+
+    def __init__(self, reason: str, field: str = "occurrence_key") -> None:
+        super().__init__(field, reason)
 
 
 class SendError(ClarionError):

@@ -7,37 +7,57 @@ With no CLARION_DATABASE_URL / CLARION_REDIS_URL, the URLs come from the embedde
 from __future__ import annotations
 
 import json
+import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from clarion.errors import ConfigurationError, ServicesUnavailable
 
 EMBEDDED_FILE = "embedded.json"
+DEV_WEBHOOK_SECRET = "clarion-dev-secret"  # public: refused once CLARION_DATABASE_URL is set
+# Never shown by repr(Settings); an empty value for one of these is an error, not "unset".
+SECRETS = frozenset({"webhook_secret", "slack_token", "slack_signing_secret", "teams_app_password"})
+URLS = frozenset({"database_url", "redis_url", "broker_url"})  # their passwords are masked in repr
 
 
-@dataclass(frozen=True)
+def at_least(low: float) -> dict[str, Any]:
+    return {"check": lambda v: v >= low, "rule": f">= {low:g}"}
+
+
+def positive() -> dict[str, Any]:
+    return {"check": lambda v: v > 0, "rule": "> 0"}
+
+
+@dataclass(frozen=True, repr=False)
 class Settings:
+    """One field per setting, CLARION_<NAME> in the environment. `metadata=` holds the range check
+    (`at_least(n)`, `positive()`), applied on construction."""
+
     home: Path = field(default_factory=lambda: Path.cwd() / ".clarion")
     database_url: str | None = None
     redis_url: str | None = None
     broker_url: str | None = None
     catalog: Path | None = None
-    claim_lease: float = 60.0  # seconds a claim holds the right to send (PostgreSQL's clock)
-    send_timeout: float = 20.0  # hard budget of one send, all its provider calls together
-    catalog_skew_grace: float = 600.0  # seconds a type/version unknown here waits for a newer worker
-    republish_cap: float = 300.0  # longest wait between republishes of a row that makes no progress
-    stray_after: float = 30.0  # seconds before a published-but-untouched row is published again
-    max_attempts: int = 8
-    batch_size: int = 100
-    send_concurrency: int = 8  # sends in flight at once within one deliver batch
+    claim_lease: float = field(default=60.0, metadata=positive())  # seconds a claim holds the right to send (PostgreSQL's clock)
+    send_timeout: float = field(default=20.0, metadata=positive())  # hard budget of one send, all its provider calls
+    catalog_skew_grace: float = field(default=600.0, metadata=positive())  # a type/version unknown here waits this long for a newer worker
+    republish_cap: float = field(default=300.0, metadata=positive())  # longest wait between republishes of a row making no progress
+    stray_after: float = field(default=30.0, metadata=positive())  # seconds before a published-but-untouched row is published again
+    max_attempts: int = field(default=8, metadata=at_least(1))
+    batch_size: int = field(default=100, metadata=at_least(1))
+    send_concurrency: int = field(default=8, metadata=at_least(1))  # sends in flight at once within one deliver batch
     webhook_url: str | None = None  # default endpoint for webhook types without config.webhook.url
-    webhook_secret: str = "clarion-dev-secret"
-    webhook_timeout: float = 10.0
-    visibility_timeout: int = 600
-    tick_interval: float = 1.0
-    series_grace: float = 7200.0  # an occurrence later than this is recorded as missed, not sent
+    webhook_secret: str = DEV_WEBHOOK_SECRET
+    webhook_timeout: float = field(default=10.0, metadata=positive())
+    visibility_timeout: int = field(default=600, metadata=at_least(1))
+    tick_interval: float = field(default=1.0, metadata=positive())
+    series_grace: float = field(default=7200.0, metadata=positive())  # an occurrence later than this is recorded as missed, not sent
+    variables_max_depth: int = field(default=16, metadata=at_least(1))  # nesting of notify() variables
+    variables_max_bytes: int = field(default=65536, metadata=at_least(2))  # notify() variables as compact JSON
     slack_token: str | None = None  # bot token; the slack channel exists when it is set
     slack_api_url: str = "https://slack.com/api/"
     slack_signing_secret: str | None = None
@@ -46,6 +66,14 @@ class Settings:
     teams_tenant_id: str | None = None
     faults: str = ""
     faults_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_field(f, getattr(self, f.name))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={_shown(f.name, getattr(self, f.name))}" for f in fields(self))
+        return f"Settings({shown})"
 
     def urls(self) -> tuple[str, str, str]:
         """(database, redis, broker) URLs: explicit settings first, else the running embedded services."""
@@ -74,6 +102,45 @@ def read_embedded(home: Path) -> dict | None:
     return data
 
 
+_KINDS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,), "Path": (Path,)}
+
+
+def _check_field(f: Field, value: object) -> None:
+    """The field's type (from its annotation) and its range rule, if any."""
+    kind = str(f.type)
+    if value is None and "None" in kind:
+        return
+    base = kind.split("|")[0].strip()
+    name = f"CLARION_{f.name.upper()}"
+    if isinstance(value, bool) or not isinstance(value, _KINDS[base]):
+        raise ConfigurationError(f"{name} must be a {base}, not {type(value).__name__}")
+    if base == "float" and not math.isfinite(value):  # type: ignore[arg-type]
+        raise ConfigurationError(f"{name}={value!r} must be a finite number")
+    rule = f.metadata.get("check")
+    if rule is not None and not rule(value):
+        raise ConfigurationError(f"{name}={value!r} must be {f.metadata['rule']}")
+
+
+def _shown(name: str, value: object) -> str:
+    if name in SECRETS and value:
+        return "'***'"
+    if name in URLS | {"webhook_url", "slack_api_url"} and isinstance(value, str):
+        return repr(mask_url(value))
+    return repr(value)
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password (if any) replaced by ***."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+    except ValueError:
+        return "***"
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
 def _convert(name: str, kind: type | str, raw: str):
     try:
         if kind in (float, "float"):
@@ -88,16 +155,27 @@ def _convert(name: str, kind: type | str, raw: str):
 
 
 def from_env(environ: dict[str, str] | os._Environ = os.environ) -> Settings:
-    """Build Settings from CLARION_* variables; unknown CLARION_* names are an error."""
+    """Build Settings from CLARION_* variables; unknown CLARION_* names are an error.
+
+    An empty variable counts as unset (so `CLARION_X=` in a compose file means "the default"),
+    except for secrets, where an empty value is an error rather than a silent fallback."""
     known = {f.name: f for f in fields(Settings)}
     values = {}
     for key, raw in environ.items():
-        if not key.startswith("CLARION_") or raw == "":
+        if not key.startswith("CLARION_"):
             continue
         name = key.removeprefix("CLARION_").lower()
+        if raw == "":
+            if name in SECRETS:
+                raise ConfigurationError(f"{key} is set but empty: give the secret, or unset the variable")
+            continue
         if name not in known:
             raise ConfigurationError(f"unknown setting {key}")
         values[name] = _convert(name, known[name].type, raw)
+    if values.get("database_url") and values.get("webhook_secret", DEV_WEBHOOK_SECRET) == DEV_WEBHOOK_SECRET:
+        raise ConfigurationError(
+            "CLARION_DATABASE_URL is set but CLARION_WEBHOOK_SECRET is not (or is the public development "
+            f"secret {DEV_WEBHOOK_SECRET!r}): set CLARION_WEBHOOK_SECRET to a secret of your own")
     return Settings(**values)
 
 

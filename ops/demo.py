@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -85,6 +86,12 @@ def _wait(url: str, expected_requests: int, timeout: float) -> bool:
     return False
 
 
+def _webhook_secret() -> str:
+    """CLARION_WEBHOOK_SECRET if it was given, else a fresh one for this demo."""
+    secret = settings.get().webhook_secret
+    return f"demo-{secrets.token_hex(8)}" if secret == settings.DEV_WEBHOOK_SECRET else secret
+
+
 def run(home: Path) -> int:
     from db.embedded import ensure_running
 
@@ -95,9 +102,11 @@ def run(home: Path) -> int:
     try:
         url = _prepare_database(services.database_url)
         redis_lib.Redis.from_url(services.redis_url).flushdb()
-        with Receiver(settings.get().webhook_secret) as receiver, FakeSlack() as slack:
+        secret = _webhook_secret()
+        with Receiver(secret) as receiver, FakeSlack() as slack:
             env = {**demo_chat.env(slack),
                 "CLARION_HOME": str(home),
+                "CLARION_WEBHOOK_SECRET": secret,  # the public dev secret is refused with a database URL
                 "CLARION_DATABASE_URL": url,
                 "CLARION_REDIS_URL": services.redis_url,
                 "CLARION_WEBHOOK_URL": receiver.url,

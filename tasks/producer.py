@@ -3,7 +3,7 @@ before anything is written."""
 
 from __future__ import annotations
 
-import json
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import time, timedelta
@@ -11,12 +11,16 @@ from functools import lru_cache
 from typing import Any
 from zoneinfo import available_timezones
 
+import amqp.exceptions
+import kombu.exceptions
+import redis.exceptions
 from sqlalchemy import Connection
 
 from clarion import clock, faults, settings
+from clarion import validation as check
 from clarion.errors import (
-    InvalidOccurrence,
-    InvalidRequest,
+    ClarionError,
+    InvalidField,
     InvalidTimezone,
     MissingVariables,
     UnknownRecipient,
@@ -24,9 +28,14 @@ from clarion.errors import (
 )
 from db import ledger
 from db.engine import engine
-from gates.quiet import parse_time
 from tasks import runtime
 from tasks.publish import ROUTE, publish
+
+log = logging.getLogger(__name__)
+
+# What a broker that is down or unreachable raises from publish(); the rows are committed by then.
+BROKER_ERRORS = (kombu.exceptions.KombuError, redis.exceptions.RedisError, amqp.exceptions.AMQPError, OSError)
+ITEM_KEYS = frozenset({"user_id", "type_key", "event_id", "occurrence_key", "variables"})
 
 
 @dataclass(frozen=True)
@@ -35,35 +44,41 @@ class Enqueued:
     new: bool  # False: this occurrence was requested before; nothing new was written
 
 
-MAX_KEY = 512  # unique keys stay well inside PostgreSQL's index row limit
-
-
-def _text(name: str, value: object) -> str:
-    if not isinstance(value, str) or not value or "\x00" in value or len(value) > MAX_KEY:
-        raise InvalidRequest(f"{name} must be a non-empty string of at most {MAX_KEY} characters without "
-                             f"NUL, not {str(value)[:40]!r}")
-    return value
-
-
 @lru_cache(maxsize=1)
 def _zones() -> frozenset[str]:
     return frozenset(available_timezones()) - {"Factory", "localtime", "posixrules"}
 
 
-def validate_timezone(zone: str) -> str:
+def validate_timezone(zone: str, field: str = "timezone") -> str:
     """An IANA zone name such as Europe/Berlin; anything else is InvalidTimezone."""
     if not isinstance(zone, str) or zone not in _zones():
-        raise InvalidTimezone(str(zone))
+        raise InvalidTimezone(check.show(zone, 80) if not isinstance(zone, str) else zone, field)
     return zone
 
 
-def _quiet(value: str | time | None) -> time | None:
-    if value is None or isinstance(value, time):
-        return value
-    try:
-        return parse_time(value)
-    except (ValueError, AttributeError) as exc:
-        raise InvalidRequest(f"quiet hours must be 'HH:MM' times, not {value!r}") from exc
+def checked_connection(value: object) -> Connection | None:
+    if value is not None and not isinstance(value, Connection):
+        raise InvalidField("connection", f"must be a SQLAlchemy Connection, not {check.show(value)}")
+    return value
+
+
+def checked_variables(value: object) -> dict[str, Any]:
+    """Template variables checked against the configured caps (see clarion.validation.variables)."""
+    s = settings.get()
+    return check.variables(value, max_depth=s.variables_max_depth, max_bytes=s.variables_max_bytes)
+
+
+def recipient_fields(user_id: object, *, timezone: object, locale: object, country: object,
+                     org_id: object, addresses: object, quiet_hours: object, workweek: object,
+                     subdivision: object) -> dict[str, Any]:
+    """The checked columns of a recipient row (raises InvalidField naming the first bad one)."""
+    start, end = check.quiet_hours(quiet_hours)
+    return dict(user_id=check.text("user_id", user_id, max_bytes=check.USER_ID_BYTES),
+                timezone=validate_timezone(timezone),  # type: ignore[arg-type]
+                locale=check.locale(locale), country=check.country(country),
+                org_id=check.optional_text("org_id", org_id, max_bytes=check.ORG_ID_BYTES),
+                addresses=check.addresses(addresses), quiet_start=start, quiet_end=end,
+                workweek=check.workweek(workweek), subdivision=check.subdivision(subdivision))
 
 
 def register_recipient(user_id: str, *, timezone: str, locale: str = "en", country: str | None = None,
@@ -74,55 +89,32 @@ def register_recipient(user_id: str, *, timezone: str, locale: str = "en", count
     """Create or update a recipient. The time zone must be an IANA name (e.g. Europe/Berlin);
     quiet_hours is a daily local window such as ("22:00", "07:00"); workweek lists working weekdays
     (Monday=0) when they differ from the recipient's country; subdivision is an ISO 3166-2 region
-    code for regional holidays (e.g. "BY")."""
-    _text("user_id", user_id)
-    validate_timezone(timezone)
-    if country is not None and not (isinstance(country, str) and len(country) == 2 and country.isascii()
-                                    and country.isalpha()):
-        raise InvalidRequest(f"country must be an ISO 3166 alpha-2 code, not {country!r}")
-    if quiet_hours is not None and (not isinstance(quiet_hours, tuple | list) or len(quiet_hours) != 2):
-        raise InvalidRequest("quiet_hours must be a (start, end) pair")
-    start, end = (_quiet(v) for v in (quiet_hours or (None, None)))
-    if workweek is not None and (not workweek or not all(isinstance(d, int) and 0 <= d <= 6 for d in workweek)):
-        raise InvalidRequest("workweek must list weekdays as integers 0 (Monday) to 6 (Sunday)")
-    fields = dict(user_id=user_id, timezone=timezone, locale=locale,
-                  country=country.upper() if country else None, org_id=org_id,
-                  addresses=dict(addresses or {}), quiet_start=start, quiet_end=end,
-                  workweek=sorted(set(workweek)) if workweek else None, subdivision=subdivision,
-                  now=clock.now())
+    code for regional holidays (e.g. "BY"); addresses maps a channel to the recipient's address on
+    it (checked per channel, see clarion.validation.addresses)."""
+    fields = recipient_fields(user_id, timezone=timezone, locale=locale, country=country, org_id=org_id,
+                              addresses=addresses, quiet_hours=quiet_hours, workweek=workweek,
+                              subdivision=subdivision)
+    connection = checked_connection(connection)
     if connection is not None:
-        ledger.upsert_recipient(connection, **fields)
+        ledger.upsert_recipient(connection, **fields, now=clock.now())
         return
     with engine().begin() as conn:
-        ledger.upsert_recipient(conn, **fields)
+        ledger.upsert_recipient(conn, **fields, now=clock.now())
 
 
 def build_request(user_id: str, type_key: str, event_id: str | None, occurrence_key: str | None,
-           variables: Mapping[str, Any] | None) -> ledger.NewRequest:
+                  variables: Mapping[str, Any] | None) -> ledger.NewRequest:
+    """Check one notify() call; returns the request row to write (nothing is written here)."""
+    type_key = check.text("type_key", type_key, max_bytes=check.TYPE_KEY_BYTES)
     ntype = runtime.catalog().get(type_key)
     if ntype is None:
         raise UnknownType(type_key)
-    _text("user_id", user_id)
-    if (event_id is None) == (occurrence_key is None):
-        raise InvalidOccurrence("give exactly one of event_id or occurrence_key")
-    if not isinstance(event_id if occurrence_key is None else occurrence_key, str):
-        raise InvalidOccurrence("event_id / occurrence_key must be a non-empty string")
-    key = occurrence_key if occurrence_key is not None else f"event:{event_id}"
-    if key in ("", "event:") or "\x00" in key:
-        raise InvalidOccurrence("event_id / occurrence_key must be a non-empty string without NUL")
-    if len(key) > MAX_KEY:
-        raise InvalidOccurrence(f"event_id / occurrence_key must be at most {MAX_KEY} characters")
-    variables = dict(variables or {})
-    missing = ntype.missing(variables)
-    if missing:
+    user_id = check.text("user_id", user_id, max_bytes=check.USER_ID_BYTES)
+    key = check.occurrence_key(event_id, occurrence_key)
+    plain = checked_variables(variables)
+    if missing := ntype.missing(plain):
         raise MissingVariables(type_key, missing)
-    try:
-        encoded = json.dumps(variables, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidRequest(f"variables must be JSON-serialisable (no NaN or Infinity): {exc}") from exc
-    if "\\u0000" in encoded:
-        raise InvalidRequest("variables must not contain NUL characters")
-    return ledger.NewRequest(user_id, type_key, key, ntype.lane, ntype.version, variables)
+    return ledger.NewRequest(user_id, type_key, key, ntype.lane, ntype.version, plain)
 
 
 def notify(user_id: str, type_key: str, *, event_id: str | None = None,
@@ -132,16 +124,46 @@ def notify(user_id: str, type_key: str, *, event_id: str | None = None,
 
     With `connection=`, the request is written in the caller's transaction (an outbox row) and
     routed by the next beat tick after the caller commits; otherwise it is committed and
-    published at once."""
-    return notify_many([dict(user_id=user_id, type_key=type_key, event_id=event_id,
-                             occurrence_key=occurrence_key, variables=variables)],
-                       connection=connection)[0]
+    published at once. Bad input raises an InvalidRequest naming the field and writes nothing;
+    once the row is committed, nothing raises (a broker that is down is logged, and the beat
+    tick publishes the request later)."""
+    row = build_request(user_id, type_key, event_id, occurrence_key, variables)
+    return _enqueue([row], checked_connection(connection))[0]
 
 
 def notify_many(items: Iterable[Mapping[str, Any]], *, connection: Connection | None = None) -> list[Enqueued]:
-    """notify() for many requests in one transaction; all are validated before any is written."""
-    rows = [build_request(i["user_id"], i["type_key"], i.get("event_id"), i.get("occurrence_key"),
-                   i.get("variables")) for i in items]
+    """notify() for many requests in one transaction; all are validated before any is written.
+    Each item is a mapping with notify()'s argument names (user_id, type_key, event_id,
+    occurrence_key, variables); an error says which item (`items[3]`) in a note."""
+    rows = []
+    for index, item in enumerate(_items(items)):
+        try:
+            rows.append(build_request(item.get("user_id"), item.get("type_key"), item.get("event_id"),
+                                      item.get("occurrence_key"), item.get("variables")))
+        except ClarionError as exc:
+            exc.add_note(f"in items[{index}]")
+            raise
+    return _enqueue(rows, checked_connection(connection))
+
+
+def _items(items: object) -> list[Mapping[str, Any]]:
+    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+        raise InvalidField("items", f"must be a list of mappings, not {check.show(items)}")
+    listed = list(items)
+    for index, item in enumerate(listed):
+        if not isinstance(item, Mapping):
+            raise InvalidField(f"items[{index}]", f"must be a mapping, not {check.show(item)}")
+        unknown = [check.show(k) for k in item if k not in ITEM_KEYS]
+        if unknown:
+            raise InvalidField(f"items[{index}]", f"unknown keys {', '.join(sorted(unknown))}; known: "
+                                                  f"{', '.join(sorted(ITEM_KEYS))}")
+        for name in ("user_id", "type_key"):
+            if name not in item:
+                raise InvalidField(f"items[{index}].{name}", "is required")
+    return listed
+
+
+def _enqueue(rows: list[ledger.NewRequest], connection: Connection | None) -> list[Enqueued]:
     if not rows:
         return []
     now = clock.now()
@@ -150,8 +172,18 @@ def notify_many(items: Iterable[Mapping[str, Any]], *, connection: Connection | 
     with engine().begin() as conn:
         result = _insert(conn, rows, now=now, due_at=now + timedelta(seconds=settings.get().stray_after))
     faults.hit("notify.before_publish")
-    publish(ROUTE, [(r.user_id, e.request_id, r.lane) for r, e in zip(rows, result, strict=True) if e.new])
+    _publish_after_commit([(r.user_id, e.request_id, r.lane) for r, e in zip(rows, result, strict=True) if e.new])
     return result
+
+
+def _publish_after_commit(keys: list[tuple[str, int, str]]) -> None:
+    """Wake the route task. The rows are committed (due_at = now + stray_after), so a broker that
+    is down only delays them: the beat tick publishes them again. Never raise from here."""
+    try:
+        publish(ROUTE, keys, fail_fast=True)
+    except BROKER_ERRORS as exc:
+        log.warning("broker unavailable; %d request(s) will be published by the beat tick: %s", len(keys),
+                    exc, extra={"action": "publish_failed", "requests": [k[1] for k in keys]})
 
 
 def _insert(conn: Connection, rows: list[ledger.NewRequest], *, now, due_at) -> list[Enqueued]:

@@ -12,8 +12,12 @@ ROUTE = "clarion.route"
 DELIVER = "clarion.deliver"
 
 
-def publish(task: str, rows: Iterable[tuple[str, int, str]]) -> int:
-    """Publish `task` for (user_id, id, lane) rows, in batches per lane; returns messages sent."""
+def publish(task: str, rows: Iterable[tuple[str, int, str]], *, fail_fast: bool = False) -> int:
+    """Publish `task` for (user_id, id, lane) rows, in batches per lane; returns messages sent.
+
+    `fail_fast`: one connection attempt and no publish retries, for callers whose rows are already
+    committed and will be republished by the beat tick anyway (notify): a broker that is down
+    raises within about a connection timeout instead of blocking the caller."""
     by_lane: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for user_id, id_, lane in rows:
         by_lane[lane].append((user_id, id_))
@@ -22,11 +26,14 @@ def publish(task: str, rows: Iterable[tuple[str, int, str]]) -> int:
     use_broker(settings.get().urls()[2])
     size = settings.get().batch_size
     sent = 0
+    options = {"retry": False} if fail_fast else {}
     with app.producer_or_acquire() as producer:
+        if fail_fast:  # else kombu keeps reconnecting for broker_connection_timeout and more
+            producer.connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0.1)
         for lane, keys in by_lane.items():
             for start in range(0, len(keys), size):
                 chunk = keys[start : start + size]
                 app.send_task(task, args=[[k[0] for k in chunk], [k[1] for k in chunk]],
-                              queue=lane, producer=producer)
+                              queue=lane, producer=producer, **options)
                 sent += 1
     return sent

@@ -52,6 +52,18 @@ def catalog() -> Catalog:
         raise ConfigurationError(str(exc)) from exc
 
 
+def check_catalog() -> Catalog:
+    """Load the configured catalog afresh and check it as a worker must before it starts: every
+    channel a known one, every template version rendered for every channel it targets with its
+    sample variables. Raises ConfigurationError naming file, type, version and field."""
+    catalog.cache_clear()  # type: ignore[attr-defined]
+    loaded = catalog()
+    try:
+        return loaded.check()
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from exc
+
+
 def _from_python(spec: str) -> Catalog:
     module_name, _, name = spec.partition(":")
     try:
@@ -59,7 +71,7 @@ def _from_python(spec: str) -> Catalog:
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(f"CLARION_CATALOG={spec!r}: cannot import {name} from {module_name}") from exc
     if isinstance(value, Catalog):
-        return value
+        return value.check()
     if isinstance(value, dict):
         return Catalog.from_dict(value, spec)
     raise ConfigurationError(f"CLARION_CATALOG={spec!r} is neither a Catalog nor a mapping")

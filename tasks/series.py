@@ -13,7 +13,14 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import Connection
 
 from clarion import clock, settings
-from clarion.errors import InvalidRequest, MissingVariables, UnknownRecipient, UnknownType
+from clarion import validation as check
+from clarion.errors import (
+    InvalidField,
+    InvalidRequest,
+    MissingVariables,
+    UnknownRecipient,
+    UnknownType,
+)
 from db import ledger
 from db import series as store
 from db.engine import engine
@@ -21,12 +28,14 @@ from scheduling.calendars import WorkCalendar, calendar_for
 from scheduling.recurrence import due_at, first_due_after, parse_every
 from scheduling.series import plan_tick
 from tasks import runtime
+from tasks.producer import checked_connection, checked_variables
 
 log = logging.getLogger(__name__)
 POLICIES = ("skip", "next_working_day", "send")
 UNIT_DAYS = {"days": 1, "weeks": 7, "months": 31, "working_days": 1.4}
 MAX_INTERVAL_DAYS = 3660
 T = TypeVar("T")
+MAX_COUNT = 100_000  # occurrences in one series (a daily series for 270 years)
 
 
 @dataclass(frozen=True)
@@ -43,42 +52,59 @@ def recipient_calendar(recipient: Mapping[str, Any]) -> WorkCalendar:
 
 def _local_anchor(anchor: datetime | str, zone: str) -> datetime:
     if isinstance(anchor, str):
+        check.text("anchor", anchor, max_bytes=64)
         try:
             anchor = datetime.fromisoformat(anchor)
         except ValueError as exc:
-            raise InvalidRequest(f"anchor must be an ISO date-time like 2026-12-07T09:00, not {anchor!r}") from exc
+            raise InvalidField("anchor", f"must be an ISO date-time like 2026-12-07T09:00, not "
+                                         f"{check.show(anchor)}") from exc
     if not isinstance(anchor, datetime):
-        raise InvalidRequest("anchor must be a datetime")
+        raise InvalidField("anchor", f"must be a datetime or an ISO date-time text, not {check.show(anchor)}")
     if anchor.tzinfo is not None:  # an instant: take its wall time in the recipient's zone
-        anchor = anchor.astimezone(ZoneInfo(zone)).replace(tzinfo=None)
+        try:
+            anchor = check.aware_datetime("anchor", anchor).astimezone(ZoneInfo(zone)).replace(tzinfo=None)
+        except (OverflowError, ValueError) as exc:
+            raise InvalidField("anchor", "is out of range in the recipient's time zone") from exc
     return anchor.replace(microsecond=0)
+
+
+def _every(every: object) -> str:
+    every = check.text("every", every, max_bytes=32)
+    try:
+        interval = parse_every(every)
+    except ValueError as exc:
+        raise InvalidField("every", str(exc)) from exc
+    if interval.count * UNIT_DAYS[interval.unit] > MAX_INTERVAL_DAYS:
+        raise InvalidField("every", f"{every!r} is longer than ten years")
+    return every
 
 
 def validate(conn: Connection, user_id: str, type_key: str, *, anchor: datetime | str, every: str,
              count: int | None, until: datetime | None, variables: Mapping[str, Any] | None,
              calendar_policy: str) -> dict[str, Any]:
-    """Check an arm request; returns the series row to write (and to preview in a dry run)."""
+    """Check an arm request; returns the series row to write (and to preview in a dry run).
+    Everything but the recipient is checked before the first query."""
+    type_key = check.text("type_key", type_key, max_bytes=check.TYPE_KEY_BYTES)
     ntype = runtime.catalog().get(type_key)
     if ntype is None:
         raise UnknownType(type_key)
-    variables = dict(variables or {})
+    user_id = check.text("user_id", user_id, max_bytes=check.USER_ID_BYTES)
+    variables = checked_variables(variables)
     if missing := ntype.missing(variables):
         raise MissingVariables(type_key, missing)
+    every = _every(every)
+    if not isinstance(calendar_policy, str) or calendar_policy not in POLICIES:
+        raise InvalidField("calendar_policy", f"must be one of {', '.join(POLICIES)}, not "
+                                              f"{check.show(calendar_policy)}")
+    if count is not None:
+        check.positive_int("count", count, maximum=MAX_COUNT)
+    if until is not None:
+        check.aware_datetime("until", until)
+    if not isinstance(anchor, str | datetime):
+        raise InvalidField("anchor", f"must be a datetime or an ISO date-time text, not {check.show(anchor)}")
     recipient = ledger.recipients(conn, [user_id]).get(user_id)
     if recipient is None:
         raise UnknownRecipient(user_id)
-    try:
-        interval = parse_every(every)
-    except ValueError as exc:
-        raise InvalidRequest(str(exc)) from exc
-    if interval.count * UNIT_DAYS[interval.unit] > MAX_INTERVAL_DAYS:
-        raise InvalidRequest(f"every {every!r} is longer than ten years")
-    if calendar_policy not in POLICIES:
-        raise InvalidRequest(f"calendar_policy must be one of {', '.join(POLICIES)}")
-    if count is not None and (not isinstance(count, int) or count < 1):
-        raise InvalidRequest("count must be a positive integer")
-    if until is not None and until.tzinfo is None:
-        raise InvalidRequest("until must be timezone-aware")
     zone = recipient["timezone"]
     local = _local_anchor(anchor, zone)
     return {"user_id": user_id, "type_key": type_key, "anchor_local": local, "zone": zone, "every": every,
@@ -94,12 +120,18 @@ def arm_series(user_id: str, type_key: str, *, anchor: datetime | str, every: st
 
     `anchor` is a local wall time (naive) in the recipient's zone; arming the same series_key twice
     changes nothing. An anchor in the past catches up without a burst (see scheduling.series)."""
+    series_key = check.optional_text("series_key", series_key, max_bytes=check.SERIES_KEY_BYTES)
+    connection = checked_connection(connection)
+
     def write(conn: Connection) -> Armed:
         row = validate(conn, user_id, type_key, anchor=anchor, every=every, count=count, until=until,
                        variables=variables, calendar_policy=calendar_policy)
         row.pop("recipient")
-        key = series_key or f"{type_key}:{row['anchor_local'].isoformat()}:{every}"
-        first = due_at(row["anchor_local"], row["zone"], parse_every(every), 0, _cal(conn, row))
+        key = series_key or f"{row['type_key']}:{row['anchor_local'].isoformat()}:{row['every']}"
+        try:
+            first = due_at(row["anchor_local"], row["zone"], parse_every(row["every"]), 0, _cal(conn, row))
+        except (OverflowError, ValueError) as exc:
+            raise InvalidField("anchor", f"cannot be scheduled: {exc}") from exc
         series_id, new = store.insert_series(conn, series_key=key, next_due_at=first, now=clock.now(), **row)
         return Armed(series_id, new, first)
 

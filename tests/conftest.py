@@ -19,6 +19,8 @@ from sqlalchemy import make_url, text
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOG = Path(__file__).parent / "catalog.yaml"
+# With CLARION_DATABASE_URL set, the public development secret is refused (clarion/settings.py).
+WEBHOOK_SECRET = "clarion-test-secret"
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ def clarion_env(services: Services, template_database: str, tmp_path: Path,
         "CLARION_REDIS_URL": services.redis_url,
         "CLARION_BROKER_URL": services.broker_url,
         "CLARION_CATALOG": str(CATALOG),
+        "CLARION_WEBHOOK_SECRET": WEBHOOK_SECRET,
     }
     for key in [k for k in os.environ if k.startswith("CLARION_")]:
         monkeypatch.delenv(key)

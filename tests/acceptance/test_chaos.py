@@ -81,7 +81,7 @@ def test_ten_thousand_requests_survive_workers_killed_every_few_seconds(clarion_
     users, per_user = 500, 20
     items = _requests(users, per_user)  # 10,000 distinct occurrences
     repeats = rng.sample(items, len(items) // 10)  # repeated events ...
-    with Receiver("clarion-dev-secret") as receiver:
+    with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as receiver:
         cluster = Cluster({**clarion_env.env, **FAST, "CLARION_WEBHOOK_URL": receiver.url}, tmp_path / "logs")
         workers = ["w1", "w2", "w3"]
         try:
@@ -125,7 +125,7 @@ def test_ten_thousand_requests_survive_workers_killed_every_few_seconds(clarion_
 
 def test_a_crash_after_the_send_resends_once_under_the_same_key(clarion_env, tmp_path):
     items = _requests(20, 10)  # 200 occurrences
-    with Receiver("clarion-dev-secret") as receiver:
+    with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as receiver:
         # one send in flight per process, so each crash leaves exactly one sent-but-unrecorded row
         # (with more in flight, a crash can leave up to CLARION_SEND_CONCURRENCY of them)
         env = {**clarion_env.env, **FAST, "CLARION_WEBHOOK_URL": receiver.url, "CLARION_SEND_CONCURRENCY": "1",
@@ -154,7 +154,7 @@ def test_a_crash_after_the_send_resends_once_under_the_same_key(clarion_env, tmp
 
 
 def test_an_activation_backlog_does_not_delay_transactional(clarion_env, tmp_path):
-    with Receiver("clarion-dev-secret") as receiver:
+    with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as receiver:
         env = {**clarion_env.env, **FAST, "CLARION_WEBHOOK_URL": receiver.url}
         cluster = Cluster(env, tmp_path / "logs")
         try:

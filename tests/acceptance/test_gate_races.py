@@ -51,7 +51,7 @@ def cluster(clarion_env, monkeypatch, tmp_path: Path) -> Iterator[Callable[[floa
     monkeypatch.setenv("CLARION_BATCH_SIZE", "1")  # this process publishes one request per message
     settings.reset()
     logs = tmp_path / "logs"
-    with Receiver("clarion-dev-secret") as receiver:
+    with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as receiver:
         c = Cluster({**clarion_env.env, **ENV, "CLARION_WEBHOOK_URL": receiver.url}, logs)
 
         def start(overlap: float) -> Receiver:

@@ -186,10 +186,10 @@ def test_a_refused_update_leaves_the_existing_recipient_as_it_was(ann):
 def test_a_valid_registration_normalises_the_country_and_updates_in_place(ann):
     for zone in ("UTC", "Etc/GMT+5", "America/Argentina/Buenos_Aires"):
         register_recipient("bob", timezone=zone)
-    register_recipient(ann, timezone="Asia/Jerusalem", country="il", addresses={"webhook": "x"})
+    register_recipient(ann, timezone="Asia/Jerusalem", country="il", addresses={"webhook": "https://hooks.example/ann"})
     assert rows("SELECT user_id, timezone, country, addresses FROM recipients ORDER BY user_id") == [
         {"user_id": "ann", "timezone": "Asia/Jerusalem", "country": "IL",
-         "addresses": {"webhook": "x"}},
+         "addresses": {"webhook": "https://hooks.example/ann"}},
         {"user_id": "bob", "timezone": "America/Argentina/Buenos_Aires", "country": None,
          "addresses": {}}]
 

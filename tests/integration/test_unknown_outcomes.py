@@ -36,7 +36,7 @@ FAST = {"webhook_timeout": 1, "send_timeout": 3}  # a late answer (2 s) is past 
 
 @pytest.fixture
 def servers(clarion_env, monkeypatch) -> Iterator[tuple[Receiver, FakeSlack, FakeConnector]]:
-    with Receiver("clarion-dev-secret") as receiver, FakeSlack() as slack, FakeConnector() as connector:
+    with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as receiver, FakeSlack() as slack, FakeConnector() as connector:
         configure(monkeypatch, catalog=CATALOG, webhook_url=receiver.url, slack_token=FakeSlack.TOKEN,
                   slack_api_url=slack.api_url, teams_app_id="none", **FAST)
         ref = ConversationRef(connector.url, "a:1conversation", "tenant-1", "bot").to_json()

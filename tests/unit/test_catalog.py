@@ -65,13 +65,13 @@ def one(type_spec: dict[str, Any], key: str = "t"):
             ),
             "template v2 uses extra",
         ),
-        (spec(templates=[{"version": 1, "body": "Hi {{ name "}]), "template v1:"),
-        (spec(templates=[{"version": 1, "body": "{% if name %}open"}]), "template v1:"),
-        (spec(templates=[{"version": 1, "body": "{{ name | }}"}]), "template v1:"),
+        (spec(templates=[{"version": 1, "body": "Hi {{ name "}]), "v1 channel 'webhook' field 'body':"),
+        (spec(templates=[{"version": 1, "body": "{% if name %}open"}]), "v1 channel 'webhook' field 'body':"),
+        (spec(templates=[{"version": 1, "body": "{{ name | }}"}]), "v1 channel 'webhook' field 'body':"),
     ],
 )
 def test_invalid_type_is_rejected_at_load(type_spec: dict[str, Any], message: str) -> None:
-    with pytest.raises(CatalogError, match=r"type 't': ") as caught:
+    with pytest.raises(CatalogError, match=r"type 't'[: ]") as caught:
         Catalog.from_dict({"types": {"t": type_spec}})
     assert message in str(caught.value)
 
@@ -326,18 +326,18 @@ def test_strict_undefined_raises_instead_of_rendering_blank(body: str, variables
     ],
 )
 def test_sandbox_refuses_unsafe_attributes(body: str) -> None:
-    # It loads (no undeclared variables beyond `name`), but rendering raises SecurityError.
-    ntype = one(spec(templates=[{"version": 1, "body": body}]))
-    with pytest.raises(SecurityError, match="unsafe"):
-        ntype.render(1, "webhook", {"name": "Ada"})
+    # Refused at load: the load-time check renders every field in the delivery sandbox.
+    with pytest.raises(CatalogError, match="field 'body': refused by the sandbox: .*unsafe") as caught:
+        one(spec(templates=[{"version": 1, "body": body}]))
+    assert isinstance(caught.value.__cause__, SecurityError)
 
 
 @pytest.mark.parametrize("body", ["{{ name.upper.__globals__ }}", "{{ ''.format.__self__ }}"])
 def test_dunders_that_do_not_exist_fail_strictly(body: str) -> None:
     # Builtin methods have no __globals__/__self__ visible here: StrictUndefined, not blank text.
-    ntype = one(spec(templates=[{"version": 1, "body": body}]))
-    with pytest.raises(UndefinedError):
-        ntype.render(1, "webhook", {"name": "Ada"})
+    with pytest.raises(CatalogError, match="field 'body'") as caught:
+        one(spec(templates=[{"version": 1, "body": body}]))
+    assert isinstance(caught.value.__cause__, UndefinedError)
 
 
 def test_sandbox_allows_plain_methods_but_not_format_escapes() -> None:
@@ -348,11 +348,9 @@ def test_sandbox_allows_plain_methods_but_not_format_escapes() -> None:
             return "called"
 
     assert ntype.render(1, "webhook", {"name": Evil()}) == {"body": "called"}
-    format_string = one(
-        spec(templates=[{"version": 1, "body": "{{ '{0.__class__}'.format(name) }}"}])
-    )
-    with pytest.raises(SecurityError):
-        format_string.render(1, "webhook", {"name": "x"})
+    with pytest.raises(CatalogError, match="refused by the sandbox") as caught:
+        one(spec(templates=[{"version": 1, "body": "{{ '{0.__class__}'.format(name) }}"}]))
+    assert isinstance(caught.value.__cause__, SecurityError)
 
 
 # --- malformed shapes (once known gaps) ---------------------------------------------------------------------------------

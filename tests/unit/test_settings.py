@@ -28,7 +28,8 @@ from clarion.settings import EMBEDDED_FILE, Settings, from_env, read_embedded
         ({"CLARION_HOME": "/tmp/clarion-home"}, "home", Path("/tmp/clarion-home")),
         ({"CLARION_CATALOG": "cat.yaml"}, "catalog", Path("cat.yaml")),
         ({"CLARION_FAULTS_DIR": "/tmp/f"}, "faults_dir", Path("/tmp/f")),
-        ({"CLARION_DATABASE_URL": "postgresql://x/y"}, "database_url", "postgresql://x/y"),
+        ({"CLARION_DATABASE_URL": "postgresql://x/y", "CLARION_WEBHOOK_SECRET": "s3"}, "database_url",
+         "postgresql://x/y"),
         ({"CLARION_REDIS_URL": "redis://h:1/2"}, "redis_url", "redis://h:1/2"),
         ({"CLARION_BROKER_URL": "redis://b/0"}, "broker_url", "redis://b/0"),
         ({"CLARION_WEBHOOK_URL": "http://127.0.0.1:9/h"}, "webhook_url", "http://127.0.0.1:9/h"),
@@ -60,6 +61,7 @@ def test_defaults_and_unrelated_variables() -> None:
         {"CLARION_DATABASE_URL": ""},
         {"CLARION_HOME": ""},
         {"CLARION_NOT_A_SETTING": ""},  # even an unknown name is ignored when empty
+        {"CLARION_WEBHOOK_URL": ""},
     ],
 )
 def test_empty_values_are_ignored(environ: dict[str, str]) -> None:
@@ -178,3 +180,103 @@ def test_stale_or_broken_embedded_file_means_no_services(
     assert read_embedded(tmp_path) is None
     with pytest.raises(ServicesUnavailable):
         Settings(home=tmp_path).urls()
+
+
+# --- ranges, secrets ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [
+        ("CLARION_BATCH_SIZE", "0"),
+        ("CLARION_BATCH_SIZE", "-5"),
+        ("CLARION_SEND_CONCURRENCY", "0"),
+        ("CLARION_SEND_CONCURRENCY", "-1"),
+        ("CLARION_MAX_ATTEMPTS", "0"),
+        ("CLARION_TICK_INTERVAL", "0"),
+        ("CLARION_TICK_INTERVAL", "-0.5"),
+        ("CLARION_CLAIM_LEASE", "0"),
+        ("CLARION_CLAIM_LEASE", "nan"),
+        ("CLARION_CLAIM_LEASE", "inf"),
+        ("CLARION_STRAY_AFTER", "0"),
+        ("CLARION_WEBHOOK_TIMEOUT", "-1"),
+        ("CLARION_VISIBILITY_TIMEOUT", "0"),
+        ("CLARION_SERIES_GRACE", "0"),
+        ("CLARION_VARIABLES_MAX_DEPTH", "0"),
+        ("CLARION_VARIABLES_MAX_BYTES", "1"),
+    ],
+)
+def test_out_of_range_values_are_refused(name: str, raw: str) -> None:
+    with pytest.raises(ConfigurationError, match=name):
+        from_env({name: raw})
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"batch_size": 0}, "CLARION_BATCH_SIZE=0 must be >= 1"),
+        ({"batch_size": 2.5}, "CLARION_BATCH_SIZE must be a int"),
+        ({"batch_size": True}, "CLARION_BATCH_SIZE must be a int"),
+        ({"claim_lease": "60"}, "CLARION_CLAIM_LEASE must be a float"),
+        ({"home": "/tmp"}, "CLARION_HOME must be a Path"),
+        ({"webhook_secret": None}, "CLARION_WEBHOOK_SECRET must be a str"),
+    ],
+)
+def test_settings_built_in_code_are_checked_too(values: dict, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        Settings(**values)
+
+
+def test_smallest_allowed_values_are_accepted() -> None:
+    s = from_env({"CLARION_BATCH_SIZE": "1", "CLARION_SEND_CONCURRENCY": "1", "CLARION_MAX_ATTEMPTS": "1",
+                  "CLARION_TICK_INTERVAL": "0.01", "CLARION_VARIABLES_MAX_DEPTH": "1"})
+    assert (s.batch_size, s.send_concurrency, s.max_attempts, s.tick_interval, s.variables_max_depth) == (
+        1, 1, 1, 0.01, 1)
+
+
+def test_variable_caps_default_to_16_levels_and_64_kib() -> None:
+    assert (Settings().variables_max_depth, Settings().variables_max_bytes) == (16, 65536)
+
+
+SECRETS = {"webhook_secret": "hook-s3cret", "slack_token": "xoxb-s3cret",
+           "slack_signing_secret": "sign-s3cret", "teams_app_password": "teams-s3cret"}
+
+
+def test_secrets_and_url_passwords_never_show_in_repr() -> None:
+    s = Settings(**SECRETS, database_url="postgresql://clarion:db-s3cret@db:5432/clarion",
+                 redis_url="redis://:redis-s3cret@cache:6379/0",
+                 broker_url="amqp://guest:amqp-s3cret@mq:5672//", webhook_url="https://u:hook-pw@h/x")
+    shown = repr(s) + str(s)
+    assert "s3cret" not in shown and "hook-pw" not in shown
+    assert "postgresql://clarion:***@db:5432/clarion" in shown
+    assert "redis://:***@cache:6379/0" in shown
+    assert "webhook_secret='***'" in shown
+    assert "slack_signing_secret='***'" in shown
+    assert s.slack_token == "xoxb-s3cret"  # the value itself is untouched
+
+
+def test_unset_secrets_show_as_none() -> None:
+    assert "slack_token=None" in repr(Settings())
+
+
+@pytest.mark.parametrize("name", ["CLARION_WEBHOOK_SECRET", "CLARION_SLACK_TOKEN",
+                                  "CLARION_SLACK_SIGNING_SECRET", "CLARION_TEAMS_APP_PASSWORD"])
+def test_an_empty_secret_is_an_error_not_a_fallback(name: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"{name} is set but empty"):
+        from_env({name: ""})
+
+
+@pytest.mark.parametrize("secret", [None, "clarion-dev-secret"])
+def test_the_development_secret_is_refused_with_an_explicit_database(secret: str | None) -> None:
+    environ = {"CLARION_DATABASE_URL": "postgresql://db/clarion"}
+    if secret:
+        environ["CLARION_WEBHOOK_SECRET"] = secret
+    with pytest.raises(ConfigurationError, match="CLARION_WEBHOOK_SECRET") as caught:
+        from_env(environ)
+    assert "postgresql://db" not in str(caught.value)
+
+
+def test_the_development_secret_is_fine_on_the_embedded_default() -> None:
+    assert from_env({"CLARION_REDIS_URL": "redis://r/0"}).webhook_secret == "clarion-dev-secret"
+    own = from_env({"CLARION_DATABASE_URL": "postgresql://db/c", "CLARION_WEBHOOK_SECRET": "mine"})
+    assert own.webhook_secret == "mine"

@@ -1,0 +1,320 @@
+"""Input checks shared by every producer entry point: notify, notify_many, register_recipient and the
+series functions.
+
+Each check returns the cleaned value or raises `InvalidField` naming the field (`variables.order`,
+`addresses.email`, `items[3].user_id`). None of them touches the database, so a refused call writes
+nothing and leaves a caller's transaction usable. Text is refused where PostgreSQL could not store it
+(NUL, lone surrogates) or where it would outgrow an index row (byte caps below).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from datetime import datetime, time
+from typing import Any
+from urllib.parse import urlsplit
+
+from email_validator import EmailNotValidError, validate_email
+
+from clarion.errors import InvalidField, InvalidOccurrence
+
+# Byte caps (UTF-8). The unique index of a delivery holds user_id + type_key + occurrence_key +
+# channel: these caps keep it far below PostgreSQL's btree row limit (about 2.7 kB).
+USER_ID_BYTES = 256
+TYPE_KEY_BYTES = 128
+OCCURRENCE_KEY_BYTES = 512
+SERIES_KEY_BYTES = 512
+ORG_ID_BYTES = 256
+ADDRESS_BYTES = 2048
+MAX_ADDRESSES = 32
+LOCALE_CHARS = 35
+DEFAULT_MAX_DEPTH = 16  # containers nested inside variables, the variables mapping itself is level 1
+DEFAULT_MAX_BYTES = 64 * 1024  # variables encoded as compact JSON
+MAX_INT = 2**63  # JSON integers must fit in 64 bits; bigger numbers travel as strings
+RESERVED_PREFIXES = ("series:",)  # occurrence keys only series write
+
+CHANNEL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+LOCALE = re.compile(r"[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8})*")
+SLACK_USER = re.compile(r"[UW][A-Z0-9]{1,31}")
+E164 = re.compile(r"\+[1-9][0-9]{7,14}")
+HH_MM = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9]")
+SUBDIVISION = re.compile(r"[A-Za-z0-9]{1,3}")
+
+
+def show(value: object, limit: int = 40) -> str:
+    """A short, safe excerpt of a value for an error message (never calls a foreign __repr__)."""
+    if isinstance(value, str):
+        text = repr(value[: limit + 1])
+    elif value is None or isinstance(value, bool | float):
+        text = repr(value)
+    elif isinstance(value, int):
+        text = repr(value) if abs(value) < 10**limit else "a very large integer"
+    else:
+        return f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _clean(field: str, value: str) -> None:
+    if "\x00" in value:
+        raise InvalidField(field, "must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidField(field, f"is not valid Unicode text (lone surrogate at {exc.start})") from exc
+
+
+def text(field: str, value: object, *, max_bytes: int, empty: bool = False) -> str:
+    """A string PostgreSQL can store and index: no NUL, no lone surrogates, at most max_bytes."""
+    if not isinstance(value, str):
+        raise InvalidField(field, f"must be a string, not {show(value)}")
+    if not value and not empty:
+        raise InvalidField(field, "must not be empty")
+    if len(value) > max_bytes:
+        raise InvalidField(field, f"must be at most {max_bytes} bytes, not {len(value)} characters")
+    _clean(field, value)
+    size = len(value.encode("utf-8"))
+    if size > max_bytes:
+        raise InvalidField(field, f"must be at most {max_bytes} bytes of UTF-8, not {size}")
+    return str(value)
+
+
+def optional_text(field: str, value: object, *, max_bytes: int) -> str | None:
+    return None if value is None else text(field, value, max_bytes=max_bytes)
+
+
+# --- variables ------------------------------------------------------------------------------------
+
+
+def variables(value: object, *, field: str = "variables", max_depth: int = DEFAULT_MAX_DEPTH,
+              max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
+    """A plain JSON copy of template variables: a mapping with string keys whose values are str,
+    int (64-bit), finite float, bool, None, lists and mappings, nested at most `max_depth` deep
+    and at most `max_bytes` as compact JSON. Tuples become lists, mapping types become dicts."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidField(field, f"must be a mapping of names to JSON values, not {show(value)}")
+    copy = _copy_json(value, field, max_depth, max_bytes)
+    size = len(json.dumps(copy, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    if size > max_bytes:
+        raise InvalidField(field, f"must be at most {max_bytes} bytes as JSON, not {size}")
+    return copy
+
+
+def _copy_json(root: Mapping, field: str, max_depth: int, max_bytes: int) -> dict[str, Any]:
+    """Iterative (no recursion, so no RecursionError); stops as soon as a lower bound of the
+    encoded size passes max_bytes, so a huge value costs little to refuse."""
+    out: dict[str, Any] = {}
+    stack: list[tuple[Any, Any, str, int]] = [(root, out, field, 1)]
+    budget = 0
+    while stack:
+        source, target, path, depth = stack.pop()
+        if depth > max_depth:
+            raise InvalidField(path, f"nests deeper than {max_depth} levels")
+        for key, where, item in _members(source, path):
+            budget += 2 + len(key or "") + (len(item) if isinstance(item, str) else 0)
+            if budget > max_bytes:
+                raise InvalidField(field, f"must be at most {max_bytes} bytes as JSON")
+            plain = _plain(where, item)
+            if isinstance(plain, dict | list):
+                stack.append((item, plain, where, depth + 1))
+            if key is None:
+                target.append(plain)
+            else:
+                target[key] = plain
+    return out
+
+
+def _members(source: Any, path: str):
+    """(key or None for a list item, field name, value) for each member of a mapping or list."""
+    if isinstance(source, Mapping):
+        for key, item in source.items():
+            if not isinstance(key, str):
+                raise InvalidField(path, f"keys must be strings, not {show(key)}")
+            _clean(f"{path} key {show(key)}", key)
+            yield str(key), f"{path}.{key[:60]}", item
+    else:
+        for index, item in enumerate(source):
+            yield None, f"{path}[{index}]", item
+
+
+def _plain(field: str, item: object) -> Any:
+    """The plain JSON form of one value: a scalar, or an empty dict/list to fill."""
+    if item is None or isinstance(item, bool):
+        return item
+    if isinstance(item, int):
+        if not -MAX_INT <= item < MAX_INT:
+            raise InvalidField(field, "integers must fit in 64 bits; send bigger numbers as strings")
+        return int(item)
+    if isinstance(item, float):
+        if not math.isfinite(item):
+            raise InvalidField(field, f"numbers must be finite, not {item!r}")
+        return float(item)
+    if isinstance(item, str):
+        _clean(field, item)
+        return str(item)
+    if isinstance(item, Mapping):
+        return {}
+    if isinstance(item, list | tuple):
+        return []
+    raise InvalidField(field, f"must be a JSON value (str, int, float, bool, None, list or mapping), "
+                              f"not {show(item)}")
+
+
+# --- recipients -----------------------------------------------------------------------------------
+
+
+def _email(field: str, value: str) -> None:
+    try:
+        validate_email(value, check_deliverability=False)
+    except EmailNotValidError as exc:
+        raise InvalidField(field, f"not an email address: {exc}") from exc
+
+
+def _pattern(regex: re.Pattern[str], what: str) -> Callable[[str, str], None]:
+    def check(field: str, value: str) -> None:
+        if not regex.fullmatch(value):
+            raise InvalidField(field, f"must be {what}, not {show(value)}")
+
+    return check
+
+
+def _url(field: str, value: str) -> None:
+    try:
+        parts = urlsplit(value)
+        host = parts.hostname
+    except ValueError as exc:
+        raise InvalidField(field, f"not a URL: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not host or any(c.isspace() or ord(c) < 32 for c in value):
+        raise InvalidField(field, f"must be an http(s) URL, not {show(value)}")
+
+
+def _nothing(field: str, value: str) -> None:
+    """Channels without a format of their own (teams user ids, stored references)."""
+
+
+ADDRESS_FORMATS: dict[str, Callable[[str, str], None]] = {
+    "email": _email,
+    "slack": _pattern(SLACK_USER, "a Slack user id such as U0123ABCD or W0123ABCD"),
+    "sms": _pattern(E164, "an E.164 number: + and 8 to 15 digits, such as +4915112345678"),
+    "webhook": _url,
+    "teams": _nothing,
+}
+
+
+def addresses(value: object, field: str = "addresses") -> dict[str, str]:
+    """Channel name → address. Known channels get a format check; every address is non-empty text
+    of at most ADDRESS_BYTES; at most MAX_ADDRESSES channels."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidField(field, f"must map channel names to addresses, not {show(value)}")
+    if len(value) > MAX_ADDRESSES:
+        raise InvalidField(field, f"at most {MAX_ADDRESSES} channels, not {len(value)}")
+    out: dict[str, str] = {}
+    for channel, address in value.items():
+        if not isinstance(channel, str) or not CHANNEL_NAME.fullmatch(channel):
+            raise InvalidField(field, f"channel names are lower-case words like 'email', not {show(channel)}")
+        where = f"{field}.{channel}"
+        out[channel] = text(where, address, max_bytes=ADDRESS_BYTES)
+        ADDRESS_FORMATS.get(channel, _nothing)(where, out[channel])
+    return out
+
+
+def locale(value: object, field: str = "locale") -> str:
+    """A BCP 47 language tag such as en, de-AT, zh-Hant-TW or es-419."""
+    value = text(field, value, max_bytes=LOCALE_CHARS)
+    if not (value.isascii() and LOCALE.fullmatch(value)):
+        raise InvalidField(field, f"must be a BCP 47 language tag such as 'en' or 'de-AT', not {show(value)}")
+    return value
+
+
+def country(value: object, field: str = "country") -> str | None:
+    """An ISO 3166 alpha-2 code (any case in, upper case out), or None."""
+    if value is None:
+        return None
+    if not (isinstance(value, str) and len(value) == 2 and value.isascii() and value.isalpha()):
+        raise InvalidField(field, f"must be an ISO 3166 alpha-2 code such as 'DE', not {show(value)}")
+    return value.upper()
+
+
+def subdivision(value: object, field: str = "subdivision") -> str | None:
+    """The part after the dash of an ISO 3166-2 code (BY for DE-BY): 1–3 letters or digits."""
+    if value is None:
+        return None
+    if not (isinstance(value, str) and value.isascii() and SUBDIVISION.fullmatch(value)):
+        raise InvalidField(field, f"must be an ISO 3166-2 subdivision code such as 'BY' (1-3 letters "
+                                  f"or digits, without the country), not {show(value)}")
+    return value.upper()
+
+
+def workweek(value: object, field: str = "workweek") -> list[int] | None:
+    """Working weekdays, Monday=0 … Sunday=6: a non-empty list (or tuple or set) of ints."""
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple | set | frozenset) or not value or len(value) > 7 * 4 or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 6 for d in value):
+        raise InvalidField(field, "must list weekdays as integers 0 (Monday) to 6 (Sunday)")
+    return sorted({int(d) for d in value})
+
+
+def clock_time(field: str, value: object) -> time:
+    """A local time of day: 'HH:MM' (24 hours) or a naive datetime.time."""
+    if isinstance(value, time):
+        if value.tzinfo is not None:
+            raise InvalidField(field, "must be a local time of day without a time zone")
+        return value
+    if isinstance(value, str) and value.isascii() and HH_MM.fullmatch(value):
+        return time(int(value[:2]), int(value[3:]))
+    raise InvalidField(field, f"must be an 'HH:MM' time such as '22:00', not {show(value)}")
+
+
+def quiet_hours(value: object, field: str = "quiet_hours") -> tuple[time | None, time | None]:
+    """A daily local window (start, end), e.g. ('22:00', '07:00'); None for no quiet hours."""
+    if value is None:
+        return None, None
+    if not isinstance(value, tuple | list) or len(value) != 2:
+        raise InvalidField(field, "must be a (start, end) pair of 'HH:MM' times")
+    return clock_time(f"{field}[0]", value[0]), clock_time(f"{field}[1]", value[1])
+
+
+# --- occurrences and series -----------------------------------------------------------------------
+
+
+def occurrence_key(event_id: object, occurrence_key: object) -> str:
+    """The request's occurrence key: `event:<event_id>`, or an explicit occurrence key that does
+    not start with a reserved prefix (`series:` keys are written by series only)."""
+    if (event_id is None) == (occurrence_key is None):
+        raise InvalidOccurrence("give exactly one of event_id or occurrence_key")
+    try:
+        if occurrence_key is None:
+            return "event:" + text("event_id", event_id, max_bytes=OCCURRENCE_KEY_BYTES - len("event:"))
+        key = text("occurrence_key", occurrence_key, max_bytes=OCCURRENCE_KEY_BYTES)
+    except InvalidField as exc:
+        raise InvalidOccurrence(exc.reason, exc.field) from exc
+    if key.startswith(RESERVED_PREFIXES):
+        raise InvalidOccurrence(f"keys starting with {RESERVED_PREFIXES[0]!r} are reserved for series")
+    return key
+
+
+def positive_int(field: str, value: object, *, maximum: int) -> int:
+    """An int (not a bool) from 1 to maximum."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= maximum:
+        raise InvalidField(field, f"must be a whole number from 1 to {maximum}, not {show(value)}")
+    return int(value)
+
+
+def aware_datetime(field: str, value: object) -> datetime:
+    """A timezone-aware datetime (an instant)."""
+    if not isinstance(value, datetime):
+        raise InvalidField(field, f"must be a timezone-aware datetime, not {show(value)}")
+    try:
+        offset = value.utcoffset()
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InvalidField(field, "has a time zone that gives no offset") from exc
+    if offset is None:
+        raise InvalidField(field, "must be timezone-aware")
+    return value
