@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 from aiohttp.web import HTTPUnsupportedMediaType, json_response
@@ -103,16 +104,26 @@ class ClarionCloudAdapter(CloudAdapter):
         return int(response.status), _json_body(response.body)
 
     async def _admit(self, body: bytes, auth_header: str | None) -> tuple[Any, Activity]:
-        """Size, token shape, JSON, Bot Framework authentication, then the activity's shape."""
+        """Size, token shape, Bot Framework authentication, then JSON and the activity's shape. The
+        token names the serviceUrl it was issued for, so authentication reads that (and channelId)
+        from the body first; a body that is not JSON is refused as unauthenticated (no serviceUrl
+        matches) unless authentication is off, and as malformed only then."""
         if len(body) > BODY_LIMIT:
             raise Refused(413, f"body over {BODY_LIMIT} bytes")
         if self.require_token or auth_header is not None:
             check_bearer(auth_header)
-        data = decode_json(body)
+        data: Any = None
+        malformed: Refused | None = None
+        try:
+            data = decode_json(body)
+        except Refused as error:
+            malformed = error
         try:
             auth = await self.bot_framework_authentication.authenticate_request(probe(data), auth_header)
         except Exception as exc:  # PermissionError, a malformed JWT, an unreachable key set: all 401
             raise Refused(401, f"not authenticated: {str(exc)[:120]}") from exc
+        if malformed is not None:
+            raise malformed
         return auth, read_activity(data)
 
     async def process(self, request: Any, bot: Bot, ws_response: Any = None) -> AiohttpResponse | None:
@@ -272,10 +283,19 @@ async def _on_preferences(turn_context: TurnContext, action: TeamsAction) -> Non
     reply_to = turn_context.activity.reply_to_id
     if card is not None and action.kind == "preferences_save" and reply_to:
         update = Activity(type=ActivityTypes.message, id=reply_to, attachments=[card_attachment(card)])
-        await turn_context.update_activity(update)
+        await _reply(turn_context.update_activity(update))
         return
     reply = Activity(type=ActivityTypes.message, attachments=[card_attachment(card)]) if card else text
-    await turn_context.send_activity(reply)
+    await _reply(turn_context.send_activity(reply))
+
+
+async def _reply(call: Awaitable[Any]) -> None:
+    """A reply into the conversation: the connector refusing it (or being unreachable) is the
+    connector's answer, logged as a warning; what the activity asked for is already done."""
+    try:
+        await call
+    except Exception as exc:
+        log.warning("teams reply failed: %s", type(exc).__name__, extra={"action": "teams_reply_failed"})
 
 
 def _preferences(action: TeamsAction) -> tuple[dict | None, str]:
@@ -329,10 +349,13 @@ class ClarionBot(ActivityHandler):
         await super().on_turn(turn_context)
 
     async def on_message_activity(self, turn_context: TurnContext) -> None:
-        try:
-            await turn_context.send_activity(HELP)
-        except Exception as exc:  # a courtesy reply; the connector being unreachable is not our error
-            log.warning("teams help reply failed: %s", type(exc).__name__, extra={"action": "teams_reply_failed"})
+        await _reply(turn_context.send_activity(HELP))
+
+    async def on_invoke_activity(self, turn_context: TurnContext) -> InvokeResponse:
+        """An invoke that is not clarion's (those were answered in handle_teams_activity): there is
+        nothing here for it. 404, where botbuilder would answer 501 (or run sign-in handlers this
+        bot does not have)."""
+        return InvokeResponse(status=404)
 
 
 # --- the endpoint --------------------------------------------------------------------------------
