@@ -18,7 +18,9 @@ invoke that has a response body with HTTP 500 (it serializes the already-seriali
 `'dict' object has no attribute 'is_xml_model'`), and answers 401 to any request that fails Bot
 Framework authentication. The endpoint answers 404 while CLARION_TEAMS_APP_ID is unset; with
 CLARION_TEAMS_APP_ID=none there is no authentication (local only: anyone who can reach the endpoint
-may then act as any Teams user).
+may then act as any Teams user; `clarion web` warns and binds only loopback addresses unless told,
+and an anonymous activity replaces a stored conversation only from the stored one's origin).
+Before botbuilder sees an activity, `handle` checks size, token and shape (web/teams_envelope.py).
 """
 
 from __future__ import annotations
