@@ -32,6 +32,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from adapters.base import Message, SendResult
+from adapters.escape import slack_mrkdwn
 from catalog import Button
 from clarion import clock
 from clarion.errors import (
@@ -68,8 +69,9 @@ def _cut(text: str, limit: int) -> str:
 
 
 def escape(text: str) -> str:
-    """Slack's mrkdwn control characters: no links, mentions or channel pings from content."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """Slack's mrkdwn control characters: no links, mentions or channel pings from content
+    (adapters.escape.slack_mrkdwn, the one place channel escaping lives)."""
+    return slack_mrkdwn(text)
 
 
 def _plain(text: str, limit: int) -> dict[str, Any]:

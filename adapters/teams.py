@@ -41,6 +41,7 @@ from botframework.connector.auth import MicrosoftAppCredentials
 from msrest.exceptions import ClientRequestError
 
 from adapters.base import Message, SendResult
+from adapters.escape import card_markdown
 from adapters.webhook import retry_after
 from clarion import clock
 from clarion.errors import (
@@ -148,12 +149,13 @@ def _action(title: str, verb: str, data: dict[str, Any], style: str | None = Non
 
 
 def _text(content: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Title and body as TextBlocks, escaped: rendered content is data, never card markdown."""
     blocks = []
     if content.get("title"):
-        blocks.append({"type": "TextBlock", "text": content["title"], "weight": "Bolder", "size": "Medium",
-                       "wrap": True})
+        blocks.append({"type": "TextBlock", "text": card_markdown(content["title"]), "weight": "Bolder",
+                       "size": "Medium", "wrap": True})
     if content.get("body"):
-        blocks.append({"type": "TextBlock", "text": content["body"], "wrap": True})
+        blocks.append({"type": "TextBlock", "text": card_markdown(content["body"]), "wrap": True})
     return blocks
 
 
@@ -166,8 +168,8 @@ def to_card(message: Message) -> dict[str, Any]:
 
 def answered_card(message: Message, label: str) -> dict[str, Any]:
     """The same card once answered: the actions give way to the answer's catalog label."""
-    answered = {"type": "TextBlock", "text": f"Answered: {label}", "weight": "Bolder", "color": "Good",
-                "wrap": True}
+    answered = {"type": "TextBlock", "text": f"Answered: {card_markdown(label)}", "weight": "Bolder",
+                "color": "Good", "wrap": True}
     return _card([*_text(message.content), answered])
 
 
@@ -178,7 +180,7 @@ def preferences_card(choices: Sequence[tuple[str, str, bool]], note: str | None 
     body += [{"type": "Input.Toggle", "id": f"type:{key}", "title": label, "value": str(on).lower(),
               "valueOn": "true", "valueOff": "false"} for key, label, on in choices]
     if note:
-        body.append({"type": "TextBlock", "text": note, "isSubtle": True, "wrap": True})
+        body.append({"type": "TextBlock", "text": card_markdown(note), "isSubtle": True, "wrap": True})
     return _card(body, [_action("Save", PREFERENCES_VERB, {PREFERENCES_KEY: "save"}, "primary")])
 
 

@@ -55,6 +55,11 @@ def _beat(args: argparse.Namespace) -> int:
 def _web(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from web.app import check_bind
+
+    warning = check_bind(args.host, settings.get().teams_app_id, allow_insecure_teams=args.allow_insecure_teams)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     settings.get().urls()
     uvicorn.run("web.app:create_app", factory=True, host=args.host, port=args.port, log_level="info")
     return 0
@@ -205,6 +210,8 @@ def parser() -> argparse.ArgumentParser:
     wb = sub.add_parser("web", help="serve the Slack and Teams endpoints (ASGI, uvicorn)")
     wb.add_argument("--host", default="127.0.0.1")
     wb.add_argument("--port", type=int, default=8000)
+    wb.add_argument("--allow-insecure-teams", action="store_true",
+                    help="with CLARION_TEAMS_APP_ID=none, serve on a non-loopback host anyway (unauthenticated!)")
     wb.set_defaults(fn=_web)
     fl = sub.add_parser("flower", help="run Flower on the clarion broker")
     fl.add_argument("--port", type=int, default=5555)

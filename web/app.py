@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from adapters.teams import local_mode
+from clarion.errors import ConfigurationError
 
 
 async def health(request: Request) -> JSONResponse:
@@ -18,3 +23,28 @@ def create_app() -> Starlette:
 
     routes += slack.routes() + teams.routes()
     return Starlette(routes=routes)
+
+
+def is_loopback(host: str) -> bool:
+    """Is `host` an address only this machine can reach? ("0.0.0.0" and "::" are every address.)"""
+    if host.strip().lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def check_bind(host: str, teams_app_id: str | None, *, allow_insecure_teams: bool = False) -> str | None:
+    """Before `clarion web` binds `host`: the warning to print in Teams local mode (None otherwise).
+    Raises ConfigurationError for local mode on a non-loopback host unless explicitly allowed: an
+    unauthenticated Teams endpoint lets anyone who reaches it act as any Teams user."""
+    if not local_mode(teams_app_id):
+        return None
+    from web.teams import LOCAL_MODE_WARNING
+
+    if not is_loopback(host) and not allow_insecure_teams:
+        raise ConfigurationError(f"refusing to serve Teams without authentication on {host!r}: "
+                                 "CLARION_TEAMS_APP_ID=none is for local development; bind a loopback "
+                                 "address, set a real app id, or pass --allow-insecure-teams")
+    return f"clarion: WARNING: {LOCAL_MODE_WARNING}"

@@ -2,8 +2,10 @@
 
 Two ways in:
   - `register(app)` adds the handlers to a host's existing Bolt `App` (reuse its bot endpoint);
-  - `routes()` serves clarion's own `POST /slack/events` (a Bolt App verifying Slack's signature
-    with CLARION_SLACK_SIGNING_SECRET, talking to CLARION_SLACK_API_URL with CLARION_SLACK_TOKEN).
+  - `routes()` serves clarion's own `POST /slack/events`: it checks the size, then Slack's signature
+    (CLARION_SLACK_SIGNING_SECRET) on the raw body, then the body's shape (web/slack_envelope.py),
+    and hands the checked envelope to a Bolt App talking to CLARION_SLACK_API_URL with
+    CLARION_SLACK_TOKEN.
 
 Every click is untrusted input handed to `tasks.interactions.handle_click`; the message is then
 updated in place with the catalog's label of the answer recorded, whoever's click won.
@@ -11,13 +13,16 @@ updated in place with the catalog's label of the answer recorded, whoever's clic
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
+import time
 from typing import Any
 
 from slack_bolt import App
-from slack_bolt.adapter.starlette.handler import to_bolt_request, to_starlette_response
+from slack_bolt.adapter.starlette.handler import to_starlette_response
+from slack_bolt.request import BoltRequest
 from slack_sdk import WebClient
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -33,6 +38,17 @@ from gates.preferences import LOCKED_CATEGORIES
 from tasks import runtime
 from tasks.interactions import Click, handle_click
 from tasks.preferences import get_preferences, set_preferences
+from web.inbound import Refused, read_body, refusal
+from web.slack_envelope import (
+    BODY_LIMIT,
+    BlockActions,
+    SslCheck,
+    Unhandled,
+    parse,
+    read_block_actions,
+    read_event,
+    verify,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +71,27 @@ def register(app: App) -> App:
     return app
 
 
-def on_click(ack: Any, body: dict, action: dict, client: WebClient) -> None:
+def on_click(ack: Any, body: dict, client: WebClient) -> None:
     """A button on one of clarion's messages: validate, record, and show the answer in place."""
     ack()
-    slack_user = str((body.get("user") or {}).get("id") or "")
-    click = handle_click("slack", slack_user, action.get("value"))
+    envelope = _block_actions(body)
+    if envelope is None:
+        return
+    click = handle_click("slack", envelope.user_id, envelope.actions[0].value)
     if click.outcome in ("accepted", "repeated"):
         show_answer(client, click)
     else:
-        _tell(client, body, slack_user, NOT_FOR_YOU)
+        _tell(client, envelope, NOT_FOR_YOU)
+
+
+def _block_actions(body: Any) -> BlockActions | None:
+    """The click's checked shape; None (logged) for a payload clarion cannot read. On clarion's own
+    endpoint the body was already checked; a host's Bolt App hands over Slack's body as it came."""
+    try:
+        return read_block_actions(body if isinstance(body, dict) else {})
+    except Refused as error:
+        log.info("slack interaction ignored: %s", error.reason, extra={"action": "slack_malformed"})
+        return None
 
 
 def show_answer(client: WebClient, click: Click) -> bool:
@@ -92,12 +120,11 @@ def message_for(target: dict[str, Any]) -> Message | None:
                    buttons=ntype.templates[version].buttons)
 
 
-def _tell(client: WebClient, body: dict, slack_user: str, text: str) -> None:
-    channel = (body.get("container") or {}).get("channel_id") or (body.get("channel") or {}).get("id")
-    if not (channel and slack_user):
+def _tell(client: WebClient, envelope: BlockActions, text: str) -> None:
+    if not envelope.channel_id:
         return
     try:
-        client.chat_postEphemeral(channel=channel, user=slack_user, text=text)
+        client.chat_postEphemeral(channel=envelope.channel_id, user=envelope.user_id, text=text)
     except Exception:  # best effort: the click was already judged and recorded
         log.warning("ephemeral reply failed", extra={"action": "slack_ephemeral_failed"})
 
@@ -107,25 +134,32 @@ def _tell(client: WebClient, body: dict, slack_user: str, text: str) -> None:
 
 def on_home_opened(event: dict, client: WebClient) -> None:
     """Publish the Home tab: the recipient's nudge types with on/off toggles."""
-    if event.get("tab", "home") == "home" and event.get("user"):
-        publish_home(client, str(event["user"]))
+    try:
+        opened = read_event(event if isinstance(event, dict) else {})
+    except Refused as error:
+        log.info("slack event ignored: %s", error.reason, extra={"action": "slack_malformed"})
+        return
+    if (opened.tab or "home") == "home" and opened.user:
+        publish_home(client, opened.user)
 
 
-def on_toggle(ack: Any, body: dict, action: dict, client: WebClient) -> None:
+def on_toggle(ack: Any, body: dict, client: WebClient) -> None:
     """A Home-tab toggle: turn one type on or off (every channel), through set_preferences."""
     ack()
-    slack_user = str((body.get("user") or {}).get("id") or "")
-    key = str(action.get("action_id") or "").removeprefix("clarion_pref:")
-    value = action.get("value")
-    user = _clarion_user(slack_user)
-    if user is None or value not in ("on", "off"):
+    envelope = _block_actions(body)
+    if envelope is None:
+        return
+    action = envelope.actions[0]
+    key = action.action_id.removeprefix("clarion_pref:")
+    user = _clarion_user(envelope.user_id)
+    if user is None or action.value not in ("on", "off"):
         return
     try:
         # a Slack-only setting would hide the one shown here, so the toggle clears it
-        set_preferences(user, {f"type:{key}": value == "on", f"type:{key}/slack": None})
+        set_preferences(user, {f"type:{key}": action.value == "on", f"type:{key}/slack": None})
     except Exception as exc:  # an unknown or locked type from a forged payload: nothing changes
         log.info("preference toggle refused: %s", exc, extra={"action": "slack_toggle_refused"})
-    publish_home(client, slack_user)
+    publish_home(client, envelope.user_id)
 
 
 def publish_home(client: WebClient, slack_user: str) -> None:
@@ -184,18 +218,20 @@ _apps: dict[tuple, App] = {}
 
 
 def build_app(s: settings.Settings) -> App:
-    """A Bolt App for clarion's own endpoint, with clarion's handlers registered."""
+    """A Bolt App for clarion's own endpoint, with clarion's handlers registered. The endpoint
+    verifies Slack's signature itself, on the raw body, before anything is parsed; Bolt gets the
+    checked envelope re-encoded, so its own check (over the raw body) is off."""
     # Listeners finish (click judged, message updated) before Slack gets its answer, which it wants
     # within 3 s: handle_click is one short transaction, and Slack calls get 2 s. An update that
     # times out leaves the answer recorded; the next click on the message updates it again.
     client = WebClient(token=s.slack_token, base_url=s.slack_api_url, timeout=ENDPOINT_TIMEOUT)
     app = App(client=client, signing_secret=s.slack_signing_secret, token_verification_enabled=False,
-              process_before_response=True)
+              request_verification_enabled=False, process_before_response=True)
     return register(app)
 
 
-def own_app() -> App | None:
-    """This process's Bolt App for the current settings; None when Slack is not configured."""
+def own_app() -> tuple[App, str] | None:
+    """This process's Bolt App and signing secret; None when Slack is not configured."""
     s = settings.get()
     if not (s.slack_token and s.slack_signing_secret):
         return None
@@ -203,17 +239,30 @@ def own_app() -> App | None:
     if key not in _apps:
         _apps.clear()
         _apps[key] = build_app(s)
-    return _apps[key]
+    return _apps[key], s.slack_signing_secret
 
 
 async def events(request: Request) -> Response:
-    """POST /slack/events: Events API and interactivity, verified by Bolt (bad signature: 401)."""
-    app = own_app()
-    if app is None:
+    """POST /slack/events: Events API and interactivity. Size (413), then Slack's signature (401),
+    then the shape of the body (400), and only then Bolt and clarion's listeners."""
+    configured = own_app()
+    if configured is None:
         return JSONResponse({"error": "slack is not configured"}, status_code=404)
-    body = await request.body()
+    app, secret = configured
+    try:
+        body = await read_body(request, BODY_LIMIT)
+        verify(secret, request.headers, body, now=time.time())
+        envelope = parse(body, request.headers.get("content-type", ""))
+    except Refused as error:
+        return refusal(error, "slack")
+    if isinstance(envelope, SslCheck):
+        return Response(status_code=200)
+    if isinstance(envelope, Unhandled):
+        log.debug("slack request not handled", extra={"action": "slack_unhandled", "kind": envelope.kind})
+        return JSONResponse({"error": "unhandled request"}, status_code=404)
+    bolt_request = BoltRequest(body=json.dumps(envelope.to_bolt()), headers={"content-type": "application/json"})
     # Bolt's App is synchronous; dispatch off the event loop (its Starlette handler would block it).
-    response = await run_in_threadpool(app.dispatch, to_bolt_request(request, body))
+    response = await run_in_threadpool(app.dispatch, bolt_request)
     return to_starlette_response(response)
 
 

@@ -18,14 +18,16 @@ invoke that has a response body with HTTP 500 (it serializes the already-seriali
 `'dict' object has no attribute 'is_xml_model'`), and answers 401 to any request that fails Bot
 Framework authentication. The endpoint answers 404 while CLARION_TEAMS_APP_ID is unset; with
 CLARION_TEAMS_APP_ID=none there is no authentication (local only: anyone who can reach the endpoint
-may then act as any Teams user).
+may then act as any Teams user; `clarion web` warns and binds only loopback addresses unless told,
+and an anonymous activity replaces a stored conversation only from the stored one's origin).
+Before botbuilder sees an activity, `handle` checks size, token and shape (web/teams_envelope.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 from aiohttp.web import HTTPUnsupportedMediaType, json_response
@@ -60,12 +62,16 @@ from gates.preferences import LOCKED_CATEGORIES
 from tasks import runtime
 from tasks.interactions import Click, handle_click
 from tasks.preferences import get_preferences, set_preferences
+from web.inbound import Refused, decode_json, read_body, refusal
+from web.teams_envelope import BODY_LIMIT, check_bearer, probe, read_activity
 
 log = logging.getLogger(__name__)
 
 HELP = 'I send your growth-plan nudges. Send "preferences" to choose which ones you get.'
 NOT_VALID = "This button can't be used any more."
 UNKNOWN_USER = "I don't have you on my list yet, so there is nothing to set."
+LOCAL_MODE_WARNING = ("CLARION_TEAMS_APP_ID=none: Teams requests are NOT authenticated; anyone who can reach "
+                      "/api/messages can act as any Teams user (local development only)")
 
 
 # --- the adapter -----------------------------------------------------------------------------------
@@ -77,26 +83,50 @@ def _json_body(body: Any) -> Any:
 
 
 class ClarionCloudAdapter(CloudAdapter):
-    """CloudAdapter whose invoke responses are serialized once, with a framework-neutral `handle`."""
+    """CloudAdapter whose invoke responses are serialized once, with a framework-neutral `handle`
+    that checks size, token and shape before botbuilder sees an activity (web/teams_envelope.py).
+    `require_token`: refuse a request without a JWT-shaped bearer token before parsing it (every
+    deployment but local mode)."""
+
+    def __init__(self, bot_framework_authentication: Any, *, require_token: bool = False) -> None:
+        super().__init__(bot_framework_authentication)
+        self.require_token = require_token
 
     async def handle(self, body: bytes, auth_header: str | None, bot: Bot) -> tuple[int, Any]:
         """Authenticate and run one POSTed activity: (HTTP status, JSON body or None)."""
         try:
-            data = json.loads(body)
-            activity = Activity().deserialize(data) if isinstance(data, dict) else None
-        except Exception:  # not JSON, or not an activity msrest can read
-            activity = None
-        if activity is None or not activity.type:
-            return 400, None
-        try:
-            auth = await self.bot_framework_authentication.authenticate_request(activity, auth_header or None)
-        except Exception as exc:  # PermissionError, a malformed JWT, an unreachable key set: all 401
-            log.info("teams request refused", extra={"action": "teams_unauthorized", "error": str(exc)[:200]})
-            return 401, None
+            auth, activity = await self._admit(body, auth_header or None)
+        except Refused as error:
+            log.info("teams request refused: %s", error.reason,
+                     extra={"action": "teams_refused", "status": error.status, "reason": error.reason})
+            return error.status, {"error": error.reason}
         response = await self.process_activity(auth, activity, bot.on_turn)
         if response is None:
             return 201, None
         return int(response.status), _json_body(response.body)
+
+    async def _admit(self, body: bytes, auth_header: str | None) -> tuple[Any, Activity]:
+        """Size, token shape, Bot Framework authentication, then JSON and the activity's shape. The
+        token names the serviceUrl it was issued for, so authentication reads that (and channelId)
+        from the body first; a body that is not JSON is refused as unauthenticated (no serviceUrl
+        matches) unless authentication is off, and as malformed only then."""
+        if len(body) > BODY_LIMIT:
+            raise Refused(413, f"body over {BODY_LIMIT} bytes")
+        if self.require_token or auth_header is not None:
+            check_bearer(auth_header)
+        data: Any = None
+        malformed: Refused | None = None
+        try:
+            data = decode_json(body)
+        except Refused as error:
+            malformed = error
+        try:
+            auth = await self.bot_framework_authentication.authenticate_request(probe(data), auth_header)
+        except Exception as exc:  # PermissionError, a malformed JWT, an unreachable key set: all 401
+            raise Refused(401, f"not authenticated: {str(exc)[:120]}") from exc
+        if malformed is not None:
+            raise malformed
+        return auth, read_activity(data)
 
     async def process(self, request: Any, bot: Bot, ws_response: Any = None) -> AiohttpResponse | None:
         """The aiohttp entry point, fixed (for hosts that serve their bot with aiohttp)."""
@@ -104,6 +134,8 @@ class ClarionCloudAdapter(CloudAdapter):
             return await super().process(request, bot, ws_response)
         if "application/json" not in request.headers.get("Content-Type", ""):
             raise HTTPUnsupportedMediaType()
+        if (request.content_length or 0) > BODY_LIMIT:
+            return AiohttpResponse(status=413)
         status, body = await self.handle(await request.read(), request.headers.get("Authorization"), bot)
         return json_response(body, status=status) if body is not None else AiohttpResponse(status=status)
 
@@ -130,42 +162,57 @@ class _AuthConfig:
 def build_adapter(s: settings.Settings | None = None, *, openid_metadata_url: str | None = None) -> ClarionCloudAdapter:
     """The adapter for these settings: Bot Framework authentication unless the app id is "none"."""
     s = s or settings.get()
-    return ClarionCloudAdapter(ConfigurationBotFrameworkAuthentication(_AuthConfig(s, openid_metadata_url)))
+    local = local_mode(s.teams_app_id)
+    if local:
+        log.warning(LOCAL_MODE_WARNING, extra={"action": "teams_local_mode"})
+    return ClarionCloudAdapter(ConfigurationBotFrameworkAuthentication(_AuthConfig(s, openid_metadata_url)),
+                               require_token=not local)
 
 
 # --- what clarion does with an activity ----------------------------------------------------------
 
 
+def _authenticated(turn_context: TurnContext) -> bool:
+    """Did the adapter authenticate this turn (a Bot Framework token with claims)?"""
+    identity = turn_context.turn_state.get(BotAdapter.BOT_IDENTITY_KEY)
+    return not (identity is None or not identity.claims
+                or identity.authentication_type == AuthenticationConstants.ANONYMOUS_AUTH_TYPE)
+
+
 def _trusted(turn_context: TurnContext) -> bool:
     """Did an authenticated channel send this turn? Anonymous turns count only in local mode."""
-    identity = turn_context.turn_state.get(BotAdapter.BOT_IDENTITY_KEY)
-    anonymous = (identity is None or not identity.claims
-                 or identity.authentication_type == AuthenticationConstants.ANONYMOUS_AUTH_TYPE)
-    return not anonymous or local_mode(settings.get().teams_app_id)
+    return _authenticated(turn_context) or local_mode(settings.get().teams_app_id)
 
 
-def _store_reference(teams_user: str, reference: str) -> list[str]:
+def _store_reference(teams_user: str, reference: str, only_from: str | None) -> store.Remembered:
     with engine().begin() as conn:
-        changed = store.remember_conversation(conn, teams_user, reference, now=clock.now())
-        store.lift_deactivation(conn, teams_user)  # they can talk to the bot, so it is installed
-    return changed
+        remembered = store.remember_conversation(conn, teams_user, reference, now=clock.now(), only_from=only_from)
+        if remembered.accepted:  # they can talk to the bot, so it is installed
+            store.lift_deactivation(conn, teams_user)
+    return remembered
 
 
 async def remember_conversation(turn_context: TurnContext) -> bool:
     """Store the 1:1 conversation reference of a known recipient who sent this activity, so that
-    nudges can reach them proactively. True if a stored reference changed. Never raises."""
+    nudges can reach them proactively. True if a stored reference changed. Never raises.
+    An authenticated activity may replace a stored reference; in local mode an anonymous one
+    only if it comes from the stored reference's origin (a first reference is always stored)."""
     reference = reference_from_activity(turn_context.activity)
     if reference is None or not _trusted(turn_context):
         return False
+    only_from = None if _authenticated(turn_context) else (store.origin(reference.service_url) or "")
     try:
-        changed = await asyncio.to_thread(_store_reference, turn_context.activity.from_property.id,
-                                          reference.to_json())
+        remembered = await asyncio.to_thread(_store_reference, turn_context.activity.from_property.id,
+                                             reference.to_json(), only_from)
     except Exception:
         log.exception("teams conversation not stored", extra={"action": "teams_reference_error"})
         return False
-    if changed:
-        log.info("teams conversation stored", extra={"action": "teams_reference_stored", "users": changed})
-    return bool(changed)
+    if remembered.refused:
+        log.warning("unauthenticated teams activity from another origin: conversation kept",
+                    extra={"action": "teams_reference_refused", "users": remembered.refused})
+    if remembered.changed:
+        log.info("teams conversation stored", extra={"action": "teams_reference_stored", "users": remembered.changed})
+    return bool(remembered.changed)
 
 
 async def handle_teams_activity(turn_context: TurnContext, *, command: str | None = "preferences") -> bool:
@@ -238,10 +285,19 @@ async def _on_preferences(turn_context: TurnContext, action: TeamsAction) -> Non
     reply_to = turn_context.activity.reply_to_id
     if card is not None and action.kind == "preferences_save" and reply_to:
         update = Activity(type=ActivityTypes.message, id=reply_to, attachments=[card_attachment(card)])
-        await turn_context.update_activity(update)
+        await _reply(turn_context.update_activity(update))
         return
     reply = Activity(type=ActivityTypes.message, attachments=[card_attachment(card)]) if card else text
-    await turn_context.send_activity(reply)
+    await _reply(turn_context.send_activity(reply))
+
+
+async def _reply(call: Awaitable[Any]) -> None:
+    """A reply into the conversation: the connector refusing it (or being unreachable) is the
+    connector's answer, logged as a warning; what the activity asked for is already done."""
+    try:
+        await call
+    except Exception as exc:
+        log.warning("teams reply failed: %s", type(exc).__name__, extra={"action": "teams_reply_failed"})
 
 
 def _preferences(action: TeamsAction) -> tuple[dict | None, str]:
@@ -295,7 +351,13 @@ class ClarionBot(ActivityHandler):
         await super().on_turn(turn_context)
 
     async def on_message_activity(self, turn_context: TurnContext) -> None:
-        await turn_context.send_activity(HELP)
+        await _reply(turn_context.send_activity(HELP))
+
+    async def on_invoke_activity(self, turn_context: TurnContext) -> InvokeResponse:
+        """An invoke that is not clarion's (those were answered in handle_teams_activity): there is
+        nothing here for it. 404, where botbuilder would answer 501 (or run sign-in handlers this
+        bot does not have)."""
+        return InvokeResponse(status=404)
 
 
 # --- the endpoint --------------------------------------------------------------------------------
@@ -314,17 +376,18 @@ def routes(*, adapter: ClarionCloudAdapter | None = None, bot: Bot | None = None
     async def messages(request: Request) -> Response:
         if adapter is None and not settings.get().teams_app_id:
             return Response(status_code=404)  # Teams is off: never run without authentication by default
+        try:
+            body = await read_body(request, BODY_LIMIT)
+        except Refused as error:
+            return refusal(error, "teams")
         if "application/json" not in request.headers.get("content-type", ""):
             return Response(status_code=415)
         the_adapter, the_bot = parts()
         try:
-            status, body = await the_adapter.handle(await request.body(), request.headers.get("authorization"),
-                                                    the_bot)
+            status, answer = await the_adapter.handle(body, request.headers.get("authorization"), the_bot)
         except Exception:
             log.exception("teams turn failed", extra={"action": "teams_turn_error"})
             return Response(status_code=500)
-        return JSONResponse(body, status_code=status) if body is not None else Response(status_code=status)
+        return JSONResponse(answer, status_code=status) if answer is not None else Response(status_code=status)
 
     return [Route("/api/messages", messages, methods=["POST"])]
-
-
