@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit integration acceptance lint bench clean
+.PHONY: demo test unit integration acceptance chaos lint bench clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "clarion needs Python 3.11 or 3.12 on PATH"; exit 1; }
@@ -21,7 +21,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q -m 'not chaos' tests
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
@@ -31,6 +31,9 @@ integration: $(STAMP)
 
 acceptance: $(STAMP)
 	$(BIN)/pytest -q tests/acceptance
+
+chaos: $(STAMP)  # kills, a broker restart and a database restart under load (its own services)
+	$(BIN)/pytest -q -s -m chaos tests/acceptance
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py

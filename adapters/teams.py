@@ -41,7 +41,7 @@ from botframework.connector.auth import MicrosoftAppCredentials
 from msrest.exceptions import ClientRequestError
 
 from adapters.base import Message, SendResult
-from adapters.escape import card_markdown
+from adapters.escape import card_markdown, plain_text
 from adapters.webhook import retry_after
 from clarion import clock
 from clarion.errors import (
@@ -208,7 +208,8 @@ def card_attachment(card: dict[str, Any]) -> Attachment:
 
 def to_activity(card: dict[str, Any], ref: ConversationRef, summary: str | None = None) -> Activity:
     """The message activity that carries a card into the referenced conversation."""
-    return Activity(type=ActivityTypes.message, summary=summary or None, attachments=[card_attachment(card)],
+    return Activity(type=ActivityTypes.message, summary=plain_text(summary) if summary else None,
+                    attachments=[card_attachment(card)],
                     conversation=ConversationAccount(id=ref.conversation_id, tenant_id=ref.tenant_id),
                     channel_id=ref.channel_id, service_url=ref.service_url)
 

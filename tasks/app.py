@@ -87,7 +87,7 @@ def check_worker_start() -> None:
     check_broker(app.conf.broker_url)
     from tasks import runtime
 
-    runtime.catalog()  # TODO(issue 9 item 5): runtime.check_catalog() will replace this line
+    runtime.check_catalog()  # every template renders for every channel, or the worker refuses
 
 
 def check_config(conf: object) -> None:
