@@ -11,11 +11,16 @@ from datetime import timedelta
 from kombu import Queue
 
 from clarion import settings
-from clarion.errors import ServicesUnavailable
+from clarion.errors import ConfigurationError, ServicesUnavailable
 
 CLARION_CONFIG = True  # the marker tasks.app checks at worker start: this is clarion's config
 
-_settings = settings.get()
+try:
+    _settings = settings.get()
+except ConfigurationError:
+    # A bad setting must not make importing fail with a traceback: a worker refuses to start with
+    # the reason in one line (tasks.app reads the settings again), and so does every command.
+    _settings = settings.Settings()
 try:
     broker_url = _settings.urls()[2]
 except ServicesUnavailable:

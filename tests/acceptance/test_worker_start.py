@@ -42,7 +42,8 @@ BAD_CATALOG = textwrap.dedent("""
             body: "x"
 """)
 NOWHERE = {"CLARION_DATABASE_URL": "postgresql://clarion@127.0.0.1:1/clarion",
-           "CLARION_REDIS_URL": "redis://127.0.0.1:1/0", "CLARION_BROKER_URL": "redis://127.0.0.1:1/0"}
+           "CLARION_REDIS_URL": "redis://127.0.0.1:1/0", "CLARION_BROKER_URL": "redis://127.0.0.1:1/0",
+           "CLARION_WEBHOOK_SECRET": "a-secret-of-our-own"}
 
 
 def _env(tmp_path: Path, **values: str) -> dict[str, str]:
@@ -81,6 +82,12 @@ def test_an_unreachable_broker_is_refused(tmp_path):
     assert "broker redis://127.0.0.1:1/0 cannot be reached" in line
 
 
+def test_a_bad_setting_is_refused_in_one_line_not_a_traceback(tmp_path):
+    line = _refused(_celery_worker(), _env(tmp_path, **{**NOWHERE, "CLARION_WEBHOOK_SECRET": "clarion-dev-secret"}),
+                    tmp_path, within=15)
+    assert "CLARION_WEBHOOK_SECRET" in line
+
+
 def test_no_broker_at_all_is_refused_not_amqp_on_localhost(tmp_path):
     line = _refused(_celery_worker(), _env(tmp_path), tmp_path, within=15)
     assert "CLARION_DATABASE_URL and CLARION_REDIS_URL not set" in line
@@ -112,7 +119,7 @@ def test_a_catalog_that_cannot_load_is_refused_by_celery_and_by_clarion_worker(c
     bad.write_text(BAD_CATALOG)
     env = _env(tmp_path, **{**clarion_env.env, "CLARION_CATALOG": str(bad)})
     line = _refused(_celery_worker(), env, tmp_path)
-    assert "type 'hello': template v1" in line
+    assert "bad.yaml: type 'hello' v1 channel 'console' field 'title'" in line
     # under the supervisor: refused once, not restarted in a loop
     result = subprocess.run([str(CLARION), "worker", "--lane", "control", "--pool", "solo"], env=env,
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
