@@ -16,6 +16,7 @@ from clarion.errors import ServicesUnavailable
 CLARION_CONFIG = True  # the marker tasks.app checks at worker start: this is clarion's config
 
 _settings = settings.get()
+broker_url: str | None
 try:
     broker_url = _settings.urls()[2]
 except ServicesUnavailable:
