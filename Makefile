@@ -21,6 +21,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest -q -m 'not chaos' tests
 
 unit: $(STAMP)
@@ -34,6 +35,10 @@ acceptance: $(STAMP)
 
 chaos: $(STAMP)  # kills, a broker restart and a database restart under load (its own services)
 	$(BIN)/pytest -q -s -m chaos tests/acceptance
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py

@@ -21,6 +21,7 @@ except ConfigurationError:
     # A bad setting must not make importing fail with a traceback: a worker refuses to start with
     # the reason in one line (tasks.app reads the settings again), and so does every command.
     _settings = settings.Settings()
+broker_url: str | None
 try:
     broker_url = _settings.urls()[2]
 except ServicesUnavailable:

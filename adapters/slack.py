@@ -353,8 +353,9 @@ class SlackAdapter:
         if isinstance(error, PermanentSendError):
             self._dms.pop(message.address or "", None)  # a stale DM id is not trusted again
         if pause and error.reason == "ratelimited" and self.pauses:
-            self.pauses.pause(getattr(error, "retry_after", None) or DEFAULT_PAUSE)
-            log.warning("slack paused", extra={"action": "slack_paused", "seconds": error.retry_after})
+            retry_after = getattr(error, "retry_after", None)  # a ThrottledError's (see classify)
+            self.pauses.pause(retry_after or DEFAULT_PAUSE)
+            log.warning("slack paused", extra={"action": "slack_paused", "seconds": retry_after})
         if error.reason in UNREACHABLE_ERRORS and self.on_unreachable and message.address:
             try:
                 self.on_unreachable(message, error.reason)

@@ -445,9 +445,10 @@ class TeamsAdapter:
     def _failed(self, message: Message, ref: ConversationRef, response: requests.Response,
                 posting: bool) -> SendError:
         error = send_error(response.status_code, response.headers, response.text, posting=posting)
-        if response.status_code == 429 and self.limiter is not None:
-            self._guard(lambda: self.limiter.pause(ref.conversation_id, self.wall(),
-                                                  getattr(error, "retry_after", None) or 1.0))
+        limiter = self.limiter
+        if response.status_code == 429 and limiter is not None:
+            self._guard(lambda: limiter.pause(ref.conversation_id, self.wall(),
+                                              getattr(error, "retry_after", None) or 1.0))
         if response.status_code in GONE_STATUSES:
             self.store.gone(message.user_id, message.address or "", str(error))
         log.info("teams send failed", extra={"action": "teams_send_failed", "reason": error.reason})
@@ -455,8 +456,9 @@ class TeamsAdapter:
 
     def _throttle(self, conversation: str) -> None:
         wait = 0.0
+        limiter = self.limiter
         for _ in range(3):
-            wait = self._guard(lambda: self.limiter.acquire(conversation, self.wall())) if self.limiter else 0.0
+            wait = self._guard(lambda: limiter.acquire(conversation, self.wall())) if limiter else 0.0
             if not wait:
                 return
             if wait > self.max_wait:

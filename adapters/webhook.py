@@ -16,6 +16,7 @@ import hmac
 import json
 import time
 from collections.abc import Mapping
+from typing import Protocol
 
 import urllib3
 
@@ -30,7 +31,13 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
     return f"v1={digest}"
 
 
-def verify(secret: str, headers: Mapping[str, str], body: bytes, *, now: float,
+class Headers(Protocol):
+    """What verify reads: a Mapping[str, str], or http.server's (case-insensitive) headers."""
+
+    def get(self, name: str, default: str, /) -> str: ...
+
+
+def verify(secret: str, headers: Headers, body: bytes, *, now: float,
            tolerance: float = 300) -> bool:
     """For receivers: is this request signed by us, recently?"""
     timestamp = headers.get("X-Clarion-Timestamp", "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -479,9 +480,10 @@ class CatalogLoader(yaml.SafeLoader):
     stays "no", "on", "1"), reads only true/false as booleans (YAML 1.2: `yes`, `no`, `on` and
     `off` are text) and refuses a key given twice."""
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[str, Any]:
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        # The keys are all str; the annotation is the one SafeConstructor declares.
         self.flatten_mapping(node)
-        mapping: dict[str, Any] = {}
+        mapping: dict[Hashable, Any] = {}
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise yaml.constructor.ConstructorError(None, None, "a mapping key must be text",

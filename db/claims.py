@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, RowMapping, text
 
 from db.ledger import KEY_PAIRS, Key, key_params
 
@@ -48,7 +48,7 @@ class ClaimedDelivery:
         return (self.user_id, self.id)
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> ClaimedDelivery:
+    def from_row(cls, row: RowMapping | Mapping[str, Any]) -> ClaimedDelivery:
         return cls(**{name: row[name] for name in cls.__dataclass_fields__})
 
 

@@ -14,8 +14,9 @@ from typing import Any
 from sqlalchemy import Connection
 
 from catalog import Catalog, NotificationType
+from clarion.errors import ClarionError, ConfigurationError
 from db import gating
-from gates.pipeline import Plan, Snapshot, blocked_by_window, cap_buckets, collapsed, folded
+from gates.pipeline import Fold, Plan, Snapshot, blocked_by_window, cap_buckets, collapsed, folded
 
 
 def snapshots(conn: Connection, recipients: Mapping[str, Mapping[str, Any]], *,
@@ -23,7 +24,9 @@ def snapshots(conn: Connection, recipients: Mapping[str, Mapping[str, Any]], *,
     """Snapshots for many recipients at once (five queries, whatever their number)."""
     scopes = {user: [scope for scope, _, _ in cap_buckets(r, now)] for user, r in recipients.items()}
     rows = gating.snapshot_rows(conn, recipients, [s for each in scopes.values() for s in each], now=now)
-    prefs, suppressed, collapses = defaultdict(list), defaultdict(dict), defaultdict(dict)
+    prefs: defaultdict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    suppressed: defaultdict[str, dict[tuple[str, str], str]] = defaultdict(dict)  # -> reason
+    collapses: defaultdict[str, dict[str, tuple[int, datetime, int]]] = defaultdict(dict)
     for user, *pref in rows["preferences"]:
         prefs[user].append(tuple(pref))
     for user, channel, address, reason in rows["suppressions"]:
@@ -59,18 +62,20 @@ def apply(conn: Connection, request: Mapping[str, Any], ntype: NotificationType 
     if plan.join_collapse is not None:
         gating.join_collapse(conn, request["user_id"], key=plan.join_collapse, now=now)
     if plan.fold is not None:
-        _fold(conn, request, plan, catalog, now)
+        _fold(conn, request, plan.fold, catalog, now)
     return plan
 
 
-def _fold(conn: Connection, request: Mapping[str, Any], plan: Plan, catalog: Catalog, now: datetime) -> None:
-    summary = catalog.get(plan.fold.summary_type)
+def _fold(conn: Connection, request: Mapping[str, Any], fold: Fold, catalog: Catalog, now: datetime) -> None:
+    summary = catalog.get(fold.summary_type)
+    if summary is None:  # Catalog.from_dict refuses this; a catalog built in Python may not
+        raise ConfigurationError(f"policy.fatigue.summary_type {fold.summary_type!r} is not a type")
     fields = dict(summary_type=summary.key, lane=summary.lane, version=summary.version,
                   folded_type=request["type_key"], now=now)
-    folded = gating.fold_into_summary(conn, request["user_id"], occurrence_key=plan.fold.occurrence_key,
-                                      due_at=plan.fold.due_at, **fields)
+    folded = gating.fold_into_summary(conn, request["user_id"], occurrence_key=fold.occurrence_key,
+                                      due_at=fold.due_at, **fields)
     if folded is None:  # the bucket's summary has just been routed: count this one in a late summary
-        gating.fold_into_summary(conn, request["user_id"], occurrence_key=f"{plan.fold.occurrence_key}+late",
+        gating.fold_into_summary(conn, request["user_id"], occurrence_key=f"{fold.occurrence_key}+late",
                                  due_at=now, **fields)
 
 
@@ -85,6 +90,8 @@ def _claim(conn: Connection, request: Mapping[str, Any], plan: Plan, snapshot: S
     for cap in plan.caps:
         if not gating.claim_cap(conn, scope=cap.scope, bucket=cap.bucket, limit=cap.limit,
                                 expires_at=cap.expires_at):
+            if snapshot.recipient is None:  # gates.pipeline.plan gives caps to known recipients only
+                raise ClarionError(f"a fatigue cap for unknown recipient {user!r}")
             return folded(plan, snapshot.recipient, now, catalog.policy,
                           f"{cap.scope} reached {cap.limit} in {cap.bucket}")
     if plan.collapse is not None:

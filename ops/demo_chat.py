@@ -13,6 +13,7 @@ from sqlalchemy import text
 from adapters.base import Message
 from adapters.teams import to_card
 from catalog.model import EXAMPLES, Catalog
+from clarion.errors import ConfigurationError
 from db.engine import engine
 from ops.fake_slack import FakeSlack, block_actions, signed
 from ops.table import render
@@ -66,6 +67,8 @@ def run(fake: FakeSlack, say: Callable[[str], None]) -> bool:
         + f"; value of the first: {buttons[0]['value']}")
     say(f"  message metadata: {json.dumps(posted.metadata)}")
     ntype = Catalog.from_yaml(EXAMPLES / "demo.yaml").get("goal_prompt")
+    if ntype is None:
+        raise ConfigurationError("the demo catalog has no goal_prompt type")
     message = Message(delivery["id"], MANAGER, "goal_prompt", "event:q1-goal", "teams",
                       ntype.render(1, "teams", delivery["variables"]), buttons=ntype.templates[1].buttons)
     card = to_card(message)

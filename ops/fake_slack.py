@@ -222,7 +222,7 @@ class FakeSlack(LocalServer):
         return {"ok": True, "view": {"id": "V1", **view}}
 
     def _wire(self, posted: Posted, with_metadata: bool) -> dict:
-        message = {"type": "message", "user": self.BOT_USER, "bot_id": "BCLARION", "ts": posted.ts,
+        message: dict[str, Any] = {"type": "message", "user": self.BOT_USER, "bot_id": "BCLARION", "ts": posted.ts,
                    "text": posted.text, "blocks": posted.blocks}
         if with_metadata and posted.metadata:
             message["metadata"] = posted.metadata

@@ -44,12 +44,13 @@ class Process:
                  log: Path | None = None, cwd: Path | None = None, inherit_output: bool = False) -> None:
         self.command = command
         self.log = log
-        out = open(log, "ab") if log else None if inherit_output else subprocess.DEVNULL  # noqa: SIM115
+        log_file = open(log, "ab") if log else None  # noqa: SIM115
+        out = log_file if log_file is not None else None if inherit_output else subprocess.DEVNULL
         self.popen = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=out,
                                       stderr=None if inherit_output else subprocess.STDOUT,
                                       start_new_session=True, cwd=cwd)
-        if log:
-            out.close()
+        if log_file is not None:
+            log_file.close()
 
     @property
     def pid(self) -> int:
@@ -154,7 +155,7 @@ class Supervisor:
         self.child = Process(self.command, env=self.env, inherit_output=True)
         deadline = None
         while (code := self.child.popen.poll()) is None:
-            if self.stopping and deadline is None:
+            if self.stop_signal is not None and deadline is None:  # i.e. self.stopping
                 log.info("stopping the worker (%s)", signal.Signals(self.stop_signal).name,
                          extra={"action": "worker_stopping"})
                 self.child.signal_group(signal.SIGTERM)

@@ -7,7 +7,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Self
+from typing import Self, cast
 
 
 class _Server(ThreadingHTTPServer):
@@ -28,7 +28,8 @@ class LocalServer:
     @property
     def base_url(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        # An AF_INET address: the host is text (typeshed also allows the bytes of AF_UNIX).
+        return f"http://{cast(str, host)}:{port}"
 
     def __enter__(self) -> Self:
         self.thread.start()

@@ -24,7 +24,7 @@ class Arrivals:
     lock: threading.Lock = field(default_factory=threading.Lock)
     by_key: Counter = field(default_factory=Counter)
     occurrences: dict[str, set[str]] = field(default_factory=dict)  # "user/type/occ" -> keys
-    deliveries: dict[str, int] = field(default_factory=dict)  # idempotency key -> delivery id
+    deliveries: dict[str, int | None] = field(default_factory=dict)  # idempotency key -> delivery id
     rejected: int = 0
     fail_next: int = 0  # answer this many of the next requests with 503 (nothing is taken)
     # lose the answer to a request that *was* taken (counted): `losses.next("drop" | "late" | "5xx")`

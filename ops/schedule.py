@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from clarion import clock
@@ -15,7 +16,7 @@ from gates.apply import needs_address, snapshots
 from gates.pipeline import Snapshot, plan
 from gates.simulate import applied
 from ops.table import render
-from scheduling.series import preview
+from scheduling.series import Occurrence, preview
 from tasks import runtime
 from tasks.series import recipient_calendar, validate
 
@@ -24,14 +25,21 @@ def _local(at: datetime, zone: str) -> str:
     return at.astimezone(ZoneInfo(zone)).strftime("%a %Y-%m-%d %H:%M %Z")
 
 
-def arm_preview(user_id: str, type_key: str, *, occurrences: int = 10, **arm: object) -> str:
+def _note(occ: Occurrence, due: datetime, zone: str) -> str:
+    """Why an occurrence is not sent as scheduled, or when a moved one sends instead."""
+    if occ.reason or occ.send_at is None or occ.send_at == due:
+        return occ.reason
+    return f"sends {_local(occ.send_at, zone)}"
+
+
+def arm_preview(user_id: str, type_key: str, *, occurrences: int = 10, **arm: Any) -> str:
     """The first occurrences of a series that would be armed, with calendar adjustments."""
     with engine().connect() as conn:
         row = validate(conn, user_id, type_key, **arm)
     cal = recipient_calendar(row["recipient"])
     start = datetime(1970, 1, 1, tzinfo=ZoneInfo("UTC"))
     rows = [(n, _local(due, row["zone"]), due.strftime("%Y-%m-%d %H:%M UTC"), occ.action,
-             occ.reason or ("" if occ.send_at == due else f"sends {_local(occ.send_at, row['zone'])}"))
+             _note(occ, due, row["zone"]))
             for n, due, _, occ in preview(row, cal, start=start, end=datetime.max.replace(tzinfo=start.tzinfo),
                                           limit=occurrences)]
     title = (f"dry run — {type_key} for {user_id} every {row['every']} from {row['anchor_local']} "
@@ -86,7 +94,7 @@ def simulate(user_id: str, days: int, show: int = 30) -> str:
     """Run the recipient's series through the real planner on a virtual clock; print what is sent."""
     recipient, snapshot, events = _upcoming(user_id, days)
     outcomes: Counter = Counter()
-    lines = []
+    lines: list[tuple[str, str, str, str]] = []
     for at, s, _n, outcome, why in _run(snapshot, events, evolve=True):
         outcomes[(s["type_key"], outcome, why if outcome != "deliver" else "")] += 1
         if len(lines) < show:

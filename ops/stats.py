@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import kombu
 import redis as redis_lib
 
@@ -13,7 +15,8 @@ QUEUES = ("transactional", "activation", "control")
 
 
 def counters(redis_url: str) -> dict[str, int]:
-    raw = redis_lib.Redis.from_url(redis_url).hgetall("clarion:counters")
+    # No decode_responses: keys and values come back as bytes.
+    raw = cast(dict[bytes, bytes], redis_lib.Redis.from_url(redis_url).hgetall("clarion:counters"))
     return {k.decode(): int(v) for k, v in raw.items()}
 
 

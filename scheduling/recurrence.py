@@ -41,8 +41,8 @@ GAP_POLICY: Final = "forward"
 FOLD_POLICY: Final = "first"
 """A local time inside an autumn fold is the first of its two instants (fold=0)."""
 
-_SUFFIX: dict[str, str] = {"days": "d", "weeks": "w", "months": "mo", "working_days": "wd"}
-_BY_SUFFIX = {suffix: unit for unit, suffix in _SUFFIX.items()}
+_SUFFIX: dict[Unit, str] = {"days": "d", "weeks": "w", "months": "mo", "working_days": "wd"}
+_BY_SUFFIX: dict[str, Unit] = {suffix: unit for unit, suffix in _SUFFIX.items()}
 _WORDS = {"daily": "1d", "weekly": "1w", "monthly": "1mo"}
 _TEXT = re.compile(r"(\d+)\s*(wd|mo|d|w)")
 

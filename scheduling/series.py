@@ -102,7 +102,7 @@ def preview(row: dict[str, Any], calendar: WorkCalendar, *, start: datetime, end
     anchor, zone = row["anchor_local"], row["zone"]
     cal = calendar if every.unit == "working_days" else None
     n = max(row.get("next_n", 0), first_due_after(anchor, zone, every, start - timedelta(microseconds=1), cal))
-    out = []
+    out: list[tuple[int, datetime, datetime, Occurrence]] = []
     while len(out) < limit:
         if row.get("max_count") is not None and n >= row["max_count"]:
             break

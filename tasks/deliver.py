@@ -167,8 +167,8 @@ def _settle_earlier_attempt(db: RowConnection, row: ClaimedDelivery, batch: Batc
             log.info("earlier send found", extra={"action": "delivery_reconciled", "delivery": row.key})
             return _record_sent(db, row, batch, found, deadline=time.monotonic() + MARGIN, repeat_possible=False)
         return None
-    error = UnknownSendError("earlier_attempt", "an earlier attempt reached the provider; its answer was lost")
-    held = settle_unknown(db, row, batch.token, error, adapter, batch.policy, checkable=False, release=False)
+    lost = UnknownSendError("earlier_attempt", "an earlier attempt reached the provider; its answer was lost")
+    held = settle_unknown(db, row, batch.token, lost, adapter, batch.policy, checkable=False, release=False)
     return 0 if held else None
 
 

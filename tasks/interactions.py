@@ -130,13 +130,16 @@ def _follow_up(conn: Connection, click: Click, now: datetime) -> Click:
     no longer active, changes nothing but the recorded reason."""
     from tasks.series import cancel_series, snooze_occurrence
 
-    button = _button(click.target, click.answer)
+    target = click.target
+    if target is None:  # _judge gives every accepted click its target: nothing to steer without one
+        return click
+    button = _button(target, click.answer)
     if button is None or button.action not in ("stop_series", "snooze"):
         return click
-    user, type_key = click.target["user_id"], click.target["type_key"]
-    parsed = series_occurrence(click.target["occurrence_key"])
+    user, type_key = target["user_id"], target["type_key"]
+    parsed = series_occurrence(target["occurrence_key"])
     found = series_store.get_series(conn, (user, parsed[0])) if parsed else None
-    if found is None or found["type_key"] != type_key:
+    if parsed is None or found is None or found["type_key"] != type_key:
         return replace(click, reason=f"{button.action}:no_series")
     series_id, n = parsed
     if button.action == "stop_series":

@@ -40,9 +40,9 @@ def parse_setting(name: str, enabled: Any) -> Row:
         if key in resolution.LOCKED_CATEGORIES and enabled is False:
             raise InvalidRequest(f"{name}: {key} notifications cannot be turned off")
         return "category", key, channel, enabled
-    if scope == "type" and catalog.get(key) is not None:
-        if catalog.get(key).category in resolution.LOCKED_CATEGORIES and enabled is False:
-            raise InvalidRequest(f"{name}: {key} is {catalog.get(key).category} and cannot be turned off")
+    if scope == "type" and (ntype := catalog.get(key)) is not None:
+        if ntype.category in resolution.LOCKED_CATEGORIES and enabled is False:
+            raise InvalidRequest(f"{name}: {key} is {ntype.category} and cannot be turned off")
         return "type", key, channel, enabled
     raise InvalidRequest(f"unknown preference {name!r}; use all, category:<name> or type:<key>, "
                          "optionally followed by /<channel>")

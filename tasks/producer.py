@@ -102,19 +102,20 @@ def register_recipient(user_id: str, *, timezone: str, locale: str = "en", count
         ledger.upsert_recipient(conn, **fields, now=clock.now())
 
 
-def build_request(user_id: str, type_key: str, event_id: str | None, occurrence_key: str | None,
-                  variables: Mapping[str, Any] | None) -> ledger.NewRequest:
-    """Check one notify() call; returns the request row to write (nothing is written here)."""
-    type_key = check.text("type_key", type_key, max_bytes=check.TYPE_KEY_BYTES)
-    ntype = runtime.catalog().get(type_key)
+def build_request(user_id: object, type_key: object, event_id: object, occurrence_key: object,
+                  variables: object) -> ledger.NewRequest:
+    """Check one notify() call; returns the request row to write (nothing is written here).
+    The arguments are the caller's, unchecked (notify_many passes whatever an item holds)."""
+    key_text = check.text("type_key", type_key, max_bytes=check.TYPE_KEY_BYTES)
+    ntype = runtime.catalog().get(key_text)
     if ntype is None:
-        raise UnknownType(type_key)
-    user_id = check.text("user_id", user_id, max_bytes=check.USER_ID_BYTES)
+        raise UnknownType(key_text)
+    user_text = check.text("user_id", user_id, max_bytes=check.USER_ID_BYTES)
     key = check.occurrence_key(event_id, occurrence_key)
     plain = checked_variables(variables)
     if missing := ntype.missing(plain):
-        raise MissingVariables(type_key, missing)
-    return ledger.NewRequest(user_id, type_key, key, ntype.lane, ntype.version, plain)
+        raise MissingVariables(key_text, missing)
+    return ledger.NewRequest(user_text, key_text, key, ntype.lane, ntype.version, plain)
 
 
 def notify(user_id: str, type_key: str, *, event_id: str | None = None,

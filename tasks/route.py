@@ -79,6 +79,8 @@ def _route(users: list[str], ids: list[int]) -> int:
             final = apply(conn, request, ntype, planned, snapshot=snapshot, catalog=catalog, now=now)
             decisions += [ledger.Decision(request["user_id"], request["id"], s.gate, s.outcome, s.reason,
                                           s.detail, s.channel) for s in final.decisions]
+            if ntype is None:  # planned as `unknown_type`: decisions only, never a channel
+                continue
             deliveries += [ledger.NewDelivery(request["user_id"], request["id"], request["type_key"],
                                               request["occurrence_key"], channel, ntype.one_platform,
                                               request["lane"], not_before)

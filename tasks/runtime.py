@@ -6,9 +6,9 @@ import contextlib
 import importlib
 import os
 from collections.abc import Callable
-from functools import wraps
+from functools import update_wrapper
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import redis as redis_lib
 
@@ -23,20 +23,28 @@ from clarion.errors import ConfigurationError
 T = TypeVar("T")
 
 
-def per_process(factory: Callable[[], T]) -> Callable[[], T]:
-    """Cache `factory()` per process id, so a forked child builds its own."""
-    cache: dict[int, T] = {}
+class PerProcess(Generic[T]):
+    """`factory()` cached per process id, so a forked child builds its own; cache_clear() forgets."""
 
-    @wraps(factory)
-    def get() -> T:
+    def __init__(self, factory: Callable[[], T]) -> None:
+        self._factory = factory
+        self._cache: dict[int, T] = {}
+        update_wrapper(self, factory)
+
+    def __call__(self) -> T:
         pid = os.getpid()
-        if pid not in cache:
-            cache.clear()
-            cache[pid] = factory()
-        return cache[pid]
+        if pid not in self._cache:
+            self._cache.clear()
+            self._cache[pid] = self._factory()
+        return self._cache[pid]
 
-    get.cache_clear = cache.clear  # type: ignore[attr-defined]
-    return get
+    def cache_clear(self) -> None:
+        self._cache.clear()
+
+
+def per_process(factory: Callable[[], T]) -> PerProcess[T]:
+    """Cache `factory()` per process id, so a forked child builds its own."""
+    return PerProcess(factory)
 
 
 @per_process
@@ -56,7 +64,7 @@ def check_catalog() -> Catalog:
     """Load the configured catalog afresh and check it as a worker must before it starts: every
     channel a known one, every template version rendered for every channel it targets with its
     sample variables. Raises ConfigurationError naming file, type, version and field."""
-    catalog.cache_clear()  # type: ignore[attr-defined]
+    catalog.cache_clear()
     loaded = catalog()
     try:
         return loaded.check()
@@ -110,4 +118,4 @@ def count(name: str, amount: int = 1) -> None:
 def reset() -> None:
     """Forget cached resources (tests that switch catalogs or settings)."""
     for cached in (catalog, adapters, redis):
-        cached.cache_clear()  # type: ignore[attr-defined]
+        cached.cache_clear()

@@ -242,7 +242,9 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
     catalog = runtime.catalog()
     recipients = ledger.recipients(conn, {r["user_id"] for r in due})
     grace = timedelta(seconds=settings.get().series_grace)
-    rows, decisions, advances = [], [], []
+    rows: list[dict[str, Any]] = []
+    decisions: list[ledger.Decision] = []
+    advances: list[tuple[str, int, int, datetime | None, bool]] = []  # see store.advance_many
     for s in due:
         try:
             tick = plan_tick(s, recipient_calendar(recipients[s["user_id"]]), now=now, grace=grace)

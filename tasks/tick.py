@@ -12,6 +12,9 @@ a row that keeps coming round waits twice as long each time (up to CLARION_REPUB
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import TypedDict
+
 from celery import shared_task
 
 from clarion import clock, settings
@@ -24,6 +27,16 @@ LANE_LIMIT = 5000  # rows of each kind per lane per tick
 LANES = ("transactional", "activation")  # in the order they are served
 
 
+class _Budget(TypedDict):
+    """The keyword arguments of ledger.take_due_requests and claims.take_due_deliveries."""
+
+    lane: str
+    now: datetime
+    again: float
+    cap: float
+    limit: int
+
+
 @shared_task(name="clarion.tick")
 def tick() -> dict[str, int]:
     s = settings.get()
@@ -32,7 +45,7 @@ def tick() -> dict[str, int]:
         series = fire_due_series(conn, now=now)
     taken = {"series": series, "requests": 0, "deliveries": 0}
     for lane in LANES:
-        budget = {"lane": lane, "now": now, "again": s.stray_after,
+        budget: _Budget = {"lane": lane, "now": now, "again": s.stray_after,
                   "cap": max(s.stray_after, s.republish_cap), "limit": LANE_LIMIT}
         with engine().begin() as conn:
             requests = ledger.take_due_requests(conn, **budget)

@@ -242,7 +242,7 @@ async def handle_teams_activity(turn_context: TurnContext, *, command: str | Non
 async def _on_click(turn_context: TurnContext, action: TeamsAction) -> None:
     click = await asyncio.to_thread(handle_click, "teams", action.user, action.value)
     card = await asyncio.to_thread(_answered, click)
-    if card is not None:
+    if card is not None and click.target is not None:  # _answered gives a card only with a target
         await _refresh(turn_context, click.target, card)
     if action.via == "execute":
         await _respond(turn_context, _card_response(card) if card else _message_response(NOT_VALID))

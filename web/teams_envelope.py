@@ -39,7 +39,9 @@ def probe(data: Any) -> Activity:
     def string(value: Any) -> str | None:
         return value if isinstance(value, str) else None
 
-    recipient = fields.get("recipient") if isinstance(fields.get("recipient"), dict) else {}
+    recipient = fields.get("recipient")
+    if not isinstance(recipient, dict):
+        recipient = {}
     return Activity(channel_id=string(fields.get("channelId")), service_url=string(fields.get("serviceUrl")),
                     recipient=ChannelAccount(id=string(recipient.get("id")), role=string(recipient.get("role"))))
 
