@@ -12,6 +12,7 @@ call) and `maybe_sent_at` (an earlier attempt may have sent, since then; NULL wh
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,6 +21,24 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, text
 
 from db.ledger import KEY_PAIRS, Key, key_params
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The right to send one delivery, as this worker counts it down: PostgreSQL said how many
+    seconds were left, and from then on the worker's monotonic clock measures them (a wall clock
+    that jumps, or runs fast, cannot stretch a lease)."""
+
+    token: str
+    ends: float  # time.monotonic() at which the lease runs out
+
+    @classmethod
+    def granted(cls, token: str, seconds_left: float) -> Lease:
+        return cls(token, time.monotonic() + seconds_left)
+
+    def left(self) -> float:
+        """Seconds still held (negative once it ran out)."""
+        return self.ends - time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -124,12 +143,12 @@ _BEGIN_SEND = text(
 )
 
 
-def begin_send(conn: Connection, key: Key, *, token: str, need: float) -> float | None:
+def begin_send(conn: Connection, key: Key, *, token: str, need: float) -> Lease | None:
     """About to call the provider: record that this attempt reached the send, and extend the lease
-    so that at least `need` seconds are left. Returns the seconds left (PostgreSQL's clock), or
-    None if the claim is no longer ours (send nothing)."""
-    return conn.execute(_BEGIN_SEND, {"user_id": key[0], "id": key[1], "token": token,
-                                      "need": need}).scalar()
+    so that at least `need` seconds are left. Returns the lease (counted down from the seconds
+    PostgreSQL says are left), or None if the claim is no longer ours (send nothing)."""
+    left = conn.execute(_BEGIN_SEND, {"user_id": key[0], "id": key[1], "token": token, "need": need}).scalar()
+    return None if left is None else Lease.granted(token, float(left))
 
 
 _MARK_SENT = text(

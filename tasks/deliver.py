@@ -174,13 +174,13 @@ def _settle_earlier_attempt(db: RowConnection, row: ClaimedDelivery, batch: Batc
 
 def _send(db: RowConnection, row: ClaimedDelivery, batch: Batch, adapter: Adapter, message: Message, *,
           repeat_possible: bool) -> int:
-    left = db.run(lambda c: claims.begin_send(c, row.key, token=batch.token, need=batch.budget + MARGIN))
-    if left is None:
+    lease = db.run(lambda c: claims.begin_send(c, row.key, token=batch.token, need=batch.budget + MARGIN))
+    if lease is None:
         log.info("claim lost before the send", extra={"action": "claim_lost", "delivery": row.key})
         return 0
-    deadline = time.monotonic() + left - 1.0
+    deadline = lease.ends - 1.0
     try:
-        result = _call(adapter, message, min(batch.budget, left - MARGIN))
+        result = _call(adapter, message, min(batch.budget, lease.left() - MARGIN))
         faults.hit("deliver.after_send")
         return _record_sent(db, row, batch, result, deadline=deadline, repeat_possible=repeat_possible)
     except UnknownSendError as error:

@@ -119,8 +119,8 @@ def test_a_takeover_of_an_attempt_that_reached_the_provider_owes_a_reconcile(cla
     token = str(uuid.uuid4())
     with engine().begin() as conn:
         claims.claim_deliveries(conn, [key], token=token, now=clock.now(), lease=LEASE, max_attempts=8)
-        left = claims.begin_send(conn, key, token=token, need=90.0)
-        assert left is not None and 85.0 < left <= 90.0  # the lease now covers the whole send
+        lease = claims.begin_send(conn, key, token=token, need=90.0)
+        assert lease is not None and 85.0 < lease.left() <= 90.0  # the lease now covers the whole send
         assert claims.begin_send(conn, key, token=str(uuid.uuid4()), need=90.0) is None
     expire_lease(key)
     with engine().begin() as conn:
