@@ -22,7 +22,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q -m 'not chaos' tests
+	$(BIN)/pytest -q tests
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -37,18 +38,27 @@ def beat_command(home: Path, loglevel: str = "WARNING") -> list[str]:
     return celery_command("beat", "--loglevel", loglevel, "-s", str(home / "celerybeat-schedule"))
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: be SIGKILLed when the parent dies (Linux PR_SET_PDEATHSIG), so a
+    supervisor killed outright leaves no worker behind to run unsupervised beside its successor."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
 class Process:
     """A child process in its own process group, so it and its pool children stop together."""
 
     def __init__(self, command: list[str], *, env: Mapping[str, str] | None = None,
-                 log: Path | None = None, cwd: Path | None = None, inherit_output: bool = False) -> None:
+                 log: Path | None = None, cwd: Path | None = None, inherit_output: bool = False,
+                 die_with_parent: bool = False) -> None:
         self.command = command
         self.log = log
         log_file = open(log, "ab") if log else None  # noqa: SIM115
         out = log_file if log_file is not None else None if inherit_output else subprocess.DEVNULL
         self.popen = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=out,
                                       stderr=None if inherit_output else subprocess.STDOUT,
-                                      start_new_session=True, cwd=cwd)
+                                      start_new_session=True, cwd=cwd,
+                                      preexec_fn=_die_with_parent if die_with_parent else None)
         if log_file is not None:
             log_file.close()
 
@@ -152,7 +162,7 @@ class Supervisor:
 
     def _run_once(self) -> int:
         self.starts += 1
-        self.child = Process(self.command, env=self.env, inherit_output=True)
+        self.child = Process(self.command, env=self.env, inherit_output=True, die_with_parent=True)
         deadline = None
         while (code := self.child.popen.poll()) is None:
             if self.stop_signal is not None and deadline is None:  # i.e. self.stopping

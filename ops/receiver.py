@@ -29,6 +29,7 @@ class Arrivals:
     fail_next: int = 0  # answer this many of the next requests with 503 (nothing is taken)
     # lose the answer to a request that *was* taken (counted): `losses.next("drop" | "late" | "5xx")`
     losses: AnswerLoss = field(default_factory=AnswerLoss)
+    latency: float = 0.0  # seconds before each answer
 
     def record(self, key: str, payload: dict) -> bool:
         """Count one arrival; True if it is the first for its idempotency key."""
@@ -84,6 +85,8 @@ def _handler(secret: str, arrivals: Arrivals) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 return self._answer(400, {"error": "not JSON"})
             first = arrivals.record(self.headers.get("Idempotency-Key", ""), payload)
+            if arrivals.latency:
+                time.sleep(arrivals.latency)
             if arrivals.losses.apply(self):
                 return None
             self._answer(200 if first else 409, {"id": payload.get("delivery_id"), "duplicate": not first})
@@ -100,8 +103,9 @@ def _handler(secret: str, arrivals: Arrivals) -> type[BaseHTTPRequestHandler]:
 class Receiver(LocalServer):
     """A receiver serving on 127.0.0.1 in a background thread."""
 
-    def __init__(self, secret: str, port: int = 0) -> None:
-        self.arrivals = Arrivals()
+    def __init__(self, secret: str, port: int = 0, latency: float = 0.0) -> None:
+        """`latency`: seconds each answer takes, after the arrival is counted (a real provider's)."""
+        self.arrivals = Arrivals(latency=latency)
         super().__init__(_handler(secret, self.arrivals), port)
 
     @property

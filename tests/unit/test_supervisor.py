@@ -113,3 +113,32 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_stop_timeout(tmp_path)
 ])
 def test_backoff_doubles_while_it_keeps_exiting_and_resets_after_a_stable_run(previous, ran, expected):
     assert Backoff(first=1.0, most=30.0, stable=60.0).next(previous, ran) == expected
+
+
+def test_a_supervisor_killed_outright_takes_its_worker_with_it(tmp_path):
+    """SIGKILL the supervisor (an OOM kill, say): its child must not run on unsupervised."""
+    import os
+    import signal as signals
+    import subprocess
+    import sys
+    import time
+
+    script = "import sys; from ops import launch; sys.exit(launch.supervise(['sleep', '60']))"
+    supervisor = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        deadline, child = time.monotonic() + 10, None
+        while child is None and time.monotonic() < deadline:
+            found = subprocess.run(["pgrep", "-P", str(supervisor.pid)], capture_output=True, text=True).stdout.split()
+            child = int(found[0]) if found else None
+            time.sleep(0.05)
+        assert child is not None, "the supervisor never started its child"
+        os.kill(supervisor.pid, signals.SIGKILL)
+        supervisor.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{child}") and \
+                "Z" not in open(f"/proc/{child}/stat").read().split()[2]:
+            time.sleep(0.05)
+        gone = not os.path.exists(f"/proc/{child}") or "Z" in open(f"/proc/{child}/stat").read().split()[2]
+        assert gone, "the worker outlived its supervisor"
+    finally:
+        supervisor.kill()
