@@ -29,7 +29,9 @@ class ButtonValue:
     answer: str
 
     def encode(self) -> str:
-        return json.dumps({"u": self.user_id, "d": self.delivery_id, "a": self.answer}, separators=(",", ":"))
+        return json.dumps(
+            {"u": self.user_id, "d": self.delivery_id, "a": self.answer}, separators=(",", ":")
+        )
 
 
 def _is_storable(text: str) -> bool:

@@ -48,8 +48,9 @@ from clarion.settings import Settings
 log = logging.getLogger(__name__)
 
 METADATA_EVENT = "clarion_delivery"
-TRANSIENT_ERRORS = frozenset({"ratelimited", "internal_error", "fatal_error", "service_unavailable",
-                              "request_timeout"})
+TRANSIENT_ERRORS = frozenset(
+    {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
+)
 # The recipient is gone or cannot be messaged: their address goes on the suppression list.
 # (`account_inactive` is not here: Slack sends it when the *bot token's* user or workspace is
 # deleted, which says nothing about the recipient.)
@@ -86,14 +87,20 @@ def content_blocks(message: Message) -> list[dict[str, Any]]:
     if title:
         blocks.append({"type": "header", "text": _plain(title, HEADER_MAX)})
     if body:
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _cut(escape(body), TEXT_MAX)}})
+        blocks.append(
+            {"type": "section", "text": {"type": "mrkdwn", "text": _cut(escape(body), TEXT_MAX)}}
+        )
     return blocks
 
 
 def button_element(message: Message, button: Button) -> dict[str, Any]:
     """One catalog button: label from the catalog, compact JSON value naming delivery and answer."""
-    element = {"type": "button", "text": _plain(button.label, BUTTON_MAX),
-               "value": message.button_value(button), "action_id": f"clarion:{button.key}"}
+    element = {
+        "type": "button",
+        "text": _plain(button.label, BUTTON_MAX),
+        "value": message.button_value(button),
+        "action_id": f"clarion:{button.key}",
+    }
     if button.style in ("primary", "danger"):
         element["style"] = button.style
     return element
@@ -103,28 +110,45 @@ def to_blocks(message: Message) -> list[dict[str, Any]]:
     """The message as Block Kit: content, then one actions block with the catalog's buttons."""
     blocks = content_blocks(message)
     if message.buttons:
-        blocks.append({"type": "actions", "block_id": "clarion_answers",
-                       "elements": [button_element(message, b) for b in message.buttons[:BUTTONS_MAX]]})
+        blocks.append(
+            {
+                "type": "actions",
+                "block_id": "clarion_answers",
+                "elements": [button_element(message, b) for b in message.buttons[:BUTTONS_MAX]],
+            }
+        )
     return blocks
 
 
 def answered_blocks(message: Message, label: str) -> list[dict[str, Any]]:
     """The same message with its buttons replaced by "Answered: <label>" (label from the catalog)."""
-    return [*content_blocks(message),
-            {"type": "context", "elements": [_plain(f"Answered: {label}", TEXT_MAX)]}]
+    return [
+        *content_blocks(message),
+        {"type": "context", "elements": [_plain(f"Answered: {label}", TEXT_MAX)]},
+    ]
 
 
 def fallback_text(message: Message) -> str:
     """The notification text (shown where blocks are not)."""
-    parts = [message.content.get("title", ""), message.content.get("body") or message.content.get("text", "")]
-    return _cut(escape("\n".join(p.strip() for p in parts if p and p.strip())) or message.type_key, TEXT_MAX)
+    parts = [
+        message.content.get("title", ""),
+        message.content.get("body") or message.content.get("text", ""),
+    ]
+    return _cut(
+        escape("\n".join(p.strip() for p in parts if p and p.strip())) or message.type_key, TEXT_MAX
+    )
 
 
 def metadata(message: Message) -> dict[str, Any]:
     """Message metadata: how reconciliation recognises this delivery's message later."""
-    return {"event_type": METADATA_EVENT,
-            "event_payload": {"delivery_id": message.delivery_id, "user_id": message.user_id,
-                              "idempotency_key": message.idempotency_key}}
+    return {
+        "event_type": METADATA_EVENT,
+        "event_payload": {
+            "delivery_id": message.delivery_id,
+            "user_id": message.user_id,
+            "idempotency_key": message.idempotency_key,
+        },
+    }
 
 
 def find_posted(messages: list[dict[str, Any]], message: Message) -> str | None:
@@ -134,8 +158,11 @@ def find_posted(messages: list[dict[str, Any]], message: Message) -> str | None:
         if not isinstance(meta, dict) or meta.get("event_type") != METADATA_EVENT:
             continue
         payload = meta.get("event_payload") or {}
-        if (str(payload.get("delivery_id")) == str(message.delivery_id)
-                and payload.get("user_id") == message.user_id and item.get("ts")):
+        if (
+            str(payload.get("delivery_id")) == str(message.delivery_id)
+            and payload.get("user_id") == message.user_id
+            and item.get("ts")
+        ):
             return str(item["ts"])
     return None
 
@@ -163,8 +190,9 @@ def retry_after(headers: dict[str, Any] | None) -> float | None:
     return None
 
 
-def error_for(status: int, error: str | None, headers: dict[str, Any] | None, *,
-              posting: bool = False) -> SendError:
+def error_for(
+    status: int, error: str | None, headers: dict[str, Any] | None, *, posting: bool = False
+) -> SendError:
     """A Slack Web API failure as the SendError to raise. `posting`: the call posts a message,
     so a 5xx leaves its outcome unknown (Slack may have posted it before failing)."""
     reason = error if isinstance(error, str) and error.isidentifier() else f"http_{status}"
@@ -187,8 +215,9 @@ def slack_errors(*, posting: bool = False) -> Iterator[None]:
         yield
     except SlackApiError as exc:
         response = exc.response
-        raise error_for(response.status_code, response.get("error"), response.headers,
-                        posting=posting) from exc
+        raise error_for(
+            response.status_code, response.get("error"), response.headers, posting=posting
+        ) from exc
     except URLError as exc:
         raise TransientSendError("connection", str(exc)[:200]) from exc
     except (OSError, http.client.HTTPException) as exc:
@@ -234,19 +263,32 @@ def suppress_in_ledger(message: Message, reason: str) -> None:
     from db.engine import engine
 
     with engine().begin() as conn:
-        gating.suppress_address(conn, message.user_id, channel="slack", address=message.address or "",
-                                reason="deactivated", detail=f"slack: {reason}", now=clock.now())
+        gating.suppress_address(
+            conn,
+            message.user_id,
+            channel="slack",
+            address=message.address or "",
+            reason="deactivated",
+            detail=f"slack: {reason}",
+            now=clock.now(),
+        )
 
 
-def update_message(client: WebClient, message: Message, provider_message_id: str, label: str) -> bool:
+def update_message(
+    client: WebClient, message: Message, provider_message_id: str, label: str
+) -> bool:
     """Replace a sent message's buttons with its answer (chat.update). False if Slack refused."""
     ref = parse_ref(provider_message_id)
     if ref is None:
         return False
     try:
         with slack_errors():
-            client.chat_update(channel=ref[0], ts=ref[1], text=fallback_text(message),
-                               blocks=answered_blocks(message, label))
+            client.chat_update(
+                channel=ref[0],
+                ts=ref[1],
+                text=fallback_text(message),
+                blocks=answered_blocks(message, label),
+            )
     except SendError as error:
         log.warning("slack update failed: %s", error, extra={"action": "slack_update_failed"})
         return False
@@ -258,19 +300,30 @@ class SlackAdapter:
     needs_address = True  # the recipient's Slack user id
     dedups_by_key = False  # no idempotency key: an unknown send is reconciled through metadata
 
-    def __init__(self, client: WebClient, *, pauses: Pauses | None = None,
-                 on_unreachable: Callable[[Message, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        client: WebClient,
+        *,
+        pauses: Pauses | None = None,
+        on_unreachable: Callable[[Message, str], None] | None = None,
+    ) -> None:
         self.client = client
         self.pauses = pauses
         self.on_unreachable = on_unreachable
-        self._dms: dict[str, str] = {}  # user id -> DM channel id (stable; saves conversations.open)
+        self._dms: dict[
+            str, str
+        ] = {}  # user id -> DM channel id (stable; saves conversations.open)
 
     @classmethod
     def from_settings(cls, s: Settings) -> SlackAdapter:
         """The adapter for the configured workspace (CLARION_SLACK_TOKEN, CLARION_SLACK_API_URL)."""
         # No SDK retries: a retried chat.postMessage can post twice; the ledger retries instead.
-        client = WebClient(token=s.slack_token, base_url=s.slack_api_url, timeout=int(s.webhook_timeout),
-                           retry_handlers=[])
+        client = WebClient(
+            token=s.slack_token,
+            base_url=s.slack_api_url,
+            timeout=int(s.webhook_timeout),
+            retry_handlers=[],
+        )
         connection: list[redis_lib.Redis] = []
 
         def redis() -> redis_lib.Redis:
@@ -279,8 +332,11 @@ class SlackAdapter:
             return connection[0]
 
         workspace = hashlib.sha256((s.slack_token or "").encode()).hexdigest()[:16]
-        return cls(client, pauses=Pauses(redis, f"clarion:slack:pause:{workspace}"),
-                   on_unreachable=suppress_in_ledger)
+        return cls(
+            client,
+            pauses=Pauses(redis, f"clarion:slack:pause:{workspace}"),
+            on_unreachable=suppress_in_ledger,
+        )
 
     def send(self, message: Message) -> SendResult:
         """Open the DM and post the message (three outcomes: see the module docstring)."""
@@ -290,13 +346,20 @@ class SlackAdapter:
                 channel = self._dm(message)
             with slack_errors(posting=True):
                 posted = self.client.chat_postMessage(
-                    channel=channel, text=fallback_text(message), blocks=to_blocks(message),
-                    metadata=metadata(message), unfurl_links=False, unfurl_media=False)
+                    channel=channel,
+                    text=fallback_text(message),
+                    blocks=to_blocks(message),
+                    metadata=metadata(message),
+                    unfurl_links=False,
+                    unfurl_media=False,
+                )
         except SendError as error:
             self._failed(message, error, pause=True)
             raise
-        return SendResult(platform="slack", provider_message_id=message_ref(str(posted["channel"]),
-                                                                            str(posted["ts"])))
+        return SendResult(
+            platform="slack",
+            provider_message_id=message_ref(str(posted["channel"]), str(posted["ts"])),
+        )
 
     def _check_pause(self) -> None:
         left = self.pauses.remaining() if self.pauses else None
@@ -318,26 +381,45 @@ class SlackAdapter:
                 channel = self._dm(message)
                 ts = self._find(channel, message, since - HISTORY_MARGIN)
         except SendError as error:
-            self._failed(message, error, pause=False)  # history has its own limit; posting is not paused
+            self._failed(
+                message, error, pause=False
+            )  # history has its own limit; posting is not paused
             if isinstance(error, PermanentSendError | UnknownSendError):
                 raise
-            raise DeferredSendError("reconcile_pending", str(error), getattr(error, "retry_after", None)) from error
-        log.info("slack reconcile", extra={"action": "slack_reconciled" if ts else "slack_not_found",
-                                           "delivery": message.delivery_id})
-        return SendResult(platform="slack", provider_message_id=message_ref(channel, ts)) if ts else None
+            raise DeferredSendError(
+                "reconcile_pending", str(error), getattr(error, "retry_after", None)
+            ) from error
+        log.info(
+            "slack reconcile",
+            extra={
+                "action": "slack_reconciled" if ts else "slack_not_found",
+                "delivery": message.delivery_id,
+            },
+        )
+        return (
+            SendResult(platform="slack", provider_message_id=message_ref(channel, ts))
+            if ts
+            else None
+        )
 
     def _find(self, channel: str, message: Message, oldest: datetime) -> str | None:
         cursor = None
         for _ in range(HISTORY_PAGES):
             page = self.client.conversations_history(
-                channel=channel, include_all_metadata=True, limit=HISTORY_LIMIT,
-                oldest=f"{oldest.timestamp():.6f}", cursor=cursor)
+                channel=channel,
+                include_all_metadata=True,
+                limit=HISTORY_LIMIT,
+                oldest=f"{oldest.timestamp():.6f}",
+                cursor=cursor,
+            )
             ts = find_posted(page.get("messages") or [], message)
             cursor = (page.get("response_metadata") or {}).get("next_cursor")
             if ts or not (page.get("has_more") and cursor):
                 return ts
         # Too many messages to look through: whether it was posted stays unknown.
-        raise UnknownSendError("history_too_long", f"more than {HISTORY_PAGES} pages since {oldest}")
+        raise UnknownSendError(
+            "history_too_long", f"more than {HISTORY_PAGES} pages since {oldest}"
+        )
 
     def _dm(self, message: Message) -> str:
         address = message.address

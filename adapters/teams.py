@@ -61,7 +61,12 @@ PREFERENCES_VERB, PREFERENCES_KEY = "clarion_preferences", "clarion_preferences"
 STYLES = {"primary": "positive", "danger": "destructive"}
 GONE_STATUSES = frozenset({403, 404})  # the bot was removed from the conversation, or it is gone
 TRANSIENT_STATUSES = frozenset({401, 408, 425, 429})  # 401: our token was refused; a new one may do
-TEAMS_LIMITS = ((7, 1.0), (8, 2.0), (60, 30.0), (1800, 3600.0))  # (messages, seconds) per conversation
+TEAMS_LIMITS = (
+    (7, 1.0),
+    (8, 2.0),
+    (60, 30.0),
+    (1800, 3600.0),
+)  # (messages, seconds) per conversation
 
 
 def local_mode(app_id: str | None) -> bool:
@@ -82,9 +87,17 @@ class ConversationRef:
     channel_id: str = "msteams"
 
     def to_json(self) -> str:
-        return json.dumps({"serviceUrl": self.service_url, "conversationId": self.conversation_id,
-                           "tenantId": self.tenant_id, "botId": self.bot_id, "channelId": self.channel_id},
-                          separators=(",", ":"), sort_keys=True)
+        return json.dumps(
+            {
+                "serviceUrl": self.service_url,
+                "conversationId": self.conversation_id,
+                "tenantId": self.tenant_id,
+                "botId": self.bot_id,
+                "channelId": self.channel_id,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        )
 
     @classmethod
     def from_json(cls, raw: str | None) -> ConversationRef | None:
@@ -95,11 +108,23 @@ class ConversationRef:
         if not isinstance(data, dict):
             return None
         url, conversation = data.get("serviceUrl"), data.get("conversationId")
-        if not (isinstance(url, str) and url.startswith(("https://", "http://")) and isinstance(conversation, str)
-                and conversation):
+        if not (
+            isinstance(url, str)
+            and url.startswith(("https://", "http://"))
+            and isinstance(conversation, str)
+            and conversation
+        ):
             return None
-        optional = {k: data.get(k) if isinstance(data.get(k), str) else None for k in ("tenantId", "botId")}
-        return cls(url, conversation, optional["tenantId"], optional["botId"], data.get("channelId") or "msteams")
+        optional = {
+            k: data.get(k) if isinstance(data.get(k), str) else None for k in ("tenantId", "botId")
+        }
+        return cls(
+            url,
+            conversation,
+            optional["tenantId"],
+            optional["botId"],
+            data.get("channelId") or "msteams",
+        )
 
 
 def reference_from_activity(activity: Activity) -> ConversationRef | None:
@@ -112,7 +137,9 @@ def reference_from_activity(activity: Activity) -> ConversationRef | None:
     channel_data = activity.channel_data if isinstance(activity.channel_data, dict) else {}
     tenant = conversation.tenant_id or (channel_data.get("tenant") or {}).get("id")
     bot = activity.recipient.id if activity.recipient else None
-    return ConversationRef(activity.service_url, conversation.id, tenant, bot, activity.channel_id or "msteams")
+    return ConversationRef(
+        activity.service_url, conversation.id, tenant, bot, activity.channel_id or "msteams"
+    )
 
 
 def message_id(conversation_id: str, activity_id: str) -> str:
@@ -131,18 +158,29 @@ def split_message_id(value: str | None) -> tuple[str, str] | None:
 
 
 def _card(body: list[dict], actions: list[dict] | None = None) -> dict[str, Any]:
-    card: dict[str, Any] = {"type": "AdaptiveCard", "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
-                            "version": "1.4", "body": body}
+    card: dict[str, Any] = {
+        "type": "AdaptiveCard",
+        "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
+        "version": "1.4",
+        "body": body,
+    }
     if actions:
         card["actions"] = actions
     return card
 
 
-def _action(title: str, verb: str, data: dict[str, Any], style: str | None = None) -> dict[str, Any]:
+def _action(
+    title: str, verb: str, data: dict[str, Any], style: str | None = None
+) -> dict[str, Any]:
     """Action.Execute (Universal Actions) falling back to Action.Submit on older clients."""
     fallback: dict[str, Any] = {"type": "Action.Submit", "title": title, "data": data}
-    action: dict[str, Any] = {"type": "Action.Execute", "title": title, "verb": verb, "data": data,
-                              "fallback": fallback}
+    action: dict[str, Any] = {
+        "type": "Action.Execute",
+        "title": title,
+        "verb": verb,
+        "data": data,
+        "fallback": fallback,
+    }
     if style in STYLES:
         action["style"] = fallback["style"] = STYLES[style]
     return action
@@ -152,8 +190,15 @@ def _text(content: Mapping[str, str]) -> list[dict[str, Any]]:
     """Title and body as TextBlocks, escaped: rendered content is data, never card markdown."""
     blocks = []
     if content.get("title"):
-        blocks.append({"type": "TextBlock", "text": card_markdown(content["title"]), "weight": "Bolder",
-                       "size": "Medium", "wrap": True})
+        blocks.append(
+            {
+                "type": "TextBlock",
+                "text": card_markdown(content["title"]),
+                "weight": "Bolder",
+                "size": "Medium",
+                "wrap": True,
+            }
+        )
     if content.get("body"):
         blocks.append({"type": "TextBlock", "text": card_markdown(content["body"]), "wrap": True})
     return blocks
@@ -161,30 +206,58 @@ def _text(content: Mapping[str, str]) -> list[dict[str, Any]]:
 
 def to_card(message: Message) -> dict[str, Any]:
     """The nudge as an Adaptive Card: title and body, one action per catalog button."""
-    actions = [_action(b.label, CLICK_VERB, {CLICK_KEY: message.button_value(b)}, b.style)
-               for b in message.buttons]
+    actions = [
+        _action(b.label, CLICK_VERB, {CLICK_KEY: message.button_value(b)}, b.style)
+        for b in message.buttons
+    ]
     return _card(_text(message.content), actions)
 
 
 def answered_card(message: Message, label: str) -> dict[str, Any]:
     """The same card once answered: the actions give way to the answer's catalog label."""
-    answered = {"type": "TextBlock", "text": f"Answered: {card_markdown(label)}", "weight": "Bolder",
-                "color": "Good", "wrap": True}
+    answered = {
+        "type": "TextBlock",
+        "text": f"Answered: {card_markdown(label)}",
+        "weight": "Bolder",
+        "color": "Good",
+        "wrap": True,
+    }
     return _card([*_text(message.content), answered])
 
 
-def preferences_card(choices: Sequence[tuple[str, str, bool]], note: str | None = None) -> dict[str, Any]:
+def preferences_card(
+    choices: Sequence[tuple[str, str, bool]], note: str | None = None
+) -> dict[str, Any]:
     """A card with one toggle per (type key, label, enabled) and a Save action."""
-    body: list[dict[str, Any]] = [{"type": "TextBlock", "text": "Which nudges would you like to get?",
-                                   "weight": "Bolder", "wrap": True}]
-    body += [{"type": "Input.Toggle", "id": f"type:{key}", "title": label, "value": str(on).lower(),
-              "valueOn": "true", "valueOff": "false"} for key, label, on in choices]
+    body: list[dict[str, Any]] = [
+        {
+            "type": "TextBlock",
+            "text": "Which nudges would you like to get?",
+            "weight": "Bolder",
+            "wrap": True,
+        }
+    ]
+    body += [
+        {
+            "type": "Input.Toggle",
+            "id": f"type:{key}",
+            "title": label,
+            "value": str(on).lower(),
+            "valueOn": "true",
+            "valueOff": "false",
+        }
+        for key, label, on in choices
+    ]
     if note:
-        body.append({"type": "TextBlock", "text": card_markdown(note), "isSubtle": True, "wrap": True})
+        body.append(
+            {"type": "TextBlock", "text": card_markdown(note), "isSubtle": True, "wrap": True}
+        )
     return _card(body, [_action("Save", PREFERENCES_VERB, {PREFERENCES_KEY: "save"}, "primary")])
 
 
-def preferences_changes(data: Mapping[str, Any], choices: Sequence[tuple[str, str, bool]]) -> dict[str, bool | None]:
+def preferences_changes(
+    data: Mapping[str, Any], choices: Sequence[tuple[str, str, bool]]
+) -> dict[str, bool | None]:
     """The settings a submitted preferences card asks for: only the offered types, only changes.
     A type-wide setting, clearing any Teams-only one, so the toggle is what the user gets."""
     changes: dict[str, bool | None] = {}
@@ -199,7 +272,9 @@ def preferences_changes(data: Mapping[str, Any], choices: Sequence[tuple[str, st
 def _toggle(raw: object) -> bool | None:
     if isinstance(raw, bool):
         return raw
-    return {"true": True, "false": False}.get(raw) if isinstance(raw, str) else None  # not 1 == True
+    return (
+        {"true": True, "false": False}.get(raw) if isinstance(raw, str) else None
+    )  # not 1 == True
 
 
 def card_attachment(card: dict[str, Any]) -> Attachment:
@@ -208,10 +283,14 @@ def card_attachment(card: dict[str, Any]) -> Attachment:
 
 def to_activity(card: dict[str, Any], ref: ConversationRef, summary: str | None = None) -> Activity:
     """The message activity that carries a card into the referenced conversation."""
-    return Activity(type=ActivityTypes.message, summary=plain_text(summary) if summary else None,
-                    attachments=[card_attachment(card)],
-                    conversation=ConversationAccount(id=ref.conversation_id, tenant_id=ref.tenant_id),
-                    channel_id=ref.channel_id, service_url=ref.service_url)
+    return Activity(
+        type=ActivityTypes.message,
+        summary=plain_text(summary) if summary else None,
+        attachments=[card_attachment(card)],
+        conversation=ConversationAccount(id=ref.conversation_id, tenant_id=ref.tenant_id),
+        channel_id=ref.channel_id,
+        service_url=ref.service_url,
+    )
 
 
 # --- actions (from the platform) -----------------------------------------------------------------
@@ -232,7 +311,11 @@ def from_activity(activity: Activity, command: str | None = "preferences") -> Te
     user = str(getattr(activity.from_property, "id", None) or "")
     if activity.type == ActivityTypes.invoke and activity.name == "adaptiveCard/action":
         action = activity.value.get("action") if isinstance(activity.value, dict) else None
-        return _from_data(action.get("verb"), action.get("data"), "execute", user) if isinstance(action, dict) else None
+        return (
+            _from_data(action.get("verb"), action.get("data"), "execute", user)
+            if isinstance(action, dict)
+            else None
+        )
     if activity.type != ActivityTypes.message:
         return None
     if isinstance(activity.value, dict):
@@ -255,7 +338,9 @@ def _from_data(verb: object, data: object, via: str, user: str) -> TeamsAction |
 # --- provider answers ----------------------------------------------------------------------------
 
 
-def send_error(status: int, headers: Mapping[str, str], body: str, *, posting: bool = False) -> SendError:
+def send_error(
+    status: int, headers: Mapping[str, str], body: str, *, posting: bool = False
+) -> SendError:
     """A connector failure as the error to raise: 429 throttled; 401, 408, 425 transient; a 5xx
     transient, or unknown when the call posts a message (it may have been posted); else permanent."""
     try:
@@ -279,7 +364,8 @@ def network_error(exc: Exception, *, posting: bool) -> SendError:
     have left), unknown for a posting call once it may have been written (read timeout, reset)."""
     inner = getattr(exc, "inner_exception", None) or exc
     if isinstance(inner, requests.ConnectTimeout) or (
-            isinstance(inner, requests.ConnectionError) and "NewConnectionError" in repr(inner)):
+        isinstance(inner, requests.ConnectionError) and "NewConnectionError" in repr(inner)
+    ):
         return TransientSendError("connection", str(inner)[:200])
     if posting:
         return UnknownSendError("no_answer", str(inner)[:200])
@@ -317,8 +403,12 @@ return '0'
 class ConversationLimiter:
     """Sliding-window send limits per conversation, shared by every worker through Redis."""
 
-    def __init__(self, redis_factory: Callable[[], Any], limits: Sequence[tuple[int, float]] = TEAMS_LIMITS,
-                 prefix: str = "clarion:teams:") -> None:
+    def __init__(
+        self,
+        redis_factory: Callable[[], Any],
+        limits: Sequence[tuple[int, float]] = TEAMS_LIMITS,
+        prefix: str = "clarion:teams:",
+    ) -> None:
         self.redis_factory = redis_factory
         self.limits = tuple(limits)
         self.prefix = prefix
@@ -334,8 +424,9 @@ class ConversationLimiter:
 
     def pause(self, conversation: str, now: float, seconds: float) -> None:
         """Hold every send to `conversation` (the provider said 429) for `seconds` after `now`."""
-        self.redis_factory().set(self._keys(conversation)[1], repr(now + seconds),
-                                 px=max(1, int(seconds * 1000)))
+        self.redis_factory().set(
+            self._keys(conversation)[1], repr(now + seconds), px=max(1, int(seconds * 1000))
+        )
 
 
 # --- the adapter ---------------------------------------------------------------------------------
@@ -355,18 +446,29 @@ class LedgerStore:
         from db.engine import engine
 
         with engine().connect() as conn:
-            return ConversationRef.from_json(teams.conversation_reference(conn, user_id, teams_user))
+            return ConversationRef.from_json(
+                teams.conversation_reference(conn, user_id, teams_user)
+            )
 
     def gone(self, user_id: str, teams_user: str, detail: str) -> None:
         from db import gating
         from db.engine import engine
 
         with engine().begin() as conn:
-            gating.suppress_address(conn, user_id, channel="teams", address=teams_user, reason="deactivated",
-                                    detail=detail[:500], now=clock.now())
+            gating.suppress_address(
+                conn,
+                user_id,
+                channel="teams",
+                address=teams_user,
+                reason="deactivated",
+                detail=detail[:500],
+                now=clock.now(),
+            )
 
 
-def credentials_for(app_id: str | None, password: str | None, tenant_id: str | None) -> MicrosoftAppCredentials:
+def credentials_for(
+    app_id: str | None, password: str | None, tenant_id: str | None
+) -> MicrosoftAppCredentials:
     """The bot's outbound credentials; none at all in local mode (no Authorization header)."""
     if local_mode(app_id):
         return MicrosoftAppCredentials.empty()
@@ -383,9 +485,17 @@ class TeamsAdapter:
     needs_address = True
     dedups_by_key = False
 
-    def __init__(self, *, credentials: MicrosoftAppCredentials, store: ReferenceStore,
-                 limiter: ConversationLimiter | None = None, timeout: float = 10.0, max_wait: float = 1.0,
-                 sleep: Callable[[float], None] = time.sleep, wall: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        credentials: MicrosoftAppCredentials,
+        store: ReferenceStore,
+        limiter: ConversationLimiter | None = None,
+        timeout: float = 10.0,
+        max_wait: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep,
+        wall: Callable[[], float] | None = None,
+    ) -> None:
         self.credentials = credentials
         self.store = store
         self.limiter = limiter
@@ -399,39 +509,64 @@ class TeamsAdapter:
     def from_settings(cls, s: Any) -> TeamsAdapter:
         from tasks import runtime  # wiring only: the adapter itself takes its collaborators
 
-        return cls(credentials=credentials_for(s.teams_app_id, s.teams_app_password, s.teams_tenant_id),
-                   store=LedgerStore(), limiter=ConversationLimiter(runtime.redis), timeout=s.webhook_timeout)
+        return cls(
+            credentials=credentials_for(s.teams_app_id, s.teams_app_password, s.teams_tenant_id),
+            store=LedgerStore(),
+            limiter=ConversationLimiter(runtime.redis),
+            timeout=s.webhook_timeout,
+        )
 
     def send(self, message: Message) -> SendResult:
         ref = self._reference(message)
         activity = to_activity(to_card(message), ref, message.content.get("title"))
-        sent = self._call(message, ref, lambda c: c.conversations.send_to_conversation(ref.conversation_id, activity),
-                          posting=True)
-        return SendResult(platform="teams",
-                          provider_message_id=message_id(ref.conversation_id, sent.id) if sent and sent.id else None)
+        sent = self._call(
+            message,
+            ref,
+            lambda c: c.conversations.send_to_conversation(ref.conversation_id, activity),
+            posting=True,
+        )
+        return SendResult(
+            platform="teams",
+            provider_message_id=message_id(ref.conversation_id, sent.id)
+            if sent and sent.id
+            else None,
+        )
 
     def update(self, message: Message, provider_message_id: str, answered: str | None) -> None:
         """Replace the sent card: answered (with the catalog label) or as first sent."""
         ids = split_message_id(provider_message_id)
         if ids is None:
-            raise PermanentSendError("bad_message_id", f"not a Teams message id: {provider_message_id!r}")
+            raise PermanentSendError(
+                "bad_message_id", f"not a Teams message id: {provider_message_id!r}"
+            )
         ref = replace(self._reference(message), conversation_id=ids[0])
         card = answered_card(message, answered) if answered else to_card(message)
         activity = to_activity(card, ref, message.content.get("title"))
         activity.id = ids[1]
-        self._call(message, ref, lambda c: c.conversations.update_activity(ids[0], ids[1], activity))
+        self._call(
+            message, ref, lambda c: c.conversations.update_activity(ids[0], ids[1], activity)
+        )
 
     def _reference(self, message: Message) -> ConversationRef:
         if not message.address:
             raise PermanentSendError("no_address", "recipient has no teams address")
         ref = self.store.reference(message.user_id, message.address)
         if ref is None:
-            raise PermanentSendError("no_conversation", f"{message.address} has not talked to the bot yet "
-                                                        "(no stored conversation reference)")
+            raise PermanentSendError(
+                "no_conversation",
+                f"{message.address} has not talked to the bot yet "
+                "(no stored conversation reference)",
+            )
         return ref
 
-    def _call(self, message: Message, ref: ConversationRef, operation: Callable[[ConnectorClient], Any],
-              *, posting: bool = False) -> Any:
+    def _call(
+        self,
+        message: Message,
+        ref: ConversationRef,
+        operation: Callable[[ConnectorClient], Any],
+        *,
+        posting: bool = False,
+    ) -> Any:
         self._throttle(ref.conversation_id)
         try:
             return operation(self._client(ref.service_url))
@@ -442,13 +577,17 @@ class TeamsAdapter:
         except PermissionError as exc:  # no token for the bot's credentials (AAD said no)
             raise TransientSendError("token", str(exc)[:200]) from exc
 
-    def _failed(self, message: Message, ref: ConversationRef, response: requests.Response,
-                posting: bool) -> SendError:
+    def _failed(
+        self, message: Message, ref: ConversationRef, response: requests.Response, posting: bool
+    ) -> SendError:
         error = send_error(response.status_code, response.headers, response.text, posting=posting)
         limiter = self.limiter
         if response.status_code == 429 and limiter is not None:
-            self._guard(lambda: limiter.pause(ref.conversation_id, self.wall(),
-                                              getattr(error, "retry_after", None) or 1.0))
+            self._guard(
+                lambda: limiter.pause(
+                    ref.conversation_id, self.wall(), getattr(error, "retry_after", None) or 1.0
+                )
+            )
         if response.status_code in GONE_STATUSES:
             self.store.gone(message.user_id, message.address or "", str(error))
         log.info("teams send failed", extra={"action": "teams_send_failed", "reason": error.reason})
@@ -458,14 +597,17 @@ class TeamsAdapter:
         wait = 0.0
         limiter = self.limiter
         for _ in range(3):
-            wait = self._guard(lambda: limiter.acquire(conversation, self.wall())) if limiter else 0.0
+            wait = (
+                self._guard(lambda: limiter.acquire(conversation, self.wall())) if limiter else 0.0
+            )
             if not wait:
                 return
             if wait > self.max_wait:
                 break
             self.sleep(wait)
-        raise ThrottledError("throttled", f"conversation over its Teams rate limit for {wait:.2f}s",
-                             retry_after=wait)
+        raise ThrottledError(
+            "throttled", f"conversation over its Teams rate limit for {wait:.2f}s", retry_after=wait
+        )
 
     @staticmethod
     def _guard(call: Callable[[], float | None]) -> float:
@@ -473,7 +615,9 @@ class TeamsAdapter:
         try:
             return call() or 0.0
         except Exception:
-            log.warning("teams limiter unavailable", extra={"action": "teams_limiter_error"}, exc_info=True)
+            log.warning(
+                "teams limiter unavailable", extra={"action": "teams_limiter_error"}, exc_info=True
+            )
             return 0.0
 
     def _client(self, service_url: str) -> ConnectorClient:

@@ -37,8 +37,9 @@ class Headers(Protocol):
     def get(self, name: str, default: str, /) -> str: ...
 
 
-def verify(secret: str, headers: Headers, body: bytes, *, now: float,
-           tolerance: float = 300) -> bool:
+def verify(
+    secret: str, headers: Headers, body: bytes, *, now: float, tolerance: float = 300
+) -> bool:
     """For receivers: is this request signed by us, recently?"""
     timestamp = headers.get("X-Clarion-Timestamp", "")
     try:
@@ -89,8 +90,11 @@ def from_response(status: int, headers: Mapping[str, str], body: bytes) -> SendR
             message_id = json.loads(body or b"{}").get("id")
         except (ValueError, AttributeError, RecursionError):
             message_id = None
-        return SendResult(platform="webhook", provider_message_id=clean_provider_id(message_id),
-                          repeat=status == 409)
+        return SendResult(
+            platform="webhook",
+            provider_message_id=clean_provider_id(message_id),
+            repeat=status == 409,
+        )
     detail = body[:200].decode(errors="replace")
     hint = retry_after(headers.get("Retry-After"))
     if status == 429:

@@ -30,8 +30,15 @@ CREATE INDEX naive_sent_key ON naive_sent (key);  -- an index, but not a unique 
 """
 
 
-def work(conninfo: str, url: str, secret: str, items: list[tuple[str, str, int]], barrier,
-         cpu=None, slot: int = 0) -> None:
+def work(
+    conninfo: str,
+    url: str,
+    secret: str,
+    items: list[tuple[str, str, int]],
+    barrier,
+    cpu=None,
+    slot: int = 0,
+) -> None:
     """Process `items` ((user_id, occurrence_key, order) each) after every process is ready;
     the CPU seconds the loop took go to `cpu[slot]` (a shared array), if given."""
     conn = psycopg.connect(conninfo, autocommit=True)
@@ -42,15 +49,22 @@ def work(conninfo: str, url: str, secret: str, items: list[tuple[str, str, int]]
         key = idempotency_key(user_id, TYPE_KEY, occurrence_key, CHANNEL)
         if conn.execute("SELECT 1 FROM naive_sent WHERE key = %s", (key,)).fetchone() is not None:
             continue
-        message = Message(delivery_id=0, user_id=user_id, type_key=TYPE_KEY,
-                          occurrence_key=occurrence_key, channel=CHANNEL,
-                          content={"title": f"Receipt {order}", "body": f"Thanks for order {order}."})
+        message = Message(
+            delivery_id=0,
+            user_id=user_id,
+            type_key=TYPE_KEY,
+            occurrence_key=occurrence_key,
+            channel=CHANNEL,
+            content={"title": f"Receipt {order}", "body": f"Thanks for order {order}."},
+        )
         headers, body = to_request(message, secret, time.time())
         response = http.request("POST", url, body=body, headers=headers)
         if response.status >= 500:
             continue  # a real sender would retry later; the receiver never fails here
-        conn.execute("INSERT INTO naive_sent (key, user_id, occurrence_key) VALUES (%s, %s, %s)",
-                     (key, user_id, occurrence_key))
+        conn.execute(
+            "INSERT INTO naive_sent (key, user_id, occurrence_key) VALUES (%s, %s, %s)",
+            (key, user_id, occurrence_key),
+        )
     if cpu is not None:
         cpu[slot] = time.process_time() - start
     conn.close()

@@ -243,9 +243,11 @@ class CpuMeter:
         self.per_item = ours / items * 1000
         cpus = os.cpu_count() or 1
         parts = ", ".join(f"{k} {v / items * 1000:.2f}" for k, v in used.items())
-        return [f"CPU ms per item: {parts}; total {ours / items * 1000:.2f} "
-                f"({ours:.1f} CPU-s in {elapsed:.1f}s; machine busy {machine / (elapsed * cpus):.0%} "
-                f"of {cpus} CPUs, {max(0.0, machine - ours) / (elapsed * cpus):.0%} by other processes)"]
+        return [
+            f"CPU ms per item: {parts}; total {ours / items * 1000:.2f} "
+            f"({ours:.1f} CPU-s in {elapsed:.1f}s; machine busy {machine / (elapsed * cpus):.0%} "
+            f"of {cpus} CPUs, {max(0.0, machine - ours) / (elapsed * cpus):.0%} by other processes)"
+        ]
 
 
 def _server_pids(db_url: str, redis_url: str) -> tuple[list[int], list[int]]:
@@ -294,8 +296,9 @@ class Profiler:
     """py-spy `record` on some processes (and their children) while a phase is timed, into raw
     collapsed stacks (`--profile DIR`); summarised by `profile_summary`."""
 
-    def __init__(self, out_dir: Path | None, label: str, pids: list[int], rate: int,
-                 idle: bool = True) -> None:
+    def __init__(
+        self, out_dir: Path | None, label: str, pids: list[int], rate: int, idle: bool = True
+    ) -> None:
         import shutil
         import subprocess
 
@@ -310,10 +313,28 @@ class Profiler:
         for i, pid in enumerate(pids):
             out = out_dir / f"{label}-{i}.txt"
             log = open(out_dir / f"{label}-{i}.log", "wb")  # noqa: SIM115 - handed to the child
-            self.procs.append(subprocess.Popen(
-                [exe, "record", "--pid", str(pid), "--subprocesses", "--nonblocking",
-                 *(["--idle"] if idle else []), "--rate", str(rate), "--format", "raw", "-o", str(out)],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        exe,
+                        "record",
+                        "--pid",
+                        str(pid),
+                        "--subprocesses",
+                        "--nonblocking",
+                        *(["--idle"] if idle else []),
+                        "--rate",
+                        str(rate),
+                        "--format",
+                        "raw",
+                        "-o",
+                        str(out),
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
             log.close()
             self.files.append(out)
         time.sleep(1.0)  # py-spy needs a moment to attach
@@ -395,11 +416,15 @@ def profile_summary(files: list[Path], top: int = 8) -> list[str]:
         work = busy[role]
         if not work:
             continue
-        lines.append(f"{role}: {work} of {total} samples in the timed work ({work / total:.0%}); "
-                     "our code there, inclusive:")
+        lines.append(
+            f"{role}: {work} of {total} samples in the timed work ({work / total:.0%}); "
+            "our code there, inclusive:"
+        )
         lines += [f"    {n / work:6.1%}  {frame}" for frame, n in ours[role].most_common(top)]
         lines.append("  leaf frames (self):")
-        lines += [f"    {n / work:6.1%}  {frame}" for frame, n in leaves[role].most_common(top // 2 + 2)]
+        lines += [
+            f"    {n / work:6.1%}  {frame}" for frame, n in leaves[role].most_common(top // 2 + 2)
+        ]
     return lines
 
 
@@ -508,7 +533,8 @@ class Bench:
             "CLARION_BROKER_URL": self.broker_url,
             "CLARION_CATALOG": str(ROOT / "tests" / "catalog.yaml"),
             # with a database URL the public development secret is refused
-            "CLARION_WEBHOOK_SECRET": os.environ.get("CLARION_WEBHOOK_SECRET") or "clarion-bench-secret",
+            "CLARION_WEBHOOK_SECRET": os.environ.get("CLARION_WEBHOOK_SECRET")
+            or "clarion-bench-secret",
         }
         os.environ.update(self.env)
         settings.reset()
@@ -522,24 +548,39 @@ class Bench:
         if not sizes:
             return
         if not self.embedded and not self.args.purge:
-            raise SystemExit(f"the broker's queues are not empty ({sizes}); use a dedicated Redis "
-                             "or pass --purge to drop those messages")
+            raise SystemExit(
+                f"the broker's queues are not empty ({sizes}); use a dedicated Redis "
+                "or pass --purge to drop those messages"
+            )
         _purge(app, sizes)
         say(f"  purged leftover messages: {sizes}")
 
     def profiler(self, label: str, pids: list[int]) -> Profiler:
         """py-spy on `pids` and this process while a phase is timed (only with --profile)."""
         a = self.args
-        profiler = Profiler(a.profile, f"r{self.round}-{label}", [*pids, os.getpid()], a.profile_rate,
-                            idle=a.profile_mode == "wall")
+        profiler = Profiler(
+            a.profile,
+            f"r{self.round}-{label}",
+            [*pids, os.getpid()],
+            a.profile_rate,
+            idle=a.profile_mode == "wall",
+        )
         self.cleanup.add(profiler.stop)
         return profiler
 
-    def start(self, command: list[str], log_name: str, processes: list, *,
-              env: dict[str, str] | None = None):
+    def start(
+        self,
+        command: list[str],
+        log_name: str,
+        processes: list,
+        *,
+        env: dict[str, str] | None = None,
+    ):
         from ops.launch import Process
 
-        process = Process(command, env={**self.env, **(env or {})}, log=self.logs / log_name, cwd=ROOT)
+        process = Process(
+            command, env={**self.env, **(env or {})}, log=self.logs / log_name, cwd=ROOT
+        )
         processes.append(process)
         return process
 
@@ -551,8 +592,10 @@ class Bench:
         from bench import noop
 
         a = self.args
-        say(f"\n(a) raw Celery: {a.n} no-op tasks, one message each, "
-            f"{a.workers} worker(s) x -c {a.concurrency} ({a.pool})")
+        say(
+            f"\n(a) raw Celery: {a.n} no-op tasks, one message each, "
+            f"{a.workers} worker(s) x -c {a.concurrency} ({a.pool})"
+        )
         self.empty_queues(noop.app, [noop.QUEUE])
         self.cleanup.add(_purge, noop.app, [noop.QUEUE])  # runs after the workers stopped
         r = redis.Redis.from_url(self.redis_url)
@@ -565,10 +608,30 @@ class Bench:
         for i in range(a.workers):
             name = f"bnoop{self.tag}-{i}"
             names.append(_hostname(name))
-            self.start([sys.executable, "-m", "celery", "-A", "bench.noop", "worker", "-Q", noop.QUEUE,
-                        "-c", str(a.concurrency), "-P", a.pool, "-n", f"{name}@%h",
-                        "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
-                       f"r{self.round}-noop-worker-{i}.log", processes)
+            self.start(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "bench.noop",
+                    "worker",
+                    "-Q",
+                    noop.QUEUE,
+                    "-c",
+                    str(a.concurrency),
+                    "-P",
+                    a.pool,
+                    "-n",
+                    f"{name}@%h",
+                    "--loglevel",
+                    "WARNING",
+                    "--without-mingle",
+                    "--without-gossip",
+                ],
+                f"r{self.round}-noop-worker-{i}.log",
+                processes,
+            )
         _wait_for_workers(noop.app, names, processes)
         warm_n = 4 * a.workers * a.concurrency
         for _ in range(warm_n):
@@ -593,14 +656,29 @@ class Bench:
         thread = threading.Thread(target=publish, daemon=True)
         thread.start()
         done, elapsed = _poll(
-            Progress("raw celery"), lambda: int(r.get(counter) or 0), a.n, a.timeout,
-            lambda done, rate, t: f"published {published[0]}/{a.n}  completed {done}/{a.n}  "
-                                  f"{rate:,.0f}/s  {t:.1f}s", t0=t0)
+            Progress("raw celery"),
+            lambda: int(r.get(counter) or 0),
+            a.n,
+            a.timeout,
+            lambda done, rate, t: (
+                f"published {published[0]}/{a.n}  completed {done}/{a.n}  {rate:,.0f}/s  {t:.1f}s"
+            ),
+            t0=t0,
+        )
         cpu = meter.stop(elapsed, max(done, 1))
         thread.join(5)
         profiler.stop()
-        main = Result("raw", "raw celery no-op", a.n, done, elapsed, publish_seconds[0], notes=cpu,
-                      profile=profiler.summary(), cpu_ms=meter.per_item)
+        main = Result(
+            "raw",
+            "raw celery no-op",
+            a.n,
+            done,
+            elapsed,
+            publish_seconds[0],
+            notes=cpu,
+            profile=profiler.summary(),
+            cpu_ms=meter.per_item,
+        )
 
         # The same workers with the queue filled beforehand: what the consumers alone can do,
         # without the single publishing thread setting the pace.
@@ -612,15 +690,28 @@ class Bench:
         t0 = time.perf_counter()
         noop.app.control.add_consumer(noop.QUEUE, destination=names, reply=True, timeout=5)
         done, elapsed = _poll(
-            Progress("raw celery, queue pre-filled"), lambda: int(r.get(drained) or 0), a.n,
-            a.timeout, lambda done, rate, t: f"completed {done}/{a.n}  {rate:,.0f}/s  {t:.1f}s",
-            t0=t0)
+            Progress("raw celery, queue pre-filled"),
+            lambda: int(r.get(drained) or 0),
+            a.n,
+            a.timeout,
+            lambda done, rate, t: f"completed {done}/{a.n}  {rate:,.0f}/s  {t:.1f}s",
+            t0=t0,
+        )
         cpu = meter.stop(elapsed, max(done, 1))
         _stop_all(processes)
-        drain = Result("drain", "raw celery consume-only", a.n, done, elapsed, notes=[
-            "the same workers draining a queue filled with N no-op messages beforehand "
-            "(consumers switched off while filling): the consumer side alone", *cpu],
-            cpu_ms=meter.per_item)
+        drain = Result(
+            "drain",
+            "raw celery consume-only",
+            a.n,
+            done,
+            elapsed,
+            notes=[
+                "the same workers draining a queue filled with N no-op messages beforehand "
+                "(consumers switched off while filling): the consumer side alone",
+                *cpu,
+            ],
+            cpu_ms=meter.per_item,
+        )
         return [main, drain]
 
     # (b) clarion
@@ -635,9 +726,11 @@ class Bench:
         from tasks.app import app
 
         a = self.args
-        say(f"\n(b) clarion: {a.n} `{TYPE_KEY}` occurrences via notify_many (chunks of {a.chunk}), "
+        say(
+            f"\n(b) clarion: {a.n} `{TYPE_KEY}` occurrences via notify_many (chunks of {a.chunk}), "
             f"webhook channel, {a.workers} worker(s) x -c {a.concurrency} ({a.pool}) on "
-            f"{','.join(CLARION_QUEUES)} + beat")
+            f"{','.join(CLARION_QUEUES)} + beat"
+        )
         self.empty_queues(app, CLARION_QUEUES)
         if self.embedded:  # clarion's queues are ours only on the embedded broker
             self.cleanup.add(_purge, app, CLARION_QUEUES)  # runs after the workers stopped
@@ -645,10 +738,19 @@ class Bench:
         with engine().begin() as conn:
             for user in users:
                 register_recipient(user, timezone="UTC", connection=conn)
-        items = [dict(user_id=users[j % len(users)], type_key=TYPE_KEY, event_id=f"{self.tag}-{j}",
-                      variables={"order": j}) for j in range(a.n)]
-        expected = {idempotency_key(i["user_id"], TYPE_KEY, f"event:{i['event_id']}", CHANNEL)
-                    for i in items}
+        items = [
+            dict(
+                user_id=users[j % len(users)],
+                type_key=TYPE_KEY,
+                event_id=f"{self.tag}-{j}",
+                variables={"order": j},
+            )
+            for j in range(a.n)
+        ]
+        expected = {
+            idempotency_key(i["user_id"], TYPE_KEY, f"event:{i['event_id']}", CHANNEL)
+            for i in items
+        }
         say(f"  {len(users)} recipients registered")
 
         processes: list = []
@@ -659,9 +761,18 @@ class Bench:
             name = f"bclarion{self.tag}-{i}"
             names.append(_hostname(name))
             logs.append(self.logs / f"r{self.round}-clarion-worker-{i}.log")
-            self.start(worker_command(CLARION_QUEUES, concurrency=a.concurrency, name=name,
-                                      pool=a.pool, loglevel="INFO"), logs[-1].name, processes,
-                       env={"CLARION_WEBHOOK_URL": receiver.url})
+            self.start(
+                worker_command(
+                    CLARION_QUEUES,
+                    concurrency=a.concurrency,
+                    name=name,
+                    pool=a.pool,
+                    loglevel="INFO",
+                ),
+                logs[-1].name,
+                processes,
+                env={"CLARION_WEBHOOK_URL": receiver.url},
+            )
         self.start(beat_command(self.logs), f"r{self.round}-clarion-beat.log", processes)
         _wait_for_workers(app, names, processes)
         self.clarion_workers = processes[:-1]
@@ -671,8 +782,12 @@ class Bench:
         arrivals = receiver.arrivals
         warm_n = 2 * a.workers * a.concurrency
         for k in range(warm_n):
-            notify(users[k % len(users)], TYPE_KEY, event_id=f"warm-{self.tag}-{k}",
-                   variables={"order": k})
+            notify(
+                users[k % len(users)],
+                TYPE_KEY,
+                event_id=f"warm-{self.tag}-{k}",
+                variables={"order": k},
+            )
         _wait(lambda: arrivals.unique >= warm_n, 90, "clarion warm-up")
         offsets = {log: log.stat().st_size for log in logs}
         profiler = self.profiler("clarion", [p.pid for p in processes])
@@ -693,15 +808,27 @@ class Bench:
                 errors.append(exc)
             publish_seconds[0] = time.perf_counter() - start
 
-        meter = CpuMeter({"workers+beat": [p.pid for p in processes], "postgres": self.pg_pids,
-                          "redis": self.redis_pids})
+        meter = CpuMeter(
+            {
+                "workers+beat": [p.pid for p in processes],
+                "postgres": self.pg_pids,
+                "redis": self.redis_pids,
+            }
+        )
         t0 = time.perf_counter()
         thread = threading.Thread(target=publish, daemon=True)
         thread.start()
         done, elapsed = _poll(
-            Progress("clarion"), lambda: arrivals.unique - warm_n, a.n, a.timeout,
-            lambda done, rate, t: f"enqueued {published[0]}/{a.n}  arrived {done}/{a.n}  "
-                                  f"{rate:,.0f}/s  {t:.1f}s", stop=lambda: bool(errors), t0=t0)
+            Progress("clarion"),
+            lambda: arrivals.unique - warm_n,
+            a.n,
+            a.timeout,
+            lambda done, rate, t: (
+                f"enqueued {published[0]}/{a.n}  arrived {done}/{a.n}  {rate:,.0f}/s  {t:.1f}s"
+            ),
+            stop=lambda: bool(errors),
+            t0=t0,
+        )
         cpu = meter.stop(elapsed, max(done, 1))
         thread.join(10)
         if errors:
@@ -714,19 +841,34 @@ class Bench:
             got = sum(1 for k in expected if arrivals.by_key.get(k))
             repeats = sum(n - 1 for n in arrivals.by_key.values())
             multi = sum(1 for keys in arrivals.occurrences.values() if len(keys) > 1)
-        result = Result("clarion", "clarion end-to-end", a.n, got, elapsed, publish_seconds[0],
-                        repeats, multi, notes=cpu, profile=profiler.summary(),
-                        cpu_ms=meter.per_item)
+        result = Result(
+            "clarion",
+            "clarion end-to-end",
+            a.n,
+            got,
+            elapsed,
+            publish_seconds[0],
+            repeats,
+            multi,
+            notes=cpu,
+            profile=profiler.summary(),
+            cpu_ms=meter.per_item,
+        )
 
         with engine().connect() as conn:
-            states = dict(conn.execute(text(
-                "SELECT state, count(*) FROM deliveries GROUP BY state")).all())
-            incidents = dict(conn.execute(text(
-                "SELECT kind, count(*) FROM incidents GROUP BY kind")).all())
-            pending = conn.execute(text(
-                "SELECT count(*) FROM requests WHERE state <> 'routed'")).scalar_one()
-        result.notes.append(f"deliveries by state: {states}; requests not routed: {pending}; "
-                            f"incidents: {incidents or 'none'}")
+            states = dict(
+                conn.execute(text("SELECT state, count(*) FROM deliveries GROUP BY state")).all()
+            )
+            incidents = dict(
+                conn.execute(text("SELECT kind, count(*) FROM incidents GROUP BY kind")).all()
+            )
+            pending = conn.execute(
+                text("SELECT count(*) FROM requests WHERE state <> 'routed'")
+            ).scalar_one()
+        result.notes.append(
+            f"deliveries by state: {states}; requests not routed: {pending}; "
+            f"incidents: {incidents or 'none'}"
+        )
         result.notes += self._clarion_breakdown(_task_stats(logs, offsets), elapsed)
         return result
 
@@ -736,15 +878,19 @@ class Bench:
         lines = []
         messages = sum(int(s["received"]) for s in stats.values())
         busy = sum(s["seconds"] for s in stats.values())
-        lines.append(f"messages consumed while timed: {messages} "
-                     f"({messages / a.n:.3f} per notification); pool busy "
-                     f"{busy:.2f}s of {elapsed * slots:.2f}s available ({busy / (elapsed * slots):.0%})")
+        lines.append(
+            f"messages consumed while timed: {messages} "
+            f"({messages / a.n:.3f} per notification); pool busy "
+            f"{busy:.2f}s of {elapsed * slots:.2f}s available ({busy / (elapsed * slots):.0%})"
+        )
         for name, s in sorted(stats.items()):
             done = int(s["done"])
             if not done:
                 continue
-            lines.append(f"  {name:<16} {int(s['received']):>5} msgs  {s['seconds']:7.2f}s total  "
-                         f"{s['seconds'] / done * 1000:8.1f} ms/task  max {s['max'] * 1000:7.1f} ms")
+            lines.append(
+                f"  {name:<16} {int(s['received']):>5} msgs  {s['seconds']:7.2f}s total  "
+                f"{s['seconds'] / done * 1000:8.1f} ms/task  max {s['max'] * 1000:7.1f} ms"
+            )
         return lines
 
     # (c) naive
@@ -756,8 +902,10 @@ class Bench:
 
         a = self.args
         k = a.workers * a.concurrency
-        say(f"\n(c) naive: {k} processes, SELECT-then-POST-then-INSERT (no unique constraint), "
-            f"{a.n} occurrences each handed to 2 processes ({2 * a.n} work items)")
+        say(
+            f"\n(c) naive: {k} processes, SELECT-then-POST-then-INSERT (no unique constraint), "
+            f"{a.n} occurrences each handed to 2 processes ({2 * a.n} work items)"
+        )
         conninfo = _libpq(self.db_url)
         with psycopg.connect(conninfo, autocommit=True) as conn:
             conn.execute("DROP TABLE IF EXISTS naive_sent")
@@ -772,9 +920,14 @@ class Bench:
         ctx = multiprocessing.get_context("spawn")  # children share no sockets or threads with us
         barrier = ctx.Barrier(k + 1)
         loop_cpu = ctx.Array("d", k)
-        procs = [ctx.Process(target=naive.work, daemon=True,
-                             args=(conninfo, receiver.url, self.secret, w, barrier, loop_cpu, i))
-                 for i, w in enumerate(work)]
+        procs = [
+            ctx.Process(
+                target=naive.work,
+                daemon=True,
+                args=(conninfo, receiver.url, self.secret, w, barrier, loop_cpu, i),
+            )
+            for i, w in enumerate(work)
+        ]
         self.cleanup.add(_stop_multiprocessing, procs)
         for p in procs:
             p.start()
@@ -789,39 +942,63 @@ class Bench:
             running = sum(p.is_alive() for p in procs)
             elapsed = time.perf_counter() - t0
             unique = arrivals.unique
-            progress.show(f"arrived {unique}/{a.n} (+{arrivals.repeats} duplicate)  "
-                          f"{unique / max(elapsed, 1e-9):,.0f}/s  {running} process(es) running  "
-                          f"{elapsed:.1f}s")
+            progress.show(
+                f"arrived {unique}/{a.n} (+{arrivals.repeats} duplicate)  "
+                f"{unique / max(elapsed, 1e-9):,.0f}/s  {running} process(es) running  "
+                f"{elapsed:.1f}s"
+            )
             if not running:
                 break
             time.sleep(0.02)
         elapsed = time.perf_counter() - t0
         _stop_multiprocessing(procs)
-        cpu = meter.stop(elapsed, max(arrivals.unique, 1),
-                         extra={"naive processes": sum(loop_cpu[:])})
+        cpu = meter.stop(
+            elapsed, max(arrivals.unique, 1), extra={"naive processes": sum(loop_cpu[:])}
+        )
         profiler.stop()
         failed = [p.exitcode for p in procs if p.exitcode]
-        progress.done(f"{arrivals.unique}/{a.n} in {elapsed:.2f}s "
-                      f"({arrivals.unique / max(elapsed, 1e-9):,.0f}/s)")
+        progress.done(
+            f"{arrivals.unique}/{a.n} in {elapsed:.2f}s "
+            f"({arrivals.unique / max(elapsed, 1e-9):,.0f}/s)"
+        )
         with arrivals.lock:
             repeats = sum(n - 1 for n in arrivals.by_key.values())
             multi = sum(1 for keys in arrivals.occurrences.values() if len(keys) > 1)
             duplicated = sum(1 for n in arrivals.by_key.values() if n > 1)
-        result = Result("naive", "naive check-then-send", a.n, arrivals.unique, elapsed, 0.0,
-                        repeats, multi, notes=cpu, profile=profiler.summary(),
-                        cpu_ms=meter.per_item)
+        result = Result(
+            "naive",
+            "naive check-then-send",
+            a.n,
+            arrivals.unique,
+            elapsed,
+            0.0,
+            repeats,
+            multi,
+            notes=cpu,
+            profile=profiler.summary(),
+            cpu_ms=meter.per_item,
+        )
         with psycopg.connect(conninfo) as conn:
             rows = conn.execute("SELECT count(*), count(DISTINCT key) FROM naive_sent").fetchone()
-        result.notes.append(f"{duplicated} occurrences sent more than once; naive_sent holds "
-                            f"{rows[0]} rows for {rows[1]} keys")
+        result.notes.append(
+            f"{duplicated} occurrences sent more than once; naive_sent holds "
+            f"{rows[0]} rows for {rows[1]} keys"
+        )
         if failed:
             result.notes.append(f"processes failed with exit codes {failed}")
         return result
 
 
-def _poll(progress: Progress, count: Callable[[], int], n: int, timeout: float,
-          text: Callable[[int, float, float], str], *, stop: Callable[[], bool] | None = None,
-          t0: float | None = None) -> tuple[int, float]:
+def _poll(
+    progress: Progress,
+    count: Callable[[], int],
+    n: int,
+    timeout: float,
+    text: Callable[[int, float, float], str],
+    *,
+    stop: Callable[[], bool] | None = None,
+    t0: float | None = None,
+) -> tuple[int, float]:
     """Poll `count()` until it reaches n (or `stop()` is true, or time is up); returns (count, s)."""
     t0 = time.perf_counter() if t0 is None else t0
     done = 0
@@ -863,11 +1040,15 @@ def report(rounds: list[list[Result]], args: argparse.Namespace, wall: float, lo
 
     width = 113
     say("\n" + "=" * width)
-    say(f"clarion throughput   N={args.n}   workers={args.workers} x concurrency={args.concurrency} "
-        f"({args.pool})   cpus={os.cpu_count()}   load average at start {load}")
+    say(
+        f"clarion throughput   N={args.n}   workers={args.workers} x concurrency={args.concurrency} "
+        f"({args.pool})   cpus={os.cpu_count()}   load average at start {load}"
+    )
     say("-" * width)
-    say(f"{'phase':<30}{'done':>11}{'elapsed':>9}{'publish':>9}{'items/s':>9}{'vs raw':>8}"
-        f"{'CPU ms/item':>13}{'dup arrivals':>14}{'dup occ.':>10}")
+    say(
+        f"{'phase':<30}{'done':>11}{'elapsed':>9}{'publish':>9}{'items/s':>9}{'vs raw':>8}"
+        f"{'CPU ms/item':>13}{'dup arrivals':>14}{'dup occ.':>10}"
+    )
     ratios: dict[str, list[float]] = defaultdict(list)
     for number, results in enumerate(rounds, 1):
         by_key = {r.key: r for r in results}
@@ -883,9 +1064,11 @@ def report(rounds: list[list[Result]], args: argparse.Namespace, wall: float, lo
             occ = "-" if r.duplicate_occurrences is None else str(r.duplicate_occurrences)
             cpu = "-" if r.cpu_ms is None else f"{r.cpu_ms:.2f}"
             publish = f"{r.publish_seconds:.2f}s" if r.publish_seconds else "-"
-            say(f"{name:<30}{f'{r.completed}/{r.items}':>11}{r.elapsed:>8.2f}s{publish:>9}"
+            say(
+                f"{name:<30}{f'{r.completed}/{r.items}':>11}{r.elapsed:>8.2f}s{publish:>9}"
                 f"{r.rate:>9,.0f}{'-' if ratio is None else f'{ratio:.2f}x':>8}{cpu:>13}{dup:>14}"
-                f"{occ:>10}{'' if r.complete else '  INCOMPLETE'}")
+                f"{occ:>10}{'' if r.complete else '  INCOMPLETE'}"
+            )
     say("-" * width)
     median = "median over rounds: " if len(rounds) > 1 else ""
     for key in ("clarion", "naive"):
@@ -895,14 +1078,20 @@ def report(rounds: list[list[Result]], args: argparse.Namespace, wall: float, lo
         line = f"{key}/raw_celery = "
         line += f"{median}{statistics.median(ratios[key]):.3f}" if ratios[key] else "-"
         if ratios[f"{key}/consume"]:
-            line += f"   ({key}/raw_consume_only = {statistics.median(ratios[f'{key}/consume']):.3f})"
+            line += (
+                f"   ({key}/raw_consume_only = {statistics.median(ratios[f'{key}/consume']):.3f})"
+            )
         dups = [r.duplicates for r in runs]
         occs = [r.duplicate_occurrences for r in runs]
-        say(f"{line}   duplicates: {'/'.join(map(str, dups))} arrivals beyond the first per "
-            f"idempotency key, {'/'.join(map(str, occs))} occurrences under >1 key")
-    say("publish = time the producer took (inside elapsed); CPU ms/item = CPU of workers, "
+        say(
+            f"{line}   duplicates: {'/'.join(map(str, dups))} arrivals beyond the first per "
+            f"idempotency key, {'/'.join(map(str, occs))} occurrences under >1 key"
+        )
+    say(
+        "publish = time the producer took (inside elapsed); CPU ms/item = CPU of workers, "
         "PostgreSQL, Redis and this process\n(producer, receiver) per item; dup occ. = occurrences "
-        "that arrived under more than one idempotency key")
+        "that arrived under more than one idempotency key"
+    )
     for number, results in enumerate(rounds, 1):
         for r in results:
             if r.notes or r.profile:
@@ -910,42 +1099,79 @@ def report(rounds: list[list[Result]], args: argparse.Namespace, wall: float, lo
             for note in r.notes:
                 say(f"  {note}")
             if r.profile:
-                kind = ("wall-clock samples, waiting included" if args.profile_mode == "wall"
-                        else "on-CPU samples only")
-                say(f"  py-spy ({kind}; rates and CPU above are distorted by profiling, and "
-                    "py-spy's own CPU shows as other processes):")
+                kind = (
+                    "wall-clock samples, waiting included"
+                    if args.profile_mode == "wall"
+                    else "on-CPU samples only"
+                )
+                say(
+                    f"  py-spy ({kind}; rates and CPU above are distorted by profiling, and "
+                    "py-spy's own CPU shows as other processes):"
+                )
                 for line in r.profile:
                     say(f"    {line}")
     say(f"\nscript wall time {wall:.1f}s")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=5000, help="notifications / tasks per phase (5000)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--n", type=int, default=5000, help="notifications / tasks per phase (5000)"
+    )
     parser.add_argument("--workers", type=int, default=2, help="celery worker processes (2)")
     parser.add_argument("--concurrency", type=int, default=2, help="pool size per worker (2)")
     parser.add_argument("--pool", default="prefork", help="celery pool for both phases (prefork)")
-    parser.add_argument("--chunk", type=int, default=500, help="occurrences per notify_many call (500)")
+    parser.add_argument(
+        "--chunk", type=int, default=500, help="occurrences per notify_many call (500)"
+    )
     parser.add_argument("--recipients", type=int, default=1000, help="distinct recipients (1000)")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per phase (600)")
-    parser.add_argument("--settle", type=float, default=1.0,
-                        help="seconds to wait after the last arrival before counting repeats (1)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="repeat the phases this many times with fresh workers; ratios are "
-                             "medians over rounds (1)")
-    parser.add_argument("--phases", default="raw,clarion,naive",
-                        help="comma-separated subset of raw,clarion,naive (all)")
-    parser.add_argument("--purge", action="store_true",
-                        help="purge non-empty queues on a non-embedded broker instead of refusing")
-    parser.add_argument("--profile", type=Path, metavar="DIR",
-                        help="record py-spy profiles of every process while each phase is timed, "
-                             "into DIR, and print where the time went (needs py-spy)")
+    parser.add_argument(
+        "--timeout", type=float, default=600, help="seconds allowed per phase (600)"
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=1.0,
+        help="seconds to wait after the last arrival before counting repeats (1)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat the phases this many times with fresh workers; ratios are "
+        "medians over rounds (1)",
+    )
+    parser.add_argument(
+        "--phases",
+        default="raw,clarion,naive",
+        help="comma-separated subset of raw,clarion,naive (all)",
+    )
+    parser.add_argument(
+        "--purge",
+        action="store_true",
+        help="purge non-empty queues on a non-embedded broker instead of refusing",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="record py-spy profiles of every process while each phase is timed, "
+        "into DIR, and print where the time went (needs py-spy)",
+    )
     parser.add_argument("--profile-rate", type=int, default=100, help="py-spy samples/s (100)")
-    parser.add_argument("--profile-mode", choices=("wall", "cpu"), default="wall",
-                        help="wall: every sample, waiting included (default); cpu: on-CPU samples only")
+    parser.add_argument(
+        "--profile-mode",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall: every sample, waiting included (default); cpu: on-CPU samples only",
+    )
     args = parser.parse_args(argv)
     if min(args.n, args.workers, args.concurrency, args.chunk, args.recipients, args.rounds) < 1:
-        parser.error("--n, --workers, --concurrency, --chunk, --recipients and --rounds must be positive")
+        parser.error(
+            "--n, --workers, --concurrency, --chunk, --recipients and --rounds must be positive"
+        )
     args.phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     if unknown := set(args.phases) - {"raw", "clarion", "naive"}:
         parser.error(f"unknown phase(s): {sorted(unknown)}")

@@ -38,7 +38,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]  # bench/ must not shadow packages
+sys.path[:] = [
+    p for p in sys.path if Path(p or ".").resolve() != HERE
+]  # bench/ must not shadow packages
 sys.path.insert(0, str(ROOT))
 
 os.environ["CLARION_CATALOG"] = str(ROOT / "tests" / "catalog_gates.yaml")
@@ -56,17 +58,21 @@ from db import series as store  # noqa: E402
 from db.engine import dispose_all, engine, migrate, one_off_engine  # noqa: E402
 
 RECIPIENTS = 10_000
-ZONES = ["America/New_York", "America/Los_Angeles", "Europe/London", "Europe/Berlin", "Asia/Jerusalem",
-         "Asia/Dubai", "Asia/Kolkata", "Asia/Tokyo", "Australia/Sydney", "UTC"]
+ZONES = [
+    "America/New_York",
+    "America/Los_Angeles",
+    "Europe/London",
+    "Europe/Berlin",
+    "Asia/Jerusalem",
+    "Asia/Dubai",
+    "Asia/Kolkata",
+    "Asia/Tokyo",
+    "Australia/Sydney",
+    "UTC",
+]
 COUNTRIES = ["US", None, "GB", "DE", None, None, "IN", None, "AU", None]  # one per zone above
 EVERY = ["1d", "1w", "2w", "1mo", "1d", "1w", "1wd", "1d"]
 POLICIES = ["send", "skip", "next_working_day"]
-
-
-
-
-
-
 
 
 def sql_array(values) -> str:
@@ -77,21 +83,28 @@ def sql_array(values) -> str:
 
 
 def insert_recipients(conn, now: datetime) -> None:
-    conn.execute(text(
-        f"""
+    conn.execute(
+        text(
+            f"""
         INSERT INTO recipients (user_id, timezone, country, org_id, addresses, created_at, updated_at)
         SELECT 'u' || lpad(g::text, 5, '0'), ({sql_array(ZONES)})[1 + g % {len(ZONES)}],
                ({sql_array(COUNTRIES)})[1 + g % {len(ZONES)}], 'org' || (g % 200), '{{}}'::jsonb, :now, :now
         FROM generate_series(0, {RECIPIENTS - 1}) g
-        """), {"now": now})
+        """
+        ),
+        {"now": now},
+    )
 
 
-def insert_series(conn, first: int, last: int, *, due_every: int, due_upto: int, now: datetime) -> None:
+def insert_series(
+    conn, first: int, last: int, *, due_every: int, due_upto: int, now: datetime
+) -> None:
     """Series first..last (1-based); g <= due_upto with g % due_every == 0 are due just before now,
     the others between 1 hour and 30 days after it. Occurrence 0 is at next_due_at (anchor_local is
     its wall time in the recipient's zone), so the tick's own arithmetic agrees with next_due_at."""
-    conn.execute(text(
-        f"""
+    conn.execute(
+        text(
+            f"""
         INSERT INTO series (user_id, series_key, type_key, anchor_local, zone, every, calendar_policy,
                             variables, state, next_n, next_due_at, created_at, updated_at)
         SELECT user_id, 'bench:' || g, type_key, due AT TIME ZONE zone, zone, every, policy,
@@ -109,10 +122,15 @@ def insert_series(conn, first: int, last: int, *, due_every: int, due_upto: int,
                    END AS due
             FROM generate_series({first}, {last}) g
         ) x
-        """), {"now": now})
+        """
+        ),
+        {"now": now},
+    )
 
 
-def grow_to(url: str, have: int, target: int, *, due: int, stage1: int, now: datetime, chunk: int = 100_000) -> None:
+def grow_to(
+    url: str, have: int, target: int, *, due: int, stage1: int, now: datetime, chunk: int = 100_000
+) -> None:
     due_every = max(1, stage1 // due)
     due_upto = due_every * due
     eng = engine(url)
@@ -145,6 +163,7 @@ class ScanStats:
 
 def scan_due(stats: ScanStats):
     """take_due_series, the way a scan-based scheduler does it: every active series, filtered in Python."""
+
     def take(conn, *, now, limit):
         t0 = time.perf_counter()
         result = conn.execute(_SCAN)
@@ -157,6 +176,7 @@ def scan_due(stats: ScanStats):
         due.sort(key=lambda r: r["next_due_at"])
         stats.rows, stats.seconds = rows, time.perf_counter() - t0
         return due[:limit]
+
     return take
 
 
@@ -174,7 +194,9 @@ def backend_cpu(pid: int) -> float | None:
 CPU: list[float | None] = []  # CPU seconds of each one_tick: this process + its PostgreSQL backend
 
 
-def one_tick(url: str, *, now: datetime, limit: int, scan: ScanStats | None = None) -> tuple[float, int]:
+def one_tick(
+    url: str, *, now: datetime, limit: int, scan: ScanStats | None = None
+) -> tuple[float, int]:
     """One fire_due_series in a rolled-back transaction; (seconds, series fired)."""
     original = store.take_due_series
     if scan is not None:
@@ -201,13 +223,15 @@ def one_tick(url: str, *, now: datetime, limit: int, scan: ScanStats | None = No
 def breakdown(url: str, *, now: datetime, limit: int) -> dict[str, tuple[float, int]]:
     """Where one clarion tick's time goes: each step of fire_due_series, timed by wrapping it."""
     spent: dict[str, list] = {}
-    targets = [(store, "take_due_series", "take_due_series (the due query)"),
-               (ledger, "recipients", "ledger.recipients (1 query)"),
-               (tseries, "recipient_calendar", "recipient_calendar (per series)"),
-               (tseries, "plan_tick", "plan_tick (per series, pure)"),
-               (store, "advance_many", "advance_many (one UPDATE for the batch)"),
-               (store, "insert_occurrences", "insert_occurrences (1 INSERT)"),
-               (ledger, "insert_decisions", "insert_decisions (1 INSERT)")]
+    targets = [
+        (store, "take_due_series", "take_due_series (the due query)"),
+        (ledger, "recipients", "ledger.recipients (1 query)"),
+        (tseries, "recipient_calendar", "recipient_calendar (per series)"),
+        (tseries, "plan_tick", "plan_tick (per series, pure)"),
+        (store, "advance_many", "advance_many (one UPDATE for the batch)"),
+        (store, "insert_occurrences", "insert_occurrences (1 INSERT)"),
+        (ledger, "insert_decisions", "insert_decisions (1 INSERT)"),
+    ]
     originals = []
     for module, attr, label in targets:
         fn = getattr(module, attr)
@@ -221,6 +245,7 @@ def breakdown(url: str, *, now: datetime, limit: int) -> dict[str, tuple[float, 
             finally:
                 spent[_label][0] += time.perf_counter() - t0
                 spent[_label][1] += 1
+
         setattr(module, attr, timed)
     try:
         total, fired = one_tick(url, now=now, limit=limit)
@@ -237,8 +262,13 @@ def explain(url: str, now: datetime, limit: int) -> tuple[list[str], list[str]]:
     with engine(url).connect() as conn:
         trans = conn.begin()
         try:
-            due = [r[0] for r in conn.execute(text("EXPLAIN (ANALYZE, BUFFERS) " + store._TAKE_DUE.text),
-                                              {"now": now, "limit": limit})]
+            due = [
+                r[0]
+                for r in conn.execute(
+                    text("EXPLAIN (ANALYZE, BUFFERS) " + store._TAKE_DUE.text),
+                    {"now": now, "limit": limit},
+                )
+            ]
         finally:
             trans.rollback()
         scan = [r[0] for r in conn.execute(text("EXPLAIN " + _SCAN.text))]
@@ -248,10 +278,16 @@ def explain(url: str, now: datetime, limit: int) -> tuple[list[str], list[str]]:
         trans = conn.begin()
         try:
             conn.execute(text("SET LOCAL plan_cache_mode = force_generic_plan"))
-            conn.exec_driver_sql("PREPARE bench_take_due (timestamptz, bigint) AS "
-                                 + store._TAKE_DUE.text.replace(":now", "$1").replace(":limit", "$2"))
-            generic = [r[0] for r in conn.exec_driver_sql(  # EXECUTE takes no bind parameters: literals
-                f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_take_due ('{now.isoformat()}', {int(limit)})")]
+            conn.exec_driver_sql(
+                "PREPARE bench_take_due (timestamptz, bigint) AS "
+                + store._TAKE_DUE.text.replace(":now", "$1").replace(":limit", "$2")
+            )
+            generic = [
+                r[0]
+                for r in conn.exec_driver_sql(  # EXECUTE takes no bind parameters: literals
+                    f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_take_due ('{now.isoformat()}', {int(limit)})"
+                )
+            ]
         finally:
             trans.rollback()
     return due, scan, generic
@@ -261,14 +297,22 @@ def explain(url: str, now: datetime, limit: int) -> tuple[list[str], list[str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--series", type=int, default=1_000_000, help="active series at the last stage")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--series", type=int, default=1_000_000, help="active series at the last stage"
+    )
     parser.add_argument("--due", type=int, default=1_000)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--scan-reps", type=int, default=None, help="repetitions of the scan (default --reps)")
+    parser.add_argument(
+        "--scan-reps", type=int, default=None, help="repetitions of the scan (default --reps)"
+    )
     args = parser.parse_args()
     scan_reps = args.scan_reps or args.reps
-    stages = sorted({max(args.due, args.series // 10), max(args.due, 3 * args.series // 10), args.series})
+    stages = sorted(
+        {max(args.due, args.series // 10), max(args.due, 3 * args.series // 10), args.series}
+    )
     began = time.perf_counter()
 
     admin_url, handle = start_services("tick")
@@ -281,8 +325,10 @@ def main() -> None:
         say(f"database {name}: migrating")
         migrate(url)
         now = datetime.now(UTC).replace(microsecond=0)
-        say(f"now = {now.isoformat()}; {RECIPIENTS:,} recipients; stages {', '.join(f'{s:,}' for s in stages)} "
-            f"series, {args.due:,} due at each")
+        say(
+            f"now = {now.isoformat()}; {RECIPIENTS:,} recipients; stages {', '.join(f'{s:,}' for s in stages)} "
+            f"series, {args.due:,} due at each"
+        )
         with engine(url).begin() as conn:
             insert_recipients(conn, now)
         rows, have = [], 0
@@ -290,11 +336,15 @@ def main() -> None:
             say(f"stage {stage:,} series")
             grow_to(url, have, stage, due=args.due, stage1=stages[0], now=now)
             have = stage
-            one_tick(url, now=now, limit=args.due)  # warm-up (zones, holidays, catalog, prepared statements)
+            one_tick(
+                url, now=now, limit=args.due
+            )  # warm-up (zones, holidays, catalog, prepared statements)
             clarion, scan, scan_rows, scan_read, cpu_c, cpu_s = [], [], 0, [], [], []
             for rep in range(max(args.reps, scan_reps)):
                 ran = []
-                order = ("clarion", "scan") if rep % 2 == 0 else ("scan", "clarion")  # alternate, against drift
+                order = (
+                    ("clarion", "scan") if rep % 2 == 0 else ("scan", "clarion")
+                )  # alternate, against drift
                 for which in order:
                     if which == "clarion" and rep < args.reps:
                         seconds, fired = one_tick(url, now=now, limit=args.due)
@@ -312,10 +362,25 @@ def main() -> None:
                         raise SystemExit(f"{which} fired {fired} series, expected {args.due}")
                     ran.append(f"{which} {1e3 * seconds:8.1f} ms")
                 say(f"  rep {rep + 1}: " + "   ".join(ran))
-            rows.append((stage, statistics.median(clarion), min(clarion), max(clarion),
-                         statistics.median(scan), min(scan), max(scan), statistics.median(scan_read), scan_rows,
-                         statistics.median(s / c for s, c in zip(scan, clarion, strict=False)),  # same rep, side by side
-                         None if None in cpu_c + cpu_s else (statistics.median(cpu_c), statistics.median(cpu_s))))
+            rows.append(
+                (
+                    stage,
+                    statistics.median(clarion),
+                    min(clarion),
+                    max(clarion),
+                    statistics.median(scan),
+                    min(scan),
+                    max(scan),
+                    statistics.median(scan_read),
+                    scan_rows,
+                    statistics.median(
+                        s / c for s, c in zip(scan, clarion, strict=False)
+                    ),  # same rep, side by side
+                    None
+                    if None in cpu_c + cpu_s
+                    else (statistics.median(cpu_c), statistics.median(cpu_s)),
+                )
+            )
 
         say(f"limits at {stages[-1]:,} series")
         limits = []
@@ -324,38 +389,94 @@ def main() -> None:
             for _ in range(args.reps):
                 walls.append(one_tick(url, now=now, limit=limit)[0])
                 cpus.append(CPU[-1])
-            limits.append((limit, statistics.median(walls), None if None in cpus else statistics.median(cpus)))
+            limits.append(
+                (limit, statistics.median(walls), None if None in cpus else statistics.median(cpus))
+            )
         parts = breakdown(url, now=now, limit=args.due)
         due_plan, scan_plan, generic_plan = explain(url, now, args.due)
 
         print()
-        print(f"Tick: {args.due:,} due, fired in a rolled-back transaction; median of {args.reps} (scan: {scan_reps}); "
-              "ratio = scan / clarion, per repetition")
+        print(
+            f"Tick: {args.due:,} due, fired in a rolled-back transaction; median of {args.reps} (scan: {scan_reps}); "
+            "ratio = scan / clarion, per repetition"
+        )
         base_c, base_s = rows[0][1], rows[0][4]
-        print(table(
-            ["active series", "clarion ms", "range", "vs first", "scan ms", "range", "of which reading",
-             "rows read", "vs first", "scan / clarion", "cpu ms clarion", "cpu ms scan"],
-            [[f"{n:,}", f"{1e3 * c:.0f}", f"{1e3 * cl:.0f}–{1e3 * ch:.0f}", f"{c / base_c:.2f}x",
-              f"{1e3 * s:,.0f}", f"{1e3 * sl:,.0f}–{1e3 * sh:,.0f}", f"{1e3 * r:,.0f}", f"{k:,}",
-              f"{s / base_s:.2f}x", f"{ratio:.1f}x", "n/a" if cpu is None else f"{1e3 * cpu[0]:.0f}",
-              "n/a" if cpu is None else f"{1e3 * cpu[1]:,.0f}"]
-             for n, c, cl, ch, s, sl, sh, r, k, ratio, cpu in rows]))
-        print("ms are wall time of one tick; \"of which reading\": the scan's SELECT and Python filter; cpu ms: "
-              "this process + its PostgreSQL backend (from /proc, 10 ms resolution), median.")
+        print(
+            table(
+                [
+                    "active series",
+                    "clarion ms",
+                    "range",
+                    "vs first",
+                    "scan ms",
+                    "range",
+                    "of which reading",
+                    "rows read",
+                    "vs first",
+                    "scan / clarion",
+                    "cpu ms clarion",
+                    "cpu ms scan",
+                ],
+                [
+                    [
+                        f"{n:,}",
+                        f"{1e3 * c:.0f}",
+                        f"{1e3 * cl:.0f}–{1e3 * ch:.0f}",
+                        f"{c / base_c:.2f}x",
+                        f"{1e3 * s:,.0f}",
+                        f"{1e3 * sl:,.0f}–{1e3 * sh:,.0f}",
+                        f"{1e3 * r:,.0f}",
+                        f"{k:,}",
+                        f"{s / base_s:.2f}x",
+                        f"{ratio:.1f}x",
+                        "n/a" if cpu is None else f"{1e3 * cpu[0]:.0f}",
+                        "n/a" if cpu is None else f"{1e3 * cpu[1]:,.0f}",
+                    ]
+                    for n, c, cl, ch, s, sl, sh, r, k, ratio, cpu in rows
+                ],
+            )
+        )
+        print(
+            'ms are wall time of one tick; "of which reading": the scan\'s SELECT and Python filter; cpu ms: '
+            "this process + its PostgreSQL backend (from /proc, 10 ms resolution), median."
+        )
         print()
         print(f"Clarion tick by number due (limit), at {stages[-1]:,} series")
-        print(table(["due fired", "tick ms", "ms per series", "cpu ms", "cpu ms per series"],
-                    [[f"{n:,}", f"{1e3 * t:.0f}", f"{1e3 * t / n:.2f}", "n/a" if c is None else f"{1e3 * c:.0f}",
-                      "n/a" if c is None else f"{1e3 * c / n:.2f}"] for n, t, c in limits]))
+        print(
+            table(
+                ["due fired", "tick ms", "ms per series", "cpu ms", "cpu ms per series"],
+                [
+                    [
+                        f"{n:,}",
+                        f"{1e3 * t:.0f}",
+                        f"{1e3 * t / n:.2f}",
+                        "n/a" if c is None else f"{1e3 * c:.0f}",
+                        "n/a" if c is None else f"{1e3 * c / n:.2f}",
+                    ]
+                    for n, t, c in limits
+                ],
+            )
+        )
         print()
-        print(f"Where one clarion tick goes ({args.due:,} due, {stages[-1]:,} series, one instrumented tick)")
+        print(
+            f"Where one clarion tick goes ({args.due:,} due, {stages[-1]:,} series, one instrumented tick)"
+        )
         total = parts["total"][0]
-        print(table(["step", "calls", "ms", "share"],
-                    [[k, str(n) if n else "", f"{1e3 * s:.0f}", f"{100 * s / total:.0f} %"] for k, (s, n) in parts.items()]))
+        print(
+            table(
+                ["step", "calls", "ms", "share"],
+                [
+                    [k, str(n) if n else "", f"{1e3 * s:.0f}", f"{100 * s / total:.0f} %"]
+                    for k, (s, n) in parts.items()
+                ],
+            )
+        )
         print()
         print("EXPLAIN (ANALYZE, BUFFERS) of the due query (db/series.py _TAKE_DUE):")
         print("\n".join("  " + line for line in due_plan))
-        print("The same with a generic plan (plan_cache_mode = force_generic_plan, as a prepared statement):")
+        print(
+            "The same with a generic plan (plan_cache_mode = force_generic_plan, as a prepared statement):"
+        )
         print("\n".join("  " + line for line in generic_plan))
         print("EXPLAIN of the scan:")
         print("\n".join("  " + line for line in scan_plan))

@@ -38,7 +38,9 @@ CHANNELS = frozenset({"console", "webhook", "slack", "teams", "email", "sms", "p
 # on_window (skip | defer when blocked), critical (bypasses quiet hours and fatigue caps),
 # default (on | off when the recipient has said nothing), collapse ({key, window_seconds}),
 # delivery (at_most_once | at_least_once: what a send with an unknown outcome may do; see GUARANTEE).
-TYPE_OPTIONS = frozenset({"window_exempt", "on_window", "critical", "default", "collapse", "delivery"})
+TYPE_OPTIONS = frozenset(
+    {"window_exempt", "on_window", "critical", "default", "collapse", "delivery"}
+)
 GUARANTEES = ("at_most_once", "at_least_once")
 # "Never twice" is the promise of a nudge; a receipt or a security code must arrive.
 GUARANTEE = {
@@ -77,7 +79,9 @@ class Template:
     fields: dict[str, str]
     per_channel: dict[str, dict[str, str]] = field(default_factory=dict)
     buttons: tuple[Button, ...] = ()
-    samples: dict[str, Any] = field(default_factory=dict)  # variables the load-time check renders with
+    samples: dict[str, Any] = field(
+        default_factory=dict
+    )  # variables the load-time check renders with
 
     def button(self, key: str) -> Button | None:
         return next((b for b in self.buttons if b.key == key), None)
@@ -95,8 +99,11 @@ class Template:
     def targets(self, channels: tuple[str, ...]) -> list[tuple[str, str, str]]:
         """(channel, field, source) for every field this version renders on `channels` (the type's)
         and on the channels it has overrides for."""
-        return [(channel, name, source) for channel in sorted(set(channels) | set(self.per_channel))
-                for name, source in self.sources(channel).items()]
+        return [
+            (channel, name, source)
+            for channel in sorted(set(channels) | set(self.per_channel))
+            for name, source in self.sources(channel).items()
+        ]
 
 
 @dataclass(frozen=True)
@@ -141,7 +148,9 @@ class NotificationType:
         spec = self.options.get("collapse")
         if not spec:
             return None
-        return _render(_compiled(self.key, 0, "", "collapse", str(spec["key"])), {**self.defaults, **variables})
+        return _render(
+            _compiled(self.key, 0, "", "collapse", str(spec["key"])), {**self.defaults, **variables}
+        )
 
     def missing(self, variables: dict[str, Any]) -> list[str]:
         return [name for name in self.required if name not in variables]
@@ -159,7 +168,12 @@ class NotificationType:
         """What the load-time check renders version `version` with: the declared samples (of the
         version, else of the type) over a Sample for every required variable, over the defaults."""
         template = self.templates[version]
-        return {**self.defaults, **{n: Sample(n) for n in self.required}, **self.samples, **template.samples}
+        return {
+            **self.defaults,
+            **{n: Sample(n) for n in self.required},
+            **self.samples,
+            **template.samples,
+        }
 
 
 _compiled_cache: dict[tuple, Any] = {}
@@ -213,7 +227,10 @@ def _templates(raw_list: Any, fail) -> dict[int, Template]:
         templates[version] = Template(
             version,
             _fields(raw, f"template v{version}", fail),
-            {str(c): _fields(f, f"template v{version} channel {c}", fail) for c, f in per_channel.items()},
+            {
+                str(c): _fields(f, f"template v{version} channel {c}", fail)
+                for c, f in per_channel.items()
+            },
             buttons,
             samples,
         )
@@ -223,7 +240,9 @@ def _templates(raw_list: Any, fail) -> dict[int, Template]:
 def _channel_name(name: Any, what: str, fail) -> str:
     if name not in CHANNELS:
         close = difflib.get_close_matches(str(name), sorted(CHANNELS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(CHANNELS))}"
+        hint = (
+            f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(CHANNELS))}"
+        )
         raise fail(f"{what}: unknown channel {name!r}{hint}")
     return name
 
@@ -243,8 +262,11 @@ def _buttons(raw: Any, what: str, fail) -> tuple[Button, ...]:
         raise fail(f"{what}: buttons must be a list")
     buttons: list[Button] = []
     for spec in raw:
-        if not isinstance(spec, dict) or not isinstance(spec.get("key"), str) or not isinstance(
-                spec.get("label"), str):
+        if (
+            not isinstance(spec, dict)
+            or not isinstance(spec.get("key"), str)
+            or not isinstance(spec.get("label"), str)
+        ):
             raise fail(f"{what}: every button needs a text key and label")
         key = spec["key"]
         if not key or len(key) > 32 or not all(c.isalnum() or c in "_-" for c in key):
@@ -343,8 +365,9 @@ def _variables_used(type_key: str, template: Template, channels: tuple[str, ...]
         try:
             used |= meta.find_undeclared_variables(_env.parse(source))
         except TemplateSyntaxError as exc:  # also TemplateAssertionError: an unknown filter or test
-            raise CatalogError(f"{_where(type_key, template.version, channel, name)}: "
-                               f"{_render_problem(exc)}") from exc
+            raise CatalogError(
+                f"{_where(type_key, template.version, channel, name)}: {_render_problem(exc)}"
+            ) from exc
     return used
 
 
@@ -357,14 +380,16 @@ def check_renders(ntype: NotificationType) -> None:
             try:
                 _render(_compiled(ntype.key, version, channel, name, source), context)
             except Exception as exc:  # whatever a template can raise; the message says which
-                raise CatalogError(f"{_where(ntype.key, version, channel, name)}: "
-                                   f"{_render_problem(exc)}") from exc
+                raise CatalogError(
+                    f"{_where(ntype.key, version, channel, name)}: {_render_problem(exc)}"
+                ) from exc
         if ntype.options.get("collapse"):
             try:
                 ntype.collapse_key(context)
             except Exception as exc:
-                raise CatalogError(f"type {ntype.key!r} v{version} options.collapse.key: "
-                                   f"{_render_problem(exc)}") from exc
+                raise CatalogError(
+                    f"type {ntype.key!r} v{version} options.collapse.key: {_render_problem(exc)}"
+                ) from exc
 
 
 def _render_problem(exc: Exception) -> str:
@@ -442,7 +467,10 @@ class Catalog:
         channel names and a render of every field. Raises CatalogError naming the source."""
         try:
             for ntype in self.types.values():
-                for channel in [*ntype.channels, *(c for t in ntype.templates.values() for c in t.per_channel)]:
+                for channel in [
+                    *ntype.channels,
+                    *(c for t in ntype.templates.values() for c in t.per_channel),
+                ]:
                     _channel_name(channel, f"type {ntype.key!r} channels", CatalogError)
                 check_renders(ntype)
         except CatalogError as exc:
@@ -486,11 +514,13 @@ class CatalogLoader(yaml.SafeLoader):
         mapping: dict[Hashable, Any] = {}
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
-                raise yaml.constructor.ConstructorError(None, None, "a mapping key must be text",
-                                                        key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a mapping key must be text", key_node.start_mark
+                )
             if key_node.value in mapping:
-                raise yaml.constructor.ConstructorError(None, None, f"key {key_node.value!r} is given twice",
-                                                        key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key_node.value!r} is given twice", key_node.start_mark
+                )
             mapping[key_node.value] = self.construct_object(value_node, deep=deep)
         return mapping
 
@@ -500,7 +530,9 @@ CatalogLoader.yaml_implicit_resolvers = {
     first: [(tag, regex) for tag, regex in resolvers if tag != _BOOL]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-CatalogLoader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+CatalogLoader.add_implicit_resolver(
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 EXAMPLES = Path(__file__).parent / "examples"

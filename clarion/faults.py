@@ -47,7 +47,9 @@ def parse(spec: str) -> dict[str, Fault]:
         action, _, times = rest.partition("*")
         action, _, argument = action.partition(":")
         if point not in POINTS:
-            raise ConfigurationError(f"unknown fault point {point!r}; known: {', '.join(sorted(POINTS))}")
+            raise ConfigurationError(
+                f"unknown fault point {point!r}; known: {', '.join(sorted(POINTS))}"
+            )
         if action not in ("crash", "raise", "sleep"):
             raise ConfigurationError(f"unknown fault action {action!r} for {point}")
         try:

@@ -42,26 +42,46 @@ class Settings:
     redis_url: str | None = None
     broker_url: str | None = None
     catalog: Path | None = None
-    claim_lease: float = field(default=60.0, metadata=positive())  # seconds a claim holds the right to send (PostgreSQL's clock)
-    send_timeout: float = field(default=20.0, metadata=positive())  # hard budget of one send, all its provider calls
-    catalog_skew_grace: float = field(default=600.0, metadata=positive())  # a type/version unknown here waits this long for a newer worker
-    republish_cap: float = field(default=300.0, metadata=positive())  # longest wait between republishes of a row making no progress
-    stray_after: float = field(default=30.0, metadata=positive())  # seconds before a published-but-untouched row is published again
+    claim_lease: float = field(
+        default=60.0, metadata=positive()
+    )  # seconds a claim holds the right to send (PostgreSQL's clock)
+    send_timeout: float = field(
+        default=20.0, metadata=positive()
+    )  # hard budget of one send, all its provider calls
+    catalog_skew_grace: float = field(
+        default=600.0, metadata=positive()
+    )  # a type/version unknown here waits this long for a newer worker
+    republish_cap: float = field(
+        default=300.0, metadata=positive()
+    )  # longest wait between republishes of a row making no progress
+    stray_after: float = field(
+        default=30.0, metadata=positive()
+    )  # seconds before a published-but-untouched row is published again
     max_attempts: int = field(default=8, metadata=at_least(1))
     batch_size: int = field(default=100, metadata=at_least(1))
-    send_concurrency: int = field(default=8, metadata=at_least(1))  # sends in flight at once within one deliver batch
+    send_concurrency: int = field(
+        default=8, metadata=at_least(1)
+    )  # sends in flight at once within one deliver batch
     webhook_url: str | None = None  # default endpoint for webhook types without config.webhook.url
     webhook_secret: str = DEV_WEBHOOK_SECRET
     webhook_timeout: float = field(default=10.0, metadata=positive())
     visibility_timeout: int = field(default=600, metadata=at_least(1))
     tick_interval: float = field(default=1.0, metadata=positive())
-    series_grace: float = field(default=7200.0, metadata=positive())  # an occurrence later than this is recorded as missed, not sent
-    variables_max_depth: int = field(default=16, metadata=at_least(1))  # nesting of notify() variables
-    variables_max_bytes: int = field(default=65536, metadata=at_least(2))  # notify() variables as compact JSON
+    series_grace: float = field(
+        default=7200.0, metadata=positive()
+    )  # an occurrence later than this is recorded as missed, not sent
+    variables_max_depth: int = field(
+        default=16, metadata=at_least(1)
+    )  # nesting of notify() variables
+    variables_max_bytes: int = field(
+        default=65536, metadata=at_least(2)
+    )  # notify() variables as compact JSON
     slack_token: str | None = None  # bot token; the slack channel exists when it is set
     slack_api_url: str = "https://slack.com/api/"
     slack_signing_secret: str | None = None
-    teams_app_id: str | None = None  # the teams channel exists when it is set ("none": no auth, local only)
+    teams_app_id: str | None = (
+        None  # the teams channel exists when it is set ("none": no auth, local only)
+    )
     teams_app_password: str | None = None
     teams_tenant_id: str | None = None
     faults: str = ""
@@ -81,7 +101,11 @@ class Settings:
         if not (db and redis):
             embedded = read_embedded(self.home)
             if embedded is None:
-                missing = [n for n, v in (("CLARION_DATABASE_URL", db), ("CLARION_REDIS_URL", redis)) if not v]
+                missing = [
+                    n
+                    for n, v in (("CLARION_DATABASE_URL", db), ("CLARION_REDIS_URL", redis))
+                    if not v
+                ]
                 raise ServicesUnavailable(
                     f"{' and '.join(missing)} not set and no embedded services are running in "
                     f"{self.home}; start them with `clarion services` or set the variables"
@@ -102,7 +126,12 @@ def read_embedded(home: Path) -> dict | None:
     return data
 
 
-_KINDS: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,), "Path": (Path,)}
+_KINDS: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "Path": (Path,),
+}
 
 
 def _check_field(f: Field, value: object) -> None:
@@ -167,15 +196,21 @@ def from_env(environ: dict[str, str] | os._Environ = os.environ) -> Settings:
         name = key.removeprefix("CLARION_").lower()
         if raw == "":
             if name in SECRETS:
-                raise ConfigurationError(f"{key} is set but empty: give the secret, or unset the variable")
+                raise ConfigurationError(
+                    f"{key} is set but empty: give the secret, or unset the variable"
+                )
             continue
         if name not in known:
             raise ConfigurationError(f"unknown setting {key}")
         values[name] = _convert(name, known[name].type, raw)
-    if values.get("database_url") and values.get("webhook_secret", DEV_WEBHOOK_SECRET) == DEV_WEBHOOK_SECRET:
+    if (
+        values.get("database_url")
+        and values.get("webhook_secret", DEV_WEBHOOK_SECRET) == DEV_WEBHOOK_SECRET
+    ):
         raise ConfigurationError(
             "CLARION_DATABASE_URL is set but CLARION_WEBHOOK_SECRET is not (or is the public development "
-            f"secret {DEV_WEBHOOK_SECRET!r}): set CLARION_WEBHOOK_SECRET to a secret of your own")
+            f"secret {DEV_WEBHOOK_SECRET!r}): set CLARION_WEBHOOK_SECRET to a secret of your own"
+        )
     return Settings(**values)
 
 

@@ -31,7 +31,9 @@ ORG_ID_BYTES = 256
 ADDRESS_BYTES = 2048
 MAX_ADDRESSES = 32
 LOCALE_CHARS = 35
-DEFAULT_MAX_DEPTH = 16  # containers nested inside variables, the variables mapping itself is level 1
+DEFAULT_MAX_DEPTH = (
+    16  # containers nested inside variables, the variables mapping itself is level 1
+)
 DEFAULT_MAX_BYTES = 64 * 1024  # variables encoded as compact JSON
 MAX_INT = 2**63  # JSON integers must fit in 64 bits; bigger numbers travel as strings
 RESERVED_PREFIXES = ("series:",)  # occurrence keys only series write
@@ -63,7 +65,9 @@ def _clean(field: str, value: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InvalidField(field, f"is not valid Unicode text (lone surrogate at {exc.start})") from exc
+        raise InvalidField(
+            field, f"is not valid Unicode text (lone surrogate at {exc.start})"
+        ) from exc
 
 
 def text(field: str, value: object, *, max_bytes: int, empty: bool = False) -> str:
@@ -88,8 +92,13 @@ def optional_text(field: str, value: object, *, max_bytes: int) -> str | None:
 # --- variables ------------------------------------------------------------------------------------
 
 
-def variables(value: object, *, field: str = "variables", max_depth: int = DEFAULT_MAX_DEPTH,
-              max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
+def variables(
+    value: object,
+    *,
+    field: str = "variables",
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> dict[str, Any]:
     """A plain JSON copy of template variables: a mapping with string keys whose values are str,
     int (64-bit), finite float, bool, None, lists and mappings, nested at most `max_depth` deep
     and at most `max_bytes` as compact JSON. Tuples become lists, mapping types become dicts."""
@@ -147,7 +156,9 @@ def _plain(field: str, item: object) -> Any:
         return item
     if isinstance(item, int):
         if not -MAX_INT <= item < MAX_INT:
-            raise InvalidField(field, "integers must fit in 64 bits; send bigger numbers as strings")
+            raise InvalidField(
+                field, "integers must fit in 64 bits; send bigger numbers as strings"
+            )
         return int(item)
     if isinstance(item, float):
         if not math.isfinite(item):
@@ -160,8 +171,10 @@ def _plain(field: str, item: object) -> Any:
         return {}
     if isinstance(item, list | tuple):
         return []
-    raise InvalidField(field, f"must be a JSON value (str, int, float, bool, None, list or mapping), "
-                              f"not {show(item)}")
+    raise InvalidField(
+        field,
+        f"must be a JSON value (str, int, float, bool, None, list or mapping), not {show(item)}",
+    )
 
 
 # --- recipients -----------------------------------------------------------------------------------
@@ -188,7 +201,11 @@ def _url(field: str, value: str) -> None:
         host = parts.hostname
     except ValueError as exc:
         raise InvalidField(field, f"not a URL: {exc}") from exc
-    if parts.scheme not in ("http", "https") or not host or any(c.isspace() or ord(c) < 32 for c in value):
+    if (
+        parts.scheme not in ("http", "https")
+        or not host
+        or any(c.isspace() or ord(c) < 32 for c in value)
+    ):
         raise InvalidField(field, f"must be an http(s) URL, not {show(value)}")
 
 
@@ -217,7 +234,9 @@ def addresses(value: object, field: str = "addresses") -> dict[str, str]:
     out: dict[str, str] = {}
     for channel, address in value.items():
         if not isinstance(channel, str) or not CHANNEL_NAME.fullmatch(channel):
-            raise InvalidField(field, f"channel names are lower-case words like 'email', not {show(channel)}")
+            raise InvalidField(
+                field, f"channel names are lower-case words like 'email', not {show(channel)}"
+            )
         where = f"{field}.{channel}"
         out[channel] = text(where, address, max_bytes=ADDRESS_BYTES)
         ADDRESS_FORMATS.get(channel, _nothing)(where, out[channel])
@@ -228,7 +247,9 @@ def locale(value: object, field: str = "locale") -> str:
     """A BCP 47 language tag such as en, de-AT, zh-Hant-TW or es-419."""
     value = text(field, value, max_bytes=LOCALE_CHARS)
     if not (value.isascii() and LOCALE.fullmatch(value)):
-        raise InvalidField(field, f"must be a BCP 47 language tag such as 'en' or 'de-AT', not {show(value)}")
+        raise InvalidField(
+            field, f"must be a BCP 47 language tag such as 'en' or 'de-AT', not {show(value)}"
+        )
     return value
 
 
@@ -237,7 +258,9 @@ def country(value: object, field: str = "country") -> str | None:
     if value is None:
         return None
     if not (isinstance(value, str) and len(value) == 2 and value.isascii() and value.isalpha()):
-        raise InvalidField(field, f"must be an ISO 3166 alpha-2 code such as 'DE', not {show(value)}")
+        raise InvalidField(
+            field, f"must be an ISO 3166 alpha-2 code such as 'DE', not {show(value)}"
+        )
     return value.upper()
 
 
@@ -246,8 +269,11 @@ def subdivision(value: object, field: str = "subdivision") -> str | None:
     if value is None:
         return None
     if not (isinstance(value, str) and value.isascii() and SUBDIVISION.fullmatch(value)):
-        raise InvalidField(field, f"must be an ISO 3166-2 subdivision code such as 'BY' (1-3 letters "
-                                  f"or digits, without the country), not {show(value)}")
+        raise InvalidField(
+            field,
+            f"must be an ISO 3166-2 subdivision code such as 'BY' (1-3 letters "
+            f"or digits, without the country), not {show(value)}",
+        )
     return value.upper()
 
 
@@ -255,8 +281,12 @@ def workweek(value: object, field: str = "workweek") -> list[int] | None:
     """Working weekdays, Monday=0 … Sunday=6: a non-empty list (or tuple or set) of ints."""
     if value is None:
         return None
-    if not isinstance(value, list | tuple | set | frozenset) or not value or len(value) > 7 * 4 or not all(
-            isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 6 for d in value):
+    if (
+        not isinstance(value, list | tuple | set | frozenset)
+        or not value
+        or len(value) > 7 * 4
+        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= 6 for d in value)
+    ):
         raise InvalidField(field, "must list weekdays as integers 0 (Monday) to 6 (Sunday)")
     return sorted({int(d) for d in value})
 
@@ -291,12 +321,16 @@ def occurrence_key(event_id: object, occurrence_key: object) -> str:
         raise InvalidOccurrence("give exactly one of event_id or occurrence_key")
     try:
         if occurrence_key is None:
-            return "event:" + text("event_id", event_id, max_bytes=OCCURRENCE_KEY_BYTES - len("event:"))
+            return "event:" + text(
+                "event_id", event_id, max_bytes=OCCURRENCE_KEY_BYTES - len("event:")
+            )
         key = text("occurrence_key", occurrence_key, max_bytes=OCCURRENCE_KEY_BYTES)
     except InvalidField as exc:
         raise InvalidOccurrence(exc.reason, exc.field) from exc
     if key.startswith(RESERVED_PREFIXES):
-        raise InvalidOccurrence(f"keys starting with {RESERVED_PREFIXES[0]!r} are reserved for series")
+        raise InvalidOccurrence(
+            f"keys starting with {RESERVED_PREFIXES[0]!r} are reserved for series"
+        )
     return key
 
 

@@ -13,5 +13,7 @@ _USER_FOR_ADDRESS = text(
 
 def user_for_address(conn: Connection, platform: str, address: str) -> str | None:
     """The recipient whose `platform` address is `address`; None if nobody, or if it is ambiguous."""
-    found = conn.execute(_USER_FOR_ADDRESS, {"platform": platform, "address": address}).scalars().all()
+    found = (
+        conn.execute(_USER_FOR_ADDRESS, {"platform": platform, "address": address}).scalars().all()
+    )
     return found[0] if len(found) == 1 else None

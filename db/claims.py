@@ -95,8 +95,15 @@ _CLAIM = text(
 )
 
 
-def claim_deliveries(conn: Connection, keys: Iterable[Key], *, token: str, now: datetime,
-                     lease: float, max_attempts: int) -> list[ClaimedDelivery]:
+def claim_deliveries(
+    conn: Connection,
+    keys: Iterable[Key],
+    *,
+    token: str,
+    now: datetime,
+    lease: float,
+    max_attempts: int,
+) -> list[ClaimedDelivery]:
     """Claim the deliveries that are free to send: pending and due (by `now` or PostgreSQL's clock,
     so a worker whose clock runs slow is not idle), or claimed with a lease lapsed on PostgreSQL's
     clock (never a worker's); never one that has used up its attempts.
@@ -104,8 +111,16 @@ def claim_deliveries(conn: Connection, keys: Iterable[Key], *, token: str, now: 
     Row locks make this atomic: of many concurrent claimers exactly one gets each row, the others
     wait on its lock and then find the row taken. A takeover of an attempt that had reached the
     provider comes back with maybe_sent_at set: that attempt may have sent."""
-    rows = conn.execute(_CLAIM, {**key_params(keys), "token": token, "now": now, "lease": lease,
-                                 "max_attempts": max_attempts}).mappings()
+    rows = conn.execute(
+        _CLAIM,
+        {
+            **key_params(keys),
+            "token": token,
+            "now": now,
+            "lease": lease,
+            "max_attempts": max_attempts,
+        },
+    ).mappings()
     return [ClaimedDelivery.from_row(r) for r in rows]
 
 
@@ -123,11 +138,14 @@ _EXHAUST = text(
 )
 
 
-def exhaust_deliveries(conn: Connection, keys: Iterable[Key], *, now: datetime,
-                       max_attempts: int) -> list[dict[str, Any]]:
+def exhaust_deliveries(
+    conn: Connection, keys: Iterable[Key], *, now: datetime, max_attempts: int
+) -> list[dict[str, Any]]:
     """Fail the rows among `keys` that may not be claimed again: attempts used up, and pending or
     abandoned by a worker that died (a takeover counts as an attempt)."""
-    rows = conn.execute(_EXHAUST, {**key_params(keys), "now": now, "max_attempts": max_attempts}).mappings()
+    rows = conn.execute(
+        _EXHAUST, {**key_params(keys), "now": now, "max_attempts": max_attempts}
+    ).mappings()
     return [dict(r) for r in rows]
 
 
@@ -147,7 +165,9 @@ def begin_send(conn: Connection, key: Key, *, token: str, need: float) -> Lease 
     """About to call the provider: record that this attempt reached the send, and extend the lease
     so that at least `need` seconds are left. Returns the lease (counted down from the seconds
     PostgreSQL says are left), or None if the claim is no longer ours (send nothing)."""
-    left = conn.execute(_BEGIN_SEND, {"user_id": key[0], "id": key[1], "token": token, "need": need}).scalar()
+    left = conn.execute(
+        _BEGIN_SEND, {"user_id": key[0], "id": key[1], "token": token, "need": need}
+    ).scalar()
     return None if left is None else Lease.granted(token, float(left))
 
 
@@ -163,11 +183,21 @@ _MARK_SENT = text(
 )
 
 
-def mark_sent(conn: Connection, key: Key, *, token: str, platform: str, message_id: str | None,
-              now: datetime) -> bool:
+def mark_sent(
+    conn: Connection, key: Key, *, token: str, platform: str, message_id: str | None, now: datetime
+) -> bool:
     """Record a send, only if our claim still stands. False: the claim was taken over."""
-    row = conn.execute(_MARK_SENT, {"user_id": key[0], "id": key[1], "token": token,
-                                    "platform": platform, "message_id": message_id, "now": now})
+    row = conn.execute(
+        _MARK_SENT,
+        {
+            "user_id": key[0],
+            "id": key[1],
+            "token": token,
+            "platform": platform,
+            "message_id": message_id,
+            "now": now,
+        },
+    )
     return row.first() is not None
 
 
@@ -187,15 +217,34 @@ _RELEASE = text(
 )
 
 
-def release_claim(conn: Connection, key: Key, *, token: str, not_before: datetime, error: str,
-                  now: datetime, refund_attempt: bool = False, maybe_sent: bool = False) -> bool:
+def release_claim(
+    conn: Connection,
+    key: Key,
+    *,
+    token: str,
+    not_before: datetime,
+    error: str,
+    now: datetime,
+    refund_attempt: bool = False,
+    maybe_sent: bool = False,
+) -> bool:
     """Give a claim back, to be retried at `not_before` (the tick republishes it then).
 
     refund_attempt: nothing was attempted (a throttle, a catalog not deployed here yet).
     maybe_sent: this attempt may have reached the provider; the next one must reconcile first."""
-    row = conn.execute(_RELEASE, {"user_id": key[0], "id": key[1], "token": token, "refund": refund_attempt,
-                                  "maybe_sent": maybe_sent, "not_before": not_before, "error": error,
-                                  "now": now})
+    row = conn.execute(
+        _RELEASE,
+        {
+            "user_id": key[0],
+            "id": key[1],
+            "token": token,
+            "refund": refund_attempt,
+            "maybe_sent": maybe_sent,
+            "not_before": not_before,
+            "error": error,
+            "now": now,
+        },
+    )
     return row.first() is not None
 
 
@@ -214,8 +263,9 @@ _HOLD_UNKNOWN = text(
 def hold_unknown(conn: Connection, key: Key, *, token: str, error: str, now: datetime) -> bool:
     """Park a send whose outcome is unknown and may not be repeated: state `unknown`, for an
     operator (`clarion redrive --state unknown` sends it again under the same key)."""
-    row = conn.execute(_HOLD_UNKNOWN, {"user_id": key[0], "id": key[1], "token": token, "error": error,
-                                       "now": now})
+    row = conn.execute(
+        _HOLD_UNKNOWN, {"user_id": key[0], "id": key[1], "token": token, "error": error, "now": now}
+    )
     return row.first() is not None
 
 
@@ -230,10 +280,13 @@ _FAIL = text(
 )
 
 
-def fail_delivery(conn: Connection, key: Key, *, token: str, error: str, now: datetime) -> tuple | None:
+def fail_delivery(
+    conn: Connection, key: Key, *, token: str, error: str, now: datetime
+) -> tuple | None:
     """Fail a claimed delivery for good; returns (request_id, channel) or None if the claim is gone."""
-    row = conn.execute(_FAIL, {"user_id": key[0], "id": key[1], "token": token, "error": error,
-                               "now": now}).first()
+    row = conn.execute(
+        _FAIL, {"user_id": key[0], "id": key[1], "token": token, "error": error, "now": now}
+    ).first()
     return tuple(row) if row else None
 
 
@@ -251,10 +304,15 @@ _DUE_DELIVERIES = text(
 )
 
 
-def take_due_deliveries(conn: Connection, *, lane: str, now: datetime, again: float, cap: float,
-                        limit: int) -> list[tuple]:
+def take_due_deliveries(
+    conn: Connection, *, lane: str, now: datetime, again: float, cap: float, limit: int
+) -> list[tuple]:
     """One lane's deliveries to publish again: never picked up, retry time reached, or claim lease
     lapsed. Each is pushed `again` seconds on, doubling each time it comes round without progress
     (up to `cap`), so a backlog is not republished in full every few seconds."""
-    return [tuple(r) for r in conn.execute(_DUE_DELIVERIES, {"now": now, "again": again, "cap": cap,
-                                                             "lane": lane, "limit": limit})]
+    return [
+        tuple(r)
+        for r in conn.execute(
+            _DUE_DELIVERIES, {"now": now, "again": again, "cap": cap, "lane": lane, "limit": limit}
+        )
+    ]

@@ -31,8 +31,13 @@ def engine(url: str | None = None) -> Engine:
         # thousands of times per connection; measured ~20% less CPU per notification. None of them
         # carries a partial-index predicate as a parameter (DESIGN's auto-prepare trap), and
         # tests/integration/test_claims.py runs the claim 50+ times on one connection.
-        _engines[key] = create_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True,
-                                      connect_args={"prepare_threshold": 0})
+        _engines[key] = create_engine(
+            url,
+            pool_size=10,
+            max_overflow=10,
+            pool_pre_ping=True,
+            connect_args={"prepare_threshold": 0},
+        )
     return _engines[key]
 
 

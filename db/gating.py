@@ -31,8 +31,9 @@ _COLLAPSES = text(
 )
 
 
-def snapshot_rows(conn: Connection, users: Iterable[str], scopes: Iterable[str], *,
-                  now: datetime) -> dict[str, Any]:
+def snapshot_rows(
+    conn: Connection, users: Iterable[str], scopes: Iterable[str], *, now: datetime
+) -> dict[str, Any]:
     """Everything the gates read about these recipients, in five indexed queries."""
     users = list(set(users))
     params = {"users": users, "now": now, "scopes": list(set(scopes))}
@@ -59,11 +60,26 @@ _CLAIM_WINDOW = text(
 _WINDOW = text("SELECT until, type_key FROM activation_windows WHERE user_id = :user_id")
 
 
-def claim_window(conn: Connection, user_id: str, *, request_id: int, type_key: str, now: datetime,
-                 until: datetime) -> tuple[datetime, str] | None:
+def claim_window(
+    conn: Connection,
+    user_id: str,
+    *,
+    request_id: int,
+    type_key: str,
+    now: datetime,
+    until: datetime,
+) -> tuple[datetime, str] | None:
     """Open the recipient's activation window; None if we did, else (until, type) of the open one."""
-    won = conn.execute(_CLAIM_WINDOW, {"user_id": user_id, "request_id": request_id,
-                                       "type_key": type_key, "now": now, "until": until}).first()
+    won = conn.execute(
+        _CLAIM_WINDOW,
+        {
+            "user_id": user_id,
+            "request_id": request_id,
+            "type_key": type_key,
+            "now": now,
+            "until": until,
+        },
+    ).first()
     if won is not None:
         return None
     row = conn.execute(_WINDOW, {"user_id": user_id}).one()
@@ -80,10 +96,16 @@ _CLAIM_CAP = text(
 )
 
 
-def claim_cap(conn: Connection, *, scope: str, bucket: str, limit: int, expires_at: datetime) -> bool:
+def claim_cap(
+    conn: Connection, *, scope: str, bucket: str, limit: int, expires_at: datetime
+) -> bool:
     """Take one slot under a fatigue cap; False when the cap is reached."""
-    return conn.execute(_CLAIM_CAP, {"scope": scope, "bucket": bucket, "limit": limit,
-                                     "expires_at": expires_at}).first() is not None
+    return (
+        conn.execute(
+            _CLAIM_CAP, {"scope": scope, "bucket": bucket, "limit": limit, "expires_at": expires_at}
+        ).first()
+        is not None
+    )
 
 
 _CLAIM_COLLAPSE = text(
@@ -99,11 +121,14 @@ _CLAIM_COLLAPSE = text(
 )
 
 
-def claim_collapse(conn: Connection, user_id: str, *, key: str, request_id: int, now: datetime,
-                   until: datetime) -> tuple[int, datetime, int]:
+def claim_collapse(
+    conn: Connection, user_id: str, *, key: str, request_id: int, now: datetime, until: datetime
+) -> tuple[int, datetime, int]:
     """Join or lead the collapse group; returns (leader request id, window end, members so far)."""
-    row = conn.execute(_CLAIM_COLLAPSE, {"user_id": user_id, "key": key, "request_id": request_id,
-                                         "now": now, "until": until}).one()
+    row = conn.execute(
+        _CLAIM_COLLAPSE,
+        {"user_id": user_id, "key": key, "request_id": request_id, "now": now, "until": until},
+    ).one()
     return row[0], row[1], row[2]
 
 
@@ -147,13 +172,32 @@ _FOLD = text(
 )
 
 
-def fold_into_summary(conn: Connection, user_id: str, *, summary_type: str, occurrence_key: str,
-                      lane: str, version: int, folded_type: str, due_at: datetime,
-                      now: datetime) -> int | None:
+def fold_into_summary(
+    conn: Connection,
+    user_id: str,
+    *,
+    summary_type: str,
+    occurrence_key: str,
+    lane: str,
+    version: int,
+    folded_type: str,
+    due_at: datetime,
+    now: datetime,
+) -> int | None:
     """Count a folded request in the recipient's summary request (created deferred until due_at)."""
-    row = conn.execute(_FOLD, {"user_id": user_id, "type_key": summary_type, "occ": occurrence_key,
-                               "lane": lane, "version": version, "folded": folded_type,
-                               "due_at": due_at, "now": now}).first()
+    row = conn.execute(
+        _FOLD,
+        {
+            "user_id": user_id,
+            "type_key": summary_type,
+            "occ": occurrence_key,
+            "lane": lane,
+            "version": version,
+            "folded": folded_type,
+            "due_at": due_at,
+            "now": now,
+        },
+    ).first()
     return row[0] if row else None
 
 
@@ -172,12 +216,23 @@ _CLEAR_PREFERENCE = text(
 )
 
 
-def set_preferences(conn: Connection, user_id: str, rows: Iterable[tuple[str, str, str, bool | None]], *,
-                    now: datetime) -> None:
+def set_preferences(
+    conn: Connection,
+    user_id: str,
+    rows: Iterable[tuple[str, str, str, bool | None]],
+    *,
+    now: datetime,
+) -> None:
     """Upsert (scope, key, channel, enabled) rows; enabled=None removes the setting."""
     for scope, key, channel, enabled in rows:
-        params = {"user_id": user_id, "scope": scope, "key": key, "channel": channel, "enabled": enabled,
-                  "now": now}
+        params = {
+            "user_id": user_id,
+            "scope": scope,
+            "key": key,
+            "channel": channel,
+            "enabled": enabled,
+            "now": now,
+        }
         conn.execute(_CLEAR_PREFERENCE if enabled is None else _SET_PREFERENCE, params)
 
 
@@ -190,9 +245,25 @@ _SUPPRESS = text(
 )
 
 
-def suppress_address(conn: Connection, user_id: str, *, channel: str, address: str, reason: str,
-                     detail: str, now: datetime) -> None:
+def suppress_address(
+    conn: Connection,
+    user_id: str,
+    *,
+    channel: str,
+    address: str,
+    reason: str,
+    detail: str,
+    now: datetime,
+) -> None:
     """Put an address on the permanent suppression list (bounce, complaint, STOP, deactivated)."""
-    conn.execute(_SUPPRESS, {"user_id": user_id, "channel": channel, "address": address,
-                             "reason": reason, "detail": detail, "now": now})
-
+    conn.execute(
+        _SUPPRESS,
+        {
+            "user_id": user_id,
+            "channel": channel,
+            "address": address,
+            "reason": reason,
+            "detail": detail,
+            "now": now,
+        },
+    )

@@ -36,7 +36,9 @@ _ANSWER = text(
 _RECORDED = text("SELECT answer FROM deliveries WHERE user_id = :user_id AND id = :id")
 
 
-def answer_once(conn: Connection, key: tuple[str, int], *, answer: str, by: str, now: datetime) -> tuple[bool, str | None]:
+def answer_once(
+    conn: Connection, key: tuple[str, int], *, answer: str, by: str, now: datetime
+) -> tuple[bool, str | None]:
     """First answer wins: (True, answer) if ours was recorded, else (False, the answer already there)."""
     params = {"user_id": key[0], "id": key[1], "answer": answer, "by": by, "now": now}
     if conn.execute(_ANSWER, params).first() is not None:
@@ -58,10 +60,30 @@ def _storable(text: str, limit: int) -> str:
     return text[:limit].encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
 
 
-def record_interaction(conn: Connection, *, user_id: str, delivery_id: int | None, platform: str,
-                       platform_user: str, answer: str | None, outcome: str, reason: str, payload: str,
-                       now: datetime) -> None:
-    conn.execute(_RECORD, {"user_id": user_id, "delivery_id": delivery_id, "platform": platform,
-                           "platform_user": _storable(platform_user, 200), "answer": answer,
-                           "outcome": outcome, "reason": reason, "payload": _storable(payload, 1000),
-                           "now": now})
+def record_interaction(
+    conn: Connection,
+    *,
+    user_id: str,
+    delivery_id: int | None,
+    platform: str,
+    platform_user: str,
+    answer: str | None,
+    outcome: str,
+    reason: str,
+    payload: str,
+    now: datetime,
+) -> None:
+    conn.execute(
+        _RECORD,
+        {
+            "user_id": user_id,
+            "delivery_id": delivery_id,
+            "platform": platform,
+            "platform_user": _storable(platform_user, 200),
+            "answer": answer,
+            "outcome": outcome,
+            "reason": reason,
+            "payload": _storable(payload, 1000),
+            "now": now,
+        },
+    )

@@ -53,17 +53,38 @@ _UPSERT_RECIPIENT = text(
 )
 
 
-def upsert_recipient(conn: Connection, *, user_id: str, timezone: str, locale: str,
-                     country: str | None, org_id: str | None, addresses: dict[str, str],
-                     quiet_start: time | None = None, quiet_end: time | None = None,
-                     workweek: list[int] | None = None, subdivision: str | None = None,
-                     now: datetime) -> None:
+def upsert_recipient(
+    conn: Connection,
+    *,
+    user_id: str,
+    timezone: str,
+    locale: str,
+    country: str | None,
+    org_id: str | None,
+    addresses: dict[str, str],
+    quiet_start: time | None = None,
+    quiet_end: time | None = None,
+    workweek: list[int] | None = None,
+    subdivision: str | None = None,
+    now: datetime,
+) -> None:
     """Create or replace a recipient."""
-    conn.execute(_UPSERT_RECIPIENT, {
-        "user_id": user_id, "timezone": timezone, "locale": locale, "country": country,
-        "org_id": org_id, "addresses": json.dumps(addresses), "quiet_start": quiet_start,
-        "quiet_end": quiet_end, "workweek": workweek, "subdivision": subdivision, "now": now,
-    })
+    conn.execute(
+        _UPSERT_RECIPIENT,
+        {
+            "user_id": user_id,
+            "timezone": timezone,
+            "locale": locale,
+            "country": country,
+            "org_id": org_id,
+            "addresses": json.dumps(addresses),
+            "quiet_start": quiet_start,
+            "quiet_end": quiet_end,
+            "workweek": workweek,
+            "subdivision": subdivision,
+            "now": now,
+        },
+    )
 
 
 _RECIPIENTS = text(
@@ -114,17 +135,22 @@ _EXISTING_REQUESTS = text(
 )
 
 
-def insert_requests(conn: Connection, rows: Sequence[NewRequest], *, now: datetime,
-                    due_at: datetime) -> list[tuple[int, bool]]:
+def insert_requests(
+    conn: Connection, rows: Sequence[NewRequest], *, now: datetime, due_at: datetime
+) -> list[tuple[int, bool]]:
     """Insert requests, one per occurrence; returns (request id, is_new) in input order.
 
     A repeated occurrence (in the table already, or twice in `rows`) maps to the existing id.
     """
     params = {
-        "users": [r.user_id for r in rows], "types": [r.type_key for r in rows],
-        "occs": [r.occurrence_key for r in rows], "lanes": [r.lane for r in rows],
+        "users": [r.user_id for r in rows],
+        "types": [r.type_key for r in rows],
+        "occs": [r.occurrence_key for r in rows],
+        "lanes": [r.lane for r in rows],
         "versions": [r.template_version for r in rows],
-        "vars": [json.dumps(r.variables) for r in rows], "now": now, "due_at": due_at,
+        "vars": [json.dumps(r.variables) for r in rows],
+        "now": now,
+        "due_at": due_at,
     }
     created = {(u, t, o): i for u, t, o, i in conn.execute(_INSERT_REQUESTS, params)}
     ids = dict(created)
@@ -145,8 +171,9 @@ _FIND_REQUEST = text(
 
 def find_request(conn: Connection, user_id: str, type_key: str, occurrence_key: str) -> int | None:
     """The id of the request for this occurrence, if there is one (for previews and explain)."""
-    return conn.execute(_FIND_REQUEST, {"user_id": user_id, "type_key": type_key,
-                                        "occ": occurrence_key}).scalar()
+    return conn.execute(
+        _FIND_REQUEST, {"user_id": user_id, "type_key": type_key, "occ": occurrence_key}
+    ).scalar()
 
 
 _RESOLVE_REQUESTS = text(
@@ -162,7 +189,10 @@ _RESOLVE_REQUESTS = text(
 
 def resolve_requests(conn: Connection, keys: Iterable[Key], *, now: datetime) -> list[dict]:
     """Resolve-once: move pending requests to routed. Only the caller that moves a row may route it."""
-    return [dict(r) for r in conn.execute(_RESOLVE_REQUESTS, {**key_params(keys), "now": now}).mappings()]
+    return [
+        dict(r)
+        for r in conn.execute(_RESOLVE_REQUESTS, {**key_params(keys), "now": now}).mappings()
+    ]
 
 
 _UNRESOLVE_REQUESTS = text(
@@ -195,15 +225,20 @@ _DUE_REQUESTS = text(
 )
 
 
-def take_due_requests(conn: Connection, *, lane: str, now: datetime, again: float, cap: float,
-                      limit: int) -> list[tuple]:
+def take_due_requests(
+    conn: Connection, *, lane: str, now: datetime, again: float, cap: float, limit: int
+) -> list[tuple]:
     """One lane's requests whose routing is due (never published, stray, or deferred until now).
 
     Each is pushed `again` seconds on (doubling each time it comes round unrouted, up to `cap`), so
     a crashed publisher's work comes round once more, two sweepers do not both take it, and a
     backlog is not republished in full every few seconds."""
-    return [tuple(r) for r in conn.execute(_DUE_REQUESTS, {"now": now, "again": again, "cap": cap,
-                                                           "lane": lane, "limit": limit})]
+    return [
+        tuple(r)
+        for r in conn.execute(
+            _DUE_REQUESTS, {"now": now, "again": again, "cap": cap, "lane": lane, "limit": limit}
+        )
+    ]
 
 
 # --- deliveries -------------------------------------------------------------------------------
@@ -234,20 +269,32 @@ class NewDelivery:
     not_before: datetime | None = None  # held back (e.g. marketing SMS hours) until then
 
 
-def insert_deliveries(conn: Connection, rows: Sequence[NewDelivery], *, now: datetime,
-                      due_at: datetime) -> list[tuple[str, int, str, bool]]:
+def insert_deliveries(
+    conn: Connection, rows: Sequence[NewDelivery], *, now: datetime, due_at: datetime
+) -> list[tuple[str, int, str, bool]]:
     """Create pending deliveries; returns (user_id, delivery id, lane, held) of those created.
 
     A delivery held back by `not_before` is published by the beat tick when its time comes."""
     if not rows:
         return []
-    return [tuple(r) for r in conn.execute(_INSERT_DELIVERIES, {
-        "users": [r.user_id for r in rows], "requests": [r.request_id for r in rows],
-        "types": [r.type_key for r in rows], "occs": [r.occurrence_key for r in rows],
-        "channels": [r.channel for r in rows], "platforms": [r.one_platform for r in rows],
-        "lanes": [r.lane for r in rows], "not_before": [r.not_before for r in rows],
-        "now": now, "due_at": due_at,
-    })]
+    return [
+        tuple(r)
+        for r in conn.execute(
+            _INSERT_DELIVERIES,
+            {
+                "users": [r.user_id for r in rows],
+                "requests": [r.request_id for r in rows],
+                "types": [r.type_key for r in rows],
+                "occs": [r.occurrence_key for r in rows],
+                "channels": [r.channel for r in rows],
+                "platforms": [r.one_platform for r in rows],
+                "lanes": [r.lane for r in rows],
+                "not_before": [r.not_before for r in rows],
+                "now": now,
+                "due_at": due_at,
+            },
+        )
+    ]
 
 
 # --- decisions and incidents ------------------------------------------------------------------
@@ -281,12 +328,20 @@ def insert_decisions(conn: Connection, rows: Sequence[Decision], *, now: datetim
     """Record why requests (or one channel of them) were not delivered."""
     if not rows:
         return
-    conn.execute(_INSERT_DECISIONS, {
-        "users": [d.user_id for d in rows], "requests": [d.request_id for d in rows],
-        "deliveries": [d.delivery_id for d in rows], "channels": [d.channel for d in rows],
-        "gates": [d.gate for d in rows], "outcomes": [d.outcome for d in rows],
-        "reasons": [d.reason for d in rows], "details": [d.detail for d in rows], "now": now,
-    })
+    conn.execute(
+        _INSERT_DECISIONS,
+        {
+            "users": [d.user_id for d in rows],
+            "requests": [d.request_id for d in rows],
+            "deliveries": [d.delivery_id for d in rows],
+            "channels": [d.channel for d in rows],
+            "gates": [d.gate for d in rows],
+            "outcomes": [d.outcome for d in rows],
+            "reasons": [d.reason for d in rows],
+            "details": [d.detail for d in rows],
+            "now": now,
+        },
+    )
 
 
 _INSERT_INCIDENT = text(
@@ -297,5 +352,7 @@ _INSERT_INCIDENT = text(
 
 def record_incident(conn: Connection, key: Key, *, kind: str, detail: str, now: datetime) -> None:
     """Record something an operator must look at (e.g. a possible duplicate send)."""
-    conn.execute(_INSERT_INCIDENT, {"user_id": key[0], "delivery_id": key[1], "kind": kind,
-                                    "detail": detail, "now": now})
+    conn.execute(
+        _INSERT_INCIDENT,
+        {"user_id": key[0], "delivery_id": key[1], "kind": kind, "detail": detail, "now": now},
+    )

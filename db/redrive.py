@@ -74,13 +74,26 @@ _FIND = text(
 )
 
 
-def find_redrivable(conn: Connection, *, states: Sequence[str], type_key: str | None = None,
-                    reason: str | None = None, since: datetime | None = None,
-                    until: datetime | None = None, limit: int = 1000) -> list[Redrivable]:
+def find_redrivable(
+    conn: Connection,
+    *,
+    states: Sequence[str],
+    type_key: str | None = None,
+    reason: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = 1000,
+) -> list[Redrivable]:
     """Deliveries in one of `states` matching the filters, oldest first (what a dry run shows);
     never one whose occurrence another delivery already sent (or is sending)."""
-    params = {"states": list(states), "type_key": type_key, "reason": reason, "since": since,
-              "until": until, "limit": limit}
+    params = {
+        "states": list(states),
+        "type_key": type_key,
+        "reason": reason,
+        "since": since,
+        "until": until,
+        "limit": limit,
+    }
     return [Redrivable(**r) for r in conn.execute(_FIND, params).mappings()]
 
 
@@ -99,7 +112,9 @@ _REQUEUE = text(
 )
 
 
-def requeue(conn: Connection, keys: Iterable[Key], *, states: Sequence[str], now: datetime) -> set[Key]:
+def requeue(
+    conn: Connection, keys: Iterable[Key], *, states: Sequence[str], now: datetime
+) -> set[Key]:
     """Put deliveries back to pending, due now, with attempts and error cleared — only those still in
     one of `states` (a row that changed meanwhile is left alone). Returns the keys re-queued."""
     users, ids = [], []

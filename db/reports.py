@@ -5,11 +5,17 @@ from __future__ import annotations
 from sqlalchemy import Connection, text
 
 _REQUESTS = text("SELECT lane, state, count(*) FROM requests GROUP BY 1, 2 ORDER BY 1, 2")
-_DELIVERIES = text("SELECT lane, channel, state, count(*) FROM deliveries GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
-_DECISIONS = text("SELECT gate, outcome, reason, count(*) FROM decisions GROUP BY 1, 2, 3 ORDER BY 4 DESC")
+_DELIVERIES = text(
+    "SELECT lane, channel, state, count(*) FROM deliveries GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+)
+_DECISIONS = text(
+    "SELECT gate, outcome, reason, count(*) FROM decisions GROUP BY 1, 2, 3 ORDER BY 4 DESC"
+)
 _INCIDENTS = text("SELECT kind, count(*) FROM incidents GROUP BY 1 ORDER BY 1")
 _UNSETTLED = text("SELECT count(*) FROM deliveries WHERE state IN ('pending', 'claimed')")
-_SENT = text("SELECT count(*) FROM deliveries WHERE state IN ('sent', 'delivered', 'read', 'answered')")
+_SENT = text(
+    "SELECT count(*) FROM deliveries WHERE state IN ('sent', 'delivered', 'read', 'answered')"
+)
 _PENDING_REQUESTS = text("SELECT count(*) FROM requests WHERE state = 'pending'")
 
 
@@ -34,8 +40,11 @@ def incident_counts(conn: Connection) -> list[tuple]:
 
 def progress(conn: Connection) -> tuple[int, int, int]:
     """(requests not yet routed, deliveries not yet settled, deliveries sent)."""
-    return (conn.execute(_PENDING_REQUESTS).scalar_one(), conn.execute(_UNSETTLED).scalar_one(),
-            conn.execute(_SENT).scalar_one())
+    return (
+        conn.execute(_PENDING_REQUESTS).scalar_one(),
+        conn.execute(_UNSETTLED).scalar_one(),
+        conn.execute(_SENT).scalar_one(),
+    )
 
 
 _EXPLAIN_REQUESTS = text(
@@ -56,7 +65,9 @@ _EXPLAIN_DELIVERIES = text(
 )
 
 
-def explain_rows(conn: Connection, user_id: str, *, type_key: str | None, since, limit: int) -> list[dict]:
+def explain_rows(
+    conn: Connection, user_id: str, *, type_key: str | None, since, limit: int
+) -> list[dict]:
     """A recipient's requests, newest first, each with its decisions and deliveries."""
     params = {"user_id": user_id, "type_key": type_key, "since": since, "limit": limit}
     requests = [dict(r) for r in conn.execute(_EXPLAIN_REQUESTS, params).mappings()]

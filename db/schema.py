@@ -31,7 +31,15 @@ metadata = MetaData()
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
 DELIVERY_STATES = (
-    "pending", "claimed", "unknown", "sent", "delivered", "read", "answered", "failed", "suppressed"
+    "pending",
+    "claimed",
+    "unknown",
+    "sent",
+    "delivered",
+    "read",
+    "answered",
+    "failed",
+    "suppressed",
 )
 # States that hold or have used the right to send: at most one per occurrence and channel.
 # `unknown` is one: its attempt may have reached the provider.
@@ -120,11 +128,14 @@ deliveries = Table(
     PrimaryKeyConstraint("user_id", "id", name="deliveries_pkey"),
     UniqueConstraint("user_id", "request_id", "channel", name="deliveries_request_channel_key"),
     ForeignKeyConstraint(
-        ["user_id", "request_id"], ["requests.user_id", "requests.id"], name="deliveries_request_fkey"
+        ["user_id", "request_id"],
+        ["requests.user_id", "requests.id"],
+        name="deliveries_request_fkey",
     ),
     CheckConstraint(_in("state", DELIVERY_STATES), name="deliveries_state_check"),
     CheckConstraint(
-        f"NOT ({_in('state', SENT_STATES)}) OR platform IS NOT NULL", name="deliveries_sent_names_platform"
+        f"NOT ({_in('state', SENT_STATES)}) OR platform IS NOT NULL",
+        name="deliveries_sent_names_platform",
     ),
     CheckConstraint(
         "state <> 'claimed' OR (claim_token IS NOT NULL AND lease_until IS NOT NULL)",
@@ -281,5 +292,7 @@ interactions = Table(
     Column("payload", Text, nullable=False),
     _ts("created_at", False),
     PrimaryKeyConstraint("user_id", "id", name="interactions_pkey"),
-    CheckConstraint("outcome IN ('accepted', 'repeated', 'rejected')", name="interactions_outcome_check"),
+    CheckConstraint(
+        "outcome IN ('accepted', 'repeated', 'rejected')", name="interactions_outcome_check"
+    ),
 )

@@ -57,14 +57,23 @@ _ADVANCE_MANY = text(
 )
 
 
-def advance_many(conn: Connection, rows: list[tuple[str, int, int, datetime | None, bool]], *,
-                 now: datetime) -> None:
+def advance_many(
+    conn: Connection, rows: list[tuple[str, int, int, datetime | None, bool]], *, now: datetime
+) -> None:
     """Move many series on in one statement: (user_id, id, next_n, next_due_at, ended) each; a series
     no longer active (cancelled or paused meanwhile) is left alone."""
     if rows:
-        conn.execute(_ADVANCE_MANY, {"users": [r[0] for r in rows], "ids": [r[1] for r in rows],
-                                     "ns": [r[2] for r in rows], "dues": [r[3] for r in rows],
-                                     "ended": [r[4] for r in rows], "now": now})
+        conn.execute(
+            _ADVANCE_MANY,
+            {
+                "users": [r[0] for r in rows],
+                "ids": [r[1] for r in rows],
+                "ns": [r[2] for r in rows],
+                "dues": [r[3] for r in rows],
+                "ended": [r[4] for r in rows],
+                "now": now,
+            },
+        )
 
 
 _SET_STATE = text(
@@ -78,15 +87,37 @@ _SET_STATE = text(
 )
 
 
-def set_series_state(conn: Connection, key: tuple[str, int], *, from_states: Sequence[str], to_state: str,
-                     now: datetime, next_due_at: datetime | None = None, next_n: int | None = None) -> bool:
+def set_series_state(
+    conn: Connection,
+    key: tuple[str, int],
+    *,
+    from_states: Sequence[str],
+    to_state: str,
+    now: datetime,
+    next_due_at: datetime | None = None,
+    next_n: int | None = None,
+) -> bool:
     """Move a series between states; False if it was not in one of `from_states`."""
-    return conn.execute(_SET_STATE, {"user_id": key[0], "id": key[1], "from_states": list(from_states),
-                                     "to_state": to_state, "next_due_at": next_due_at, "next_n": next_n,
-                                     "now": now}).first() is not None
+    return (
+        conn.execute(
+            _SET_STATE,
+            {
+                "user_id": key[0],
+                "id": key[1],
+                "from_states": list(from_states),
+                "to_state": to_state,
+                "next_due_at": next_due_at,
+                "next_n": next_n,
+                "now": now,
+            },
+        ).first()
+        is not None
+    )
 
 
-_LOCK_ACTIVE = text("SELECT * FROM series WHERE user_id = :user_id AND id = :id AND state = 'active' FOR UPDATE")
+_LOCK_ACTIVE = text(
+    "SELECT * FROM series WHERE user_id = :user_id AND id = :id AND state = 'active' FOR UPDATE"
+)
 
 
 def lock_active_series(conn: Connection, key: tuple[str, int]) -> dict[str, Any] | None:
@@ -108,7 +139,9 @@ _DROP_UNROUTED = text(
 )
 
 
-def drop_unrouted_occurrences(conn: Connection, key: tuple[str, int], *, now: datetime) -> list[int]:
+def drop_unrouted_occurrences(
+    conn: Connection, key: tuple[str, int], *, now: datetime
+) -> list[int]:
     """Resolve a series' occurrences that were not routed yet (e.g. held by a snooze) without
     sending them: the ids of those requests, for the caller to record why."""
     params = {"user_id": key[0], "id": key[1], "prefix": f"series:{key[1]}:%", "now": now}
@@ -142,15 +175,24 @@ _INSERT_OCCURRENCES = text(
 )
 
 
-def insert_occurrences(conn: Connection, rows: Sequence[dict[str, Any]], *, now: datetime) -> dict[str, int]:
+def insert_occurrences(
+    conn: Connection, rows: Sequence[dict[str, Any]], *, now: datetime
+) -> dict[str, int]:
     """Create occurrence requests (pending, deferred, or routed for missed/skipped ones), once each.
 
     Returns occurrence_key → request id for those created now; an occurrence created before (by a
     second beat, or a snooze) is left as it is."""
     if not rows:
         return {}
-    cols = {"users": "user_id", "types": "type_key", "occs": "occurrence_key", "lanes": "lane",
-            "versions": "template_version", "states": "state", "dues": "due_at"}
+    cols = {
+        "users": "user_id",
+        "types": "type_key",
+        "occs": "occurrence_key",
+        "lanes": "lane",
+        "versions": "template_version",
+        "states": "state",
+        "dues": "due_at",
+    }
     params = {name: [r[col] for r in rows] for name, col in cols.items()}
     params["vars"] = [json.dumps(r["variables"]) for r in rows]
     return {occ: id_ for occ, id_ in conn.execute(_INSERT_OCCURRENCES, {**params, "now": now})}
@@ -169,11 +211,31 @@ _SNOOZE = text(
 )
 
 
-def snooze_occurrence(conn: Connection, *, user_id: str, type_key: str, occurrence_key: str, lane: str,
-                      version: int, variables: dict[str, Any], until: datetime, now: datetime) -> int | None:
+def snooze_occurrence(
+    conn: Connection,
+    *,
+    user_id: str,
+    type_key: str,
+    occurrence_key: str,
+    lane: str,
+    version: int,
+    variables: dict[str, Any],
+    until: datetime,
+    now: datetime,
+) -> int | None:
     """Hold one occurrence until `until` (created early if the tick has not reached it), or later
     if it was already held longer: never earlier. None if it was already routed."""
-    row = conn.execute(_SNOOZE, {"user_id": user_id, "type_key": type_key, "occ": occurrence_key,
-                                 "lane": lane, "version": version, "variables": json.dumps(variables),
-                                 "until": until, "now": now}).first()
+    row = conn.execute(
+        _SNOOZE,
+        {
+            "user_id": user_id,
+            "type_key": type_key,
+            "occ": occurrence_key,
+            "lane": lane,
+            "version": version,
+            "variables": json.dumps(variables),
+            "until": until,
+            "now": now,
+        },
+    ).first()
     return row[0] if row else None

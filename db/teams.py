@@ -58,8 +58,14 @@ _REMEMBER = text(
 )
 
 
-def remember_conversation(conn: Connection, teams_user: str, reference: str, *, now: datetime,
-                          only_from: str | None = None) -> Remembered:
+def remember_conversation(
+    conn: Connection,
+    teams_user: str,
+    reference: str,
+    *,
+    now: datetime,
+    only_from: str | None = None,
+) -> Remembered:
     """Store `reference` on every recipient with this Teams id. `only_from` (an origin, for an
     activity nobody authenticated): a stored reference is replaced only by one from that same
     origin (scheme, host, port of its serviceUrl); a first one is stored whatever its origin."""
@@ -71,7 +77,9 @@ def remember_conversation(conn: Connection, teams_user: str, reference: str, *, 
         elif stored is not None and only_from is not None and reference_origin(stored) != only_from:
             refused.append(user_id)
         else:
-            conn.execute(_REMEMBER, {"user_id": user_id, "match": match, "reference": reference, "now": now})
+            conn.execute(
+                _REMEMBER, {"user_id": user_id, "match": match, "reference": reference, "now": now}
+            )
             changed.append(user_id)
     return Remembered(changed, refused, unchanged)
 

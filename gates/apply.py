@@ -19,11 +19,16 @@ from db import gating
 from gates.pipeline import Fold, Plan, Snapshot, blocked_by_window, cap_buckets, collapsed, folded
 
 
-def snapshots(conn: Connection, recipients: Mapping[str, Mapping[str, Any]], *,
-              now: datetime) -> dict[str, Snapshot]:
+def snapshots(
+    conn: Connection, recipients: Mapping[str, Mapping[str, Any]], *, now: datetime
+) -> dict[str, Snapshot]:
     """Snapshots for many recipients at once (five queries, whatever their number)."""
-    scopes = {user: [scope for scope, _, _ in cap_buckets(r, now)] for user, r in recipients.items()}
-    rows = gating.snapshot_rows(conn, recipients, [s for each in scopes.values() for s in each], now=now)
+    scopes = {
+        user: [scope for scope, _, _ in cap_buckets(r, now)] for user, r in recipients.items()
+    }
+    rows = gating.snapshot_rows(
+        conn, recipients, [s for each in scopes.values() for s in each], now=now
+    )
     prefs: defaultdict[str, list[tuple[Any, ...]]] = defaultdict(list)
     suppressed: defaultdict[str, dict[tuple[str, str], str]] = defaultdict(dict)  # -> reason
     collapses: defaultdict[str, dict[str, tuple[int, datetime, int]]] = defaultdict(dict)
@@ -38,15 +43,28 @@ def snapshots(conn: Connection, recipients: Mapping[str, Mapping[str, Any]], *,
     for scope, bucket, count in rows["counters"]:
         counters[scope][(scope, bucket)] = count
     return {
-        user: Snapshot(recipient, tuple(prefs[user]), suppressed[user], windows.get(user),
-                       {k: v for scope in scopes[user] for k, v in counters.get(scope, {}).items()},
-                       collapses[user])
+        user: Snapshot(
+            recipient,
+            tuple(prefs[user]),
+            suppressed[user],
+            windows.get(user),
+            {k: v for scope in scopes[user] for k, v in counters.get(scope, {}).items()},
+            collapses[user],
+        )
         for user, recipient in recipients.items()
     }
 
 
-def apply(conn: Connection, request: Mapping[str, Any], ntype: NotificationType | None, plan: Plan, *,
-          snapshot: Snapshot, catalog: Catalog, now: datetime) -> Plan:
+def apply(
+    conn: Connection,
+    request: Mapping[str, Any],
+    ntype: NotificationType | None,
+    plan: Plan,
+    *,
+    snapshot: Snapshot,
+    catalog: Catalog,
+    now: datetime,
+) -> Plan:
     """Make the plan's claims; returns the plan that actually holds (the same one, unless a race was lost)."""
     key = (request["user_id"], request["id"])
     if plan.window_until or plan.caps or plan.collapse:
@@ -66,38 +84,74 @@ def apply(conn: Connection, request: Mapping[str, Any], ntype: NotificationType 
     return plan
 
 
-def _fold(conn: Connection, request: Mapping[str, Any], fold: Fold, catalog: Catalog, now: datetime) -> None:
+def _fold(
+    conn: Connection, request: Mapping[str, Any], fold: Fold, catalog: Catalog, now: datetime
+) -> None:
     summary = catalog.get(fold.summary_type)
     if summary is None:  # Catalog.from_dict refuses this; a catalog built in Python may not
         raise ConfigurationError(f"policy.fatigue.summary_type {fold.summary_type!r} is not a type")
-    fields = dict(summary_type=summary.key, lane=summary.lane, version=summary.version,
-                  folded_type=request["type_key"], now=now)
-    folded = gating.fold_into_summary(conn, request["user_id"], occurrence_key=fold.occurrence_key,
-                                      due_at=fold.due_at, **fields)
-    if folded is None:  # the bucket's summary has just been routed: count this one in a late summary
-        gating.fold_into_summary(conn, request["user_id"], occurrence_key=f"{fold.occurrence_key}+late",
-                                 due_at=now, **fields)
+    fields = dict(
+        summary_type=summary.key,
+        lane=summary.lane,
+        version=summary.version,
+        folded_type=request["type_key"],
+        now=now,
+    )
+    folded = gating.fold_into_summary(
+        conn, request["user_id"], occurrence_key=fold.occurrence_key, due_at=fold.due_at, **fields
+    )
+    if (
+        folded is None
+    ):  # the bucket's summary has just been routed: count this one in a late summary
+        gating.fold_into_summary(
+            conn,
+            request["user_id"],
+            occurrence_key=f"{fold.occurrence_key}+late",
+            due_at=now,
+            **fields,
+        )
 
 
-def _claim(conn: Connection, request: Mapping[str, Any], plan: Plan, snapshot: Snapshot,
-           catalog: Catalog, now: datetime) -> Plan:
+def _claim(
+    conn: Connection,
+    request: Mapping[str, Any],
+    plan: Plan,
+    snapshot: Snapshot,
+    catalog: Catalog,
+    now: datetime,
+) -> Plan:
     user = request["user_id"]
     if plan.window_until is not None:
-        holder = gating.claim_window(conn, user, request_id=request["id"], type_key=request["type_key"],
-                                     now=now, until=plan.window_until)
+        holder = gating.claim_window(
+            conn,
+            user,
+            request_id=request["id"],
+            type_key=request["type_key"],
+            now=now,
+            until=plan.window_until,
+        )
         if holder is not None:
             return blocked_by_window(plan, holder)
     for cap in plan.caps:
-        if not gating.claim_cap(conn, scope=cap.scope, bucket=cap.bucket, limit=cap.limit,
-                                expires_at=cap.expires_at):
-            if snapshot.recipient is None:  # gates.pipeline.plan gives caps to known recipients only
+        if not gating.claim_cap(
+            conn, scope=cap.scope, bucket=cap.bucket, limit=cap.limit, expires_at=cap.expires_at
+        ):
+            if (
+                snapshot.recipient is None
+            ):  # gates.pipeline.plan gives caps to known recipients only
                 raise ClarionError(f"a fatigue cap for unknown recipient {user!r}")
-            return folded(plan, snapshot.recipient, now, catalog.policy,
-                          f"{cap.scope} reached {cap.limit} in {cap.bucket}")
+            return folded(
+                plan,
+                snapshot.recipient,
+                now,
+                catalog.policy,
+                f"{cap.scope} reached {cap.limit} in {cap.bucket}",
+            )
     if plan.collapse is not None:
         key, until = plan.collapse
-        leader, group_until, count = gating.claim_collapse(conn, user, key=key, request_id=request["id"],
-                                                           now=now, until=until)
+        leader, group_until, count = gating.claim_collapse(
+            conn, user, key=key, request_id=request["id"], now=now, until=until
+        )
         if leader != request["id"]:
             return collapsed(plan, key, (leader, group_until, count - 1))
     return plan

@@ -44,10 +44,16 @@ class Snapshot:
 
     recipient: Mapping[str, Any] | None
     preferences: tuple[preferences.Preference, ...] = ()
-    suppressed: Mapping[tuple[str, str], str] = field(default_factory=dict)  # (channel, address) -> reason
+    suppressed: Mapping[tuple[str, str], str] = field(
+        default_factory=dict
+    )  # (channel, address) -> reason
     window: tuple[datetime, str] | None = None  # (until, type that opened it)
-    counters: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (scope, bucket) -> count
-    collapses: Mapping[str, tuple[int, datetime, int]] = field(default_factory=dict)  # key -> (leader, until, n)
+    counters: Mapping[tuple[str, str], int] = field(
+        default_factory=dict
+    )  # (scope, bucket) -> count
+    collapses: Mapping[str, tuple[int, datetime, int]] = field(
+        default_factory=dict
+    )  # key -> (leader, until, n)
 
 
 @dataclass(frozen=True)
@@ -98,18 +104,37 @@ class Plan:
 class _Builder:
     steps: list[Step] = field(default_factory=list)
 
-    def add(self, gate: str, outcome: str, reason: str, detail: str = "", channel: str | None = None,
-            until: datetime | None = None) -> None:
+    def add(
+        self,
+        gate: str,
+        outcome: str,
+        reason: str,
+        detail: str = "",
+        channel: str | None = None,
+        until: datetime | None = None,
+    ) -> None:
         self.steps.append(Step(gate, outcome, reason, detail, channel, until))
 
 
-def plan(request: Mapping[str, Any], ntype: NotificationType | None, snapshot: Snapshot, *,
-         now: datetime, policy: Policy, needs_address: Mapping[str, bool]) -> Plan:
+def plan(
+    request: Mapping[str, Any],
+    ntype: NotificationType | None,
+    snapshot: Snapshot,
+    *,
+    now: datetime,
+    policy: Policy,
+    needs_address: Mapping[str, bool],
+) -> Plan:
     """Decide where one request goes, or why it does not, without changing anything."""
     b = _Builder()
     recipient = snapshot.recipient
     if ntype is None:
-        b.add("catalog", "suppress", "unknown_type", f"type {request['type_key']!r} is not in the catalog")
+        b.add(
+            "catalog",
+            "suppress",
+            "unknown_type",
+            f"type {request['type_key']!r} is not in the catalog",
+        )
         return Plan(tuple(b.steps))
     if recipient is None:
         b.add("recipient", "suppress", "unknown_recipient")
@@ -125,25 +150,46 @@ def plan(request: Mapping[str, Any], ntype: NotificationType | None, snapshot: S
     return replace(result, channels=tuple(channels))
 
 
-def _channel_gates(b: _Builder, ntype: NotificationType, recipient: Mapping[str, Any],
-                   snapshot: Snapshot, needs_address: Mapping[str, bool]) -> list[tuple[str, datetime | None]]:
+def _channel_gates(
+    b: _Builder,
+    ntype: NotificationType,
+    recipient: Mapping[str, Any],
+    snapshot: Snapshot,
+    needs_address: Mapping[str, bool],
+) -> list[tuple[str, datetime | None]]:
     addresses = recipient.get("addresses") or {}
     country = country_of(recipient.get("country"), recipient["timezone"])
     chosen: list[tuple[str, datetime | None]] = []
     for channel in ntype.channels:
         address = addresses.get(channel) or recipient["user_id"]
         if channel not in needs_address:
-            b.add("channel", "suppress", "no_adapter", f"no adapter for channel {channel!r}", channel)
+            b.add(
+                "channel", "suppress", "no_adapter", f"no adapter for channel {channel!r}", channel
+            )
         elif needs_address[channel] and not addresses.get(channel):
-            b.add("channel", "suppress", "no_address", f"recipient has no {channel} address", channel)
+            b.add(
+                "channel", "suppress", "no_address", f"recipient has no {channel} address", channel
+            )
         elif (channel, address) in snapshot.suppressed:
-            b.add("suppression", "suppress", "suppressed_address",
-                  f"{channel} address is on the suppression list ({snapshot.suppressed[(channel, address)]})",
-                  channel)
-        elif not (pref := preferences.resolve(ntype, channel, snapshot.preferences, country)).enabled:
+            b.add(
+                "suppression",
+                "suppress",
+                "suppressed_address",
+                f"{channel} address is on the suppression list ({snapshot.suppressed[(channel, address)]})",
+                channel,
+            )
+        elif not (
+            pref := preferences.resolve(ntype, channel, snapshot.preferences, country)
+        ).enabled:
             b.add("preferences", "suppress", "opted_out", pref.source, channel)
         elif ntype.one_platform and chosen:
-            b.add("one_platform", "suppress", "other_platform", f"sent on {chosen[0][0]} instead", channel)
+            b.add(
+                "one_platform",
+                "suppress",
+                "other_platform",
+                f"sent on {chosen[0][0]} instead",
+                channel,
+            )
         else:
             b.add("preferences", "allow", "allowed", pref.source, channel)
             chosen.append((channel, None))
@@ -155,12 +201,16 @@ def _channel_gates(b: _Builder, ntype: NotificationType, recipient: Mapping[str,
 def _quiet_hours(p: Plan, channels, request, ntype, snapshot, now, policy):
     r = snapshot.recipient
     if ntype.critical or ntype.category in policy.quiet_hours_bypass:
-        return _step(p, "quiet_hours", "allow", "bypass", f"{ntype.category} bypasses quiet hours"), channels
+        return _step(
+            p, "quiet_hours", "allow", "bypass", f"{ntype.category} bypasses quiet hours"
+        ), channels
     until = quiet_until(r.get("quiet_start"), r.get("quiet_end"), r["timezone"], now)
     if until is None:
         return _step(p, "quiet_hours", "allow", "outside_quiet_hours"), channels
     detail = f"quiet hours in {r['timezone']} until {until.isoformat()}"
-    return replace(_step(p, "quiet_hours", "defer", "quiet_hours", detail, until=until), defer_until=until), channels
+    return replace(
+        _step(p, "quiet_hours", "defer", "quiet_hours", detail, until=until), defer_until=until
+    ), channels
 
 
 def _marketing_sms_hours(p: Plan, channels, request, ntype, snapshot, now, policy):
@@ -170,7 +220,9 @@ def _marketing_sms_hours(p: Plan, channels, request, ntype, snapshot, now, polic
     until = outside_hours_until(opens, closes, snapshot.recipient["timezone"], now)
     if until is None:
         return p, channels
-    detail = f"marketing SMS only {opens:%H:%M}–{closes:%H:%M} local; held until {until.isoformat()}"
+    detail = (
+        f"marketing SMS only {opens:%H:%M}–{closes:%H:%M} local; held until {until.isoformat()}"
+    )
     p = _step(p, "sms_hours", "defer", "marketing_sms_hours", detail, channel="sms", until=until)
     return p, [(c, until if c == "sms" else nb) for c, nb in channels]
 
@@ -183,8 +235,10 @@ def _activation_window(p: Plan, channels, request, ntype, snapshot, now, policy)
     if snapshot.window is not None and snapshot.window[0] > now:
         return blocked_by_window(p, snapshot.window), []
     until = now + timedelta(hours=policy.activation_window_hours)
-    return replace(_step(p, "activation_window", "allow", "opens_window", f"until {until.isoformat()}"),
-                   window_until=until), channels
+    return replace(
+        _step(p, "activation_window", "allow", "opens_window", f"until {until.isoformat()}"),
+        window_until=until,
+    ), channels
 
 
 def blocked_by_window(p: Plan, window: tuple[datetime, str]) -> Plan:
@@ -192,10 +246,21 @@ def blocked_by_window(p: Plan, window: tuple[datetime, str]) -> Plan:
     until, opener = window
     detail = f"another activation nudge ({opener}) holds the window until {until.isoformat()}"
     if p.on_window == "defer":
-        return replace(_step(p, "activation_window", "defer", "activation_window", detail, until=until),
-                       defer_until=until, window_until=None, caps=(), collapse=None, channels=())
-    return replace(_step(p, "activation_window", "suppress", "activation_window", detail), window_until=None,
-                   caps=(), collapse=None, channels=())
+        return replace(
+            _step(p, "activation_window", "defer", "activation_window", detail, until=until),
+            defer_until=until,
+            window_until=None,
+            caps=(),
+            collapse=None,
+            channels=(),
+        )
+    return replace(
+        _step(p, "activation_window", "suppress", "activation_window", detail),
+        window_until=None,
+        caps=(),
+        collapse=None,
+        channels=(),
+    )
 
 
 def cap_buckets(recipient: Mapping[str, Any], now: datetime) -> list[tuple[str, str, datetime]]:
@@ -205,7 +270,9 @@ def cap_buckets(recipient: Mapping[str, Any], now: datetime) -> list[tuple[str, 
     buckets = [(f"user:{recipient['user_id']}", local.date().isoformat(), day_end)]
     if recipient.get("org_id"):
         hour = now.astimezone(ZoneInfo("UTC")).replace(minute=0, second=0, microsecond=0)
-        buckets.append((f"org:{recipient['org_id']}", hour.strftime("%Y-%m-%dT%H"), hour + timedelta(hours=1)))
+        buckets.append(
+            (f"org:{recipient['org_id']}", hour.strftime("%Y-%m-%dT%H"), hour + timedelta(hours=1))
+        )
     return buckets
 
 
@@ -219,23 +286,36 @@ def _fatigue_caps(p: Plan, channels, request, ntype, snapshot, now, policy):
         if limit is None:
             continue
         if snapshot.counters.get((scope, bucket), 0) >= limit:
-            return folded(p, snapshot.recipient, now, policy, f"{scope} reached {limit} in {bucket}"), []
+            return folded(
+                p, snapshot.recipient, now, policy, f"{scope} reached {limit} in {bucket}"
+            ), []
         claims.append(CapClaim(scope, bucket, limit, ends))
     if not claims:
         return p, channels
     return replace(_step(p, "fatigue_cap", "allow", "under_cap"), caps=tuple(claims)), channels
 
 
-def folded(p: Plan, recipient: Mapping[str, Any], now: datetime, policy: Policy, detail: str) -> Plan:
+def folded(
+    p: Plan, recipient: Mapping[str, Any], now: datetime, policy: Policy, detail: str
+) -> Plan:
     """The plan for a request over a fatigue cap: folded into the day's summary, or dropped."""
     if policy.summary_type is None:
-        return replace(_step(p, "fatigue_cap", "suppress", "fatigue_cap", detail + "; no summary type"),
-                       caps=(), window_until=None, channels=())
+        return replace(
+            _step(p, "fatigue_cap", "suppress", "fatigue_cap", detail + "; no summary type"),
+            caps=(),
+            window_until=None,
+            channels=(),
+        )
     scope, bucket, ends = cap_buckets(recipient, now)[0]
     fold = Fold(policy.summary_type, f"summary:{bucket}", ends)
     detail += f"; folded into the {bucket} summary"
-    return replace(_step(p, "fatigue_cap", "fold", "fatigue_cap", detail), caps=(), fold=fold,
-                   window_until=None, channels=())
+    return replace(
+        _step(p, "fatigue_cap", "fold", "fatigue_cap", detail),
+        caps=(),
+        fold=fold,
+        window_until=None,
+        channels=(),
+    )
 
 
 def _collapse(p: Plan, channels, request, ntype, snapshot, now, policy):
@@ -247,17 +327,32 @@ def _collapse(p: Plan, channels, request, ntype, snapshot, now, policy):
     if group is not None and group[1] > now and group[0] != request.get("id"):
         return collapsed(p, key, group), []
     until = now + timedelta(seconds=seconds)
-    return replace(_step(p, "collapse", "allow", "leads_group", f"key {key!r} until {until.isoformat()}"),
-                   collapse=(key, until)), channels
+    return replace(
+        _step(p, "collapse", "allow", "leads_group", f"key {key!r} until {until.isoformat()}"),
+        collapse=(key, until),
+    ), channels
 
 
 def collapsed(p: Plan, key: str, group: tuple[int, datetime, int]) -> Plan:
     leader, until, count = group
     detail = f"collapsed into request {leader} (key {key!r}, {count + 1} so far, window until {until.isoformat()})"
-    return replace(_step(p, "collapse", "collapse", "collapsed", detail), collapse=None, caps=(),
-                   window_until=None, channels=(), join_collapse=key)
+    return replace(
+        _step(p, "collapse", "collapse", "collapsed", detail),
+        collapse=None,
+        caps=(),
+        window_until=None,
+        channels=(),
+        join_collapse=key,
+    )
 
 
-def _step(p: Plan, gate: str, outcome: str, reason: str, detail: str = "", channel: str | None = None,
-          until: datetime | None = None) -> Plan:
+def _step(
+    p: Plan,
+    gate: str,
+    outcome: str,
+    reason: str,
+    detail: str = "",
+    channel: str | None = None,
+    until: datetime | None = None,
+) -> Plan:
     return replace(p, steps=p.steps + (Step(gate, outcome, reason, detail, channel, until),))

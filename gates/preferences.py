@@ -38,8 +38,9 @@ def category_default(category: str, country: str | None) -> Resolution:
     return Resolution(True, "category default")
 
 
-def resolve(ntype: NotificationType, channel: str, preferences: Iterable[Preference],
-            country: str | None) -> Resolution:
+def resolve(
+    ntype: NotificationType, channel: str, preferences: Iterable[Preference], country: str | None
+) -> Resolution:
     """Whether `ntype` may go to this recipient on `channel`, and which rule said so."""
     if ntype.category in LOCKED_CATEGORIES:
         return Resolution(True, f"locked ({ntype.category})")

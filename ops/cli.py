@@ -31,8 +31,13 @@ def _migrate(args: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace) -> int:
     settings.get().urls()  # fail here, readably, if nothing is configured
     lanes = args.lane or list(launch.QUEUES)
-    command = launch.worker_command(lanes, concurrency=args.concurrency, pool=args.pool,
-                                    name="-".join(lanes), loglevel=args.loglevel)
+    command = launch.worker_command(
+        lanes,
+        concurrency=args.concurrency,
+        pool=args.pool,
+        name="-".join(lanes),
+        loglevel=args.loglevel,
+    )
     if args.no_restart:  # under an outside supervisor (systemd, Kubernetes): be the worker itself
         os.execv(command[0], command)
     _log_to_stderr()
@@ -40,8 +45,11 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _log_to_stderr() -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="[%(asctime)s: %(levelname)s/clarion] %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="[%(asctime)s: %(levelname)s/clarion] %(message)s",
+    )
 
 
 def _beat(args: argparse.Namespace) -> int:
@@ -57,11 +65,15 @@ def _web(args: argparse.Namespace) -> int:
 
     from web.app import check_bind
 
-    warning = check_bind(args.host, settings.get().teams_app_id, allow_insecure_teams=args.allow_insecure_teams)
+    warning = check_bind(
+        args.host, settings.get().teams_app_id, allow_insecure_teams=args.allow_insecure_teams
+    )
     if warning:
         print(warning, file=sys.stderr, flush=True)
     settings.get().urls()
-    uvicorn.run("web.app:create_app", factory=True, host=args.host, port=args.port, log_level="info")
+    uvicorn.run(
+        "web.app:create_app", factory=True, host=args.host, port=args.port, log_level="info"
+    )
     return 0
 
 
@@ -108,7 +120,10 @@ def _send(args: argparse.Namespace) -> int:
         print(plan_table(preview(args.user, args.type, variables=variables, **occurrence)))
         return 0
     result = notify(args.user, args.type, variables=variables, **occurrence)
-    print(f"request {result.request_id} " + ("enqueued" if result.new else "already existed; nothing new"))
+    print(
+        f"request {result.request_id} "
+        + ("enqueued" if result.new else "already existed; nothing new")
+    )
     return 0
 
 
@@ -128,8 +143,14 @@ def _arm(args: argparse.Namespace) -> int:
         until = datetime.fromisoformat(args.until) if args.until else None
     except ValueError as exc:
         raise InvalidRequest(f"--until takes an ISO time with a zone, not {args.until!r}") from exc
-    arm = dict(anchor=args.anchor, every=args.every, count=args.count, until=until,
-               variables=_parse_vars(args.var), calendar_policy=args.calendar)
+    arm = dict(
+        anchor=args.anchor,
+        every=args.every,
+        count=args.count,
+        until=until,
+        variables=_parse_vars(args.var),
+        calendar_policy=args.calendar,
+    )
     if args.dry_run:
         from ops.schedule import arm_preview
 
@@ -138,8 +159,11 @@ def _arm(args: argparse.Namespace) -> int:
     from tasks.series import arm_series
 
     armed = arm_series(args.user, args.type, series_key=args.key, **arm)
-    print(f"series {armed.series_id} " + ("armed" if armed.new else "was armed already")
-          + f"; first occurrence due {armed.first_due_at.isoformat()}")
+    print(
+        f"series {armed.series_id} "
+        + ("armed" if armed.new else "was armed already")
+        + f"; first occurrence due {armed.first_due_at.isoformat()}"
+    )
     return 0
 
 
@@ -148,9 +172,14 @@ def _redrive(args: argparse.Namespace) -> int:
     from ops.redrive import Filters, parse_time, redrive
 
     now = clock.now()
-    filters = Filters(states=tuple(args.state or ["failed"]), type_key=args.type, reason=args.reason,
-                      since=parse_time(args.since, "--since", now),
-                      until=parse_time(args.until, "--until", now), limit=args.limit)
+    filters = Filters(
+        states=tuple(args.state or ["failed"]),
+        type_key=args.type,
+        reason=args.reason,
+        since=parse_time(args.since, "--since", now),
+        until=parse_time(args.until, "--until", now),
+        limit=args.limit,
+    )
     print(redrive(filters, dry_run=args.dry_run, now=now))
     return 0
 
@@ -180,28 +209,48 @@ def _receiver(args: argparse.Namespace) -> int:
             while True:
                 time.sleep(5)
                 a = receiver.arrivals
-                print(f"arrivals {a.total}  unique {a.unique}  repeats dropped {a.repeats}  "
-                      f"bad signatures {a.rejected}", flush=True)
+                print(
+                    f"arrivals {a.total}  unique {a.unique}  repeats dropped {a.repeats}  "
+                    f"bad signatures {a.rejected}",
+                    flush=True,
+                )
         except KeyboardInterrupt:
             return 0
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="clarion", description="Notifications that cannot double-send.")
+    p = argparse.ArgumentParser(
+        prog="clarion", description="Notifications that cannot double-send."
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="run the whole pipeline on embedded PostgreSQL and Redis").set_defaults(fn=_demo)
-    sub.add_parser("services", help="run embedded PostgreSQL and Redis until Ctrl-C").set_defaults(fn=_services)
+    sub.add_parser(
+        "demo", help="run the whole pipeline on embedded PostgreSQL and Redis"
+    ).set_defaults(fn=_demo)
+    sub.add_parser("services", help="run embedded PostgreSQL and Redis until Ctrl-C").set_defaults(
+        fn=_services
+    )
     sub.add_parser("migrate", help="bring the database schema up to date").set_defaults(fn=_migrate)
     w = sub.add_parser("worker", help="run a Celery worker for one or more lanes")
-    w.add_argument("--lane", action="append", choices=launch.QUEUES,
-                   help="lane queue to consume (repeatable; default: all)")
+    w.add_argument(
+        "--lane",
+        action="append",
+        choices=launch.QUEUES,
+        help="lane queue to consume (repeatable; default: all)",
+    )
     w.add_argument("--concurrency", "-c", type=int, default=2)
     w.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
     w.add_argument("--loglevel", default="INFO")
-    w.add_argument("--no-restart", action="store_true",
-                   help="exec the celery worker directly instead of restarting it when it exits")
-    w.add_argument("--restart-delay", type=float, default=1.0,
-                   help="seconds before the first restart; doubled up to 30 while it keeps exiting")
+    w.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="exec the celery worker directly instead of restarting it when it exits",
+    )
+    w.add_argument(
+        "--restart-delay",
+        type=float,
+        default=1.0,
+        help="seconds before the first restart; doubled up to 30 while it keeps exiting",
+    )
     w.set_defaults(fn=_worker)
     b = sub.add_parser("beat", help="run the beat clock (one is enough; two are harmless)")
     b.add_argument("--loglevel", default="INFO")
@@ -210,8 +259,11 @@ def parser() -> argparse.ArgumentParser:
     wb = sub.add_parser("web", help="serve the Slack and Teams endpoints (ASGI, uvicorn)")
     wb.add_argument("--host", default="127.0.0.1")
     wb.add_argument("--port", type=int, default=8000)
-    wb.add_argument("--allow-insecure-teams", action="store_true",
-                    help="with CLARION_TEAMS_APP_ID=none, serve on a non-loopback host anyway (unauthenticated!)")
+    wb.add_argument(
+        "--allow-insecure-teams",
+        action="store_true",
+        help="with CLARION_TEAMS_APP_ID=none, serve on a non-loopback host anyway (unauthenticated!)",
+    )
     wb.set_defaults(fn=_web)
     fl = sub.add_parser("flower", help="run Flower on the clarion broker")
     fl.add_argument("--port", type=int, default=5555)
@@ -219,10 +271,14 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("send", help="request one notification (try --dry-run first)")
     s.add_argument("type")
     s.add_argument("--user", required=True)
-    s.add_argument("--var", action="append", metavar="NAME=VALUE", help="template variable (repeatable)")
+    s.add_argument(
+        "--var", action="append", metavar="NAME=VALUE", help="template variable (repeatable)"
+    )
     s.add_argument("--event-id")
     s.add_argument("--occurrence-key")
-    s.add_argument("--dry-run", action="store_true", help="print the plan gate by gate; write nothing")
+    s.add_argument(
+        "--dry-run", action="store_true", help="print the plan gate by gate; write nothing"
+    )
     s.set_defaults(fn=_send)
     e = sub.add_parser("explain", help="why did (or didn't) a recipient get something")
     e.add_argument("--user", required=True)
@@ -233,31 +289,49 @@ def parser() -> argparse.ArgumentParser:
     a = sub.add_parser("arm", help="arm a recurring series (try --dry-run first)")
     a.add_argument("type")
     a.add_argument("--user", required=True)
-    a.add_argument("--anchor", required=True, help="local wall time of the first occurrence, e.g. 2026-12-07T09:00")
+    a.add_argument(
+        "--anchor",
+        required=True,
+        help="local wall time of the first occurrence, e.g. 2026-12-07T09:00",
+    )
     a.add_argument("--every", required=True, help="1d, 2w, 1mo, 3wd (working days)")
     a.add_argument("--count", type=int)
     a.add_argument("--until", help="ISO time with zone; no occurrence after it")
     a.add_argument("--var", action="append", metavar="NAME=VALUE")
-    a.add_argument("--calendar", default="send", choices=["skip", "next_working_day", "send"],
-                   help="what an occurrence on a non-working day does")
+    a.add_argument(
+        "--calendar",
+        default="send",
+        choices=["skip", "next_working_day", "send"],
+        help="what an occurrence on a non-working day does",
+    )
     a.add_argument("--key", help="series key; arming the same key twice changes nothing")
     a.add_argument("--dry-run", action="store_true")
     a.set_defaults(fn=_arm)
-    rd = sub.add_parser("redrive", help="re-queue failed (or unknown) deliveries (try --dry-run first)")
+    rd = sub.add_parser(
+        "redrive", help="re-queue failed (or unknown) deliveries (try --dry-run first)"
+    )
     rd.add_argument("--type", help="only this notification type")
     rd.add_argument("--reason", help="only this failure reason, e.g. template_missing")
-    rd.add_argument("--state", action="append", choices=["failed", "unknown"],
-                    help="deliveries in this state (repeatable; default: failed)")
+    rd.add_argument(
+        "--state",
+        action="append",
+        choices=["failed", "unknown"],
+        help="deliveries in this state (repeatable; default: failed)",
+    )
     rd.add_argument("--since", help="stopped at or after: 2d, 6h, 30m or an ISO time")
     rd.add_argument("--until", help="stopped before: 2d, 6h, 30m or an ISO time")
     rd.add_argument("--limit", type=int, default=1000, help="at most this many (default 1000)")
-    rd.add_argument("--dry-run", action="store_true", help="show what would be re-queued; change nothing")
+    rd.add_argument(
+        "--dry-run", action="store_true", help="show what would be re-queued; change nothing"
+    )
     rd.set_defaults(fn=_redrive)
     sc = sub.add_parser("schedule", help="what will fire for a recipient, when, and why not")
     sc.add_argument("--user", required=True)
     sc.add_argument("--days", type=int, default=14)
     sc.set_defaults(fn=_schedule)
-    si = sub.add_parser("simulate", help="a recipient's series through the real planner on a virtual clock")
+    si = sub.add_parser(
+        "simulate", help="a recipient's series through the real planner on a virtual clock"
+    )
     si.add_argument("--user", required=True)
     si.add_argument("--days", type=int, default=365)
     si.set_defaults(fn=_simulate)

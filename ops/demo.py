@@ -48,16 +48,40 @@ def _scenario(rng: random.Random) -> list[dict]:
     items = []
     for n in range(RECIPIENTS):
         user = f"user-{n:03d}"
-        items.append(dict(user_id=user, type_key="order_receipt", event_id=f"order-{n}",
-                          variables={"order_number": f"A-{1000 + n}", "total": f"€{rng.randint(5, 90)}.00"}))
-        items.append(dict(user_id=user, type_key="plan_kickoff", occurrence_key="plan:1",
-                          variables={"first_name": f"Manager {n}", "plan_name": "Growth"}))
+        items.append(
+            dict(
+                user_id=user,
+                type_key="order_receipt",
+                event_id=f"order-{n}",
+                variables={"order_number": f"A-{1000 + n}", "total": f"€{rng.randint(5, 90)}.00"},
+            )
+        )
+        items.append(
+            dict(
+                user_id=user,
+                type_key="plan_kickoff",
+                occurrence_key="plan:1",
+                variables={"first_name": f"Manager {n}", "plan_name": "Growth"},
+            )
+        )
         if n % 3 == 0:
-            items.append(dict(user_id=user, type_key="password_reset", event_id=f"reset-{n}",
-                              variables={"code": f"{rng.randint(0, 999999):06d}"}))
+            items.append(
+                dict(
+                    user_id=user,
+                    type_key="password_reset",
+                    event_id=f"reset-{n}",
+                    variables={"code": f"{rng.randint(0, 999999):06d}"},
+                )
+            )
         if n % 2 == 0:
-            items.append(dict(user_id=user, type_key="stalled_plan", occurrence_key="stalled:week-48",
-                              variables={"first_name": f"Manager {n}"}))
+            items.append(
+                dict(
+                    user_id=user,
+                    type_key="stalled_plan",
+                    occurrence_key="stalled:week-48",
+                    variables={"first_name": f"Manager {n}"},
+                )
+            )
     return items
 
 
@@ -70,8 +94,10 @@ def _wait(url: str, expected_requests: int, timeout: float) -> bool:
     while time.monotonic() < deadline:
         with engine(url).connect() as conn:
             pending, unsettled, sent = reports.progress(conn)
-        line = (f"  routed {expected_requests - pending}/{expected_requests} requests, "
-                f"{sent} deliveries sent, {unsettled} in flight")
+        line = (
+            f"  routed {expected_requests - pending}/{expected_requests} requests, "
+            f"{sent} deliveries sent, {unsettled} in flight"
+        )
         if pending == 0 and unsettled == 0:
             say(("\r" if tty else "") + line)
             return True
@@ -104,7 +130,8 @@ def run(home: Path) -> int:
         redis_lib.Redis.from_url(services.redis_url).flushdb()
         secret = _webhook_secret()
         with Receiver(secret) as receiver, FakeSlack() as slack:
-            env = {**demo_chat.env(slack),
+            env = {
+                **demo_chat.env(slack),
                 "CLARION_HOME": str(home),
                 "CLARION_WEBHOOK_SECRET": secret,  # the public dev secret is refused with a database URL
                 "CLARION_DATABASE_URL": url,
@@ -145,12 +172,21 @@ def _start_processes(home: Path, env: dict[str, str]) -> list[launch.Process]:
         f.unlink()
     say(f"starting 3 workers (lanes: transactional, activation, control) and beat; logs in {logs}")
     return [
-        launch.Process(launch.worker_command(["transactional"], name="transactional", loglevel="INFO"),
-                       env=env, log=logs / "transactional.log"),
-        launch.Process(launch.worker_command(["activation"], name="activation", loglevel="INFO"),
-                       env=env, log=logs / "activation.log"),
-        launch.Process(launch.worker_command(["control"], concurrency=1, name="control"), env=env,
-                       log=logs / "control.log"),
+        launch.Process(
+            launch.worker_command(["transactional"], name="transactional", loglevel="INFO"),
+            env=env,
+            log=logs / "transactional.log",
+        ),
+        launch.Process(
+            launch.worker_command(["activation"], name="activation", loglevel="INFO"),
+            env=env,
+            log=logs / "activation.log",
+        ),
+        launch.Process(
+            launch.worker_command(["control"], concurrency=1, name="control"),
+            env=env,
+            log=logs / "control.log",
+        ),
         launch.Process(launch.beat_command(home), env=env, log=logs / "beat.log"),
     ]
 
@@ -169,10 +205,12 @@ def _play(url, redis_url, receiver, processes, home, env, started, slack) -> int
         notify_many(items[start : start + 100])
 
     say("bad input fails loudly at notify() and writes nothing:")
-    for call in (lambda: notify("user-000", "no_such_type", event_id="x"),
-                 lambda: notify("user-000", "order_receipt", event_id="x", variables={"order_number": "1"}),
-                 lambda: notify("nobody", "password_reset", event_id="x", variables={"code": "1"}),
-                 lambda: register_recipient("user-x", timezone="Mars/Olympus_Mons")):
+    for call in (
+        lambda: notify("user-000", "no_such_type", event_id="x"),
+        lambda: notify("user-000", "order_receipt", event_id="x", variables={"order_number": "1"}),
+        lambda: notify("nobody", "password_reset", event_id="x", variables={"code": "1"}),
+        lambda: register_recipient("user-x", timezone="Mars/Olympus_Mons"),
+    ):
         try:
             call()
         except ClarionError as exc:
@@ -186,23 +224,39 @@ def _play(url, redis_url, receiver, processes, home, env, started, slack) -> int
     say("killing the activation worker with SIGKILL and starting a new one")
     time.sleep(1.0)
     processes[1].kill()
-    processes[1] = launch.Process(processes[1].command, env=env, log=home / "demo-logs" / "activation-2.log")
+    processes[1] = launch.Process(
+        processes[1].command, env=env, log=home / "demo-logs" / "activation-2.log"
+    )
 
     say("re-publishing route and deliver tasks for work already done (redelivered messages)")
     from db.engine import engine
 
     with engine(url).connect() as conn:
-        reqs = conn.execute(text("SELECT user_id, id, lane FROM requests ORDER BY random() LIMIT 300")).all()
-        dels = conn.execute(text("SELECT user_id, id, lane FROM deliveries ORDER BY random() LIMIT 300")).all()
+        reqs = conn.execute(
+            text("SELECT user_id, id, lane FROM requests ORDER BY random() LIMIT 300")
+        ).all()
+        dels = conn.execute(
+            text("SELECT user_id, id, lane FROM deliveries ORDER BY random() LIMIT 300")
+        ).all()
     publish(ROUTE, reqs)
     publish(DELIVER, dels)
 
-    done = _wait(url, len({(i["user_id"], i["type_key"], i.get("event_id") or i.get("occurrence_key"))
-                            for i in items}), timeout=45)
+    done = _wait(
+        url,
+        len(
+            {
+                (i["user_id"], i["type_key"], i.get("event_id") or i.get("occurrence_key"))
+                for i in items
+            }
+        ),
+        timeout=45,
+    )
     time.sleep(1.0)  # let the re-published messages drain so the counters are complete
     _summary(url, redis_url, receiver, len(items), len(repeats))
     chat = demo_chat.run(slack, say)
-    say(f"finished in {time.monotonic() - started:.1f} s" + ("" if done else " (timed out waiting)"))
+    say(
+        f"finished in {time.monotonic() - started:.1f} s" + ("" if done else " (timed out waiting)")
+    )
     return 0 if done and chat else 1
 
 
@@ -228,17 +282,28 @@ def _summary(url: str, redis_url: str, receiver: Receiver, requested: int, repea
         ("deliveries sent", sent),
         *((f"  sent on {channel}", n) for channel, n in sorted(by_channel.items())),
         *((f"not delivered: {reason} ({gate})", n) for gate, _, reason, n in decisions),
-        ("duplicates prevented", repeated + count.get("route_skipped_already_resolved", 0)
-         + count.get("deliver_skipped_not_claimable", 0)),
-        ("  re-published route tasks that found the request resolved",
-         count.get("route_skipped_already_resolved", 0)),
-        ("  deliver tasks that found nothing claimable", count.get("deliver_skipped_not_claimable", 0)),
+        (
+            "duplicates prevented",
+            repeated
+            + count.get("route_skipped_already_resolved", 0)
+            + count.get("deliver_skipped_not_claimable", 0),
+        ),
+        (
+            "  re-published route tasks that found the request resolved",
+            count.get("route_skipped_already_resolved", 0),
+        ),
+        (
+            "  deliver tasks that found nothing claimable",
+            count.get("deliver_skipped_not_claimable", 0),
+        ),
         *((f"incident: {kind}", n) for kind, n in incidents),
         ("webhook receiver: arrivals", a.total),
         ("webhook receiver: distinct idempotency keys", a.unique),
         ("webhook receiver: repeats it dropped by idempotency key", a.repeats),
-        ("occurrences that arrived under two different keys",
-         sum(1 for keys in a.occurrences.values() if len(keys) > 1)),
+        (
+            "occurrences that arrived under two different keys",
+            sum(1 for keys in a.occurrences.values() if len(keys) > 1),
+        ),
     ]
     say("")
     say(render(["", "count"], rows, "clarion demo — results"))

@@ -23,14 +23,19 @@ MANAGER, SLACK_ID = "manager-ana", "U0ANA"
 
 
 def env(fake: FakeSlack) -> dict[str, str]:
-    return {"CLARION_SLACK_TOKEN": FakeSlack.TOKEN, "CLARION_SLACK_API_URL": fake.api_url,
-            "CLARION_SLACK_SIGNING_SECRET": SIGNING_SECRET}
+    return {
+        "CLARION_SLACK_TOKEN": FakeSlack.TOKEN,
+        "CLARION_SLACK_API_URL": fake.api_url,
+        "CLARION_SLACK_SIGNING_SECRET": SIGNING_SECRET,
+    }
 
 
 def _sent_delivery(timeout: float) -> dict | None:
     deadline = time.monotonic() + timeout
-    query = text("SELECT d.id, d.state, r.variables FROM deliveries d JOIN requests r "
-                 "ON r.user_id = d.user_id AND r.id = d.request_id WHERE d.user_id = :u AND d.channel = 'slack'")
+    query = text(
+        "SELECT d.id, d.state, r.variables FROM deliveries d JOIN requests r "
+        "ON r.user_id = d.user_id AND r.id = d.request_id WHERE d.user_id = :u AND d.channel = 'slack'"
+    )
     while time.monotonic() < deadline:
         with engine().connect() as conn:
             row = conn.execute(query, {"u": MANAGER}).mappings().first()
@@ -43,7 +48,9 @@ def _sent_delivery(timeout: float) -> dict | None:
 def _click(base: str, value: str, user: str, action: str) -> int:
     body = block_actions(user, value, action_id=f"clarion:{action}")
     headers = signed(SIGNING_SECRET, body, content_type="application/x-www-form-urlencoded")
-    request = urllib.request.Request(f"{base}/slack/events", data=body, headers=headers, method="POST")
+    request = urllib.request.Request(
+        f"{base}/slack/events", data=body, headers=headers, method="POST"
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         return response.status
 
@@ -63,37 +70,63 @@ def run(fake: FakeSlack, say: Callable[[str], None]) -> bool:
         return False
     buttons = [e for b in posted.blocks if b.get("type") == "actions" for e in b["elements"]]
     say(f"  Slack got chat.postMessage in DM {posted.channel}: {posted.text!r}")
-    say("  buttons: " + ", ".join(f"[{b['text']['text']}]" for b in buttons)
-        + f"; value of the first: {buttons[0]['value']}")
+    say(
+        "  buttons: "
+        + ", ".join(f"[{b['text']['text']}]" for b in buttons)
+        + f"; value of the first: {buttons[0]['value']}"
+    )
     say(f"  message metadata: {json.dumps(posted.metadata)}")
     ntype = Catalog.from_yaml(EXAMPLES / "demo.yaml").get("goal_prompt")
     if ntype is None:
         raise ConfigurationError("the demo catalog has no goal_prompt type")
-    message = Message(delivery["id"], MANAGER, "goal_prompt", "event:q1-goal", "teams",
-                      ntype.render(1, "teams", delivery["variables"]), buttons=ntype.templates[1].buttons)
+    message = Message(
+        delivery["id"],
+        MANAGER,
+        "goal_prompt",
+        "event:q1-goal",
+        "teams",
+        ntype.render(1, "teams", delivery["variables"]),
+        buttons=ntype.templates[1].buttons,
+    )
     card = to_card(message)
-    say("  the same nudge for Teams, as an Adaptive Card: "
+    say(
+        "  the same nudge for Teams, as an Adaptive Card: "
         + ", ".join(f"{a['type']} [{a['title']}]" for a in card.get("actions", []))
-        + f" ({len(json.dumps(card))} bytes)")
-    ship, quality = (next(b["value"] for b in buttons if b["action_id"] == f"clarion:{k}")
-                     for k in ("ship_faster", "quality"))
+        + f" ({len(json.dumps(card))} bytes)"
+    )
+    ship, quality = (
+        next(b["value"] for b in buttons if b["action_id"] == f"clarion:{k}")
+        for k in ("ship_faster", "quality")
+    )
     with serving(create_app()) as base:
-        clicks = [("Ana clicks [Ship faster]", ship, SLACK_ID, "ship_faster"),
-                  ("Ana clicks [Raise quality] a moment later", quality, SLACK_ID, "quality"),
-                  ("someone else clicks [Grow my team] on Ana's message", ship.replace('"ship_faster"',
-                   '"grow_team"'), "U0MALLORY", "grow_team"),
-                  ("a forged value", '{"u":"manager-ana","d":999999,"a":"quality"}', SLACK_ID, "quality")]
+        clicks = [
+            ("Ana clicks [Ship faster]", ship, SLACK_ID, "ship_faster"),
+            ("Ana clicks [Raise quality] a moment later", quality, SLACK_ID, "quality"),
+            (
+                "someone else clicks [Grow my team] on Ana's message",
+                ship.replace('"ship_faster"', '"grow_team"'),
+                "U0MALLORY",
+                "grow_team",
+            ),
+            ("a forged value", '{"u":"manager-ana","d":999999,"a":"quality"}', SLACK_ID, "quality"),
+        ]
         statuses = [_click(base, value, user, action) for _, value, user, action in clicks]
     with engine().connect() as conn:
         recorded = conn.execute(text("SELECT outcome, reason FROM interactions ORDER BY id")).all()
-        answer = conn.execute(text("SELECT state, answer FROM deliveries WHERE id = :id"),
-                              {"id": delivery["id"]}).one()
-    rows = [(what, status, outcome, reason)
-            for (what, *_), status, (outcome, reason) in zip(clicks, statuses, recorded, strict=False)]
+        answer = conn.execute(
+            text("SELECT state, answer FROM deliveries WHERE id = :id"), {"id": delivery["id"]}
+        ).one()
+    rows = [
+        (what, status, outcome, reason)
+        for (what, *_), status, (outcome, reason) in zip(clicks, statuses, recorded, strict=False)
+    ]
     say(render(["click", "HTTP", "outcome", "reason"], rows, "  clicks through /slack/events"))
     updated = posted.updates
     last = json.dumps(updated[-1]) if updated else ""
     shown = "Answered: Ship faster" in last
-    say(f"  delivery {delivery['id']} is {answer[0]} with {answer[1]!r}; the Slack message was updated in "
-        f"place {len(updated)} time(s) and shows " + ("'Answered: Ship faster'" if shown else "no answer"))
+    say(
+        f"  delivery {delivery['id']} is {answer[0]} with {answer[1]!r}; the Slack message was updated in "
+        f"place {len(updated)} time(s) and shows "
+        + ("'Answered: Ship faster'" if shown else "no answer")
+    )
     return answer == ("answered", "ship_faster") and shown

@@ -32,29 +32,68 @@ def _when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
 
 
-def explain(user_id: str, *, type_key: str | None = None, since: str | None = None, limit: int = 20) -> str:
+def explain(
+    user_id: str, *, type_key: str | None = None, since: str | None = None, limit: int = 20
+) -> str:
     with engine().connect() as conn:
         if user_id not in ledger.recipients(conn, [user_id]):
             raise UnknownRecipient(user_id)
-        rows = reports.explain_rows(conn, user_id, type_key=type_key, since=parse_since(since), limit=limit)
+        rows = reports.explain_rows(
+            conn, user_id, type_key=type_key, since=parse_since(since), limit=limit
+        )
     if not rows:
-        return f"No requests for {user_id}" + (f" of type {type_key}" if type_key else "") + " in that period."
+        return (
+            f"No requests for {user_id}"
+            + (f" of type {type_key}" if type_key else "")
+            + " in that period."
+        )
     blocks = []
     for r in rows:
-        title = (f"request {r['id']}  {r['type_key']}  ({r['occurrence_key']})  requested "
-                 f"{_when(r['created_at'])} UTC — {_verdict(r)}")
-        lines = [("decided", d["decided_at"], d["gate"], d["outcome"], d["reason"], d["channel"] or "",
-                  d["detail"]) for d in r["decisions"]]
-        lines += [("delivery", d["sent_at"], d["channel"], d["state"], f"attempts {d['attempts']}",
-                   d["platform"] or "", d["last_error"] or "") for d in r["deliveries"]]
+        title = (
+            f"request {r['id']}  {r['type_key']}  ({r['occurrence_key']})  requested "
+            f"{_when(r['created_at'])} UTC — {_verdict(r)}"
+        )
+        lines = [
+            (
+                "decided",
+                d["decided_at"],
+                d["gate"],
+                d["outcome"],
+                d["reason"],
+                d["channel"] or "",
+                d["detail"],
+            )
+            for d in r["decisions"]
+        ]
+        lines += [
+            (
+                "delivery",
+                d["sent_at"],
+                d["channel"],
+                d["state"],
+                f"attempts {d['attempts']}",
+                d["platform"] or "",
+                d["last_error"] or "",
+            )
+            for d in r["deliveries"]
+        ]
         lines.sort(key=lambda x: x[1] or datetime.max.replace(tzinfo=clock.now().tzinfo))
-        blocks.append(render(["", "time (UTC)", "gate / channel", "outcome", "reason", "channel", "detail"],
-                             [(a, _when(t), *rest) for a, t, *rest in lines], title))
+        blocks.append(
+            render(
+                ["", "time (UTC)", "gate / channel", "outcome", "reason", "channel", "detail"],
+                [(a, _when(t), *rest) for a, t, *rest in lines],
+                title,
+            )
+        )
     return "\n\n".join(blocks)
 
 
 def _verdict(r: dict) -> str:
-    sent = [d["channel"] for d in r["deliveries"] if d["state"] in ("sent", "delivered", "read", "answered")]
+    sent = [
+        d["channel"]
+        for d in r["deliveries"]
+        if d["state"] in ("sent", "delivered", "read", "answered")
+    ]
     if sent:
         return "sent on " + ", ".join(sent)
     if r["state"] == "deferred":
@@ -63,14 +102,18 @@ def _verdict(r: dict) -> str:
         return "waiting to be routed"
     if any(d["state"] in ("pending", "claimed") for d in r["deliveries"]):
         return "being delivered"
-    reasons = [d["reason"] for d in r["decisions"] if d["channel"] is None and d["reason"] != "no_channel"]
+    reasons = [
+        d["reason"] for d in r["decisions"] if d["channel"] is None and d["reason"] != "no_channel"
+    ]
     reasons = reasons or sorted({d["reason"] for d in r["decisions"] if d["channel"]})
     return "not sent: " + (", ".join(reasons[-1:] if reasons else ["no decision recorded"]))
 
 
 def plan_table(plan: Plan) -> str:
     rows = [(s.gate, s.channel or "", s.outcome, s.reason, s.detail) for s in plan.steps]
-    channels = ", ".join(c + (f" (held until {nb.isoformat()})" if nb else "") for c, nb in plan.channels)
+    channels = ", ".join(
+        c + (f" (held until {nb.isoformat()})" if nb else "") for c, nb in plan.channels
+    )
     head = f"dry run — outcome: {plan.outcome}" + (f" on {channels}" if channels else "")
     if plan.defer_until:
         head += f" until {plan.defer_until.isoformat()}"

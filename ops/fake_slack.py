@@ -109,8 +109,15 @@ class FakeSlack(LocalServer):
     def api_url(self) -> str:
         return self.url + "/api/"
 
-    def fail(self, method: str, error: str, *, status: int = 200, retry_after: float | None = None,
-             times: int = 1) -> None:
+    def fail(
+        self,
+        method: str,
+        error: str,
+        *,
+        status: int = 200,
+        retry_after: float | None = None,
+        times: int = 1,
+    ) -> None:
         """Answer the next `times` calls of `method` with this error (429 + Retry-After, say)."""
         with self.lock:
             self.failures.setdefault(method, []).append(Failure(error, status, retry_after, times))
@@ -121,34 +128,47 @@ class FakeSlack(LocalServer):
 
     def called(self, method: str, *, ok: bool | None = None) -> list[Call]:
         with self.lock:
-            return [c for c in self.calls if c.method == method and (ok is None or c.answer.get("ok") == ok)]
+            return [
+                c
+                for c in self.calls
+                if c.method == method and (ok is None or c.answer.get("ok") == ok)
+            ]
 
     def posts(self) -> list[Posted]:
         with self.lock:
-            return sorted((m for ms in self.messages.values() for m in ms), key=lambda m: float(m.ts))
+            return sorted(
+                (m for ms in self.messages.values() for m in ms), key=lambda m: float(m.ts)
+            )
 
     def message(self, channel: str, ts: str) -> Posted | None:
         with self.lock:
             return next((m for m in self.messages.get(channel, []) if m.ts == ts), None)
 
-
     # --- the API ---------------------------------------------------------------------------------
 
-    def answer(self, method: str, params: dict[str, Any], token: str | None) -> tuple[int, dict, dict]:
+    def answer(
+        self, method: str, params: dict[str, Any], token: str | None
+    ) -> tuple[int, dict, dict]:
         """(status, headers, body) for one call; records it."""
         with self.lock:
             status, headers, body = self._answer(method, params, token)
             self.calls.append(Call(method, params, token, status, body))
         return status, headers, body
 
-    def _answer(self, method: str, params: dict[str, Any], token: str | None) -> tuple[int, dict, dict]:
+    def _answer(
+        self, method: str, params: dict[str, Any], token: str | None
+    ) -> tuple[int, dict, dict]:
         queued = self.failures.get(method) or []
         if queued:
             failure = queued[0]
             failure.times -= 1
             if failure.times <= 0:
                 queued.pop(0)
-            headers = {"Retry-After": str(int(failure.retry_after))} if failure.retry_after is not None else {}
+            headers = (
+                {"Retry-After": str(int(failure.retry_after))}
+                if failure.retry_after is not None
+                else {}
+            )
             return failure.status, headers, {"ok": False, "error": failure.error}
         if token != self.TOKEN:
             return 200, {}, {"ok": False, "error": "invalid_auth" if token else "not_authed"}
@@ -162,8 +182,15 @@ class FakeSlack(LocalServer):
         return {"ok": False, "error": error}
 
     def _auth_test(self, params: dict) -> dict:
-        return {"ok": True, "url": "https://clarion-test.slack.com/", "team": "Clarion test",
-                "user": "clarion", "team_id": self.TEAM, "user_id": self.BOT_USER, "bot_id": "BCLARION"}
+        return {
+            "ok": True,
+            "url": "https://clarion-test.slack.com/",
+            "team": "Clarion test",
+            "user": "clarion",
+            "team_id": self.TEAM,
+            "user_id": self.BOT_USER,
+            "bot_id": "BCLARION",
+        }
 
     def _conversations_open(self, params: dict) -> dict:
         users = str(params.get("users") or "")
@@ -184,13 +211,21 @@ class FakeSlack(LocalServer):
         if not (params.get("text") or params.get("blocks")):
             return self._error("no_text")
         ts = f"{self.now():.0f}.{next(self._counter):06d}"
-        posted = Posted(channel, ts, params.get("text", ""), params.get("blocks") or [], params.get("metadata"))
+        posted = Posted(
+            channel, ts, params.get("text", ""), params.get("blocks") or [], params.get("metadata")
+        )
         self.messages[channel].append(posted)
         return {"ok": True, "channel": channel, "ts": ts, "message": self._wire(posted, True)}
 
     def _chat_update(self, params: dict) -> dict:
-        posted = next((m for m in self.messages.get(str(params.get("channel")), [])
-                       if m.ts == params.get("ts")), None)
+        posted = next(
+            (
+                m
+                for m in self.messages.get(str(params.get("channel")), [])
+                if m.ts == params.get("ts")
+            ),
+            None,
+        )
         if posted is None:
             return self._error("message_not_found")
         posted.blocks = params.get("blocks") or posted.blocks
@@ -211,8 +246,11 @@ class FakeSlack(LocalServer):
         limit = min(int(params.get("limit") or 100), 999)
         found = [m for m in reversed(self.messages[channel]) if float(m.ts) > oldest]
         with_metadata = _truthy(params.get("include_all_metadata"))
-        return {"ok": True, "messages": [self._wire(m, with_metadata) for m in found[:limit]],
-                "has_more": len(found) > limit}
+        return {
+            "ok": True,
+            "messages": [self._wire(m, with_metadata) for m in found[:limit]],
+            "has_more": len(found) > limit,
+        }
 
     def _views_publish(self, params: dict) -> dict:
         view = params.get("view")
@@ -222,8 +260,14 @@ class FakeSlack(LocalServer):
         return {"ok": True, "view": {"id": "V1", **view}}
 
     def _wire(self, posted: Posted, with_metadata: bool) -> dict:
-        message: dict[str, Any] = {"type": "message", "user": self.BOT_USER, "bot_id": "BCLARION", "ts": posted.ts,
-                   "text": posted.text, "blocks": posted.blocks}
+        message: dict[str, Any] = {
+            "type": "message",
+            "user": self.BOT_USER,
+            "bot_id": "BCLARION",
+            "ts": posted.ts,
+            "text": posted.text,
+            "blocks": posted.blocks,
+        }
         if with_metadata and posted.metadata:
             message["metadata"] = posted.metadata
         return message
@@ -241,14 +285,21 @@ class FakeSlack(LocalServer):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 params = _parse(self.headers.get("Content-Type", ""), body, query)
                 auth = self.headers.get("Authorization", "")
-                token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else params.get("token")
+                token = (
+                    auth.removeprefix("Bearer ")
+                    if auth.startswith("Bearer ")
+                    else params.get("token")
+                )
                 method = path.removeprefix("/api/")
                 status, headers, answer = fake.answer(method, params, token)
                 if fake.losses.apply(self):
                     return
                 data = json.dumps(answer).encode()
                 self.send_response(status)
-                for name, value in {"Content-Type": "application/json; charset=utf-8", **headers}.items():
+                for name, value in {
+                    "Content-Type": "application/json; charset=utf-8",
+                    **headers,
+                }.items():
                     self.send_header(name, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -271,40 +322,77 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
     return "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
 
 
-def signed(secret: str, body: bytes, *, content_type: str, at: float | None = None) -> dict[str, str]:
+def signed(
+    secret: str, body: bytes, *, content_type: str, at: float | None = None
+) -> dict[str, str]:
     """Headers for a request as Slack sends it (timestamp `at`, default now)."""
     timestamp = str(int(time.time() if at is None else at))
-    return {"Content-Type": content_type, "X-Slack-Request-Timestamp": timestamp,
-            "X-Slack-Signature": sign(secret, timestamp, body)}
+    return {
+        "Content-Type": content_type,
+        "X-Slack-Request-Timestamp": timestamp,
+        "X-Slack-Signature": sign(secret, timestamp, body),
+    }
 
 
-def block_actions(user: str, value: Any, *, action_id: str, channel: str = "D0", ts: str = "1.000001",
-                  team: str = FakeSlack.TEAM) -> bytes:
+def block_actions(
+    user: str,
+    value: Any,
+    *,
+    action_id: str,
+    channel: str = "D0",
+    ts: str = "1.000001",
+    team: str = FakeSlack.TEAM,
+) -> bytes:
     """A form-encoded block_actions interaction (payload=<JSON>), as Slack posts a button click."""
     payload = {
-        "type": "block_actions", "team": {"id": team, "domain": "clarion-test"},
-        "user": {"id": user, "team_id": team}, "api_app_id": "ACLARION", "token": "legacy",
-        "container": {"type": "message", "message_ts": ts, "channel_id": channel, "is_ephemeral": False},
-        "channel": {"id": channel, "name": "directmessage"}, "trigger_id": "1.2.3",
+        "type": "block_actions",
+        "team": {"id": team, "domain": "clarion-test"},
+        "user": {"id": user, "team_id": team},
+        "api_app_id": "ACLARION",
+        "token": "legacy",
+        "container": {
+            "type": "message",
+            "message_ts": ts,
+            "channel_id": channel,
+            "is_ephemeral": False,
+        },
+        "channel": {"id": channel, "name": "directmessage"},
+        "trigger_id": "1.2.3",
         "message": {"type": "message", "ts": ts, "text": ""},
-        "actions": [{"type": "button", "action_id": action_id, "block_id": "clarion_answers",
-                     "value": value, "action_ts": f"{time.time():.6f}"}],
+        "actions": [
+            {
+                "type": "button",
+                "action_id": action_id,
+                "block_id": "clarion_answers",
+                "value": value,
+                "action_ts": f"{time.time():.6f}",
+            }
+        ],
     }
     return urlencode({"payload": json.dumps(payload)}).encode()
 
 
 def event_callback(event: dict[str, Any], *, team: str = FakeSlack.TEAM) -> bytes:
     """An Events API delivery (JSON), e.g. app_home_opened."""
-    return json.dumps({"token": "legacy", "team_id": team, "api_app_id": "ACLARION", "event": event,
-                       "type": "event_callback", "event_id": f"Ev{time.time_ns()}",
-                       "event_time": int(time.time())}).encode()
+    return json.dumps(
+        {
+            "token": "legacy",
+            "team_id": team,
+            "api_app_id": "ACLARION",
+            "event": event,
+            "type": "event_callback",
+            "event_id": f"Ev{time.time_ns()}",
+            "event_time": int(time.time()),
+        }
+    ).encode()
 
 
 @contextmanager
 def serving(app: Any) -> Iterator[str]:
     """Serve an ASGI app with uvicorn on a free local port, in a thread; yields its base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

@@ -23,14 +23,33 @@ def celery_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "tasks.app", *args]
 
 
-def worker_command(queues: Sequence[str], *, concurrency: int = 2, name: str = "worker",
-                   pool: str = "prefork", loglevel: str = "WARNING") -> list[str]:
+def worker_command(
+    queues: Sequence[str],
+    *,
+    concurrency: int = 2,
+    name: str = "worker",
+    pool: str = "prefork",
+    loglevel: str = "WARNING",
+) -> list[str]:
     unknown = set(queues) - set(QUEUES)
     if unknown:
-        raise ValueError(f"unknown lane(s): {', '.join(sorted(unknown))}; lanes are {', '.join(QUEUES)}")
+        raise ValueError(
+            f"unknown lane(s): {', '.join(sorted(unknown))}; lanes are {', '.join(QUEUES)}"
+        )
     return celery_command(
-        "worker", "-Q", ",".join(queues), "-c", str(concurrency), "-P", pool, "-n", f"{name}@%h",
-        "--loglevel", loglevel, "--without-mingle", "--without-gossip",
+        "worker",
+        "-Q",
+        ",".join(queues),
+        "-c",
+        str(concurrency),
+        "-P",
+        pool,
+        "-n",
+        f"{name}@%h",
+        "--loglevel",
+        loglevel,
+        "--without-mingle",
+        "--without-gossip",
     )
 
 
@@ -48,17 +67,29 @@ def _die_with_parent() -> None:
 class Process:
     """A child process in its own process group, so it and its pool children stop together."""
 
-    def __init__(self, command: list[str], *, env: Mapping[str, str] | None = None,
-                 log: Path | None = None, cwd: Path | None = None, inherit_output: bool = False,
-                 die_with_parent: bool = False) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        log: Path | None = None,
+        cwd: Path | None = None,
+        inherit_output: bool = False,
+        die_with_parent: bool = False,
+    ) -> None:
         self.command = command
         self.log = log
         log_file = open(log, "ab") if log else None  # noqa: SIM115
         out = log_file if log_file is not None else None if inherit_output else subprocess.DEVNULL
-        self.popen = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=out,
-                                      stderr=None if inherit_output else subprocess.STDOUT,
-                                      start_new_session=True, cwd=cwd,
-                                      preexec_fn=_die_with_parent if die_with_parent else None)
+        self.popen = subprocess.Popen(
+            command,
+            env={**os.environ, **(env or {})},
+            stdout=out,
+            stderr=None if inherit_output else subprocess.STDOUT,
+            start_new_session=True,
+            cwd=cwd,
+            preexec_fn=_die_with_parent if die_with_parent else None,
+        )
         if log_file is not None:
             log_file.close()
 
@@ -123,9 +154,20 @@ class Supervisor:
     process group, SIGKILL after `stop_timeout`) and then the supervisor; an exit with REFUSED (the
     worker refused to start: wrong config, no broker, bad catalog) is final, not retried."""
 
-    def __init__(self, command: list[str], *, env: Mapping[str, str] | None = None,
-                 backoff: Backoff = Backoff(), stop_timeout: float = 60.0) -> None:
-        self.command, self.env, self.backoff, self.stop_timeout = command, env, backoff, stop_timeout
+    def __init__(
+        self,
+        command: list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        backoff: Backoff = Backoff(),
+        stop_timeout: float = 60.0,
+    ) -> None:
+        self.command, self.env, self.backoff, self.stop_timeout = (
+            command,
+            env,
+            backoff,
+            stop_timeout,
+        )
         self.stop_signal: int | None = None  # set by the handler only: no locks in a signal handler
         self.starts = 0
         self.child: Process | None = None
@@ -140,12 +182,22 @@ class Supervisor:
                 log.info("worker stopped", extra={"action": "worker_stopped", "exit": code})
                 return 0 if code in (0, -signal.SIGTERM) else 1
             if code == REFUSED:
-                log.error("worker refused to start; not restarting", extra={"action": "worker_refused"})
+                log.error(
+                    "worker refused to start; not restarting", extra={"action": "worker_refused"}
+                )
                 return REFUSED
             delay = self.backoff.next(delay, time.monotonic() - started)
-            log.warning("worker exited with %s; restarting in %.1f s", code, delay,
-                        extra={"action": "worker_restarting", "exit": code, "delay": delay,
-                               "starts": self.starts})
+            log.warning(
+                "worker exited with %s; restarting in %.1f s",
+                code,
+                delay,
+                extra={
+                    "action": "worker_restarting",
+                    "exit": code,
+                    "delay": delay,
+                    "starts": self.starts,
+                },
+            )
             if self._sleep(delay):
                 return 0
 
@@ -166,8 +218,11 @@ class Supervisor:
         deadline = None
         while (code := self.child.popen.poll()) is None:
             if self.stop_signal is not None and deadline is None:  # i.e. self.stopping
-                log.info("stopping the worker (%s)", signal.Signals(self.stop_signal).name,
-                         extra={"action": "worker_stopping"})
+                log.info(
+                    "stopping the worker (%s)",
+                    signal.Signals(self.stop_signal).name,
+                    extra={"action": "worker_stopping"},
+                )
                 self.child.signal_group(signal.SIGTERM)
                 deadline = time.monotonic() + self.stop_timeout
             if deadline is not None and time.monotonic() > deadline:
@@ -184,7 +239,12 @@ class Supervisor:
         signal.signal(signal.SIGINT, stop)
 
 
-def supervise(command: list[str], *, env: Mapping[str, str] | None = None, backoff: Backoff = Backoff(),
-              stop_timeout: float = 60.0) -> int:
+def supervise(
+    command: list[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    backoff: Backoff = Backoff(),
+    stop_timeout: float = 60.0,
+) -> int:
     """Run `command` under a Supervisor until SIGTERM/SIGINT; the exit status to leave with."""
     return Supervisor(command, env=env, backoff=backoff, stop_timeout=stop_timeout).run()

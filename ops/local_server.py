@@ -22,8 +22,9 @@ class LocalServer:
 
     def __init__(self, handler: type[BaseHTTPRequestHandler], port: int = 0) -> None:
         self.server = _Server(("127.0.0.1", port), handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     @property
     def base_url(self) -> str:
@@ -40,8 +41,12 @@ class LocalServer:
         self.server.server_close()
 
 
-def send_json(handler: BaseHTTPRequestHandler, status: int, payload: object,
-              headers: dict[str, str] | None = None) -> None:
+def send_json(
+    handler: BaseHTTPRequestHandler,
+    status: int,
+    payload: object,
+    headers: dict[str, str] | None = None,
+) -> None:
     """Answer a request with a JSON body (and extra headers)."""
     data = json.dumps(payload).encode()
     handler.send_response(status)
@@ -67,7 +72,9 @@ class AnswerLoss:
         self._lock = threading.Lock()
         self.applied: list[str] = []
 
-    def next(self, mode: str, *, times: int = 1, delay: float = 2.0, match: str | None = None) -> None:
+    def next(
+        self, mode: str, *, times: int = 1, delay: float = 2.0, match: str | None = None
+    ) -> None:
         """Lose the answer of the next `times` accepted requests (whose path contains `match`)."""
         if mode not in LOSS_MODES:
             raise ValueError(f"unknown loss mode {mode!r}; modes: {', '.join(LOSS_MODES)}")

@@ -24,7 +24,9 @@ class Arrivals:
     lock: threading.Lock = field(default_factory=threading.Lock)
     by_key: Counter = field(default_factory=Counter)
     occurrences: dict[str, set[str]] = field(default_factory=dict)  # "user/type/occ" -> keys
-    deliveries: dict[str, int | None] = field(default_factory=dict)  # idempotency key -> delivery id
+    deliveries: dict[str, int | None] = field(
+        default_factory=dict
+    )  # idempotency key -> delivery id
     rejected: int = 0
     fail_next: int = 0  # answer this many of the next requests with 503 (nothing is taken)
     # lose the answer to a request that *was* taken (counted): `losses.next("drop" | "late" | "5xx")`
@@ -33,7 +35,9 @@ class Arrivals:
 
     def record(self, key: str, payload: dict) -> bool:
         """Count one arrival; True if it is the first for its idempotency key."""
-        occurrence = f"{payload.get('user_id')}/{payload.get('type')}/{payload.get('occurrence_key')}"
+        occurrence = (
+            f"{payload.get('user_id')}/{payload.get('type')}/{payload.get('occurrence_key')}"
+        )
         with self.lock:
             self.by_key[key] += 1
             self.occurrences.setdefault(occurrence, set()).add(key)
@@ -67,7 +71,9 @@ class Arrivals:
 def _handler(secret: str, arrivals: Arrivals) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True  # headers and body go out as two writes; don't let them wait 40 ms
+        disable_nagle_algorithm = (
+            True  # headers and body go out as two writes; don't let them wait 40 ms
+        )
 
         def do_POST(self) -> None:  # noqa: N802 - the http.server API
             length = int(self.headers.get("Content-Length") or 0)
@@ -89,7 +95,9 @@ def _handler(secret: str, arrivals: Arrivals) -> type[BaseHTTPRequestHandler]:
                 time.sleep(arrivals.latency)
             if arrivals.losses.apply(self):
                 return None
-            self._answer(200 if first else 409, {"id": payload.get("delivery_id"), "duplicate": not first})
+            self._answer(
+                200 if first else 409, {"id": payload.get("delivery_id"), "duplicate": not first}
+            )
 
         def _answer(self, status: int, payload: dict) -> None:
             send_json(self, status, payload)

@@ -54,30 +54,53 @@ def redrive(filters: Filters, *, dry_run: bool, now: datetime | None = None) -> 
     if filters.limit < 1:
         raise InvalidRequest(f"--limit must be a positive whole number, not {filters.limit}")
     if unknown := set(filters.states) - set(store.REDRIVABLE_STATES):
-        raise InvalidRequest(f"--state takes {' or '.join(store.REDRIVABLE_STATES)}, not {sorted(unknown)}")
+        raise InvalidRequest(
+            f"--state takes {' or '.join(store.REDRIVABLE_STATES)}, not {sorted(unknown)}"
+        )
     now = now or clock.now()
     with engine().begin() as conn:
-        found = store.find_redrivable(conn, states=filters.states, type_key=filters.type_key,
-                                      reason=filters.reason, since=filters.since, until=filters.until,
-                                      limit=filters.limit)
+        found = store.find_redrivable(
+            conn,
+            states=filters.states,
+            type_key=filters.type_key,
+            reason=filters.reason,
+            since=filters.since,
+            until=filters.until,
+            limit=filters.limit,
+        )
         if dry_run:
             return report(found, filters, dry_run=True)
-        done = store.requeue(conn, [(r.user_id, r.id) for r in found], states=filters.states, now=now)
+        done = store.requeue(
+            conn, [(r.user_id, r.id) for r in found], states=filters.states, now=now
+        )
         requeued = [r for r in found if (r.user_id, r.id) in done]
         ledger.insert_decisions(conn, [_trail(r) for r in requeued], now=now)
-    log.info("deliveries redriven", extra={"action": "deliveries_redriven", "count": len(requeued),
-                                           "skipped": len(found) - len(requeued)})
+    log.info(
+        "deliveries redriven",
+        extra={
+            "action": "deliveries_redriven",
+            "count": len(requeued),
+            "skipped": len(found) - len(requeued),
+        },
+    )
     return report(requeued, filters, dry_run=False, skipped=len(found) - len(requeued))
 
 
 def _trail(row: store.Redrivable) -> ledger.Decision:
-    detail = (f"redriven from {row.state}" + (f" ({row.reason})" if row.reason else "")
-              + f" after {row.attempts} attempt(s)" + (f": {row.last_error[:300]}" if row.last_error else ""))
-    return ledger.Decision(row.user_id, row.request_id, "redrive", "requeue", "redrive", detail,
-                           row.channel, row.id)
+    detail = (
+        f"redriven from {row.state}"
+        + (f" ({row.reason})" if row.reason else "")
+        + f" after {row.attempts} attempt(s)"
+        + (f": {row.last_error[:300]}" if row.last_error else "")
+    )
+    return ledger.Decision(
+        row.user_id, row.request_id, "redrive", "requeue", "redrive", detail, row.channel, row.id
+    )
 
 
-def report(rows: list[store.Redrivable], filters: Filters, *, dry_run: bool, skipped: int = 0) -> str:
+def report(
+    rows: list[store.Redrivable], filters: Filters, *, dry_run: bool, skipped: int = 0
+) -> str:
     """Counts by type, reason and state, then the first SHOWN rows."""
     verb = "would be re-queued (dry run: nothing changed)" if dry_run else "re-queued"
     head = f"{len(rows)} deliveries {verb}"
@@ -86,10 +109,26 @@ def report(rows: list[store.Redrivable], filters: Filters, *, dry_run: bool, ski
     if skipped:
         head += f"; {skipped} changed state meanwhile and were left alone"
     counts = Counter((r.type_key, r.reason or "-", r.state) for r in rows)
-    by_kind = render(["type", "reason", "state", "count"],
-                     [(*k, n) for k, n in sorted(counts.items())], title="by type and reason")
-    first = render(["user", "delivery", "type", "channel", "state", "reason", "attempts", "stopped at"],
-                   [(r.user_id, r.id, r.type_key, r.channel, r.state, r.reason or "-", r.attempts,
-                     r.stopped_at.strftime("%Y-%m-%d %H:%M:%S")) for r in rows[:SHOWN]],
-                   title=f"first {min(SHOWN, len(rows))}" if rows else "deliveries")
+    by_kind = render(
+        ["type", "reason", "state", "count"],
+        [(*k, n) for k, n in sorted(counts.items())],
+        title="by type and reason",
+    )
+    first = render(
+        ["user", "delivery", "type", "channel", "state", "reason", "attempts", "stopped at"],
+        [
+            (
+                r.user_id,
+                r.id,
+                r.type_key,
+                r.channel,
+                r.state,
+                r.reason or "-",
+                r.attempts,
+                r.stopped_at.strftime("%Y-%m-%d %H:%M:%S"),
+            )
+            for r in rows[:SHOWN]
+        ],
+        title=f"first {min(SHOWN, len(rows))}" if rows else "deliveries",
+    )
     return "\n\n".join([head, by_kind, first])

@@ -38,12 +38,22 @@ def arm_preview(user_id: str, type_key: str, *, occurrences: int = 10, **arm: An
         row = validate(conn, user_id, type_key, **arm)
     cal = recipient_calendar(row["recipient"])
     start = datetime(1970, 1, 1, tzinfo=ZoneInfo("UTC"))
-    rows = [(n, _local(due, row["zone"]), due.strftime("%Y-%m-%d %H:%M UTC"), occ.action,
-             _note(occ, due, row["zone"]))
-            for n, due, _, occ in preview(row, cal, start=start, end=datetime.max.replace(tzinfo=start.tzinfo),
-                                          limit=occurrences)]
-    title = (f"dry run — {type_key} for {user_id} every {row['every']} from {row['anchor_local']} "
-             f"{row['zone']} (calendar: {cal.source}; non-working days: {row['calendar_policy']})")
+    rows = [
+        (
+            n,
+            _local(due, row["zone"]),
+            due.strftime("%Y-%m-%d %H:%M UTC"),
+            occ.action,
+            _note(occ, due, row["zone"]),
+        )
+        for n, due, _, occ in preview(
+            row, cal, start=start, end=datetime.max.replace(tzinfo=start.tzinfo), limit=occurrences
+        )
+    ]
+    title = (
+        f"dry run — {type_key} for {user_id} every {row['every']} from {row['anchor_local']} "
+        f"{row['zone']} (calendar: {cal.source}; non-working days: {row['calendar_policy']})"
+    )
     return render(["n", "local time", "UTC", "calendar", "note"], rows, title)
 
 
@@ -58,8 +68,11 @@ def _upcoming(user_id: str, days: int):
     recipient = recipients[user_id]
     cal = recipient_calendar(recipient)
     end = now + timedelta(days=days)
-    events = [(occ.send_at or due, s, n, occ) for s in active for n, due, _, occ in
-              preview(s, cal, start=now, end=end, limit=100_000)]
+    events = [
+        (occ.send_at or due, s, n, occ)
+        for s in active
+        for n, due, _, occ in preview(s, cal, start=now, end=end, limit=100_000)
+    ]
     events.sort(key=lambda e: (e[0], e[1]["id"], e[2]))
     return recipient, snapshot, events
 
@@ -71,10 +84,21 @@ def _run(snapshot: Snapshot, events, *, evolve: bool):
         if occ.action == "skipped":
             yield at, s, n, "skipped", occ.reason
             continue
-        request = {"user_id": s["user_id"], "id": -(s["id"] * 1_000_000 + n), "type_key": s["type_key"],
-                   "occurrence_key": f"series:{s['id']}:{n}", "variables": s["variables"]}
-        p = plan(request, catalog.get(s["type_key"]), snapshot, now=at, policy=catalog.policy,
-                 needs_address=reachable)
+        request = {
+            "user_id": s["user_id"],
+            "id": -(s["id"] * 1_000_000 + n),
+            "type_key": s["type_key"],
+            "occurrence_key": f"series:{s['id']}:{n}",
+            "variables": s["variables"],
+        }
+        p = plan(
+            request,
+            catalog.get(s["type_key"]),
+            snapshot,
+            now=at,
+            policy=catalog.policy,
+            needs_address=reachable,
+        )
         why = "; ".join(f"{d.gate}: {d.reason}" for d in p.decisions if d.channel is None) or ""
         yield at, s, n, p.outcome, why or occ.reason
         if evolve:
@@ -84,10 +108,15 @@ def _run(snapshot: Snapshot, events, *, evolve: bool):
 def schedule(user_id: str, days: int) -> str:
     """What will fire for a recipient in the next `days`, when (local time), and why not."""
     recipient, snapshot, events = _upcoming(user_id, days)
-    rows = [(_local(at, recipient["timezone"]), s["type_key"], f"#{s['id']}/{n}", outcome, why)
-            for at, s, n, outcome, why in _run(snapshot, events, evolve=False)]
-    return render(["when (recipient's time)", "type", "series/n", "outcome", "why"], rows,
-                  f"schedule for {user_id}, next {days} days ({recipient['timezone']})")
+    rows = [
+        (_local(at, recipient["timezone"]), s["type_key"], f"#{s['id']}/{n}", outcome, why)
+        for at, s, n, outcome, why in _run(snapshot, events, evolve=False)
+    ]
+    return render(
+        ["when (recipient's time)", "type", "series/n", "outcome", "why"],
+        rows,
+        f"schedule for {user_id}, next {days} days ({recipient['timezone']})",
+    )
 
 
 def simulate(user_id: str, days: int, show: int = 30) -> str:
@@ -99,8 +128,10 @@ def simulate(user_id: str, days: int, show: int = 30) -> str:
         outcomes[(s["type_key"], outcome, why if outcome != "deliver" else "")] += 1
         if len(lines) < show:
             lines.append((_local(at, recipient["timezone"]), s["type_key"], outcome, why))
-    summary = render(["type", "outcome", "why", "occurrences"],
-                     [(*k, v) for k, v in sorted(outcomes.items())],
-                     f"simulation for {user_id}: {days} days, {len(events)} occurrences, virtual clock")
+    summary = render(
+        ["type", "outcome", "why", "occurrences"],
+        [(*k, v) for k, v in sorted(outcomes.items())],
+        f"simulation for {user_id}: {days} days, {len(events)} occurrences, virtual clock",
+    )
     first = render(["when", "type", "outcome", "why"], lines, f"first {len(lines)} occurrences")
     return summary + "\n\n" + first

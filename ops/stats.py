@@ -27,7 +27,9 @@ def queue_depths(broker_url: str) -> list[tuple[str, int | str]]:
         channel = conn.channel()
         for queue in QUEUES:
             try:
-                depths.append((queue, channel.queue_declare(queue=queue, passive=True).message_count))
+                depths.append(
+                    (queue, channel.queue_declare(queue=queue, passive=True).message_count)
+                )
             except conn.channel_errors:  # not declared yet: no worker has consumed it so far
                 depths.append((queue, "0 (not declared yet)"))
                 channel = conn.channel()
@@ -38,12 +40,24 @@ def report(database_url: str, redis_url: str, broker_url: str) -> str:
     with engine(database_url).connect() as conn:
         parts = [
             render(["lane", "state", "requests"], reports.request_counts(conn), "Requests"),
-            render(["lane", "channel", "state", "deliveries"], reports.delivery_counts(conn), "Deliveries"),
-            render(["gate", "outcome", "reason", "count"], reports.decision_counts(conn),
-                   "Not delivered, with the recorded reason"),
+            render(
+                ["lane", "channel", "state", "deliveries"],
+                reports.delivery_counts(conn),
+                "Deliveries",
+            ),
+            render(
+                ["gate", "outcome", "reason", "count"],
+                reports.decision_counts(conn),
+                "Not delivered, with the recorded reason",
+            ),
             render(["kind", "count"], reports.incident_counts(conn), "Incidents"),
         ]
-    parts.append(render(["counter", "value"], sorted(counters(redis_url).items()),
-                        "Work found already done (duplicates prevented)"))
+    parts.append(
+        render(
+            ["counter", "value"],
+            sorted(counters(redis_url).items()),
+            "Work found already done (duplicates prevented)",
+        )
+    )
     parts.append(render(["queue", "messages waiting"], queue_depths(broker_url), "Broker queues"))
     return "\n\n".join(parts)

@@ -17,7 +17,9 @@ def _zone_countries() -> dict[str, str]:
         if line and not line.startswith("#"):
             code, _coords, zone, *_ = line.split("\t")
             countries[zone] = code
-    for line in _read("tzdata.zi").splitlines():  # backward links, e.g. Asia/Tel_Aviv -> Asia/Jerusalem
+    for line in _read(
+        "tzdata.zi"
+    ).splitlines():  # backward links, e.g. Asia/Tel_Aviv -> Asia/Jerusalem
         if line.startswith("L "):
             _, target, link = line.split()[:3]
             if target in countries and link not in countries:

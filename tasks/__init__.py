@@ -1,6 +1,6 @@
 """Celery tasks and the producer API.
 
-    from tasks import notify, register_recipient
+from tasks import notify, register_recipient
 """
 
 from tasks.producer import Enqueued, notify, notify_many, register_recipient

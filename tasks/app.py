@@ -26,7 +26,9 @@ from clarion import settings
 from clarion.errors import ClarionError, ConfigurationError
 
 CONFIG_FILE = Path(__file__).resolve().parent.parent / "celeryconfig.py"
-CONFIG_MODULE = "clarion_celeryconfig"  # its name in sys.modules: never shadowed by, nor shadowing, a host's
+CONFIG_MODULE = (
+    "clarion_celeryconfig"  # its name in sys.modules: never shadowed by, nor shadowing, a host's
+)
 LANE_QUEUES = frozenset({"transactional", "activation", "control"})
 BROKER_CHECK_TIMEOUT = 3.0  # seconds to reach the broker at start before refusing
 REFUSED = 2  # exit status of a worker that refuses to start
@@ -94,21 +96,29 @@ def check_config(conf: object) -> None:
     """The loaded Celery config is clarion's: its marker, the lane queues and late acks."""
     get = getattr(conf, "get", None)
     if get is None or get("CLARION_CONFIG") is not True:
-        raise ConfigurationError("the Celery config is not clarion's celeryconfig.py (no CLARION_CONFIG "
-                                 "marker): a module of that name elsewhere on sys.path, or config_from_object")
+        raise ConfigurationError(
+            "the Celery config is not clarion's celeryconfig.py (no CLARION_CONFIG "
+            "marker): a module of that name elsewhere on sys.path, or config_from_object"
+        )
     queues = {getattr(q, "name", q) for q in get("task_queues") or ()}
     if queues != LANE_QUEUES:
-        raise ConfigurationError(f"the Celery config's task_queues are {sorted(queues)}, not clarion's "
-                                 f"lanes {sorted(LANE_QUEUES)}")
+        raise ConfigurationError(
+            f"the Celery config's task_queues are {sorted(queues)}, not clarion's "
+            f"lanes {sorted(LANE_QUEUES)}"
+        )
     if not (get("task_acks_late") and get("task_reject_on_worker_lost")):
-        raise ConfigurationError("the Celery config lost late acks (task_acks_late, "
-                                 "task_reject_on_worker_lost): messages would be lost with a worker")
+        raise ConfigurationError(
+            "the Celery config lost late acks (task_acks_late, "
+            "task_reject_on_worker_lost): messages would be lost with a worker"
+        )
 
 
 def check_broker(url: str | None) -> None:
     """One short connection attempt; no default broker (Celery's is amqp://guest@localhost)."""
     if not url:
-        raise ConfigurationError("no broker configured: set CLARION_BROKER_URL or CLARION_REDIS_URL")
+        raise ConfigurationError(
+            "no broker configured: set CLARION_BROKER_URL or CLARION_REDIS_URL"
+        )
     try:
         with app.connection_for_write(url) as conn:
             conn.ensure_connection(max_retries=1, timeout=BROKER_CHECK_TIMEOUT)

@@ -63,15 +63,28 @@ class Batch:
 def deliver(users: list[str], ids: list[int]) -> int:
     """Deliver a batch. Rows another worker holds, or that are done, are skipped by the claim."""
     s = settings.get()
-    batch = Batch(str(uuid.uuid4()), RetryPolicy(max_attempts=s.max_attempts), s.send_timeout,
-                  s.catalog_skew_grace)
+    batch = Batch(
+        str(uuid.uuid4()),
+        RetryPolicy(max_attempts=s.max_attempts),
+        s.send_timeout,
+        s.catalog_skew_grace,
+    )
     keys = list(zip(users, ids, strict=True))
     now = clock.now()
     with engine().begin() as conn:
         exhausted = claims.exhaust_deliveries(conn, keys, now=now, max_attempts=s.max_attempts)
         record_exhausted(conn, exhausted, now=now)
-        claimed = sorted(claims.claim_deliveries(conn, keys, token=batch.token, now=now, lease=s.claim_lease,
-                                                 max_attempts=s.max_attempts), key=lambda r: r.key)
+        claimed = sorted(
+            claims.claim_deliveries(
+                conn,
+                keys,
+                token=batch.token,
+                now=now,
+                lease=s.claim_lease,
+                max_attempts=s.max_attempts,
+            ),
+            key=lambda r: r.key,
+        )
     runtime.count("deliver_skipped_not_claimable", len(ids) - len(claimed) - len(exhausted))
     faults.hit("deliver.after_claim")
     lanes = max(1, min(s.send_concurrency, len(claimed)))
@@ -97,7 +110,9 @@ def _deliver_one(db: RowConnection, row: ClaimedDelivery, batch: Batch) -> int:
     try:
         return _deliver_row(db, row, batch)
     except Exception:
-        log.exception("delivery not settled", extra={"action": "deliver_unsettled", "delivery": row.key})
+        log.exception(
+            "delivery not settled", extra={"action": "deliver_unsettled", "delivery": row.key}
+        )
         return 0
 
 
@@ -108,8 +123,12 @@ def _deliver_row(db: RowConnection, row: ClaimedDelivery, batch: Batch) -> int:
         settle_failure(db, row, batch.token, error, batch.policy)
         return 0
     except Exception as exc:  # a bug or an outage before anything was sent: retried, then failed
-        log.exception("delivery could not be prepared", extra={"action": "deliver_error", "delivery": row.key})
-        settle_failure(db, row, batch.token, TransientSendError("internal_error", _describe(exc)), batch.policy)
+        log.exception(
+            "delivery could not be prepared", extra={"action": "deliver_error", "delivery": row.key}
+        )
+        settle_failure(
+            db, row, batch.token, TransientSendError("internal_error", _describe(exc)), batch.policy
+        )
         return 0
     checked = False
     if row.maybe_sent_at is not None:
@@ -117,7 +136,14 @@ def _deliver_row(db: RowConnection, row: ClaimedDelivery, batch: Batch) -> int:
         if found is not None:
             return found
         checked = hasattr(adapter, "reconcile")
-    return _send(db, row, batch, adapter, message, repeat_possible=row.maybe_sent_at is not None and not checked)
+    return _send(
+        db,
+        row,
+        batch,
+        adapter,
+        message,
+        repeat_possible=row.maybe_sent_at is not None and not checked,
+    )
 
 
 def _prepare(row: ClaimedDelivery, batch: Batch) -> tuple[Adapter, Message]:
@@ -126,29 +152,46 @@ def _prepare(row: ClaimedDelivery, batch: Batch) -> tuple[Adapter, Message]:
     adapter = runtime.adapters().get(row.channel)
     ntype = runtime.catalog().get(row.type_key)
     if adapter is None:
-        raise _skew(row, batch, "no_adapter", f"channel {row.channel!r} is not configured on this worker")
+        raise _skew(
+            row, batch, "no_adapter", f"channel {row.channel!r} is not configured on this worker"
+        )
     version = row.template_version
     if ntype is None or version not in ntype.templates:
-        raise _skew(row, batch, "template_missing", f"{row.type_key} v{version} is not in the catalog")
+        raise _skew(
+            row, batch, "template_missing", f"{row.type_key} v{version} is not in the catalog"
+        )
     try:
         content = ntype.render(version, row.channel, row.variables)
-    except Exception as exc:  # a sandbox or undefined-variable error in content we cannot fix by retrying
+    except (
+        Exception
+    ) as exc:  # a sandbox or undefined-variable error in content we cannot fix by retrying
         raise PermanentSendError("render_failed", _describe(exc)) from exc
     return adapter, Message(
-        delivery_id=row.id, user_id=row.user_id, type_key=row.type_key, occurrence_key=row.occurrence_key,
-        channel=row.channel, content=content, attempt=row.attempts, config=ntype.config.get(row.channel, {}),
-        address=(row.addresses or {}).get(row.channel), buttons=ntype.templates[version].buttons)
+        delivery_id=row.id,
+        user_id=row.user_id,
+        type_key=row.type_key,
+        occurrence_key=row.occurrence_key,
+        channel=row.channel,
+        content=content,
+        attempt=row.attempts,
+        config=ntype.config.get(row.channel, {}),
+        address=(row.addresses or {}).get(row.channel),
+        buttons=ntype.templates[version].buttons,
+    )
 
 
 def _skew(row: ClaimedDelivery, batch: Batch, reason: str, detail: str) -> SendError:
     age = (clock.now() - row.requested_at).total_seconds()
     if age < batch.skew_grace:
-        return DeferredSendError(reason, f"{detail}; waiting for a worker that has it", retry_after=10.0)
+        return DeferredSendError(
+            reason, f"{detail}; waiting for a worker that has it", retry_after=10.0
+        )
     return PermanentSendError(reason, detail)
 
 
-def _settle_earlier_attempt(db: RowConnection, row: ClaimedDelivery, batch: Batch, adapter: Adapter,
-                            message: Message) -> int | None:
+def _settle_earlier_attempt(
+    db: RowConnection, row: ClaimedDelivery, batch: Batch, adapter: Adapter, message: Message
+) -> int | None:
     """An earlier attempt may have sent. A channel that can look for its own message does
     (found: recorded as sent, 1); otherwise tasks.outcomes says whether this attempt may send
     again (None: go on) or must hold (0)."""
@@ -156,25 +199,45 @@ def _settle_earlier_attempt(db: RowConnection, row: ClaimedDelivery, batch: Batc
     if reconcile is not None:
         try:
             found = reconcile(message, row.maybe_sent_at)
-        except UnknownSendError as error:  # cannot be found out: held, or sent again, as policy says
-            held = settle_unknown(db, row, batch.token, error, adapter, batch.policy, checkable=False,
-                                  release=False)
+        except (
+            UnknownSendError
+        ) as error:  # cannot be found out: held, or sent again, as policy says
+            held = settle_unknown(
+                db, row, batch.token, error, adapter, batch.policy, checkable=False, release=False
+            )
             return 0 if held else None
         except SendError as error:
             settle_failure(db, row, batch.token, error, batch.policy)
             return 0
         if found is not None:
-            log.info("earlier send found", extra={"action": "delivery_reconciled", "delivery": row.key})
-            return _record_sent(db, row, batch, found, deadline=time.monotonic() + MARGIN, repeat_possible=False)
+            log.info(
+                "earlier send found", extra={"action": "delivery_reconciled", "delivery": row.key}
+            )
+            return _record_sent(
+                db, row, batch, found, deadline=time.monotonic() + MARGIN, repeat_possible=False
+            )
         return None
-    lost = UnknownSendError("earlier_attempt", "an earlier attempt reached the provider; its answer was lost")
-    held = settle_unknown(db, row, batch.token, lost, adapter, batch.policy, checkable=False, release=False)
+    lost = UnknownSendError(
+        "earlier_attempt", "an earlier attempt reached the provider; its answer was lost"
+    )
+    held = settle_unknown(
+        db, row, batch.token, lost, adapter, batch.policy, checkable=False, release=False
+    )
     return 0 if held else None
 
 
-def _send(db: RowConnection, row: ClaimedDelivery, batch: Batch, adapter: Adapter, message: Message, *,
-          repeat_possible: bool) -> int:
-    lease = db.run(lambda c: claims.begin_send(c, row.key, token=batch.token, need=batch.budget + MARGIN))
+def _send(
+    db: RowConnection,
+    row: ClaimedDelivery,
+    batch: Batch,
+    adapter: Adapter,
+    message: Message,
+    *,
+    repeat_possible: bool,
+) -> int:
+    lease = db.run(
+        lambda c: claims.begin_send(c, row.key, token=batch.token, need=batch.budget + MARGIN)
+    )
     if lease is None:
         log.info("claim lost before the send", extra={"action": "claim_lost", "delivery": row.key})
         return 0
@@ -182,15 +245,25 @@ def _send(db: RowConnection, row: ClaimedDelivery, batch: Batch, adapter: Adapte
     try:
         result = _call(adapter, message, min(batch.budget, lease.left() - MARGIN))
         faults.hit("deliver.after_send")
-        return _record_sent(db, row, batch, result, deadline=deadline, repeat_possible=repeat_possible)
+        return _record_sent(
+            db, row, batch, result, deadline=deadline, repeat_possible=repeat_possible
+        )
     except UnknownSendError as error:
         settle_unknown(db, row, batch.token, error, adapter, batch.policy)
     except SendError as error:
         settle_failure(db, row, batch.token, error, batch.policy)
     except Exception as exc:  # raised once the request may have left: its outcome is unknown
-        log.exception("send ended in an error", extra={"action": "deliver_error", "delivery": row.key})
-        settle_unknown(db, row, batch.token, UnknownSendError("internal_error", _describe(exc)), adapter,
-                       batch.policy)
+        log.exception(
+            "send ended in an error", extra={"action": "deliver_error", "delivery": row.key}
+        )
+        settle_unknown(
+            db,
+            row,
+            batch.token,
+            UnknownSendError("internal_error", _describe(exc)),
+            adapter,
+            batch.policy,
+        )
     return 0
 
 
@@ -203,16 +276,27 @@ def _call(adapter: Adapter, message: Message, budget: float) -> SendResult:
     pool = _calls.get(os.getpid())
     if pool is None:
         _calls.clear()
-        pool = _calls[os.getpid()] = ThreadPoolExecutor(max_workers=64, thread_name_prefix="clarion-send")
+        pool = _calls[os.getpid()] = ThreadPoolExecutor(
+            max_workers=64, thread_name_prefix="clarion-send"
+        )
     future = pool.submit(adapter.send, message)
     try:
         return future.result(timeout=max(0.1, budget))
     except CallTimeout:
-        raise UnknownSendError("deadline", f"no answer within the {budget:.1f} s send budget") from None
+        raise UnknownSendError(
+            "deadline", f"no answer within the {budget:.1f} s send budget"
+        ) from None
 
 
-def _record_sent(db: RowConnection, row: ClaimedDelivery, batch: Batch, result: SendResult, *,
-                 deadline: float, repeat_possible: bool) -> int:
+def _record_sent(
+    db: RowConnection,
+    row: ClaimedDelivery,
+    batch: Batch,
+    result: SendResult,
+    *,
+    deadline: float,
+    repeat_possible: bool,
+) -> int:
     """mark_sent, retried on a fresh connection while the lease lasts (a database restart must not
     turn a send into a resend). Past the deadline the row is left to its lease: the next attempt
     knows this one reached the provider."""
@@ -221,27 +305,45 @@ def _record_sent(db: RowConnection, row: ClaimedDelivery, batch: Batch, result: 
     pause = 0.1
     while True:
         try:
-            won = db.run(lambda c: claims.mark_sent(c, row.key, token=batch.token, platform=platform,
-                                                    message_id=message_id, now=clock.now()))
+            won = db.run(
+                lambda c: claims.mark_sent(
+                    c,
+                    row.key,
+                    token=batch.token,
+                    platform=platform,
+                    message_id=message_id,
+                    now=clock.now(),
+                )
+            )
             break
         except DBAPIError:
             if time.monotonic() + pause > deadline:
-                log.exception("sent, but not recorded", extra={"action": "sent_not_recorded", "delivery": row.key})
+                log.exception(
+                    "sent, but not recorded",
+                    extra={"action": "sent_not_recorded", "delivery": row.key},
+                )
                 return 0
             time.sleep(pause)
             pause = min(2.0, pause * 2)
     if not won:
-        record_incident(db, row, "possible_duplicate", "sent, but the claim had been taken over before it was recorded")
+        record_incident(
+            db,
+            row,
+            "possible_duplicate",
+            "sent, but the claim had been taken over before it was recorded",
+        )
         return 0
     if repeat_possible and result.repeat is not False:
         kind = "repeat" if result.repeat else "possible_duplicate"
-        detail = ("the provider already had this idempotency key: an earlier attempt had arrived; "
-                  "the repeat was dropped" if result.repeat else
-                  "sent again after an attempt whose outcome was unknown; the provider cannot dedup")
+        detail = (
+            "the provider already had this idempotency key: an earlier attempt had arrived; "
+            "the repeat was dropped"
+            if result.repeat
+            else "sent again after an attempt whose outcome was unknown; the provider cannot dedup"
+        )
         record_incident(db, row, kind, detail)
     return 1
 
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:300]
-

@@ -26,8 +26,13 @@ from tasks import runtime
 log = logging.getLogger(__name__)
 OPEN_STATES = ("sent", "delivered", "read")
 # Why a delivery that is neither open nor answered takes no answer; anything else is "not_open".
-CLOSED_REASONS = {"pending": "not_sent", "failed": "not_sent", "suppressed": "not_sent",
-                  "claimed": "in_flight", "unknown": "unconfirmed"}
+CLOSED_REASONS = {
+    "pending": "not_sent",
+    "failed": "not_sent",
+    "suppressed": "not_sent",
+    "claimed": "in_flight",
+    "unknown": "unconfirmed",
+}
 SERIES_KEY = re.compile(r"series:([1-9][0-9]{0,17}):(0|[1-9][0-9]{0,8})")
 
 
@@ -38,7 +43,9 @@ class Click:
     value: ButtonValue | None = None
     answer: str | None = None  # the answer now recorded on the delivery
     label: str | None = None  # that answer's label, from the catalog
-    target: dict | None = None  # the delivery (channel, provider_message_id, ...) for updating in place
+    target: dict | None = (
+        None  # the delivery (channel, provider_message_id, ...) for updating in place
+    )
 
     @property
     def changed(self) -> bool:
@@ -60,25 +67,48 @@ def handle_click(platform: str, platform_user: str, raw_value: object) -> Click:
                 click = _follow_up(conn, click, now)
             _record(conn, platform, str(platform_user), value, click, raw_text, now)
     except Exception:  # an outage must not reach the chat client as an error; it is logged
-        log.exception("interaction failed", extra={"action": "interaction_error", "platform": platform})
+        log.exception(
+            "interaction failed", extra={"action": "interaction_error", "platform": platform}
+        )
         click = Click("rejected", "internal_error", value)
-        with contextlib.suppress(Exception), engine().begin() as conn:  # best effort: nothing changed
+        with (
+            contextlib.suppress(Exception),
+            engine().begin() as conn,
+        ):  # best effort: nothing changed
             _record(conn, platform, str(platform_user), value, click, raw_text, now)
         return click
-    log.info("interaction", extra={"action": f"interaction_{click.outcome}", "reason": click.reason})
+    log.info(
+        "interaction", extra={"action": f"interaction_{click.outcome}", "reason": click.reason}
+    )
     return click
 
 
-def _record(conn: Connection, platform: str, platform_user: str, value: ButtonValue | None, click: Click,
-            raw_text: str, now: datetime) -> None:
-    store.record_interaction(conn, user_id=value.user_id if value else "",
-                             delivery_id=value.delivery_id if value else None, platform=platform,
-                             platform_user=platform_user, answer=value.answer if value else None,
-                             outcome=click.outcome, reason=click.reason, payload=raw_text, now=now)
+def _record(
+    conn: Connection,
+    platform: str,
+    platform_user: str,
+    value: ButtonValue | None,
+    click: Click,
+    raw_text: str,
+    now: datetime,
+) -> None:
+    store.record_interaction(
+        conn,
+        user_id=value.user_id if value else "",
+        delivery_id=value.delivery_id if value else None,
+        platform=platform,
+        platform_user=platform_user,
+        answer=value.answer if value else None,
+        outcome=click.outcome,
+        reason=click.reason,
+        payload=raw_text,
+        now=now,
+    )
 
 
-def _judge(conn: Connection, platform: str, platform_user: str, value: ButtonValue | None,
-           now: datetime) -> Click:
+def _judge(
+    conn: Connection, platform: str, platform_user: str, value: ButtonValue | None, now: datetime
+) -> Click:
     """Every reason is true of the click: who may click, then what, then whether it is still open."""
     if value is None:
         return Click("rejected", "malformed")
@@ -93,14 +123,25 @@ def _judge(conn: Connection, platform: str, platform_user: str, value: ButtonVal
     if button is None:
         return Click("rejected", "unknown_answer", value)
     if target["state"] == "answered":
-        return Click("repeated", "already_answered", value, target["answer"],
-                     _label(target, target["answer"]), target)
+        return Click(
+            "repeated",
+            "already_answered",
+            value,
+            target["answer"],
+            _label(target, target["answer"]),
+            target,
+        )
     if target["state"] not in OPEN_STATES:
         return Click("rejected", CLOSED_REASONS.get(target["state"], "not_open"), value)
     if target["platform"] != platform:  # sent, but by another platform's adapter
         return Click("rejected", "wrong_platform", value)
-    won, recorded = store.answer_once(conn, (value.user_id, value.delivery_id), answer=button.key,
-                                      by=f"{platform}:{platform_user}", now=now)
+    won, recorded = store.answer_once(
+        conn,
+        (value.user_id, value.delivery_id),
+        answer=button.key,
+        by=f"{platform}:{platform_user}",
+        now=now,
+    )
     label = _label(target, recorded)
     if not won:
         return Click("repeated", "already_answered", value, recorded, label, target)
@@ -145,6 +186,7 @@ def _follow_up(conn: Connection, click: Click, now: datetime) -> Click:
     if button.action == "stop_series":
         applied = cancel_series(user, series_id, connection=conn)
     else:
-        applied = snooze_occurrence(user, series_id, n + 1, now + timedelta(hours=button.hours),
-                                    connection=conn)
+        applied = snooze_occurrence(
+            user, series_id, n + 1, now + timedelta(hours=button.hours), connection=conn
+        )
     return click if applied else replace(click, reason=f"{button.action}:not_applied")

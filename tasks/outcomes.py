@@ -73,55 +73,115 @@ def guarantee_of(row: ClaimedDelivery) -> str:
     return ntype.guarantee if ntype is not None else "at_most_once"
 
 
-def settle_unknown(db: RowConnection, row: ClaimedDelivery, token: str, error: SendError, adapter: Adapter,
-                   policy: RetryPolicy, *, checkable: bool = True, release: bool = True) -> bool:
+def settle_unknown(
+    db: RowConnection,
+    row: ClaimedDelivery,
+    token: str,
+    error: SendError,
+    adapter: Adapter,
+    policy: RetryPolicy,
+    *,
+    checkable: bool = True,
+    release: bool = True,
+) -> bool:
     """Settle an unknown outcome; True if the row is now held as `unknown`. Otherwise, with
     release=True, the claim goes back marked "may have sent" (or fails at the attempt cap);
     with release=False the caller goes on to send in this attempt."""
     action = unknown_action(adapter, guarantee_of(row), checkable=checkable)
-    log.warning("send outcome unknown: %s", error, extra={"action": "send_unknown", "delivery": row.key,
-                                                          "next": action})
+    log.warning(
+        "send outcome unknown: %s",
+        error,
+        extra={"action": "send_unknown", "delivery": row.key, "next": action},
+    )
     if action == "hold":
         now = clock.now()
-        if db.run(lambda c: claims.hold_unknown(c, row.key, token=token, error=str(error)[:500], now=now)):
+        if db.run(
+            lambda c: claims.hold_unknown(c, row.key, token=token, error=str(error)[:500], now=now)
+        ):
             with engine().begin() as tx:
                 _decide(tx, row, "unknown", error.reason, str(error), now)
-                ledger.record_incident(tx, row.key, kind="outcome_unknown", now=now, detail=(
-                    f"{error}; the provider can neither be asked nor dedup, and the type is at-most-once: "
-                    "held for an operator (clarion redrive --state unknown sends it again)")[:1000])
+                ledger.record_incident(
+                    tx,
+                    row.key,
+                    kind="outcome_unknown",
+                    now=now,
+                    detail=(
+                        f"{error}; the provider can neither be asked nor dedup, and the type is at-most-once: "
+                        "held for an operator (clarion redrive --state unknown sends it again)"
+                    )[:1000],
+                )
         return True
     if release:
         _retry_or_fail(db, row, token, error, policy, maybe_sent=True)
     return False
 
 
-def settle_failure(db: RowConnection, row: ClaimedDelivery, token: str, error: SendError,
-                   policy: RetryPolicy) -> None:
+def settle_failure(
+    db: RowConnection, row: ClaimedDelivery, token: str, error: SendError, policy: RetryPolicy
+) -> None:
     """The provider did not take the message (or nothing was attempted): retry later or fail."""
     _retry_or_fail(db, row, token, error, policy, maybe_sent=False)
 
 
-def _retry_or_fail(db: RowConnection, row: ClaimedDelivery, token: str, error: SendError,
-                   policy: RetryPolicy, *, maybe_sent: bool) -> None:
+def _retry_or_fail(
+    db: RowConnection,
+    row: ClaimedDelivery,
+    token: str,
+    error: SendError,
+    policy: RetryPolicy,
+    *,
+    maybe_sent: bool,
+) -> None:
     now = clock.now()
     retry = decide(error, row.attempts, policy)
     if retry is not None:
-        db.run(lambda c: claims.release_claim(
-            c, row.key, token=token, error=str(error)[:500], now=now, refund_attempt=retry.refund,
-            maybe_sent=maybe_sent, not_before=now + timedelta(seconds=retry.delay)))
+        db.run(
+            lambda c: claims.release_claim(
+                c,
+                row.key,
+                token=token,
+                error=str(error)[:500],
+                now=now,
+                refund_attempt=retry.refund,
+                maybe_sent=maybe_sent,
+                not_before=now + timedelta(seconds=retry.delay),
+            )
+        )
         return
     with engine().begin() as tx:  # failing and recording why: one transaction
         if claims.fail_delivery(tx, row.key, token=token, error=str(error)[:500], now=now) is None:
             return
         reason = error.reason if isinstance(error, PermanentSendError) else "retries_exhausted"
         earlier = maybe_sent or row.maybe_sent_at is not None
-        _decide(tx, row, "failed", reason, f"{error}" + ("; an attempt may have reached the provider"
-                                                         if earlier else ""), now)
+        _decide(
+            tx,
+            row,
+            "failed",
+            reason,
+            f"{error}" + ("; an attempt may have reached the provider" if earlier else ""),
+            now,
+        )
 
 
-def _decide(conn: Connection, row: ClaimedDelivery, outcome: str, reason: str, detail: str, now: datetime) -> None:
-    ledger.insert_decisions(conn, [ledger.Decision(row.user_id, row.request_id, "deliver", outcome, reason,
-                                                   detail[:500], row.channel, row.id)], now=now)
+def _decide(
+    conn: Connection, row: ClaimedDelivery, outcome: str, reason: str, detail: str, now: datetime
+) -> None:
+    ledger.insert_decisions(
+        conn,
+        [
+            ledger.Decision(
+                row.user_id,
+                row.request_id,
+                "deliver",
+                outcome,
+                reason,
+                detail[:500],
+                row.channel,
+                row.id,
+            )
+        ],
+        now=now,
+    )
 
 
 def record_incident(db: RowConnection, row: ClaimedDelivery, kind: str, detail: str) -> None:
@@ -132,9 +192,24 @@ def record_incident(db: RowConnection, row: ClaimedDelivery, kind: str, detail: 
 
 def record_exhausted(conn: Connection, rows: Sequence[dict[str, Any]], *, now: datetime) -> None:
     """Decisions for rows failed at the claim because their attempts were used up."""
-    ledger.insert_decisions(conn, [ledger.Decision(
-        r["user_id"], r["request_id"], "deliver", "failed", "retries_exhausted",
-        (f"{r['attempts']} attempts used" + ("; an attempt may have reached the provider"
-                                            if r["maybe_sent_at"] else "")
-         + (f"; last error: {r['last_error']}" if r["last_error"] else ""))[:500], r["channel"], r["id"])
-        for r in rows], now=now)
+    ledger.insert_decisions(
+        conn,
+        [
+            ledger.Decision(
+                r["user_id"],
+                r["request_id"],
+                "deliver",
+                "failed",
+                "retries_exhausted",
+                (
+                    f"{r['attempts']} attempts used"
+                    + ("; an attempt may have reached the provider" if r["maybe_sent_at"] else "")
+                    + (f"; last error: {r['last_error']}" if r["last_error"] else "")
+                )[:500],
+                r["channel"],
+                r["id"],
+            )
+            for r in rows
+        ],
+        now=now,
+    )

@@ -16,8 +16,15 @@ from tasks import runtime
 from tasks.producer import build_request
 
 
-def preview(user_id: str, type_key: str, *, event_id: str | None = None, occurrence_key: str | None = None,
-            variables: Mapping[str, Any] | None = None, now: datetime | None = None) -> Plan:
+def preview(
+    user_id: str,
+    type_key: str,
+    *,
+    event_id: str | None = None,
+    occurrence_key: str | None = None,
+    variables: Mapping[str, Any] | None = None,
+    now: datetime | None = None,
+) -> Plan:
     """What would happen to this notification now: the plan, gate by gate. Validates like notify()."""
     request = build_request(user_id, type_key, event_id, occurrence_key, variables)
     now = now or clock.now()
@@ -28,7 +35,18 @@ def preview(user_id: str, type_key: str, *, event_id: str | None = None, occurre
             raise UnknownRecipient(user_id)
         snapshot = snapshots(conn, recipients, now=now)[user_id]
         existing = ledger.find_request(conn, user_id, type_key, request.occurrence_key)
-    as_row = {"user_id": user_id, "id": existing, "type_key": type_key,
-              "occurrence_key": request.occurrence_key, "variables": request.variables}
-    return plan(as_row, catalog.get(type_key), snapshot, now=now, policy=catalog.policy,
-                needs_address=needs_address(runtime.adapters().values()))
+    as_row = {
+        "user_id": user_id,
+        "id": existing,
+        "type_key": type_key,
+        "occurrence_key": request.occurrence_key,
+        "variables": request.variables,
+    }
+    return plan(
+        as_row,
+        catalog.get(type_key),
+        snapshot,
+        now=now,
+        policy=catalog.policy,
+        needs_address=needs_address(runtime.adapters().values()),
+    )

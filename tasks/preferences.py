@@ -44,12 +44,15 @@ def parse_setting(name: str, enabled: Any) -> Row:
         if ntype.category in resolution.LOCKED_CATEGORIES and enabled is False:
             raise InvalidRequest(f"{name}: {key} is {ntype.category} and cannot be turned off")
         return "type", key, channel, enabled
-    raise InvalidRequest(f"unknown preference {name!r}; use all, category:<name> or type:<key>, "
-                         "optionally followed by /<channel>")
+    raise InvalidRequest(
+        f"unknown preference {name!r}; use all, category:<name> or type:<key>, "
+        "optionally followed by /<channel>"
+    )
 
 
-def set_preferences(user_id: str, settings: Mapping[str, bool | None], *,
-                    connection: Connection | None = None) -> None:
+def set_preferences(
+    user_id: str, settings: Mapping[str, bool | None], *, connection: Connection | None = None
+) -> None:
     """Change some of a recipient's settings; all are validated before any is written."""
     rows = [parse_setting(name, value) for name, value in settings.items()]
     if connection is not None:
@@ -71,7 +74,10 @@ def get_preferences(user_id: str) -> dict[str, Any]:
         recipient = ledger.recipients(conn, [user_id]).get(user_id)
         if recipient is None:
             raise UnknownRecipient(user_id)
-        rows = [tuple(r[1:]) for r in gating.snapshot_rows(conn, [user_id], [], now=clock.now())["preferences"]]
+        rows = [
+            tuple(r[1:])
+            for r in gating.snapshot_rows(conn, [user_id], [], now=clock.now())["preferences"]
+        ]
     country = country_of(recipient["country"], recipient["timezone"])
     settings = {_name(scope, key, channel): enabled for scope, key, channel, enabled in rows}
     types = {

@@ -34,7 +34,12 @@ from tasks.publish import ROUTE, publish
 log = logging.getLogger(__name__)
 
 # What a broker that is down or unreachable raises from publish(); the rows are committed by then.
-BROKER_ERRORS = (kombu.exceptions.KombuError, redis.exceptions.RedisError, amqp.exceptions.AMQPError, OSError)
+BROKER_ERRORS = (
+    kombu.exceptions.KombuError,
+    redis.exceptions.RedisError,
+    amqp.exceptions.AMQPError,
+    OSError,
+)
 ITEM_KEYS = frozenset({"user_id", "type_key", "event_id", "occurrence_key", "variables"})
 
 
@@ -58,7 +63,9 @@ def validate_timezone(zone: str, field: str = "timezone") -> str:
 
 def checked_connection(value: object) -> Connection | None:
     if value is not None and not isinstance(value, Connection):
-        raise InvalidField("connection", f"must be a SQLAlchemy Connection, not {check.show(value)}")
+        raise InvalidField(
+            "connection", f"must be a SQLAlchemy Connection, not {check.show(value)}"
+        )
     return value
 
 
@@ -68,32 +75,63 @@ def checked_variables(value: object) -> dict[str, Any]:
     return check.variables(value, max_depth=s.variables_max_depth, max_bytes=s.variables_max_bytes)
 
 
-def recipient_fields(user_id: object, *, timezone: object, locale: object, country: object,
-                     org_id: object, addresses: object, quiet_hours: object, workweek: object,
-                     subdivision: object) -> dict[str, Any]:
+def recipient_fields(
+    user_id: object,
+    *,
+    timezone: object,
+    locale: object,
+    country: object,
+    org_id: object,
+    addresses: object,
+    quiet_hours: object,
+    workweek: object,
+    subdivision: object,
+) -> dict[str, Any]:
     """The checked columns of a recipient row (raises InvalidField naming the first bad one)."""
     start, end = check.quiet_hours(quiet_hours)
-    return dict(user_id=check.text("user_id", user_id, max_bytes=check.USER_ID_BYTES),
-                timezone=validate_timezone(timezone),  # type: ignore[arg-type]
-                locale=check.locale(locale), country=check.country(country),
-                org_id=check.optional_text("org_id", org_id, max_bytes=check.ORG_ID_BYTES),
-                addresses=check.addresses(addresses), quiet_start=start, quiet_end=end,
-                workweek=check.workweek(workweek), subdivision=check.subdivision(subdivision))
+    return dict(
+        user_id=check.text("user_id", user_id, max_bytes=check.USER_ID_BYTES),
+        timezone=validate_timezone(timezone),  # type: ignore[arg-type]
+        locale=check.locale(locale),
+        country=check.country(country),
+        org_id=check.optional_text("org_id", org_id, max_bytes=check.ORG_ID_BYTES),
+        addresses=check.addresses(addresses),
+        quiet_start=start,
+        quiet_end=end,
+        workweek=check.workweek(workweek),
+        subdivision=check.subdivision(subdivision),
+    )
 
 
-def register_recipient(user_id: str, *, timezone: str, locale: str = "en", country: str | None = None,
-                       org_id: str | None = None, addresses: Mapping[str, str] | None = None,
-                       quiet_hours: tuple[str | time, str | time] | None = None,
-                       workweek: list[int] | None = None, subdivision: str | None = None,
-                       connection: Connection | None = None) -> None:
+def register_recipient(
+    user_id: str,
+    *,
+    timezone: str,
+    locale: str = "en",
+    country: str | None = None,
+    org_id: str | None = None,
+    addresses: Mapping[str, str] | None = None,
+    quiet_hours: tuple[str | time, str | time] | None = None,
+    workweek: list[int] | None = None,
+    subdivision: str | None = None,
+    connection: Connection | None = None,
+) -> None:
     """Create or update a recipient. The time zone must be an IANA name (e.g. Europe/Berlin);
     quiet_hours is a daily local window such as ("22:00", "07:00"); workweek lists working weekdays
     (Monday=0) when they differ from the recipient's country; subdivision is an ISO 3166-2 region
     code for regional holidays (e.g. "BY"); addresses maps a channel to the recipient's address on
     it (checked per channel, see clarion.validation.addresses)."""
-    fields = recipient_fields(user_id, timezone=timezone, locale=locale, country=country, org_id=org_id,
-                              addresses=addresses, quiet_hours=quiet_hours, workweek=workweek,
-                              subdivision=subdivision)
+    fields = recipient_fields(
+        user_id,
+        timezone=timezone,
+        locale=locale,
+        country=country,
+        org_id=org_id,
+        addresses=addresses,
+        quiet_hours=quiet_hours,
+        workweek=workweek,
+        subdivision=subdivision,
+    )
     connection = checked_connection(connection)
     if connection is not None:
         ledger.upsert_recipient(connection, **fields, now=clock.now())
@@ -102,8 +140,9 @@ def register_recipient(user_id: str, *, timezone: str, locale: str = "en", count
         ledger.upsert_recipient(conn, **fields, now=clock.now())
 
 
-def build_request(user_id: object, type_key: object, event_id: object, occurrence_key: object,
-                  variables: object) -> ledger.NewRequest:
+def build_request(
+    user_id: object, type_key: object, event_id: object, occurrence_key: object, variables: object
+) -> ledger.NewRequest:
     """Check one notify() call; returns the request row to write (nothing is written here).
     The arguments are the caller's, unchecked (notify_many passes whatever an item holds)."""
     key_text = check.text("type_key", type_key, max_bytes=check.TYPE_KEY_BYTES)
@@ -118,9 +157,15 @@ def build_request(user_id: object, type_key: object, event_id: object, occurrenc
     return ledger.NewRequest(user_text, key_text, key, ntype.lane, ntype.version, plain)
 
 
-def notify(user_id: str, type_key: str, *, event_id: str | None = None,
-           occurrence_key: str | None = None, variables: Mapping[str, Any] | None = None,
-           connection: Connection | None = None) -> Enqueued:
+def notify(
+    user_id: str,
+    type_key: str,
+    *,
+    event_id: str | None = None,
+    occurrence_key: str | None = None,
+    variables: Mapping[str, Any] | None = None,
+    connection: Connection | None = None,
+) -> Enqueued:
     """Request one notification. Returns the request id and whether it is new.
 
     With `connection=`, the request is written in the caller's transaction (an outbox row) and
@@ -132,15 +177,24 @@ def notify(user_id: str, type_key: str, *, event_id: str | None = None,
     return _enqueue([row], checked_connection(connection))[0]
 
 
-def notify_many(items: Iterable[Mapping[str, Any]], *, connection: Connection | None = None) -> list[Enqueued]:
+def notify_many(
+    items: Iterable[Mapping[str, Any]], *, connection: Connection | None = None
+) -> list[Enqueued]:
     """notify() for many requests in one transaction; all are validated before any is written.
     Each item is a mapping with notify()'s argument names (user_id, type_key, event_id,
     occurrence_key, variables); an error says which item (`items[3]`) in a note."""
     rows = []
     for index, item in enumerate(_items(items)):
         try:
-            rows.append(build_request(item.get("user_id"), item.get("type_key"), item.get("event_id"),
-                                      item.get("occurrence_key"), item.get("variables")))
+            rows.append(
+                build_request(
+                    item.get("user_id"),
+                    item.get("type_key"),
+                    item.get("event_id"),
+                    item.get("occurrence_key"),
+                    item.get("variables"),
+                )
+            )
         except ClarionError as exc:
             exc.add_note(f"in items[{index}]")
             raise
@@ -156,8 +210,10 @@ def _items(items: object) -> list[Mapping[str, Any]]:
             raise InvalidField(f"items[{index}]", f"must be a mapping, not {check.show(item)}")
         unknown = [check.show(k) for k in item if k not in ITEM_KEYS]
         if unknown:
-            raise InvalidField(f"items[{index}]", f"unknown keys {', '.join(sorted(unknown))}; known: "
-                                                  f"{', '.join(sorted(ITEM_KEYS))}")
+            raise InvalidField(
+                f"items[{index}]",
+                f"unknown keys {', '.join(sorted(unknown))}; known: {', '.join(sorted(ITEM_KEYS))}",
+            )
         for name in ("user_id", "type_key"):
             if name not in item:
                 raise InvalidField(f"items[{index}].{name}", "is required")
@@ -171,9 +227,13 @@ def _enqueue(rows: list[ledger.NewRequest], connection: Connection | None) -> li
     if connection is not None:
         return _insert(connection, rows, now=now, due_at=now)
     with engine().begin() as conn:
-        result = _insert(conn, rows, now=now, due_at=now + timedelta(seconds=settings.get().stray_after))
+        result = _insert(
+            conn, rows, now=now, due_at=now + timedelta(seconds=settings.get().stray_after)
+        )
     faults.hit("notify.before_publish")
-    _publish_after_commit([(r.user_id, e.request_id, r.lane) for r, e in zip(rows, result, strict=True) if e.new])
+    _publish_after_commit(
+        [(r.user_id, e.request_id, r.lane) for r, e in zip(rows, result, strict=True) if e.new]
+    )
     return result
 
 
@@ -183,8 +243,12 @@ def _publish_after_commit(keys: list[tuple[str, int, str]]) -> None:
     try:
         publish(ROUTE, keys, fail_fast=True)
     except BROKER_ERRORS as exc:
-        log.warning("broker unavailable; %d request(s) will be published by the beat tick: %s", len(keys),
-                    exc, extra={"action": "publish_failed", "requests": [k[1] for k in keys]})
+        log.warning(
+            "broker unavailable; %d request(s) will be published by the beat tick: %s",
+            len(keys),
+            exc,
+            extra={"action": "publish_failed", "requests": [k[1] for k in keys]},
+        )
 
 
 def _insert(conn: Connection, rows: list[ledger.NewRequest], *, now, due_at) -> list[Enqueued]:
@@ -192,4 +256,6 @@ def _insert(conn: Connection, rows: list[ledger.NewRequest], *, now, due_at) -> 
     unknown = [r.user_id for r in rows if r.user_id not in known]
     if unknown:
         raise UnknownRecipient(unknown[0])
-    return [Enqueued(i, new) for i, new in ledger.insert_requests(conn, rows, now=now, due_at=due_at)]
+    return [
+        Enqueued(i, new) for i, new in ledger.insert_requests(conn, rows, now=now, due_at=due_at)
+    ]

@@ -29,11 +29,18 @@ def publish(task: str, rows: Iterable[tuple[str, int, str]], *, fail_fast: bool 
     options = {"retry": False} if fail_fast else {}
     with app.producer_or_acquire() as producer:
         if fail_fast:  # else kombu keeps reconnecting for broker_connection_timeout and more
-            producer.connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0.1)
+            producer.connection.ensure_connection(
+                max_retries=1, interval_start=0, interval_step=0.1
+            )
         for lane, keys in by_lane.items():
             for start in range(0, len(keys), size):
                 chunk = keys[start : start + size]
-                app.send_task(task, args=[[k[0] for k in chunk], [k[1] for k in chunk]],
-                              queue=lane, producer=producer, **options)
+                app.send_task(
+                    task,
+                    args=[[k[0] for k in chunk], [k[1] for k in chunk]],
+                    queue=lane,
+                    producer=producer,
+                    **options,
+                )
                 sent += 1
     return sent

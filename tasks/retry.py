@@ -15,7 +15,9 @@ class RetryPolicy:
     factor: float = 3.0
     cap: float = 900.0  # never wait longer than this between attempts
     max_attempts: int = 8
-    jitter: float = 0.2  # each delay is spread by ± this fraction, so retries of a burst do not align
+    jitter: float = (
+        0.2  # each delay is spread by ± this fraction, so retries of a burst do not align
+    )
 
 
 @dataclass(frozen=True)
@@ -24,8 +26,9 @@ class RetryDecision:
     refund: bool = False  # nothing was attempted: the attempt does not count
 
 
-def decide(error: SendError, attempt: int, policy: RetryPolicy,
-           rand: Callable[[], float] = random.random) -> RetryDecision | None:
+def decide(
+    error: SendError, attempt: int, policy: RetryPolicy, rand: Callable[[], float] = random.random
+) -> RetryDecision | None:
     """Retry after a delay, or None to give up. `attempt` counts the attempt that just failed
     (1-based). A deferred send (a throttle: nothing was attempted) is always retried, refunded,
     after the provider's hint; the caller bounds how long that may go on."""

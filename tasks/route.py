@@ -50,13 +50,21 @@ def _known_types(conn, requests: list[dict], catalog, now) -> list[dict]:
     that has it (a rolling deploy: the producer runs a newer catalog); older than
     CLARION_CATALOG_SKEW_GRACE, they are planned, and the planner records `unknown_type`."""
     grace = timedelta(seconds=settings.get().catalog_skew_grace)
-    waiting = [r for r in requests if catalog.get(r["type_key"]) is None and now - r["created_at"] < grace]
+    waiting = [
+        r for r in requests if catalog.get(r["type_key"]) is None and now - r["created_at"] < grace
+    ]
     if not waiting:
         return requests
-    ledger.unresolve_requests(conn, [(r["user_id"], r["id"]) for r in waiting],
-                              due_at=now + timedelta(seconds=SKEW_RETRY))
-    log.info("types not in this catalog yet", extra={"action": "route_type_unknown_here",
-                                                     "types": sorted({r["type_key"] for r in waiting})})
+    ledger.unresolve_requests(
+        conn, [(r["user_id"], r["id"]) for r in waiting], due_at=now + timedelta(seconds=SKEW_RETRY)
+    )
+    log.info(
+        "types not in this catalog yet",
+        extra={
+            "action": "route_type_unknown_here",
+            "types": sorted({r["type_key"] for r in waiting}),
+        },
+    )
     skipped = {id(r) for r in waiting}
     return [r for r in requests if id(r) not in skipped]
 
@@ -68,30 +76,62 @@ def _route(users: list[str], ids: list[int]) -> int:
     deliveries: list[ledger.NewDelivery] = []
     decisions: list[ledger.Decision] = []
     with engine().begin() as conn:
-        requests = _known_types(conn, ledger.resolve_requests(conn, zip(users, ids, strict=True), now=now),
-                                catalog, now)
+        requests = _known_types(
+            conn, ledger.resolve_requests(conn, zip(users, ids, strict=True), now=now), catalog, now
+        )
         recipients = ledger.recipients(conn, (r["user_id"] for r in requests))
         snaps = snapshots(conn, recipients, now=now)
         for request in requests:
             ntype = catalog.get(request["type_key"])
             snapshot = snaps.get(request["user_id"]) or Snapshot(None)
-            planned = plan(request, ntype, snapshot, now=now, policy=catalog.policy, needs_address=reachable)
-            final = apply(conn, request, ntype, planned, snapshot=snapshot, catalog=catalog, now=now)
-            decisions += [ledger.Decision(request["user_id"], request["id"], s.gate, s.outcome, s.reason,
-                                          s.detail, s.channel) for s in final.decisions]
+            planned = plan(
+                request, ntype, snapshot, now=now, policy=catalog.policy, needs_address=reachable
+            )
+            final = apply(
+                conn, request, ntype, planned, snapshot=snapshot, catalog=catalog, now=now
+            )
+            decisions += [
+                ledger.Decision(
+                    request["user_id"],
+                    request["id"],
+                    s.gate,
+                    s.outcome,
+                    s.reason,
+                    s.detail,
+                    s.channel,
+                )
+                for s in final.decisions
+            ]
             if ntype is None:  # planned as `unknown_type`: decisions only, never a channel
                 continue
-            deliveries += [ledger.NewDelivery(request["user_id"], request["id"], request["type_key"],
-                                              request["occurrence_key"], channel, ntype.one_platform,
-                                              request["lane"], not_before)
-                           for channel, not_before in final.channels]
+            deliveries += [
+                ledger.NewDelivery(
+                    request["user_id"],
+                    request["id"],
+                    request["type_key"],
+                    request["occurrence_key"],
+                    channel,
+                    ntype.one_platform,
+                    request["lane"],
+                    not_before,
+                )
+                for channel, not_before in final.channels
+            ]
         faults.hit("route.before_commit")
         created = ledger.insert_deliveries(
-            conn, deliveries, now=now, due_at=now + timedelta(seconds=settings.get().stray_after))
+            conn, deliveries, now=now, due_at=now + timedelta(seconds=settings.get().stray_after)
+        )
         ledger.insert_decisions(conn, decisions, now=now)
     faults.hit("route.after_commit")
     publish(DELIVER, [(user, id_, lane) for user, id_, lane, held in created if not held])
     runtime.count("route_skipped_already_resolved", len(ids) - len(requests))
-    log.debug("routed", extra={"action": "requests_routed", "routed": len(requests),
-                               "deliveries": len(created), "decisions": len(decisions)})
+    log.debug(
+        "routed",
+        extra={
+            "action": "requests_routed",
+            "routed": len(requests),
+            "deliveries": len(created),
+            "decisions": len(decisions),
+        },
+    )
     return len(requests)

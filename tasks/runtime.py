@@ -77,7 +77,9 @@ def _from_python(spec: str) -> Catalog:
     try:
         value = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"CLARION_CATALOG={spec!r}: cannot import {name} from {module_name}") from exc
+        raise ConfigurationError(
+            f"CLARION_CATALOG={spec!r}: cannot import {name} from {module_name}"
+        ) from exc
     if isinstance(value, Catalog):
         return value.check()
     if isinstance(value, dict):
@@ -90,7 +92,9 @@ def adapters() -> dict[str, Adapter]:
     s = settings.get()
     found: list[Adapter] = [
         ConsoleAdapter(),
-        WebhookAdapter(secret=s.webhook_secret, timeout=s.webhook_timeout, default_url=s.webhook_url),
+        WebhookAdapter(
+            secret=s.webhook_secret, timeout=s.webhook_timeout, default_url=s.webhook_url
+        ),
     ]
     if s.slack_token:
         from adapters.slack import SlackAdapter

@@ -46,8 +46,12 @@ class Armed:
 
 
 def recipient_calendar(recipient: Mapping[str, Any]) -> WorkCalendar:
-    return calendar_for(workweek=recipient.get("workweek"), country=recipient.get("country"),
-                        subdivision=recipient.get("subdivision"), zone=recipient["timezone"])
+    return calendar_for(
+        workweek=recipient.get("workweek"),
+        country=recipient.get("country"),
+        subdivision=recipient.get("subdivision"),
+        zone=recipient["timezone"],
+    )
 
 
 def _local_anchor(anchor: datetime | str, zone: str) -> datetime:
@@ -56,13 +60,21 @@ def _local_anchor(anchor: datetime | str, zone: str) -> datetime:
         try:
             anchor = datetime.fromisoformat(anchor)
         except ValueError as exc:
-            raise InvalidField("anchor", f"must be an ISO date-time like 2026-12-07T09:00, not "
-                                         f"{check.show(anchor)}") from exc
+            raise InvalidField(
+                "anchor",
+                f"must be an ISO date-time like 2026-12-07T09:00, not {check.show(anchor)}",
+            ) from exc
     if not isinstance(anchor, datetime):
-        raise InvalidField("anchor", f"must be a datetime or an ISO date-time text, not {check.show(anchor)}")
+        raise InvalidField(
+            "anchor", f"must be a datetime or an ISO date-time text, not {check.show(anchor)}"
+        )
     if anchor.tzinfo is not None:  # an instant: take its wall time in the recipient's zone
         try:
-            anchor = check.aware_datetime("anchor", anchor).astimezone(ZoneInfo(zone)).replace(tzinfo=None)
+            anchor = (
+                check.aware_datetime("anchor", anchor)
+                .astimezone(ZoneInfo(zone))
+                .replace(tzinfo=None)
+            )
         except (OverflowError, ValueError) as exc:
             raise InvalidField("anchor", "is out of range in the recipient's time zone") from exc
     return anchor.replace(microsecond=0)
@@ -79,9 +91,18 @@ def _every(every: object) -> str:
     return every
 
 
-def validate(conn: Connection, user_id: str, type_key: str, *, anchor: datetime | str, every: str,
-             count: int | None, until: datetime | None, variables: Mapping[str, Any] | None,
-             calendar_policy: str) -> dict[str, Any]:
+def validate(
+    conn: Connection,
+    user_id: str,
+    type_key: str,
+    *,
+    anchor: datetime | str,
+    every: str,
+    count: int | None,
+    until: datetime | None,
+    variables: Mapping[str, Any] | None,
+    calendar_policy: str,
+) -> dict[str, Any]:
     """Check an arm request; returns the series row to write (and to preview in a dry run).
     Everything but the recipient is checked before the first query."""
     type_key = check.text("type_key", type_key, max_bytes=check.TYPE_KEY_BYTES)
@@ -94,28 +115,51 @@ def validate(conn: Connection, user_id: str, type_key: str, *, anchor: datetime 
         raise MissingVariables(type_key, missing)
     every = _every(every)
     if not isinstance(calendar_policy, str) or calendar_policy not in POLICIES:
-        raise InvalidField("calendar_policy", f"must be one of {', '.join(POLICIES)}, not "
-                                              f"{check.show(calendar_policy)}")
+        raise InvalidField(
+            "calendar_policy",
+            f"must be one of {', '.join(POLICIES)}, not {check.show(calendar_policy)}",
+        )
     if count is not None:
         check.positive_int("count", count, maximum=MAX_COUNT)
     if until is not None:
         check.aware_datetime("until", until)
     if not isinstance(anchor, str | datetime):
-        raise InvalidField("anchor", f"must be a datetime or an ISO date-time text, not {check.show(anchor)}")
+        raise InvalidField(
+            "anchor", f"must be a datetime or an ISO date-time text, not {check.show(anchor)}"
+        )
     recipient = ledger.recipients(conn, [user_id]).get(user_id)
     if recipient is None:
         raise UnknownRecipient(user_id)
     zone = recipient["timezone"]
     local = _local_anchor(anchor, zone)
-    return {"user_id": user_id, "type_key": type_key, "anchor_local": local, "zone": zone, "every": every,
-            "max_count": count, "until": until, "calendar_policy": calendar_policy, "variables": variables,
-            "next_n": 0, "recipient": recipient}
+    return {
+        "user_id": user_id,
+        "type_key": type_key,
+        "anchor_local": local,
+        "zone": zone,
+        "every": every,
+        "max_count": count,
+        "until": until,
+        "calendar_policy": calendar_policy,
+        "variables": variables,
+        "next_n": 0,
+        "recipient": recipient,
+    }
 
 
-def arm_series(user_id: str, type_key: str, *, anchor: datetime | str, every: str, count: int | None = None,
-               until: datetime | None = None, variables: Mapping[str, Any] | None = None,
-               calendar_policy: str = "send", series_key: str | None = None,
-               connection: Connection | None = None) -> Armed:
+def arm_series(
+    user_id: str,
+    type_key: str,
+    *,
+    anchor: datetime | str,
+    every: str,
+    count: int | None = None,
+    until: datetime | None = None,
+    variables: Mapping[str, Any] | None = None,
+    calendar_policy: str = "send",
+    series_key: str | None = None,
+    connection: Connection | None = None,
+) -> Armed:
     """Arm a series: occurrence n is due at anchor + n × every in the recipient's zone.
 
     `anchor` is a local wall time (naive) in the recipient's zone; arming the same series_key twice
@@ -124,15 +168,28 @@ def arm_series(user_id: str, type_key: str, *, anchor: datetime | str, every: st
     connection = checked_connection(connection)
 
     def write(conn: Connection) -> Armed:
-        row = validate(conn, user_id, type_key, anchor=anchor, every=every, count=count, until=until,
-                       variables=variables, calendar_policy=calendar_policy)
+        row = validate(
+            conn,
+            user_id,
+            type_key,
+            anchor=anchor,
+            every=every,
+            count=count,
+            until=until,
+            variables=variables,
+            calendar_policy=calendar_policy,
+        )
         row.pop("recipient")
         key = series_key or f"{row['type_key']}:{row['anchor_local'].isoformat()}:{row['every']}"
         try:
-            first = due_at(row["anchor_local"], row["zone"], parse_every(row["every"]), 0, _cal(conn, row))
+            first = due_at(
+                row["anchor_local"], row["zone"], parse_every(row["every"]), 0, _cal(conn, row)
+            )
         except (OverflowError, ValueError) as exc:
             raise InvalidField("anchor", f"cannot be scheduled: {exc}") from exc
-        series_id, new = store.insert_series(conn, series_key=key, next_due_at=first, now=clock.now(), **row)
+        series_id, new = store.insert_series(
+            conn, series_key=key, next_due_at=first, now=clock.now(), **row
+        )
         return Armed(series_id, new, first)
 
     if connection is not None:
@@ -155,8 +212,14 @@ def _in_transaction(connection: Connection | None, work: Callable[[Connection], 
         return work(conn)
 
 
-def _transition(user_id: str, series_id: int, from_states: tuple[str, ...], to_state: str, *,
-                connection: Connection | None = None) -> bool:
+def _transition(
+    user_id: str,
+    series_id: int,
+    from_states: tuple[str, ...],
+    to_state: str,
+    *,
+    connection: Connection | None = None,
+) -> bool:
     now = clock.now()
 
     def apply(conn: Connection) -> bool:
@@ -167,10 +230,19 @@ def _transition(user_id: str, series_id: int, from_states: tuple[str, ...], to_s
                 return False
             # resume from now on: occurrences that fell due while paused are not fired late
             every, cal = parse_every(row["every"]), _cal(conn, row)
-            next_n = max(row["next_n"], first_due_after(row["anchor_local"], row["zone"], every, now, cal))
+            next_n = max(
+                row["next_n"], first_due_after(row["anchor_local"], row["zone"], every, now, cal)
+            )
             next_due = due_at(row["anchor_local"], row["zone"], every, next_n, cal)
-        moved = store.set_series_state(conn, (user_id, series_id), from_states=from_states,
-                                       to_state=to_state, next_due_at=next_due, next_n=next_n, now=now)
+        moved = store.set_series_state(
+            conn,
+            (user_id, series_id),
+            from_states=from_states,
+            to_state=to_state,
+            next_due_at=next_due,
+            next_n=next_n,
+            now=now,
+        )
         if moved and to_state == "cancelled":
             _drop_held_occurrences(conn, (user_id, series_id), now)
         return moved
@@ -181,9 +253,21 @@ def _transition(user_id: str, series_id: int, from_states: tuple[str, ...], to_s
 def _drop_held_occurrences(conn: Connection, key: tuple[str, int], now: datetime) -> None:
     """A cancelled series sends nothing more: not even an occurrence a snooze created early."""
     dropped = store.drop_unrouted_occurrences(conn, key, now=now)
-    ledger.insert_decisions(conn, [ledger.Decision(key[0], request_id, "series", "suppress",
-                                                   "series_cancelled", f"series {key[1]} was cancelled")
-                                   for request_id in dropped], now=now)
+    ledger.insert_decisions(
+        conn,
+        [
+            ledger.Decision(
+                key[0],
+                request_id,
+                "series",
+                "suppress",
+                "series_cancelled",
+                f"series {key[1]} was cancelled",
+            )
+            for request_id in dropped
+        ],
+        now=now,
+    )
 
 
 def cancel_series(user_id: str, series_id: int, *, connection: Connection | None = None) -> bool:
@@ -203,8 +287,9 @@ def resume_series(user_id: str, series_id: int, *, connection: Connection | None
     return _transition(user_id, series_id, ("paused",), "active", connection=connection)
 
 
-def snooze_occurrence(user_id: str, series_id: int, n: int, until: datetime, *,
-                      connection: Connection | None = None) -> bool:
+def snooze_occurrence(
+    user_id: str, series_id: int, n: int, until: datetime, *, connection: Connection | None = None
+) -> bool:
     """Hold occurrence n until max(its own due time, `until`): a snooze never brings an occurrence
     forward, and the anchor does not move (the series continues as scheduled).
 
@@ -218,7 +303,9 @@ def snooze_occurrence(user_id: str, series_id: int, n: int, until: datetime, *,
         row = store.lock_active_series(conn, (user_id, series_id))
         if row is None or n < 0 or (row["max_count"] is not None and n >= row["max_count"]):
             return False
-        own = due_at(row["anchor_local"], row["zone"], parse_every(row["every"]), n, _cal(conn, row))
+        own = due_at(
+            row["anchor_local"], row["zone"], parse_every(row["every"]), n, _cal(conn, row)
+        )
         if row["until"] is not None and own > row["until"]:
             return False
         if n >= row["next_n"] and until <= own:
@@ -226,10 +313,20 @@ def snooze_occurrence(user_id: str, series_id: int, n: int, until: datetime, *,
         ntype = runtime.catalog().get(row["type_key"])
         if ntype is None:
             raise UnknownType(row["type_key"])
-        return store.snooze_occurrence(conn, user_id=user_id, type_key=row["type_key"],
-                                       occurrence_key=f"series:{series_id}:{n}", lane=ntype.lane,
-                                       version=ntype.version, variables=row["variables"],
-                                       until=max(own, until), now=clock.now()) is not None
+        return (
+            store.snooze_occurrence(
+                conn,
+                user_id=user_id,
+                type_key=row["type_key"],
+                occurrence_key=f"series:{series_id}:{n}",
+                lane=ntype.lane,
+                version=ntype.version,
+                variables=row["variables"],
+                until=max(own, until),
+                now=clock.now(),
+            )
+            is not None
+        )
 
     return _in_transaction(connection, hold)
 
@@ -250,19 +347,30 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
             tick = plan_tick(s, recipient_calendar(recipients[s["user_id"]]), now=now, grace=grace)
         except (OverflowError, ValueError):
             # one series whose time cannot be computed must not stop every other series: end it
-            log.exception("series cannot be scheduled; ending it", extra={"action": "series_failed",
-                                                                          "series": (s["user_id"], s["id"])})
+            log.exception(
+                "series cannot be scheduled; ending it",
+                extra={"action": "series_failed", "series": (s["user_id"], s["id"])},
+            )
             advances.append((s["user_id"], s["id"], s["next_n"], None, True))
             continue
         ntype = catalog.get(s["type_key"])
         for occ in tick.occurrences:
             state = {"send": "pending", "moved": "deferred"}.get(occ.action, "routed")
-            rows.append({"user_id": s["user_id"], "type_key": s["type_key"],
-                         "occurrence_key": f"series:{s['id']}:{occ.n}",
-                         "lane": ntype.lane if ntype else "activation",
-                         "template_version": ntype.version if ntype else 0, "variables": s["variables"],
-                         "state": state, "due_at": occ.send_at if state == "deferred" else
-                         (now if state == "pending" else None), "_occ": occ})
+            rows.append(
+                {
+                    "user_id": s["user_id"],
+                    "type_key": s["type_key"],
+                    "occurrence_key": f"series:{s['id']}:{occ.n}",
+                    "lane": ntype.lane if ntype else "activation",
+                    "template_version": ntype.version if ntype else 0,
+                    "variables": s["variables"],
+                    "state": state,
+                    "due_at": occ.send_at
+                    if state == "deferred"
+                    else (now if state == "pending" else None),
+                    "_occ": occ,
+                }
+            )
         advances.append((s["user_id"], s["id"], tick.next_n, tick.next_due_at, tick.ended))
     store.advance_many(conn, advances, now=now)
     created = store.insert_occurrences(conn, rows, now=now)
@@ -271,9 +379,16 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
         if r["occurrence_key"] in created and occ.action in ("missed", "skipped", "moved"):
             gate = "schedule" if occ.action == "missed" else "calendar"
             outcome = "defer" if occ.action == "moved" else "suppress"
-            reason = {"missed": "missed", "skipped": "non_working_day", "moved": "non_working_day"}[occ.action]
-            detail = occ.reason + (f"; sends {occ.send_at.isoformat()}" if occ.action == "moved" else "")
-            decisions.append(ledger.Decision(r["user_id"], created[r["occurrence_key"]], gate, outcome,
-                                             reason, detail))
+            reason = {"missed": "missed", "skipped": "non_working_day", "moved": "non_working_day"}[
+                occ.action
+            ]
+            detail = occ.reason + (
+                f"; sends {occ.send_at.isoformat()}" if occ.action == "moved" else ""
+            )
+            decisions.append(
+                ledger.Decision(
+                    r["user_id"], created[r["occurrence_key"]], gate, outcome, reason, detail
+                )
+            )
     ledger.insert_decisions(conn, decisions, now=now)
     return len(due)

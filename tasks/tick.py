@@ -45,8 +45,13 @@ def tick() -> dict[str, int]:
         series = fire_due_series(conn, now=now)
     taken = {"series": series, "requests": 0, "deliveries": 0}
     for lane in LANES:
-        budget: _Budget = {"lane": lane, "now": now, "again": s.stray_after,
-                  "cap": max(s.stray_after, s.republish_cap), "limit": LANE_LIMIT}
+        budget: _Budget = {
+            "lane": lane,
+            "now": now,
+            "again": s.stray_after,
+            "cap": max(s.stray_after, s.republish_cap),
+            "limit": LANE_LIMIT,
+        }
         with engine().begin() as conn:
             requests = ledger.take_due_requests(conn, **budget)
             deliveries = claims.take_due_deliveries(conn, **budget)

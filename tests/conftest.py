@@ -85,8 +85,9 @@ def reset_process_state() -> None:
 
 
 @pytest.fixture
-def clarion_env(services: Services, template_database: str, tmp_path: Path,
-                monkeypatch: pytest.MonkeyPatch) -> Iterator[TestEnv]:
+def clarion_env(
+    services: Services, template_database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[TestEnv]:
     """A fresh database and Redis, with CLARION_* set for this process and for children."""
     from db.engine import one_off_engine
 

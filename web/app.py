@@ -35,7 +35,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_bind(host: str, teams_app_id: str | None, *, allow_insecure_teams: bool = False) -> str | None:
+def check_bind(
+    host: str, teams_app_id: str | None, *, allow_insecure_teams: bool = False
+) -> str | None:
     """Before `clarion web` binds `host`: the warning to print in Teams local mode (None otherwise).
     Raises ConfigurationError for local mode on a non-loopback host unless explicitly allowed: an
     unauthenticated Teams endpoint lets anyone who reaches it act as any Teams user."""
@@ -44,7 +46,9 @@ def check_bind(host: str, teams_app_id: str | None, *, allow_insecure_teams: boo
     from web.teams import LOCAL_MODE_WARNING
 
     if not is_loopback(host) and not allow_insecure_teams:
-        raise ConfigurationError(f"refusing to serve Teams without authentication on {host!r}: "
-                                 "CLARION_TEAMS_APP_ID=none is for local development; bind a loopback "
-                                 "address, set a real app id, or pass --allow-insecure-teams")
+        raise ConfigurationError(
+            f"refusing to serve Teams without authentication on {host!r}: "
+            "CLARION_TEAMS_APP_ID=none is for local development; bind a loopback "
+            "address, set a real app id, or pass --allow-insecure-teams"
+        )
     return f"clarion: WARNING: {LOCAL_MODE_WARNING}"

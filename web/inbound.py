@@ -25,7 +25,9 @@ log = logging.getLogger(__name__)
 
 MAX_DEPTH = 16  # nesting of a free-form JSON value (a button value, card data) inside an envelope
 MAX_TEXT = 4000
-IDENT = re.compile(r"[A-Za-z0-9_.:@;=+/#-]{1,512}")  # platform ids: U0123, 29:1abc, a:1x, 19:x@thread.v2
+IDENT = re.compile(
+    r"[A-Za-z0-9_.:@;=+/#-]{1,512}"
+)  # platform ids: U0123, 29:1abc, a:1x, 19:x@thread.v2
 
 
 class Refused(ClarionError):
@@ -38,8 +40,12 @@ class Refused(ClarionError):
 
 def refusal(error: Refused, door: str) -> JSONResponse:
     """The short answer to a refused request (logged at info: a refusal is not an error)."""
-    log.info("%s request refused: %s", door, error.reason,
-             extra={"action": f"{door}_refused", "status": error.status, "reason": error.reason})
+    log.info(
+        "%s request refused: %s",
+        door,
+        error.reason,
+        extra={"action": f"{door}_refused", "status": error.status, "reason": error.reason},
+    )
     return JSONResponse({"error": error.reason}, status_code=error.status)
 
 
@@ -86,7 +92,9 @@ def _has_surrogate(value: str) -> bool:
     return False
 
 
-def obj(data: Mapping[str, Any], key: str, field: str, *, required: bool = False) -> Mapping[str, Any] | None:
+def obj(
+    data: Mapping[str, Any], key: str, field: str, *, required: bool = False
+) -> Mapping[str, Any] | None:
     """data[key] as a JSON object (None if absent or null and not required)."""
     value = data.get(key)
     if value is None and not required:
@@ -96,8 +104,14 @@ def obj(data: Mapping[str, Any], key: str, field: str, *, required: bool = False
     return value
 
 
-def text(data: Mapping[str, Any], key: str, field: str, *, required: bool = False,
-         max_len: int = MAX_TEXT) -> str | None:
+def text(
+    data: Mapping[str, Any],
+    key: str,
+    field: str,
+    *,
+    required: bool = False,
+    max_len: int = MAX_TEXT,
+) -> str | None:
     """data[key] as a string (None if absent or null and not required)."""
     value = data.get(key)
     if value is None and not required:

@@ -113,11 +113,16 @@ def message_for(target: dict[str, Any]) -> Message | None:
     version = target.get("template_version")
     if ntype is None or version not in ntype.templates:
         return None
-    return Message(delivery_id=target["id"], user_id=target["user_id"], type_key=ntype.key,
-                   occurrence_key=target["occurrence_key"], channel="slack",
-                   content=ntype.render(version, "slack", target.get("variables") or {}),
-                   address=(target.get("addresses") or {}).get("slack"),
-                   buttons=ntype.templates[version].buttons)
+    return Message(
+        delivery_id=target["id"],
+        user_id=target["user_id"],
+        type_key=ntype.key,
+        occurrence_key=target["occurrence_key"],
+        channel="slack",
+        content=ntype.render(version, "slack", target.get("variables") or {}),
+        address=(target.get("addresses") or {}).get("slack"),
+        buttons=ntype.templates[version].buttons,
+    )
 
 
 def _tell(client: WebClient, envelope: BlockActions, text: str) -> None:
@@ -186,28 +191,56 @@ def _clarion_user(slack_user: str) -> str | None:
 def _home_rows(user: str) -> list[tuple[str, bool, bool]]:
     """(type key, enabled on Slack, locked) for every type that can reach this user on Slack."""
     catalog, prefs = runtime.catalog(), get_preferences(user)["types"]
-    return [(key, bool(prefs[key]["slack"]["enabled"]), catalog.types[key].category in LOCKED_CATEGORIES)
-            for key in sorted(prefs) if "slack" in prefs[key]]
+    return [
+        (
+            key,
+            bool(prefs[key]["slack"]["enabled"]),
+            catalog.types[key].category in LOCKED_CATEGORIES,
+        )
+        for key in sorted(prefs)
+        if "slack" in prefs[key]
+    ]
 
 
 def home_view(rows: list[tuple[str, bool, bool]] | None) -> dict[str, Any]:
     """The Home tab (pure). rows=None: this Slack user is not a clarion recipient."""
-    blocks: list[dict[str, Any]] = [{"type": "header", "text": {"type": "plain_text", "text": "Your nudges"}}]
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": "Your nudges"}}
+    ]
     if rows is None:
-        blocks.append({"type": "section", "text": {"type": "plain_text",
-                                                   "text": "There are no nudges for this Slack account."}})
+        blocks.append(
+            {
+                "type": "section",
+                "text": {
+                    "type": "plain_text",
+                    "text": "There are no nudges for this Slack account.",
+                },
+            }
+        )
         return {"type": "home", "blocks": blocks}
-    blocks.append({"type": "context", "elements": [{"type": "plain_text",
-                                                   "text": "Turn a kind of nudge off or on, everywhere."}]})
+    blocks.append(
+        {
+            "type": "context",
+            "elements": [
+                {"type": "plain_text", "text": "Turn a kind of nudge off or on, everywhere."}
+            ],
+        }
+    )
     for key, enabled, locked in rows[:MAX_HOME_ROWS]:
         name = key.replace("_", " ").capitalize()
         state = "Always on" if locked else ("On" if enabled else "Off")
-        section: dict[str, Any] = {"type": "section", "block_id": f"pref_{key}"[:255],
-                                   "text": {"type": "mrkdwn", "text": f"*{name}*\n{state}"}}
+        section: dict[str, Any] = {
+            "type": "section",
+            "block_id": f"pref_{key}"[:255],
+            "text": {"type": "mrkdwn", "text": f"*{name}*\n{state}"},
+        }
         if not locked:
-            section["accessory"] = {"type": "button", "action_id": f"clarion_pref:{key}"[:255],
-                                    "text": {"type": "plain_text", "text": "Turn off" if enabled else "Turn on"},
-                                    "value": "off" if enabled else "on"}
+            section["accessory"] = {
+                "type": "button",
+                "action_id": f"clarion_pref:{key}"[:255],
+                "text": {"type": "plain_text", "text": "Turn off" if enabled else "Turn on"},
+                "value": "off" if enabled else "on",
+            }
         blocks.append(section)
     return {"type": "home", "blocks": blocks}
 
@@ -225,8 +258,13 @@ def build_app(s: settings.Settings) -> App:
     # within 3 s: handle_click is one short transaction, and Slack calls get 2 s. An update that
     # times out leaves the answer recorded; the next click on the message updates it again.
     client = WebClient(token=s.slack_token, base_url=s.slack_api_url, timeout=ENDPOINT_TIMEOUT)
-    app = App(client=client, signing_secret=s.slack_signing_secret, token_verification_enabled=False,
-              request_verification_enabled=False, process_before_response=True)
+    app = App(
+        client=client,
+        signing_secret=s.slack_signing_secret,
+        token_verification_enabled=False,
+        request_verification_enabled=False,
+        process_before_response=True,
+    )
     return register(app)
 
 
@@ -258,9 +296,13 @@ async def events(request: Request) -> Response:
     if isinstance(envelope, SslCheck):
         return Response(status_code=200)
     if isinstance(envelope, Unhandled):
-        log.debug("slack request not handled", extra={"action": "slack_unhandled", "kind": envelope.kind})
+        log.debug(
+            "slack request not handled", extra={"action": "slack_unhandled", "kind": envelope.kind}
+        )
         return JSONResponse({"error": "unhandled request"}, status_code=404)
-    bolt_request = BoltRequest(body=json.dumps(envelope.to_bolt()), headers={"content-type": "application/json"})
+    bolt_request = BoltRequest(
+        body=json.dumps(envelope.to_bolt()), headers={"content-type": "application/json"}
+    )
     # Bolt's App is synchronous; dispatch off the event loop (its Starlette handler would block it).
     response = await run_in_threadpool(app.dispatch, bolt_request)
     return to_starlette_response(response)

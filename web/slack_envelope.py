@@ -76,7 +76,12 @@ class Event:
     bot_id: str | None = None
 
     def to_bolt(self) -> dict[str, Any]:
-        fields = {"user": self.user, "tab": self.tab, "channel": self.channel, "bot_id": self.bot_id}
+        fields = {
+            "user": self.user,
+            "tab": self.tab,
+            "channel": self.channel,
+            "bot_id": self.bot_id,
+        }
         return {"type": self.type, **{k: v for k, v in fields.items() if v is not None}}
 
 
@@ -88,8 +93,13 @@ class EventCallback:
     event_id: str | None = None
 
     def to_bolt(self) -> dict[str, Any]:
-        body = {"type": "event_callback", "event": self.event.to_bolt(), "team_id": self.team_id,
-                "api_app_id": self.api_app_id, "event_id": self.event_id}
+        body = {
+            "type": "event_callback",
+            "event": self.event.to_bolt(),
+            "team_id": self.team_id,
+            "api_app_id": self.api_app_id,
+            "event_id": self.event_id,
+        }
         return {k: v for k, v in body.items() if v is not None}
 
 
@@ -101,7 +111,12 @@ class Action:
     type: str | None = None
 
     def to_bolt(self) -> dict[str, Any]:
-        action = {"action_id": self.action_id, "value": self.value, "block_id": self.block_id, "type": self.type}
+        action = {
+            "action_id": self.action_id,
+            "value": self.value,
+            "block_id": self.block_id,
+            "type": self.type,
+        }
         return {k: v for k, v in action.items() if v is not None}
 
 
@@ -115,8 +130,11 @@ class BlockActions:
     message_ts: str | None = None
 
     def to_bolt(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"type": "block_actions", "user": {"id": self.user_id},
-                                "actions": [a.to_bolt() for a in self.actions]}
+        body: dict[str, Any] = {
+            "type": "block_actions",
+            "user": {"id": self.user_id},
+            "actions": [a.to_bolt() for a in self.actions],
+        }
         if self.team_id:
             body["team"] = {"id": self.team_id}
             body["user"]["team_id"] = self.team_id
@@ -124,8 +142,11 @@ class BlockActions:
             body["api_app_id"] = self.api_app_id
         if self.channel_id:
             body["channel"] = {"id": self.channel_id}
-            body["container"] = {"type": "message", "channel_id": self.channel_id,
-                                 **({"message_ts": self.message_ts} if self.message_ts else {})}
+            body["container"] = {
+                "type": "message",
+                "channel_id": self.channel_id,
+                **({"message_ts": self.message_ts} if self.message_ts else {}),
+            }
         return body
 
 
@@ -159,7 +180,9 @@ def _from_payload(payload: Any) -> Envelope:
         raise Refused(400, "payload: expected an object")
     kind = text(payload, "type", "type", required=True, max_len=64)
     if kind == "url_verification":
-        return UrlVerification(text(payload, "challenge", "challenge", required=True, max_len=256) or "")
+        return UrlVerification(
+            text(payload, "challenge", "challenge", required=True, max_len=256) or ""
+        )
     if kind == "event_callback":
         return read_event_callback(payload)
     if kind == "block_actions":
@@ -169,16 +192,23 @@ def _from_payload(payload: Any) -> Envelope:
 
 def read_event(event: Mapping[str, Any], field: str = "event") -> Event:
     """An Events API event (the part clarion's listeners read)."""
-    return Event(type=text(event, "type", f"{field}.type", required=True, max_len=64) or "",
-                 user=ident(event, "user", f"{field}.user"), tab=text(event, "tab", f"{field}.tab", max_len=32),
-                 channel=ident(event, "channel", f"{field}.channel"), bot_id=ident(event, "bot_id", f"{field}.bot_id"))
+    return Event(
+        type=text(event, "type", f"{field}.type", required=True, max_len=64) or "",
+        user=ident(event, "user", f"{field}.user"),
+        tab=text(event, "tab", f"{field}.tab", max_len=32),
+        channel=ident(event, "channel", f"{field}.channel"),
+        bot_id=ident(event, "bot_id", f"{field}.bot_id"),
+    )
 
 
 def read_event_callback(payload: Mapping[str, Any]) -> EventCallback:
     event = obj(payload, "event", "event", required=True) or {}
-    return EventCallback(read_event(event), team_id=ident(payload, "team_id", "team_id"),
-                         api_app_id=ident(payload, "api_app_id", "api_app_id"),
-                         event_id=ident(payload, "event_id", "event_id"))
+    return EventCallback(
+        read_event(event),
+        team_id=ident(payload, "team_id", "team_id"),
+        api_app_id=ident(payload, "api_app_id", "api_app_id"),
+        event_id=ident(payload, "event_id", "event_id"),
+    )
 
 
 def read_block_actions(payload: Mapping[str, Any]) -> BlockActions:
@@ -195,14 +225,18 @@ def read_block_actions(payload: Mapping[str, Any]) -> BlockActions:
         actions=tuple(_action(a, f"actions[{i}]") for i, a in enumerate(actions)),
         team_id=ident(team, "id", "team.id") or ident(user, "team_id", "user.team_id"),
         api_app_id=ident(payload, "api_app_id", "api_app_id"),
-        channel_id=ident(container, "channel_id", "container.channel_id") or ident(channel, "id", "channel.id"),
-        message_ts=ident(container, "message_ts", "container.message_ts"))
+        channel_id=ident(container, "channel_id", "container.channel_id")
+        or ident(channel, "id", "channel.id"),
+        message_ts=ident(container, "message_ts", "container.message_ts"),
+    )
 
 
 def _action(action: Any, field: str) -> Action:
     if not isinstance(action, dict):
         raise Refused(400, f"{field}: expected an object")
-    return Action(action_id=text(action, "action_id", f"{field}.action_id", required=True, max_len=255) or "",
-                  value=json_value(action.get("value"), f"{field}.value"),
-                  block_id=text(action, "block_id", f"{field}.block_id", max_len=255),
-                  type=text(action, "type", f"{field}.type", max_len=64))
+    return Action(
+        action_id=text(action, "action_id", f"{field}.action_id", required=True, max_len=255) or "",
+        value=json_value(action.get("value"), f"{field}.value"),
+        block_id=text(action, "block_id", f"{field}.block_id", max_len=255),
+        type=text(action, "type", f"{field}.type", max_len=64),
+    )

@@ -70,8 +70,10 @@ log = logging.getLogger(__name__)
 HELP = 'I send your growth-plan nudges. Send "preferences" to choose which ones you get.'
 NOT_VALID = "This button can't be used any more."
 UNKNOWN_USER = "I don't have you on my list yet, so there is nothing to set."
-LOCAL_MODE_WARNING = ("CLARION_TEAMS_APP_ID=none: Teams requests are NOT authenticated; anyone who can reach "
-                      "/api/messages can act as any Teams user (local development only)")
+LOCAL_MODE_WARNING = (
+    "CLARION_TEAMS_APP_ID=none: Teams requests are NOT authenticated; anyone who can reach "
+    "/api/messages can act as any Teams user (local development only)"
+)
 
 
 # --- the adapter -----------------------------------------------------------------------------------
@@ -97,8 +99,11 @@ class ClarionCloudAdapter(CloudAdapter):
         try:
             auth, activity = await self._admit(body, auth_header or None)
         except Refused as error:
-            log.info("teams request refused: %s", error.reason,
-                     extra={"action": "teams_refused", "status": error.status, "reason": error.reason})
+            log.info(
+                "teams request refused: %s",
+                error.reason,
+                extra={"action": "teams_refused", "status": error.status, "reason": error.reason},
+            )
             return error.status, {"error": error.reason}
         response = await self.process_activity(auth, activity, bot.on_turn)
         if response is None:
@@ -121,14 +126,20 @@ class ClarionCloudAdapter(CloudAdapter):
         except Refused as error:
             malformed = error
         try:
-            auth = await self.bot_framework_authentication.authenticate_request(probe(data), auth_header)
-        except Exception as exc:  # PermissionError, a malformed JWT, an unreachable key set: all 401
+            auth = await self.bot_framework_authentication.authenticate_request(
+                probe(data), auth_header
+            )
+        except (
+            Exception
+        ) as exc:  # PermissionError, a malformed JWT, an unreachable key set: all 401
             raise Refused(401, f"not authenticated: {str(exc)[:120]}") from exc
         if malformed is not None:
             raise malformed
         return auth, read_activity(data)
 
-    async def process(self, request: Any, bot: Bot, ws_response: Any = None) -> AiohttpResponse | None:
+    async def process(
+        self, request: Any, bot: Bot, ws_response: Any = None
+    ) -> AiohttpResponse | None:
         """The aiohttp entry point, fixed (for hosts that serve their bot with aiohttp)."""
         if request.method != "POST":
             return await super().process(request, bot, ws_response)
@@ -136,8 +147,14 @@ class ClarionCloudAdapter(CloudAdapter):
             raise HTTPUnsupportedMediaType()
         if (request.content_length or 0) > BODY_LIMIT:
             return AiohttpResponse(status=413)
-        status, body = await self.handle(await request.read(), request.headers.get("Authorization"), bot)
-        return json_response(body, status=status) if body is not None else AiohttpResponse(status=status)
+        status, body = await self.handle(
+            await request.read(), request.headers.get("Authorization"), bot
+        )
+        return (
+            json_response(body, status=status)
+            if body is not None
+            else AiohttpResponse(status=status)
+        )
 
 
 class _AuthConfig:
@@ -149,24 +166,37 @@ class _AuthConfig:
         self.APP_PASSWORD = "" if local else s.teams_app_password
         if s.teams_tenant_id and not local:
             self.APP_TYPE, self.APP_TENANTID = "SingleTenant", s.teams_tenant_id
-        if openid_metadata_url:  # another key source (tests, sovereign clouds): the public-cloud rest
+        if (
+            openid_metadata_url
+        ):  # another key source (tests, sovereign clouds): the public-cloud rest
             self.TO_BOT_FROM_CHANNEL_OPENID_METADATA_URL = openid_metadata_url
-            self.TO_BOT_FROM_CHANNEL_TOKEN_ISSUER = AuthenticationConstants.TO_BOT_FROM_CHANNEL_TOKEN_ISSUER
-            self.TO_CHANNEL_FROM_BOT_LOGIN_URL = AuthenticationConstants.TO_CHANNEL_FROM_BOT_LOGIN_URL
-            self.TO_CHANNEL_FROM_BOT_OAUTH_SCOPE = AuthenticationConstants.TO_CHANNEL_FROM_BOT_OAUTH_SCOPE
+            self.TO_BOT_FROM_CHANNEL_TOKEN_ISSUER = (
+                AuthenticationConstants.TO_BOT_FROM_CHANNEL_TOKEN_ISSUER
+            )
+            self.TO_CHANNEL_FROM_BOT_LOGIN_URL = (
+                AuthenticationConstants.TO_CHANNEL_FROM_BOT_LOGIN_URL
+            )
+            self.TO_CHANNEL_FROM_BOT_OAUTH_SCOPE = (
+                AuthenticationConstants.TO_CHANNEL_FROM_BOT_OAUTH_SCOPE
+            )
             self.TO_BOT_FROM_EMULATOR_OPENID_METADATA_URL = (
-                AuthenticationConstants.TO_BOT_FROM_EMULATOR_OPENID_METADATA_URL)
+                AuthenticationConstants.TO_BOT_FROM_EMULATOR_OPENID_METADATA_URL
+            )
             self.OAUTH_URL = AuthenticationConstants.OAUTH_URL
 
 
-def build_adapter(s: settings.Settings | None = None, *, openid_metadata_url: str | None = None) -> ClarionCloudAdapter:
+def build_adapter(
+    s: settings.Settings | None = None, *, openid_metadata_url: str | None = None
+) -> ClarionCloudAdapter:
     """The adapter for these settings: Bot Framework authentication unless the app id is "none"."""
     s = s or settings.get()
     local = local_mode(s.teams_app_id)
     if local:
         log.warning(LOCAL_MODE_WARNING, extra={"action": "teams_local_mode"})
-    return ClarionCloudAdapter(ConfigurationBotFrameworkAuthentication(_AuthConfig(s, openid_metadata_url)),
-                               require_token=not local)
+    return ClarionCloudAdapter(
+        ConfigurationBotFrameworkAuthentication(_AuthConfig(s, openid_metadata_url)),
+        require_token=not local,
+    )
 
 
 # --- what clarion does with an activity ----------------------------------------------------------
@@ -175,8 +205,11 @@ def build_adapter(s: settings.Settings | None = None, *, openid_metadata_url: st
 def _authenticated(turn_context: TurnContext) -> bool:
     """Did the adapter authenticate this turn (a Bot Framework token with claims)?"""
     identity = turn_context.turn_state.get(BotAdapter.BOT_IDENTITY_KEY)
-    return not (identity is None or not identity.claims
-                or identity.authentication_type == AuthenticationConstants.ANONYMOUS_AUTH_TYPE)
+    return not (
+        identity is None
+        or not identity.claims
+        or identity.authentication_type == AuthenticationConstants.ANONYMOUS_AUTH_TYPE
+    )
 
 
 def _trusted(turn_context: TurnContext) -> bool:
@@ -186,7 +219,9 @@ def _trusted(turn_context: TurnContext) -> bool:
 
 def _store_reference(teams_user: str, reference: str, only_from: str | None) -> store.Remembered:
     with engine().begin() as conn:
-        remembered = store.remember_conversation(conn, teams_user, reference, now=clock.now(), only_from=only_from)
+        remembered = store.remember_conversation(
+            conn, teams_user, reference, now=clock.now(), only_from=only_from
+        )
         if remembered.accepted:  # they can talk to the bot, so it is installed
             store.lift_deactivation(conn, teams_user)
     return remembered
@@ -200,22 +235,32 @@ async def remember_conversation(turn_context: TurnContext) -> bool:
     reference = reference_from_activity(turn_context.activity)
     if reference is None or not _trusted(turn_context):
         return False
-    only_from = None if _authenticated(turn_context) else (store.origin(reference.service_url) or "")
+    only_from = (
+        None if _authenticated(turn_context) else (store.origin(reference.service_url) or "")
+    )
     try:
-        remembered = await asyncio.to_thread(_store_reference, turn_context.activity.from_property.id,
-                                             reference.to_json(), only_from)
+        remembered = await asyncio.to_thread(
+            _store_reference, turn_context.activity.from_property.id, reference.to_json(), only_from
+        )
     except Exception:
         log.exception("teams conversation not stored", extra={"action": "teams_reference_error"})
         return False
     if remembered.refused:
-        log.warning("unauthenticated teams activity from another origin: conversation kept",
-                    extra={"action": "teams_reference_refused", "users": remembered.refused})
+        log.warning(
+            "unauthenticated teams activity from another origin: conversation kept",
+            extra={"action": "teams_reference_refused", "users": remembered.refused},
+        )
     if remembered.changed:
-        log.info("teams conversation stored", extra={"action": "teams_reference_stored", "users": remembered.changed})
+        log.info(
+            "teams conversation stored",
+            extra={"action": "teams_reference_stored", "users": remembered.changed},
+        )
     return bool(remembered.changed)
 
 
-async def handle_teams_activity(turn_context: TurnContext, *, command: str | None = "preferences") -> bool:
+async def handle_teams_activity(
+    turn_context: TurnContext, *, command: str | None = "preferences"
+) -> bool:
     """Clarion's part of a Teams turn; True if the activity was clarion's (the host stops there).
     `command` is the chat word that opens the preferences card (None: no chat command)."""
     await remember_conversation(turn_context)
@@ -223,7 +268,10 @@ async def handle_teams_activity(turn_context: TurnContext, *, command: str | Non
     if action is None:
         return False
     if not _trusted(turn_context):  # anyone could have sent it, as anyone: act on nothing
-        log.warning("unauthenticated teams action ignored", extra={"action": "teams_untrusted", "kind": action.kind})
+        log.warning(
+            "unauthenticated teams action ignored",
+            extra={"action": "teams_untrusted", "kind": action.kind},
+        )
         if action.via == "execute":
             await _respond(turn_context, _message_response(NOT_VALID))
         return True
@@ -233,9 +281,13 @@ async def handle_teams_activity(turn_context: TurnContext, *, command: str | Non
         else:
             await _on_preferences(turn_context, action)
     except Exception:  # a bug or an outage must not surface as a Teams error; the click is recorded
-        log.exception("teams action failed", extra={"action": "teams_action_error", "kind": action.kind})
+        log.exception(
+            "teams action failed", extra={"action": "teams_action_error", "kind": action.kind}
+        )
         if action.via == "execute":
-            await _respond(turn_context, _message_response("Something went wrong. Please try again later."))
+            await _respond(
+                turn_context, _message_response("Something went wrong. Please try again later.")
+            )
     return True
 
 
@@ -257,10 +309,15 @@ def _answered(click: Click) -> dict | None:
     version = target["template_version"]
     if ntype is None or version not in ntype.templates:
         return None
-    message = Message(delivery_id=target["id"], user_id=target["user_id"], type_key=target["type_key"],
-                      occurrence_key=target["occurrence_key"], channel="teams",
-                      content=ntype.render(version, "teams", target["variables"] or {}),
-                      buttons=ntype.templates[version].buttons)
+    message = Message(
+        delivery_id=target["id"],
+        user_id=target["user_id"],
+        type_key=target["type_key"],
+        occurrence_key=target["occurrence_key"],
+        channel="teams",
+        content=ntype.render(version, "teams", target["variables"] or {}),
+        buttons=ntype.templates[version].buttons,
+    )
     return answered_card(message, click.label)
 
 
@@ -274,7 +331,9 @@ async def _refresh(turn_context: TurnContext, target: dict, card: dict) -> None:
     try:
         await turn_context.update_activity(update)
     except Exception:
-        log.warning("teams card not updated", extra={"action": "teams_update_failed"}, exc_info=True)
+        log.warning(
+            "teams card not updated", extra={"action": "teams_update_failed"}, exc_info=True
+        )
 
 
 async def _on_preferences(turn_context: TurnContext, action: TeamsAction) -> None:
@@ -284,10 +343,14 @@ async def _on_preferences(turn_context: TurnContext, action: TeamsAction) -> Non
         return
     reply_to = turn_context.activity.reply_to_id
     if card is not None and action.kind == "preferences_save" and reply_to:
-        update = Activity(type=ActivityTypes.message, id=reply_to, attachments=[card_attachment(card)])
+        update = Activity(
+            type=ActivityTypes.message, id=reply_to, attachments=[card_attachment(card)]
+        )
         await _reply(turn_context.update_activity(update))
         return
-    reply = Activity(type=ActivityTypes.message, attachments=[card_attachment(card)]) if card else text
+    reply = (
+        Activity(type=ActivityTypes.message, attachments=[card_attachment(card)]) if card else text
+    )
     await _reply(turn_context.send_activity(reply))
 
 
@@ -297,7 +360,9 @@ async def _reply(call: Awaitable[Any]) -> None:
     try:
         await call
     except Exception as exc:
-        log.warning("teams reply failed: %s", type(exc).__name__, extra={"action": "teams_reply_failed"})
+        log.warning(
+            "teams reply failed: %s", type(exc).__name__, extra={"action": "teams_reply_failed"}
+        )
 
 
 def _preferences(action: TeamsAction) -> tuple[dict | None, str]:
@@ -323,9 +388,11 @@ def _preferences(action: TeamsAction) -> tuple[dict | None, str]:
 def _choices(user_id: str) -> list[tuple[str, str, bool]]:
     """(type key, label, enabled on Teams) for every type a recipient may switch off on Teams."""
     resolved = get_preferences(user_id)["types"]
-    return [(t.key, t.key.replace("_", " ").capitalize(), resolved[t.key]["teams"]["enabled"])
-            for t in runtime.catalog().types.values()
-            if "teams" in t.channels and t.category not in LOCKED_CATEGORIES]
+    return [
+        (t.key, t.key.replace("_", " ").capitalize(), resolved[t.key]["teams"]["enabled"])
+        for t in runtime.catalog().types.values()
+        if "teams" in t.channels and t.category not in LOCKED_CATEGORIES
+    ]
 
 
 def _card_response(card: dict) -> dict:
@@ -338,8 +405,9 @@ def _message_response(text: str) -> dict:
 
 async def _respond(turn_context: TurnContext, body: dict) -> None:
     """Answer the invoke (the adapter returns it as the HTTP response)."""
-    await turn_context.send_activity(Activity(type=ActivityTypes.invoke_response,
-                                              value=InvokeResponse(status=200, body=body)))
+    await turn_context.send_activity(
+        Activity(type=ActivityTypes.invoke_response, value=InvokeResponse(status=200, body=body))
+    )
 
 
 class ClarionBot(ActivityHandler):
@@ -375,7 +443,9 @@ def routes(*, adapter: ClarionCloudAdapter | None = None, bot: Bot | None = None
 
     async def messages(request: Request) -> Response:
         if adapter is None and not settings.get().teams_app_id:
-            return Response(status_code=404)  # Teams is off: never run without authentication by default
+            return Response(
+                status_code=404
+            )  # Teams is off: never run without authentication by default
         try:
             body = await read_body(request, BODY_LIMIT)
         except Refused as error:
@@ -384,10 +454,16 @@ def routes(*, adapter: ClarionCloudAdapter | None = None, bot: Bot | None = None
             return Response(status_code=415)
         the_adapter, the_bot = parts()
         try:
-            status, answer = await the_adapter.handle(body, request.headers.get("authorization"), the_bot)
+            status, answer = await the_adapter.handle(
+                body, request.headers.get("authorization"), the_bot
+            )
         except Exception:
             log.exception("teams turn failed", extra={"action": "teams_turn_error"})
             return Response(status_code=500)
-        return JSONResponse(answer, status_code=status) if answer is not None else Response(status_code=status)
+        return (
+            JSONResponse(answer, status_code=status)
+            if answer is not None
+            else Response(status_code=status)
+        )
 
     return [Route("/api/messages", messages, methods=["POST"])]

@@ -42,8 +42,13 @@ def probe(data: Any) -> Activity:
     recipient = fields.get("recipient")
     if not isinstance(recipient, dict):
         recipient = {}
-    return Activity(channel_id=string(fields.get("channelId")), service_url=string(fields.get("serviceUrl")),
-                    recipient=ChannelAccount(id=string(recipient.get("id")), role=string(recipient.get("role"))))
+    return Activity(
+        channel_id=string(fields.get("channelId")),
+        service_url=string(fields.get("serviceUrl")),
+        recipient=ChannelAccount(
+            id=string(recipient.get("id")), role=string(recipient.get("role"))
+        ),
+    )
 
 
 def read_activity(data: Any) -> Activity:
@@ -53,11 +58,18 @@ def read_activity(data: Any) -> Activity:
     kind = text(data, "type", "type", required=True, max_len=64)
     name = text(data, "name", "name", max_len=256)
     checked: dict[str, Any] = {
-        "type": kind, "name": name, "id": ident(data, "id", "id"), "channelId": ident(data, "channelId", "channelId"),
-        "serviceUrl": service_url(data), "replyToId": ident(data, "replyToId", "replyToId"),
-        "text": text(data, "text", "text", max_len=MAX_MESSAGE), "locale": text(data, "locale", "locale", max_len=64),
-        "from": _account(data, "from"), "recipient": _account(data, "recipient"),
-        "conversation": _conversation(data), "channelData": _channel_data(data),
+        "type": kind,
+        "name": name,
+        "id": ident(data, "id", "id"),
+        "channelId": ident(data, "channelId", "channelId"),
+        "serviceUrl": service_url(data),
+        "replyToId": ident(data, "replyToId", "replyToId"),
+        "text": text(data, "text", "text", max_len=MAX_MESSAGE),
+        "locale": text(data, "locale", "locale", max_len=64),
+        "from": _account(data, "from"),
+        "recipient": _account(data, "recipient"),
+        "conversation": _conversation(data),
+        "channelData": _channel_data(data),
         "value": json_value(data.get("value"), "value"),
     }
     if kind == "invoke" and name == CARD_ACTION:
@@ -85,9 +97,12 @@ def _account(data: Mapping[str, Any], key: str) -> dict[str, Any] | None:
     account = obj(data, key, key)
     if account is None:
         return None
-    fields = {"id": ident(account, "id", f"{key}.id"), "name": text(account, "name", f"{key}.name", max_len=256),
-              "aadObjectId": ident(account, "aadObjectId", f"{key}.aadObjectId"),
-              "role": text(account, "role", f"{key}.role", max_len=32)}
+    fields = {
+        "id": ident(account, "id", f"{key}.id"),
+        "name": text(account, "name", f"{key}.name", max_len=256),
+        "aadObjectId": ident(account, "aadObjectId", f"{key}.aadObjectId"),
+        "role": text(account, "role", f"{key}.role", max_len=32),
+    }
     return {k: v for k, v in fields.items() if v is not None}
 
 
@@ -95,9 +110,13 @@ def _conversation(data: Mapping[str, Any]) -> dict[str, Any] | None:
     conversation = obj(data, "conversation", "conversation")
     if conversation is None:
         return None
-    fields = {"id": ident(conversation, "id", "conversation.id"),
-              "conversationType": text(conversation, "conversationType", "conversation.conversationType", max_len=32),
-              "tenantId": ident(conversation, "tenantId", "conversation.tenantId")}
+    fields = {
+        "id": ident(conversation, "id", "conversation.id"),
+        "conversationType": text(
+            conversation, "conversationType", "conversation.conversationType", max_len=32
+        ),
+        "tenantId": ident(conversation, "tenantId", "conversation.tenantId"),
+    }
     return {k: v for k, v in fields.items() if v is not None}
 
 

@@ -17,8 +17,12 @@ from tests.support.cluster import Cluster, counts, wait_settled
 
 pytestmark = pytest.mark.acceptance
 
-FAST = {"CLARION_CLAIM_LEASE": "3", "CLARION_STRAY_AFTER": "2", "CLARION_BATCH_SIZE": "50",
-        "CLARION_TICK_INTERVAL": "0.5"}
+FAST = {
+    "CLARION_CLAIM_LEASE": "3",
+    "CLARION_STRAY_AFTER": "2",
+    "CLARION_BATCH_SIZE": "50",
+    "CLARION_TICK_INTERVAL": "0.5",
+}
 
 
 def _requests(users: int, per_user: int) -> list[dict]:
@@ -26,11 +30,23 @@ def _requests(users: int, per_user: int) -> list[dict]:
     for u in range(users):
         for n in range(per_user):
             if n % 2:
-                items.append(dict(user_id=f"u{u}", type_key="nudge", occurrence_key=f"nudge:{n}",
-                                  variables={"name": f"N{u}"}))
+                items.append(
+                    dict(
+                        user_id=f"u{u}",
+                        type_key="nudge",
+                        occurrence_key=f"nudge:{n}",
+                        variables={"name": f"N{u}"},
+                    )
+                )
             else:
-                items.append(dict(user_id=f"u{u}", type_key="receipt", event_id=f"order-{u}-{n}",
-                                  variables={"order": f"{u}-{n}"}))
+                items.append(
+                    dict(
+                        user_id=f"u{u}",
+                        type_key="receipt",
+                        event_id=f"order-{u}-{n}",
+                        variables={"order": f"{u}-{n}"},
+                    )
+                )
     return items
 
 
@@ -73,7 +89,11 @@ def _repeated_deliveries(receiver: Receiver) -> set[int]:
 
 def _incident_deliveries(kind: str) -> set[int]:
     with engine().connect() as conn:
-        return set(conn.execute(text("SELECT delivery_id FROM incidents WHERE kind = :k"), {"k": kind}).scalars())
+        return set(
+            conn.execute(
+                text("SELECT delivery_id FROM incidents WHERE kind = :k"), {"k": kind}
+            ).scalars()
+        )
 
 
 def test_ten_thousand_requests_survive_workers_killed_every_few_seconds(clarion_env, tmp_path):
@@ -82,7 +102,9 @@ def test_ten_thousand_requests_survive_workers_killed_every_few_seconds(clarion_
     items = _requests(users, per_user)  # 10,000 distinct occurrences
     repeats = rng.sample(items, len(items) // 10)  # repeated events ...
     with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as receiver:
-        cluster = Cluster({**clarion_env.env, **FAST, "CLARION_WEBHOOK_URL": receiver.url}, tmp_path / "logs")
+        cluster = Cluster(
+            {**clarion_env.env, **FAST, "CLARION_WEBHOOK_URL": receiver.url}, tmp_path / "logs"
+        )
         workers = ["w1", "w2", "w3"]
         try:
             for name in workers:
@@ -118,9 +140,11 @@ def test_ten_thousand_requests_survive_workers_killed_every_few_seconds(clarion_
         assert incidents <= repeated, "an incident that marks no repeat"
         assert len(repeated - incidents) <= len(kills), "repeats no incident records"
         assert not _incident_deliveries("outcome_unknown")
-        print(f"\nkills={len(kills)} arrivals={receiver.arrivals.total} "
-              f"unique={receiver.arrivals.unique} dropped_by_key={receiver.arrivals.repeats} "
-              f"incidents={len(incidents)} precision={len(incidents & repeated) / max(1, len(incidents)):.2f}")
+        print(
+            f"\nkills={len(kills)} arrivals={receiver.arrivals.total} "
+            f"unique={receiver.arrivals.unique} dropped_by_key={receiver.arrivals.repeats} "
+            f"incidents={len(incidents)} precision={len(incidents & repeated) / max(1, len(incidents)):.2f}"
+        )
 
 
 def test_a_crash_after_the_send_resends_once_under_the_same_key(clarion_env, tmp_path):
@@ -128,9 +152,14 @@ def test_a_crash_after_the_send_resends_once_under_the_same_key(clarion_env, tmp
     with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as receiver:
         # one send in flight per process, so each crash leaves exactly one sent-but-unrecorded row
         # (with more in flight, a crash can leave up to CLARION_SEND_CONCURRENCY of them)
-        env = {**clarion_env.env, **FAST, "CLARION_WEBHOOK_URL": receiver.url, "CLARION_SEND_CONCURRENCY": "1",
-               "CLARION_FAULTS": "deliver.after_send=crash*3",
-               "CLARION_FAULTS_DIR": str(tmp_path / "faults")}
+        env = {
+            **clarion_env.env,
+            **FAST,
+            "CLARION_WEBHOOK_URL": receiver.url,
+            "CLARION_SEND_CONCURRENCY": "1",
+            "CLARION_FAULTS": "deliver.after_send=crash*3",
+            "CLARION_FAULTS_DIR": str(tmp_path / "faults"),
+        }
         cluster = Cluster(env, tmp_path / "logs")
         try:
             cluster.worker("w1")
@@ -141,7 +170,9 @@ def test_a_crash_after_the_send_resends_once_under_the_same_key(clarion_env, tmp
         finally:
             cluster.stop()
     assert settled
-    assert len(list((tmp_path / "faults").iterdir())) == 3, "the fault point did not fire three times"
+    assert len(list((tmp_path / "faults").iterdir())) == 3, (
+        "the fault point did not fire three times"
+    )
     _assert_every_occurrence_once(receiver, items)
     # Each crash happened after the receiver accepted a message and before "sent" was recorded, so
     # exactly three messages arrived twice, each time with the same idempotency key, which is what
@@ -159,26 +190,56 @@ def test_an_activation_backlog_does_not_delay_transactional(clarion_env, tmp_pat
         cluster = Cluster(env, tmp_path / "logs")
         try:
             # The activation lane's worker is slowed to a crawl: every batch hangs one second.
-            cluster.worker("activation", ["activation"], concurrency=1,
-                           env={"CLARION_FAULTS": "deliver.after_claim=sleep:1"})
+            cluster.worker(
+                "activation",
+                ["activation"],
+                concurrency=1,
+                env={"CLARION_FAULTS": "deliver.after_claim=sleep:1"},
+            )
             cluster.worker("transactional", ["transactional"], concurrency=1)
             cluster.worker("control", ["control"], concurrency=1)
             for u in range(100):
                 register_recipient(f"u{u}", timezone="UTC")
-            notify_many([dict(user_id=f"u{u}", type_key="nudge", occurrence_key=f"n{n}",
-                              variables={"name": "x"}) for u in range(100) for n in range(30)])
-            notify_many([dict(user_id=f"u{u}", type_key="receipt", event_id=f"r{u}",
-                              variables={"order": str(u)}) for u in range(100)])
+            notify_many(
+                [
+                    dict(
+                        user_id=f"u{u}",
+                        type_key="nudge",
+                        occurrence_key=f"n{n}",
+                        variables={"name": "x"},
+                    )
+                    for u in range(100)
+                    for n in range(30)
+                ]
+            )
+            notify_many(
+                [
+                    dict(
+                        user_id=f"u{u}",
+                        type_key="receipt",
+                        event_id=f"r{u}",
+                        variables={"order": str(u)},
+                    )
+                    for u in range(100)
+                ]
+            )
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and counts(
-                    "SELECT count(*) FROM deliveries WHERE lane = 'transactional' AND state = 'sent'") < 100:
+            while (
+                time.monotonic() < deadline
+                and counts(
+                    "SELECT count(*) FROM deliveries WHERE lane = 'transactional' AND state = 'sent'"
+                )
+                < 100
+            ):
                 time.sleep(0.2)
             transactional_sent = counts(
-                "SELECT count(*) FROM deliveries WHERE lane = 'transactional' AND state = 'sent'")
+                "SELECT count(*) FROM deliveries WHERE lane = 'transactional' AND state = 'sent'"
+            )
             activation_unsent = counts(
                 "SELECT count(*) FROM requests r WHERE lane = 'activation' AND NOT EXISTS ("
                 " SELECT 1 FROM deliveries d WHERE d.user_id = r.user_id AND d.request_id = r.id"
-                " AND d.state = 'sent')")
+                " AND d.state = 'sent')"
+            )
         finally:
             cluster.stop()
     assert transactional_sent == 100

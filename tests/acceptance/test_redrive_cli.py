@@ -25,7 +25,9 @@ def clarion(receiver, clarion_env):  # noqa: F811 - the receiver fixture, import
     env = {**os.environ, **clarion_env.env}
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(CLARION), *args], env=env, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [str(CLARION), *args], env=env, capture_output=True, text=True, timeout=120
+        )
 
     return run
 
@@ -47,8 +49,15 @@ def test_redrive_dry_run_then_for_real(clarion, monkeypatch, tmp_path):
     assert len(rows("SELECT 1 FROM decisions WHERE gate = 'redrive'")) == 2
 
 
-@pytest.mark.parametrize("args", [["--limit", "0"], ["--since", "yesterday"], ["--until", "2026-12-01T00:00"],
-                                  ["--state", "sent"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--limit", "0"],
+        ["--since", "yesterday"],
+        ["--until", "2026-12-01T00:00"],
+        ["--state", "sent"],
+    ],
+)
 def test_bad_redrive_calls_are_refused_with_one_line(clarion, args):
     result = clarion("redrive", *args)
     if args[0] == "--state":  # argparse's own refusal

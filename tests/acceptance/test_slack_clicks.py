@@ -44,8 +44,13 @@ LABELS = {"grow_team": "Grow my team", "ship_faster": "Ship faster"}
 @pytest.fixture
 def fake(clarion_env, monkeypatch) -> Iterator[FakeSlack]:
     with FakeSlack() as server, publishing_to_this_tests_broker():
-        configure(monkeypatch, catalog=ROOT / "catalog" / "examples" / "activation.yaml",
-                  slack_token=FakeSlack.TOKEN, slack_api_url=server.api_url, slack_signing_secret=SECRET)
+        configure(
+            monkeypatch,
+            catalog=ROOT / "catalog" / "examples" / "activation.yaml",
+            slack_token=FakeSlack.TOKEN,
+            slack_api_url=server.api_url,
+            slack_signing_secret=SECRET,
+        )
         yield server
 
 
@@ -53,25 +58,44 @@ def _sent_nudges() -> list[dict]:
     """N managers, each with one goal prompt posted on Slack."""
     for n in range(N):
         register_recipient(f"m{n:03d}", timezone="UTC", addresses={"slack": f"U{n:03d}"})
-    requests = notify_many([dict(user_id=f"m{n:03d}", type_key="goal_prompt", event_id="q3",
-                                 variables={"first_name": "Sam"}) for n in range(N)])
+    requests = notify_many(
+        [
+            dict(
+                user_id=f"m{n:03d}",
+                type_key="goal_prompt",
+                event_id="q3",
+                variables={"first_name": "Sam"},
+            )
+            for n in range(N)
+        ]
+    )
     users = [f"m{n:03d}" for n in range(N)]
     assert route(users, [r.request_id for r in requests]) == N
     drain("activation")
-    sent = rows("SELECT d.user_id, d.id, d.provider_message_id, rc.addresses ->> 'slack' AS slack"
-                " FROM deliveries d JOIN recipients rc USING (user_id) ORDER BY d.id")
+    sent = rows(
+        "SELECT d.user_id, d.id, d.provider_message_id, rc.addresses ->> 'slack' AS slack"
+        " FROM deliveries d JOIN recipients rc USING (user_id) ORDER BY d.id"
+    )
     assert deliver([r["user_id"] for r in sent], [r["id"] for r in sent]) == N
-    return rows("SELECT d.user_id, d.id, d.provider_message_id, rc.addresses ->> 'slack' AS slack"
-                " FROM deliveries d JOIN recipients rc USING (user_id) ORDER BY d.id")
+    return rows(
+        "SELECT d.user_id, d.id, d.provider_message_id, rc.addresses ->> 'slack' AS slack"
+        " FROM deliveries d JOIN recipients rc USING (user_id) ORDER BY d.id"
+    )
 
 
 def _host_app(api_url: str) -> Starlette:
     """A host's own bot: its Bolt App, its own route, clarion's handlers registered on it. (It
     finishes listeners before answering, so the process can exit right after its last click.)"""
-    host = App(client=WebClient(token=FakeSlack.TOKEN, base_url=api_url), signing_secret=HOST_SECRET,
-               token_verification_enabled=False, process_before_response=True)
+    host = App(
+        client=WebClient(token=FakeSlack.TOKEN, base_url=api_url),
+        signing_secret=HOST_SECRET,
+        token_verification_enabled=False,
+        process_before_response=True,
+    )
     web_slack.register(host)
-    return Starlette(routes=[Route("/host/slack", SlackRequestHandler(host).handle, methods=["POST"])])
+    return Starlette(
+        routes=[Route("/host/slack", SlackRequestHandler(host).handle, methods=["POST"])]
+    )
 
 
 def _click_all(which: int, targets: list[dict], barrier, mount: str, api_url: str) -> list[int]:
@@ -83,8 +107,12 @@ def _click_all(which: int, targets: list[dict], barrier, mount: str, api_url: st
     statuses = []
     for t in targets:
         channel, ts = t["provider_message_id"].split(":")
-        value = json.dumps({"u": t["user_id"], "d": t["id"], "a": ANSWERS[which]}, separators=(",", ":"))
-        body = block_actions(t["slack"], value, action_id=f"clarion:{ANSWERS[which]}", channel=channel, ts=ts)
+        value = json.dumps(
+            {"u": t["user_id"], "d": t["id"], "a": ANSWERS[which]}, separators=(",", ":")
+        )
+        body = block_actions(
+            t["slack"], value, action_id=f"clarion:{ANSWERS[which]}", channel=channel, ts=ts
+        )
         headers = signed(secret, body, content_type="application/x-www-form-urlencoded")
         barrier.wait(timeout=60)  # both processes post this message's click at the same instant
         statuses.append(client.post(path, content=body, headers=headers).status_code)
@@ -116,7 +144,8 @@ def test_two_processes_clicking_different_answers_record_exactly_one_and_show_it
         assert len(updates) == 2  # one chat.update from each process ...
         for blocks in updates:  # ... both showing the one recorded answer, the last one included
             assert [e["text"] for b in blocks if b["type"] == "context" for e in b["elements"]] == [
-                f"Answered: {label}"]
+                f"Answered: {label}"
+            ]
             assert "actions" not in [b["type"] for b in blocks]
     wins = Counter(r["answer"] for r in answered.values())
     print(f"\n{mount}: first answers won per process: {dict(wins)}")

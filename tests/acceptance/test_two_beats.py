@@ -43,7 +43,9 @@ class LoggedCluster(Cluster):
         self._start(name, launch.beat_command(home, loglevel="INFO"), {})
 
     def log_text(self, name: str) -> str:
-        return "".join(p.read_text(errors="replace") for p in sorted(self.logs.glob(f"{name}.*.log")))
+        return "".join(
+            p.read_text(errors="replace") for p in sorted(self.logs.glob(f"{name}.*.log"))
+        )
 
 
 @pytest.fixture
@@ -63,15 +65,22 @@ def _start(env: dict[str, str], logs: Path) -> LoggedCluster:
     cluster.beat("beat1")
     cluster.beat("beat2")
     ready = launch.wait_until(
-        lambda: all(SENT_TICK in cluster.log_text(b) for b in ("beat1", "beat2"))
-        and any(TICK_DONE.search(cluster.log_text(w)) for w in ("control1", "control2")), 60, 0.25)
+        lambda: (
+            all(SENT_TICK in cluster.log_text(b) for b in ("beat1", "beat2"))
+            and any(TICK_DONE.search(cluster.log_text(w)) for w in ("control1", "control2"))
+        ),
+        60,
+        0.25,
+    )
     if not ready:
         cluster.stop()
         pytest.fail("beats and control workers did not start ticking within 60 s")
     return cluster
 
 
-def _arm_spread(users: int, per_user: int, window: float, lead: float = 3.0) -> tuple[datetime, list[float]]:
+def _arm_spread(
+    users: int, per_user: int, window: float, lead: float = 3.0
+) -> tuple[datetime, list[float]]:
     """Arm users × per_user daily series whose occurrence 0 falls due spread evenly over `window`
     seconds from a whole second `lead` seconds ahead. Armed in chunks of `users` series, in the order
     they fall due, each chunk committed while the beats already tick. Returns (start, for each chunk
@@ -87,7 +96,14 @@ def _arm_spread(users: int, per_user: int, window: float, lead: float = 3.0) -> 
             for u in range(users):
                 i = chunk * users + u
                 anchor = (base + timedelta(seconds=i * window / total)).replace(tzinfo=None)
-                arm_series(f"u{u}", TYPE, anchor=anchor, every="1d", series_key=f"s{chunk}", connection=conn)
+                arm_series(
+                    f"u{u}",
+                    TYPE,
+                    anchor=anchor,
+                    every="1d",
+                    series_key=f"s{chunk}",
+                    connection=conn,
+                )
         first_due = base + timedelta(seconds=chunk * users * window / total)
         slack.append((first_due.replace(microsecond=0) - datetime.now(UTC)).total_seconds())
     return base, slack
@@ -107,20 +123,31 @@ def _ledger() -> dict[str, object]:
     """What the ticks left behind, joined back to the series that made each occurrence."""
     with engine().connect() as conn:
         one = lambda sql: conn.execute(text(sql)).scalar_one()  # noqa: E731
-        lags = conn.execute(text(
-            "SELECT extract(epoch FROM r.created_at - (s.anchor_local AT TIME ZONE 'UTC'))"
-            " FROM requests r JOIN series s ON s.user_id = r.user_id"
-            " AND r.occurrence_key = 'series:' || s.id || ':' || 0 ORDER BY 1")).scalars().all()
+        lags = (
+            conn.execute(
+                text(
+                    "SELECT extract(epoch FROM r.created_at - (s.anchor_local AT TIME ZONE 'UTC'))"
+                    " FROM requests r JOIN series s ON s.user_id = r.user_id"
+                    " AND r.occurrence_key = 'series:' || s.id || ':' || 0 ORDER BY 1"
+                )
+            )
+            .scalars()
+            .all()
+        )
         return {
             "requests": one("SELECT count(*) FROM requests"),
             "distinct": one("SELECT count(DISTINCT (user_id, occurrence_key)) FROM requests"),
             "series": one("SELECT count(*) FROM series"),
             "matched": len(lags),
-            "not_n1": one("SELECT count(*) FROM series WHERE next_n <> 1 OR state <> 'active'"
-                          " OR next_due_at <> (anchor_local + interval '1 day') AT TIME ZONE 'UTC'"),
+            "not_n1": one(
+                "SELECT count(*) FROM series WHERE next_n <> 1 OR state <> 'active'"
+                " OR next_due_at <> (anchor_local + interval '1 day') AT TIME ZONE 'UTC'"
+            ),
             "missed": one("SELECT count(*) FROM decisions WHERE reason = 'missed'"),
             "decisions": one("SELECT count(*) FROM decisions"),
-            "states": dict(conn.execute(text("SELECT state, count(*) FROM requests GROUP BY 1")).all()),
+            "states": dict(
+                conn.execute(text("SELECT state, count(*) FROM requests GROUP BY 1")).all()
+            ),
             "early": sum(1 for lag in lags if lag < 0),
             "max_lag": max(lags, default=None),
             "median_lag": lags[len(lags) // 2] if lags else None,
@@ -128,17 +155,22 @@ def _ledger() -> dict[str, object]:
 
 
 def _tick_results(cluster: LoggedCluster, workers: tuple[str, ...]) -> list[dict[str, int]]:
-    return [ast.literal_eval(m[1]) for w in workers for m in TICK_DONE.finditer(cluster.log_text(w))]
+    return [
+        ast.literal_eval(m[1]) for w in workers for m in TICK_DONE.finditer(cluster.log_text(w))
+    ]
 
 
-def test_two_beats_for_a_minute_over_ten_thousand_series_create_no_occurrence_twice(gates_env, tmp_path):
+def test_two_beats_for_a_minute_over_ten_thousand_series_create_no_occurrence_twice(
+    gates_env, tmp_path
+):
     users, per_user, window = 500, 20, 60.0
     total = users * per_user
     cluster = _start(gates_env, tmp_path / "logs")
     try:
         base, slack = _arm_spread(users, per_user, window)
-        found = _wait_for_occurrences(total, time.monotonic() + (base - datetime.now(UTC)).total_seconds()
-                                      + window + 30)
+        found = _wait_for_occurrences(
+            total, time.monotonic() + (base - datetime.now(UTC)).total_seconds() + window + 30
+        )
         beat_ticks = {b: cluster.log_text(b).count(SENT_TICK) for b in ("beat1", "beat2")}
     finally:
         cluster.stop()
@@ -146,8 +178,10 @@ def test_two_beats_for_a_minute_over_ten_thousand_series_create_no_occurrence_tw
     ticks = _tick_results(cluster, workers)
     fired_by = {w: sum(t["series"] for t in _tick_results(cluster, (w,))) for w in workers}
     seen = _ledger()
-    print(f"\narmed ahead of due by {min(slack):.1f}..{max(slack):.1f} s; {seen}; beat ticks sent {beat_ticks}; "
-          f"ticks run {len(ticks)}, series fired per worker {fired_by}")
+    print(
+        f"\narmed ahead of due by {min(slack):.1f}..{max(slack):.1f} s; {seen}; beat ticks sent {beat_ticks}; "
+        f"ticks run {len(ticks)}, series fired per worker {fired_by}"
+    )
 
     assert found == total, f"{found} occurrence requests for {total} series"
     assert seen["requests"] == seen["distinct"] == seen["matched"] == seen["series"] == total
@@ -186,8 +220,10 @@ def test_a_beat_killed_mid_run_leaves_nothing_missed_or_doubled(gates_env, tmp_p
     finally:
         cluster.stop()
     seen = _ledger()
-    print(f"\n{before_kill} occurrences before beat1 was killed; {seen}; "
-          f"beat2 sent {beat2_after_kill} ticks after the kill")
+    print(
+        f"\n{before_kill} occurrences before beat1 was killed; {seen}; "
+        f"beat2 sent {beat2_after_kill} ticks after the kill"
+    )
 
     assert 0 < before_kill < total, "the kill did not happen mid-run"
     assert not beat1_alive

@@ -41,9 +41,12 @@ BAD_CATALOG = textwrap.dedent("""
             title: "Hi {{ name "
             body: "x"
 """)
-NOWHERE = {"CLARION_DATABASE_URL": "postgresql://clarion@127.0.0.1:1/clarion",
-           "CLARION_REDIS_URL": "redis://127.0.0.1:1/0", "CLARION_BROKER_URL": "redis://127.0.0.1:1/0",
-           "CLARION_WEBHOOK_SECRET": "a-secret-of-our-own"}
+NOWHERE = {
+    "CLARION_DATABASE_URL": "postgresql://clarion@127.0.0.1:1/clarion",
+    "CLARION_REDIS_URL": "redis://127.0.0.1:1/0",
+    "CLARION_BROKER_URL": "redis://127.0.0.1:1/0",
+    "CLARION_WEBHOOK_SECRET": "a-secret-of-our-own",
+}
 
 
 def _env(tmp_path: Path, **values: str) -> dict[str, str]:
@@ -53,8 +56,20 @@ def _env(tmp_path: Path, **values: str) -> dict[str, str]:
 
 def _celery_worker(*app: str) -> list[str]:
     """The plain path, as an operator types it: no -Q, so the worker consumes the config's queues."""
-    return [sys.executable, "-m", "celery", "-A", *(app or ("tasks.app",)), "worker", "-P", "solo",
-            "--loglevel", "INFO", "--without-mingle", "--without-gossip"]
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        *(app or ("tasks.app",)),
+        "worker",
+        "-P",
+        "solo",
+        "--loglevel",
+        "INFO",
+        "--without-mingle",
+        "--without-gossip",
+    ]
 
 
 def _refused(command: list[str], env: dict[str, str], cwd: Path, within: float = 20) -> str:
@@ -83,8 +98,12 @@ def test_an_unreachable_broker_is_refused(tmp_path):
 
 
 def test_a_bad_setting_is_refused_in_one_line_not_a_traceback(tmp_path):
-    line = _refused(_celery_worker(), _env(tmp_path, **{**NOWHERE, "CLARION_WEBHOOK_SECRET": "clarion-dev-secret"}),
-                    tmp_path, within=15)
+    line = _refused(
+        _celery_worker(),
+        _env(tmp_path, **{**NOWHERE, "CLARION_WEBHOOK_SECRET": "clarion-dev-secret"}),
+        tmp_path,
+        within=15,
+    )
     assert "CLARION_WEBHOOK_SECRET" in line
 
 
@@ -100,7 +119,9 @@ def test_clarions_app_configured_from_a_foreign_celeryconfig_is_refused(tmp_path
     assert "not clarion's celeryconfig.py" in line
 
 
-def test_a_foreign_celeryconfig_first_on_sys_path_does_not_replace_clarions(clarion_env, tmp_path, foreign):
+def test_a_foreign_celeryconfig_first_on_sys_path_does_not_replace_clarions(
+    clarion_env, tmp_path, foreign
+):
     env = _env(tmp_path, PYTHONPATH=str(foreign), **clarion_env.env)
     log = tmp_path / "worker.log"
     worker = launch.Process(_celery_worker(), env=env, log=log, cwd=foreign)
@@ -114,15 +135,23 @@ def test_a_foreign_celeryconfig_first_on_sys_path_does_not_replace_clarions(clar
     assert ".> host" not in banner and "memory://" not in banner
 
 
-def test_a_catalog_that_cannot_load_is_refused_by_celery_and_by_clarion_worker(clarion_env, tmp_path):
+def test_a_catalog_that_cannot_load_is_refused_by_celery_and_by_clarion_worker(
+    clarion_env, tmp_path
+):
     bad = tmp_path / "bad.yaml"
     bad.write_text(BAD_CATALOG)
     env = _env(tmp_path, **{**clarion_env.env, "CLARION_CATALOG": str(bad)})
     line = _refused(_celery_worker(), env, tmp_path)
     assert "bad.yaml: type 'hello' v1 channel 'console' field 'title'" in line
     # under the supervisor: refused once, not restarted in a loop
-    result = subprocess.run([str(CLARION), "worker", "--lane", "control", "--pool", "solo"], env=env,
-                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(CLARION), "worker", "--lane", "control", "--pool", "solo"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("worker refused to start: ") == 1, result.stderr
     assert "not restarting" in result.stderr and "restarting in" not in result.stderr
@@ -132,14 +161,24 @@ def test_clarion_worker_brings_a_dead_worker_back_and_stops_on_sigterm(clarion_e
     log = tmp_path / "clarion-worker.log"
     env = _env(tmp_path, **clarion_env.env)
     with open(log, "wb") as out:
-        supervisor = subprocess.Popen([str(CLARION), "worker", "--lane", "control", "-c", "1",
-                                       "--restart-delay", "0.5"], env=env, cwd=tmp_path, stdout=out,
-                                      stderr=subprocess.STDOUT)
+        supervisor = subprocess.Popen(
+            [str(CLARION), "worker", "--lane", "control", "-c", "1", "--restart-delay", "0.5"],
+            env=env,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
-        assert launch.wait_until(lambda: log.read_text().count("ready.") == 1, timeout=60), log.read_text()
+        assert launch.wait_until(lambda: log.read_text().count("ready.") == 1, timeout=60), (
+            log.read_text()
+        )
         first = _children(supervisor.pid)
-        os.kill(first[0], signal.SIGKILL)  # the celery main process dies (as on kombu's AttributeError)
-        assert launch.wait_until(lambda: log.read_text().count("ready.") == 2, timeout=60), log.read_text()
+        os.kill(
+            first[0], signal.SIGKILL
+        )  # the celery main process dies (as on kombu's AttributeError)
+        assert launch.wait_until(lambda: log.read_text().count("ready.") == 2, timeout=60), (
+            log.read_text()
+        )
         assert "restarting in 0.5 s" in log.read_text()
         assert _children(supervisor.pid) != first
         supervisor.send_signal(signal.SIGTERM)

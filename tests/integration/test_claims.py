@@ -29,22 +29,29 @@ def _routed_delivery(user: str = "u1", event: str = "e1") -> tuple[str, int]:
     request = notify(user, "receipt", event_id=event, variables={"order": "A-1"})
     route([user], [request.request_id])
     with engine().connect() as conn:
-        return user, conn.execute(text("SELECT id FROM deliveries WHERE user_id = :u"), {"u": user}).scalar_one()
+        return user, conn.execute(
+            text("SELECT id FROM deliveries WHERE user_id = :u"), {"u": user}
+        ).scalar_one()
 
 
 def _claim(key: tuple[str, int], skew: float = 0.0, lease: float = LEASE) -> int:
     """Claim with a worker clock `skew` seconds off; returns the rows won."""
     now = clock.now() + timedelta(seconds=skew)
     with engine().begin() as conn:
-        rows = claims.claim_deliveries(conn, [key], token=str(uuid.uuid4()), now=now, lease=lease,
-                                       max_attempts=8)
+        rows = claims.claim_deliveries(
+            conn, [key], token=str(uuid.uuid4()), now=now, lease=lease, max_attempts=8
+        )
     return len(rows)
 
 
 def _waiting_on_locks() -> int:
     with engine().connect() as conn:
-        return conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                 "AND wait_event_type = 'Lock'")).scalar_one()
+        return conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            )
+        ).scalar_one()
 
 
 def test_sixteen_processes_racing_for_one_claim_get_exactly_one(clarion_env):
@@ -61,8 +68,9 @@ def test_the_losers_wait_on_the_winners_row_lock_and_then_find_it_taken(clarion_
     shown in pg_stat_activity — and, once it commits, claim nothing."""
     key = _routed_delivery()
     winner = engine().connect()
-    won = claims.claim_deliveries(winner, [key], token=str(uuid.uuid4()), now=clock.now(), lease=LEASE,
-                                  max_attempts=8)
+    won = claims.claim_deliveries(
+        winner, [key], token=str(uuid.uuid4()), now=clock.now(), lease=LEASE, max_attempts=8
+    )
     assert len(won) == 1
     seen_waiting: list[int] = []
 
@@ -89,8 +97,9 @@ def test_the_losers_wait_on_the_winners_row_lock_and_then_find_it_taken(clarion_
 def test_a_lapsed_claim_is_taken_over_once_and_flagged(clarion_env):
     key = _routed_delivery()
     with engine().begin() as conn:
-        first = claims.claim_deliveries(conn, [key], token=str(uuid.uuid4()), now=clock.now(), lease=LEASE,
-                                        max_attempts=8)
+        first = claims.claim_deliveries(
+            conn, [key], token=str(uuid.uuid4()), now=clock.now(), lease=LEASE, max_attempts=8
+        )
     assert first and not first[0].taken_over and first[0].maybe_sent_at is None
     assert LEASE - 5 < first[0].lease_left <= LEASE  # the time left, on PostgreSQL's clock
     expire_lease(key)
@@ -98,7 +107,8 @@ def test_a_lapsed_claim_is_taken_over_once_and_flagged(clarion_env):
     assert sorted(results) == [0] * 15 + [1]
     with engine().connect() as conn:
         taken_over, attempts, owed = conn.execute(
-            text("SELECT taken_over, attempts, maybe_sent_at FROM deliveries")).one()
+            text("SELECT taken_over, attempts, maybe_sent_at FROM deliveries")
+        ).one()
     assert taken_over and attempts == 2
     assert owed is None  # the first holder never reached the provider: nothing can have been sent
 
@@ -118,14 +128,19 @@ def test_a_takeover_of_an_attempt_that_reached_the_provider_owes_a_reconcile(cla
     key = _routed_delivery()
     token = str(uuid.uuid4())
     with engine().begin() as conn:
-        claims.claim_deliveries(conn, [key], token=token, now=clock.now(), lease=LEASE, max_attempts=8)
+        claims.claim_deliveries(
+            conn, [key], token=token, now=clock.now(), lease=LEASE, max_attempts=8
+        )
         lease = claims.begin_send(conn, key, token=token, need=90.0)
-        assert lease is not None and 85.0 < lease.left() <= 90.0  # the lease now covers the whole send
+        assert (
+            lease is not None and 85.0 < lease.left() <= 90.0
+        )  # the lease now covers the whole send
         assert claims.begin_send(conn, key, token=str(uuid.uuid4()), need=90.0) is None
     expire_lease(key)
     with engine().begin() as conn:
-        [taken] = claims.claim_deliveries(conn, [key], token=str(uuid.uuid4()), now=clock.now(),
-                                          lease=LEASE, max_attempts=8)
+        [taken] = claims.claim_deliveries(
+            conn, [key], token=str(uuid.uuid4()), now=clock.now(), lease=LEASE, max_attempts=8
+        )
     assert taken.taken_over and taken.maybe_sent_at is not None
 
 
@@ -144,8 +159,11 @@ def test_the_claim_refuses_rows_at_the_attempt_cap_and_takeovers_count(clarion_e
 
 def _claim_capped(key: tuple[str, int], cap: int) -> int:
     with engine().begin() as conn:
-        return len(claims.claim_deliveries(conn, [key], token=str(uuid.uuid4()), now=clock.now(), lease=LEASE,
-                                           max_attempts=cap))
+        return len(
+            claims.claim_deliveries(
+                conn, [key], token=str(uuid.uuid4()), now=clock.now(), lease=LEASE, max_attempts=cap
+            )
+        )
 
 
 def test_the_claim_statement_survives_psycopg_auto_prepare(clarion_env):
@@ -156,17 +174,31 @@ def test_the_claim_statement_survives_psycopg_auto_prepare(clarion_env):
         request = notify("u1", "receipt", event_id=f"e{n}", variables={"order": str(n)})
         route(["u1"], [request.request_id])
     with engine().connect() as conn:
-        keys = [("u1", i) for i in conn.execute(text("SELECT id FROM deliveries ORDER BY id")).scalars()]
+        keys = [
+            ("u1", i) for i in conn.execute(text("SELECT id FROM deliveries ORDER BY id")).scalars()
+        ]
     now = clock.now()
     with engine().connect() as conn:
         for key in keys:
             for _ in range(2):  # the second claim of the same row must lose, every time
-                claims.claim_deliveries(conn, [key], token=str(uuid.uuid4()), now=now, lease=LEASE,
-                                        max_attempts=8)
-            assert claims.mark_sent(conn, key, token="00000000-0000-0000-0000-000000000000",
-                                    platform="webhook", message_id=None, now=now) is False
+                claims.claim_deliveries(
+                    conn, [key], token=str(uuid.uuid4()), now=now, lease=LEASE, max_attempts=8
+                )
+            assert (
+                claims.mark_sent(
+                    conn,
+                    key,
+                    token="00000000-0000-0000-0000-000000000000",
+                    platform="webhook",
+                    message_id=None,
+                    now=now,
+                )
+                is False
+            )
             conn.commit()
-        claimed = conn.execute(text("SELECT count(*) FROM deliveries WHERE state = 'claimed'")).scalar()
+        claimed = conn.execute(
+            text("SELECT count(*) FROM deliveries WHERE state = 'claimed'")
+        ).scalar()
     assert claimed == 50
 
 
@@ -176,10 +208,15 @@ def test_mark_sent_needs_the_current_token(clarion_env):
     token = str(uuid.uuid4())
     with engine().begin() as conn:
         claims.claim_deliveries(conn, [key], token=token, now=now, lease=LEASE, max_attempts=8)
-        assert not claims.mark_sent(conn, key, token=str(uuid.uuid4()), platform="webhook",
-                                    message_id=None, now=now)
-        assert claims.mark_sent(conn, key, token=token, platform="webhook", message_id="m1", now=now)
-        assert not claims.mark_sent(conn, key, token=token, platform="webhook", message_id="m1", now=now)
+        assert not claims.mark_sent(
+            conn, key, token=str(uuid.uuid4()), platform="webhook", message_id=None, now=now
+        )
+        assert claims.mark_sent(
+            conn, key, token=token, platform="webhook", message_id="m1", now=now
+        )
+        assert not claims.mark_sent(
+            conn, key, token=token, platform="webhook", message_id="m1", now=now
+        )
 
 
 def test_the_partial_index_refuses_a_second_sending_row_for_one_occurrence(clarion_env):
@@ -191,7 +228,8 @@ def test_the_partial_index_refuses_a_second_sending_row_for_one_occurrence(clari
         "INSERT INTO deliveries (user_id, request_id, type_key, occurrence_key, channel, one_platform,"
         " lane, state, claim_token, lease_until, not_before, created_at, updated_at)"
         " SELECT user_id, :r, type_key, occurrence_key, channel, false, lane, 'claimed',"
-        " gen_random_uuid(), now(), now(), now(), now() FROM deliveries WHERE id = :id")
+        " gen_random_uuid(), now(), now(), now(), now() FROM deliveries WHERE id = :id"
+    )
     with pytest.raises(IntegrityError, match="deliveries_one_send"), engine().begin() as conn:
         conn.execute(forge, {"r": other.request_id, "id": delivery_id})
 
@@ -204,14 +242,20 @@ def test_one_platform_types_hold_one_sending_row_across_channels(clarion_env):
         "INSERT INTO deliveries (user_id, request_id, type_key, occurrence_key, channel, one_platform,"
         " lane, state, claim_token, lease_until, not_before, created_at, updated_at, platform, sent_at)"
         " SELECT user_id, request_id, type_key, occurrence_key, :channel, true, lane, 'sent',"
-        " NULL, NULL, now(), now(), now(), :channel, now() FROM deliveries WHERE channel = 'webhook'")
+        " NULL, NULL, now(), now(), now(), :channel, now() FROM deliveries WHERE channel = 'webhook'"
+    )
     with engine().begin() as conn:
-        conn.execute(text("UPDATE deliveries SET state = 'sent', platform = 'webhook', sent_at = now()"))
+        conn.execute(
+            text("UPDATE deliveries SET state = 'sent', platform = 'webhook', sent_at = now()")
+        )
     with pytest.raises(IntegrityError, match="deliveries_one_platform"), engine().begin() as conn:
         conn.execute(insert, {"channel": "slack"})
 
 
 def test_a_sent_row_must_name_its_platform(clarion_env):
     _routed_delivery()
-    with pytest.raises(IntegrityError, match="deliveries_sent_names_platform"), engine().begin() as conn:
+    with (
+        pytest.raises(IntegrityError, match="deliveries_sent_names_platform"),
+        engine().begin() as conn,
+    ):
         conn.execute(text("UPDATE deliveries SET state = 'sent'"))

@@ -41,7 +41,9 @@ def fake() -> Iterator[FakeSlack]:
 
 @pytest.fixture
 def slack(clarion_env, fake, monkeypatch) -> Iterator[FakeSlack]:
-    configure(monkeypatch, catalog=ACTIVATION, slack_token=FakeSlack.TOKEN, slack_api_url=fake.api_url)
+    configure(
+        monkeypatch, catalog=ACTIVATION, slack_token=FakeSlack.TOKEN, slack_api_url=fake.api_url
+    )
     register_recipient("ana", timezone="UTC", addresses={"slack": "U1"})
     register_recipient("bob", timezone="UTC", addresses={"slack": "U2"})
     with publishing_to_this_tests_broker():
@@ -51,8 +53,14 @@ def slack(clarion_env, fake, monkeypatch) -> Iterator[FakeSlack]:
 def _arm(user: str = "ana", every: str = "1w") -> tuple[int, datetime]:
     """A series whose occurrence 0 fell due a minute ago; returns (series id, its anchor in UTC)."""
     anchor = (datetime.now(UTC) - timedelta(minutes=1)).replace(second=0, microsecond=0)
-    armed = arm_series(user, ONE_ON_ONE, anchor=anchor.replace(tzinfo=None), every=every,
-                       variables=VARIABLES, series_key=f"{user}-{every}")
+    armed = arm_series(
+        user,
+        ONE_ON_ONE,
+        anchor=anchor.replace(tzinfo=None),
+        every=every,
+        variables=VARIABLES,
+        series_key=f"{user}-{every}",
+    )
     return armed.series_id, anchor
 
 
@@ -65,15 +73,21 @@ def _send_request(request_id: int, user: str = "ana") -> Key:
     """Route one request and deliver its Slack delivery through the real tasks."""
     assert route([user], [request_id]) == 1
     drain("activation")
-    [found] = rows("SELECT user_id, id FROM deliveries WHERE user_id = :u AND request_id = :r", u=user,
-                   r=request_id)
+    [found] = rows(
+        "SELECT user_id, id FROM deliveries WHERE user_id = :u AND request_id = :r",
+        u=user,
+        r=request_id,
+    )
     deliver([found["user_id"]], [found["id"]])
     return found["user_id"], found["id"]
 
 
 def _occurrence(series_id: int, n: int, user: str = "ana") -> dict | None:
-    found = rows("SELECT id, state, due_at FROM requests WHERE user_id = :u AND occurrence_key = :o",
-                 u=user, o=f"series:{series_id}:{n}")
+    found = rows(
+        "SELECT id, state, due_at FROM requests WHERE user_id = :u AND occurrence_key = :o",
+        u=user,
+        o=f"series:{series_id}:{n}",
+    )
     return found[0] if found else None
 
 
@@ -85,12 +99,18 @@ def _sent_occurrence(every: str = "1w", user: str = "ana") -> tuple[int, datetim
     return series_id, anchor, key
 
 
-def _request(occurrence_key: str, *, type_key: str = ONE_ON_ONE, variables: dict | None = None) -> int:
+def _request(
+    occurrence_key: str, *, type_key: str = ONE_ON_ONE, variables: dict | None = None
+) -> int:
     """ana's request under any occurrence key, as older producers (or a careless caller) wrote them,
     through the producer's own statement."""
-    row = ledger.NewRequest("ana", type_key, occurrence_key, "activation", 1, variables or VARIABLES)
+    row = ledger.NewRequest(
+        "ana", type_key, occurrence_key, "activation", 1, variables or VARIABLES
+    )
     with engine().begin() as conn:
-        [(request_id, _)] = ledger.insert_requests(conn, [row], now=datetime.now(UTC), due_at=datetime.now(UTC))
+        [(request_id, _)] = ledger.insert_requests(
+            conn, [row], now=datetime.now(UTC), due_at=datetime.now(UTC)
+        )
     return request_id
 
 
@@ -105,12 +125,17 @@ def _state(key: Key) -> str:
 
 
 def _series_state(series_id: int, user: str = "ana") -> tuple[str, datetime]:
-    [row] = rows("SELECT state, next_due_at FROM series WHERE user_id = :u AND id = :i", u=user, i=series_id)
+    [row] = rows(
+        "SELECT state, next_due_at FROM series WHERE user_id = :u AND id = :i", u=user, i=series_id
+    )
     return row["state"], row["next_due_at"]
 
 
 def _recorded() -> list[tuple[str, str]]:
-    return [(r["outcome"], r["reason"]) for r in rows("SELECT outcome, reason FROM interactions ORDER BY id")]
+    return [
+        (r["outcome"], r["reason"])
+        for r in rows("SELECT outcome, reason FROM interactions ORDER BY id")
+    ]
 
 
 # --- stop -----------------------------------------------------------------------------------------
@@ -119,8 +144,10 @@ def _recorded() -> list[tuple[str, str]]:
 def test_stop_cancels_the_series_and_the_answer_is_not_visible_before_the_cancel(slack):
     series_id, _, key = _sent_occurrence()
     with engine().begin() as holder:  # hold the series row: the click's follow-up must wait on it
-        holder.execute(text("SELECT 1 FROM series WHERE user_id = 'ana' AND id = :i FOR UPDATE"),
-                       {"i": series_id})
+        holder.execute(
+            text("SELECT 1 FROM series WHERE user_id = 'ana' AND id = :i FOR UPDATE"),
+            {"i": series_id},
+        )
         result: list = []
         clicker = threading.Thread(target=lambda: result.append(_click(key, "stop")))
         clicker.start()
@@ -152,9 +179,10 @@ def test_stop_drops_an_occurrence_a_snooze_created_early(slack):
     assert _occurrence(series_id, 1)["state"] == "deferred"
     assert cancel_series("ana", series_id)
     assert _occurrence(series_id, 1)["state"] == "routed"
-    assert rows("SELECT gate, outcome, reason FROM decisions WHERE request_id = :r",
-                r=_occurrence(series_id, 1)["id"]) == [
-        {"gate": "series", "outcome": "suppress", "reason": "series_cancelled"}]
+    assert rows(
+        "SELECT gate, outcome, reason FROM decisions WHERE request_id = :r",
+        r=_occurrence(series_id, 1)["id"],
+    ) == [{"gate": "series", "outcome": "suppress", "reason": "series_cancelled"}]
 
 
 # --- snooze ---------------------------------------------------------------------------------------
@@ -177,7 +205,11 @@ def test_snooze_holds_the_next_occurrence_to_now_plus_hours_when_that_is_later(s
     assert _click(key, "skip_week").reason == "snooze"  # 24 h from now is later than anchor + 1 day
     held = _occurrence(series_id, 1)
     assert held["state"] == "deferred"
-    assert clicked_at + timedelta(hours=24) <= held["due_at"] <= datetime.now(UTC) + timedelta(hours=24)
+    assert (
+        clicked_at + timedelta(hours=24)
+        <= held["due_at"]
+        <= datetime.now(UTC) + timedelta(hours=24)
+    )
     _tick(anchor + timedelta(days=1, seconds=1))  # its own due time: the tick leaves the hold alone
     assert _occurrence(series_id, 1) == held
 
@@ -207,8 +239,11 @@ def test_a_snooze_waits_for_a_concurrent_cancel_and_then_holds_nothing(slack):
     result: list[bool] = []
     with engine().begin() as conn:
         assert cancel_series("ana", series_id, connection=conn)  # not committed yet
-        snoozer = threading.Thread(target=lambda: result.append(
-            snooze_occurrence("ana", series_id, 1, datetime.now(UTC) + timedelta(days=2))))
+        snoozer = threading.Thread(
+            target=lambda: result.append(
+                snooze_occurrence("ana", series_id, 1, datetime.now(UTC) + timedelta(days=2))
+            )
+        )
         snoozer.start()
         assert _blocked_on_a_lock(), "the snooze did not wait on the cancelling transaction"
         assert result == []
@@ -220,8 +255,17 @@ def test_a_snooze_waits_for_a_concurrent_cancel_and_then_holds_nothing(slack):
 # --- look-alike series keys -----------------------------------------------------------------------
 
 
-LOOK_ALIKES = ["series:abc", "series:1", "series:1:2:3", "series:01:0", "series:1:", "series: 1:0",
-               "series:99999999999999999999:0", "bobs", "missing"]
+LOOK_ALIKES = [
+    "series:abc",
+    "series:1",
+    "series:1:2:3",
+    "series:01:0",
+    "series:1:",
+    "series: 1:0",
+    "series:99999999999999999999:0",
+    "bobs",
+    "missing",
+]
 
 
 @pytest.mark.parametrize("answer", ["stop", "skip_week"])
@@ -229,15 +273,18 @@ LOOK_ALIKES = ["series:abc", "series:1", "series:1:2:3", "series:01:0", "series:
 def test_a_key_that_only_looks_like_a_series_changes_nothing_but_the_record(slack, shape, answer):
     bobs, _ = _arm("bob")  # a real series, of someone else
     ours, _ = _arm("ana", "1d")
-    occurrence = {"bobs": f"series:{bobs}:0", "missing": f"series:{bobs + ours + 10}:0"}.get(shape, shape)
+    occurrence = {"bobs": f"series:{bobs}:0", "missing": f"series:{bobs + ours + 10}:0"}.get(
+        shape, shape
+    )
     key = _send_request(_request(occurrence))
     _expect_no_series(key, answer, {"stop": "stop_series", "skip_week": "snooze"}[answer])
 
 
 def test_a_key_naming_a_series_of_another_type_changes_nothing(slack):
     ours, _ = _arm("ana", "1d")
-    key = _send_request(_request(f"series:{ours}:0", type_key="stalled_plan",
-                                 variables={"first_name": "Ana"}))
+    key = _send_request(
+        _request(f"series:{ours}:0", type_key="stalled_plan", variables={"first_name": "Ana"})
+    )
     _expect_no_series(key, "pause", "snooze")  # stalled_plan's "Pause for a month" is a snooze
 
 
@@ -250,11 +297,23 @@ def _expect_no_series(key: Key, answer: str, action: str) -> None:
     assert _recorded() == [("accepted", f"{action}:no_series")]
 
 
-@pytest.mark.parametrize(("key", "parsed"), [
-    ("series:12:0", (12, 0)), ("series:12:345", (12, 345)), ("series:abc", None), ("series:1", None),
-    ("series:1:2:3", None), ("series:01:0", None), ("series:1:01", None), ("series:-1:0", None),
-    ("series:1:0\n", None), ("series:١:0", None), ("event:series:1:0", None), ("series:0:0", None),
-])
+@pytest.mark.parametrize(
+    ("key", "parsed"),
+    [
+        ("series:12:0", (12, 0)),
+        ("series:12:345", (12, 345)),
+        ("series:abc", None),
+        ("series:1", None),
+        ("series:1:2:3", None),
+        ("series:01:0", None),
+        ("series:1:01", None),
+        ("series:-1:0", None),
+        ("series:1:0\n", None),
+        ("series:١:0", None),
+        ("event:series:1:0", None),
+        ("series:0:0", None),
+    ],
+)
 def test_series_keys_are_parsed_strictly(key, parsed):
     assert series_occurrence(key) == parsed
 
@@ -283,6 +342,8 @@ def test_a_click_on_a_pending_delivery_is_not_sent(slack):
     assert _state(key) == "pending"
     assert _click(key, "skip_week").reason == "not_sent"
     assert _click(key, "stop", slack_user="U2").reason == "foreign_user"  # still truthful first
-    assert handle_click("teams", "U1", json.dumps({"u": "ana", "d": key[1], "a": "stop"})).reason \
+    assert (
+        handle_click("teams", "U1", json.dumps({"u": "ana", "d": key[1], "a": "stop"})).reason
         == "wrong_platform"
+    )
     assert _state(key) == "pending" and _series_state(series_id)[0] == "active"

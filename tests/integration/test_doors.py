@@ -55,7 +55,12 @@ CLI = [sys.executable, "-m", "ops.cli"]
 
 # the channel tests' fixtures: the local Slack and connector, the recipients ana (Slack) and mia (Teams)
 fake, slack_env, ana = slack_tests.fake, slack_tests.slack_env, slack_tests.ana
-connector, teams, client, mia = teams_tests.connector, teams_tests.teams, teams_tests.client, teams_tests.mia
+connector, teams, client, mia = (
+    teams_tests.connector,
+    teams_tests.teams,
+    teams_tests.client,
+    teams_tests.mia,
+)
 
 
 @pytest.fixture
@@ -69,7 +74,9 @@ def slack_post(client: TestClient, body: bytes, headers: dict[str, Any]) -> Any:
 
 
 def errors(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL") or r.exc_info]
+    return [
+        r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL") or r.exc_info
+    ]
 
 
 # --- Slack ------------------------------------------------------------------------------------------------
@@ -102,16 +109,23 @@ UNSIGNED_HEADERS = [
 def test_unsigned_bodies_that_do_not_parse_get_401_not_500(slack_client, caplog):
     for headers in UNSIGNED_HEADERS:
         for body in (b"\xff\xfe\x00garbage", b"payload=%7B%22type", b"[" * 10_000, b""):
-            response = slack_post(slack_client, body, {"Content-Type": "application/json", **headers})
+            response = slack_post(
+                slack_client, body, {"Content-Type": "application/json", **headers}
+            )
             assert response.status_code == 401
             assert len(response.content) < 100 and "error" in response.json()
     assert errors(caplog) == []
 
 
 def test_signed_bodies_that_are_not_utf8_json_or_form_get_400(slack_client, caplog):
-    for body, content_type in [(b"\xff\xfe\x00garbage", FORM), (b"{not json", "application/json"),
-                               (b"[" * 10_000, "application/json"), (b"payload=%7B%22type", FORM),
-                               (b"payload=" + b"%5B" * 3000, FORM), (b"payload=%ff%fe", FORM)]:
+    for body, content_type in [
+        (b"\xff\xfe\x00garbage", FORM),
+        (b"{not json", "application/json"),
+        (b"[" * 10_000, "application/json"),
+        (b"payload=%7B%22type", FORM),
+        (b"payload=" + b"%5B" * 3000, FORM),
+        (b"payload=%ff%fe", FORM),
+    ]:
         response = slack_post(slack_client, body, signed(SECRET, body, content_type=content_type))
         assert response.status_code == 400, body[:20]
     assert errors(caplog) == []
@@ -136,25 +150,43 @@ WRONG_SHAPES = [
 ]
 
 
-def test_signed_clicks_of_the_wrong_shape_get_400_and_change_nothing(ana, fake, slack_client, caplog):
+def test_signed_clicks_of_the_wrong_shape_get_400_and_change_nothing(
+    ana, fake, slack_client, caplog
+):
     for changes in WRONG_SHAPES:
         body = _payload(**changes)
-        assert slack_post(slack_client, body, signed(SECRET, body, content_type=FORM)).status_code == 400, changes
+        assert (
+            slack_post(slack_client, body, signed(SECRET, body, content_type=FORM)).status_code
+            == 400
+        ), changes
     assert count("interactions") == 0 and fake.called("chat.postEphemeral") == []
     assert errors(caplog) == []
 
 
-def test_signed_well_formed_values_of_any_type_are_recorded_rejections(ana, fake, slack_client, caplog):
+def test_signed_well_formed_values_of_any_type_are_recorded_rejections(
+    ana, fake, slack_client, caplog
+):
     for value in ({"u": "ana"}, ["x"], 12, None, "not json"):
-        body = _payload(actions=[{"action_id": "clarion:quality", "value": value, "type": "button"}])
-        assert slack_post(slack_client, body, signed(SECRET, body, content_type=FORM)).status_code == 200
-    assert rows("SELECT outcome, reason FROM interactions") == [{"outcome": "rejected", "reason": "malformed"}] * 5
+        body = _payload(
+            actions=[{"action_id": "clarion:quality", "value": value, "type": "button"}]
+        )
+        assert (
+            slack_post(slack_client, body, signed(SECRET, body, content_type=FORM)).status_code
+            == 200
+        )
+    assert (
+        rows("SELECT outcome, reason FROM interactions")
+        == [{"outcome": "rejected", "reason": "malformed"}] * 5
+    )
     assert errors(caplog) == []
 
 
 def test_ssl_check_and_unhandled_kinds_are_answered_without_bolt(slack_client):
     for body, status in ((b"ssl_check=1&token=x", 200), (b"command=%2Fx&text=y", 404)):
-        assert slack_post(slack_client, body, signed(SECRET, body, content_type=FORM)).status_code == status
+        assert (
+            slack_post(slack_client, body, signed(SECRET, body, content_type=FORM)).status_code
+            == status
+        )
 
 
 # --- Teams: the door ------------------------------------------------------------------------------
@@ -165,28 +197,53 @@ def test_teams_refuses_an_oversized_body(teams, client, connector):
     assert post(client, activity).status_code == 413
 
 
-def test_an_invoke_whose_value_is_not_a_card_action_gets_400_not_500(mia, client, connector, caplog):
-    for value in ("x", [1], {"action": "x"}, {"action": {"verb": 1}}, {"action": {"verb": "clarion", "data": 5}}):
-        response = post(client, teams_activity("invoke", connector, name="adaptiveCard/action", value=value))
+def test_an_invoke_whose_value_is_not_a_card_action_gets_400_not_500(
+    mia, client, connector, caplog
+):
+    for value in (
+        "x",
+        [1],
+        {"action": "x"},
+        {"action": {"verb": 1}},
+        {"action": {"verb": "clarion", "data": 5}},
+    ):
+        response = post(
+            client, teams_activity("invoke", connector, name="adaptiveCard/action", value=value)
+        )
         assert response.status_code == 400 and "value" in response.json()["error"]
     assert count("interactions") == 0 and errors(caplog) == []
 
 
 def test_activities_of_the_wrong_shape_get_400_and_change_nothing(mia, client, connector, caplog):
     before = rows("SELECT addresses FROM recipients")
-    for changes in ({"from": "29:x"}, {"channelData": {"tenant": "t"}}, {"serviceUrl": 5},
-                    {"serviceUrl": "http://[::1"}, {"conversation": []}, {"text": ["hi"]}):
+    for changes in (
+        {"from": "29:x"},
+        {"channelData": {"tenant": "t"}},
+        {"serviceUrl": 5},
+        {"serviceUrl": "http://[::1"},
+        {"conversation": []},
+        {"text": ["hi"]},
+    ):
         response = post(client, {**teams_activity("message", connector, text="hi"), **changes})
         assert response.status_code == 400, changes
     assert rows("SELECT addresses FROM recipients") == before and errors(caplog) == []
 
 
-def test_outside_local_mode_an_unauthenticated_body_is_401_whatever_it_holds(teams, connector, monkeypatch):
+def test_outside_local_mode_an_unauthenticated_body_is_401_whatever_it_holds(
+    teams, connector, monkeypatch
+):
     configure(monkeypatch, teams_app_id="11111111-app", teams_app_password="secret")
     with TestClient(create_app()) as client:
         for token in (None, "not-a-jwt", "a.b", "a.b.c"):
-            headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
-            for body in (b"\xff not json", b"[1]", json.dumps({"type": "invoke", "value": "x"}).encode()):
+            headers = {
+                "Content-Type": "application/json",
+                **({"Authorization": f"Bearer {token}"} if token else {}),
+            }
+            for body in (
+                b"\xff not json",
+                b"[1]",
+                json.dumps({"type": "invoke", "value": "x"}).encode(),
+            ):
                 response = client.post("/api/messages", content=body, headers=headers)
                 assert response.status_code == 401, (token, body)
 
@@ -212,10 +269,14 @@ def _text_blocks(card: dict) -> list[str]:
     return [b["text"] for b in card["body"] if b["type"] == "TextBlock"]
 
 
-def test_a_variable_carrying_a_markdown_link_and_image_shows_on_the_card_as_text(mia, client, connector):
+def test_a_variable_carrying_a_markdown_link_and_image_shows_on_the_card_as_text(
+    mia, client, connector
+):
     key = delivered(variables={"first_name": LINK_VARIABLE, "plan_name": IMAGE_VARIABLE})
     card = connector.sent[0].card
-    answered = post(client, execute(ButtonValue(MIA, key[1], "start").encode(), connector)).json()["value"]
+    answered = post(client, execute(ButtonValue(MIA, key[1], "start").encode(), connector)).json()[
+        "value"
+    ]
     for shown in (card, answered):
         texts = _text_blocks(shown)
         assert len(texts) >= 2
@@ -224,7 +285,9 @@ def test_a_variable_carrying_a_markdown_link_and_image_shows_on_the_card_as_text
             html = COMMONMARK.render(text)
             assert "<a " not in html and "<img" not in html, html
         visible = [COMMONMARK.render(t) for t in texts]
-        assert any(LINK_VARIABLE in v for v in visible) and any(IMAGE_VARIABLE in v for v in visible)
+        assert any(LINK_VARIABLE in v for v in visible) and any(
+            IMAGE_VARIABLE in v for v in visible
+        )
     assert _text_blocks(card)[0] == r"Welcome to !\[x\]\(https://evil.example/a.png)"
     assert connector.sent[0].payload["summary"]  # the preview keeps the title, as plain text
 
@@ -233,8 +296,11 @@ def test_a_variable_carrying_a_markdown_link_and_image_shows_on_the_card_as_text
 
 
 def _stored() -> dict[str, Any]:
-    return json.loads(rows("SELECT addresses FROM recipients WHERE user_id = :u", u=MIA)[0]["addresses"]
-                      ["teams_conversation"])
+    return json.loads(
+        rows("SELECT addresses FROM recipients WHERE user_id = :u", u=MIA)[0]["addresses"][
+            "teams_conversation"
+        ]
+    )
 
 
 def test_in_local_mode_the_first_conversation_is_stored_from_any_origin(teams, client):
@@ -244,8 +310,9 @@ def test_in_local_mode_the_first_conversation_is_stored_from_any_origin(teams, c
         assert _stored()["serviceUrl"] == somewhere.url
 
 
-def test_in_local_mode_a_forged_activity_from_another_origin_keeps_her_conversation(mia, client, connector,
-                                                                                 caplog):
+def test_in_local_mode_a_forged_activity_from_another_origin_keeps_her_conversation(
+    mia, client, connector, caplog
+):
     before = _stored()
     with FakeConnector() as attacker:  # another port on this host: another origin
         forged = teams_activity("message", attacker, text="hi", conversation="a:attackers-chat")
@@ -257,20 +324,30 @@ def test_in_local_mode_a_forged_activity_from_another_origin_keeps_her_conversat
 
 
 def test_in_local_mode_the_same_origin_may_move_her_conversation(mia, client, connector):
-    assert post(client, teams_activity("message", connector, text="hi", conversation="a:new-chat")).status_code == 201
+    assert (
+        post(
+            client, teams_activity("message", connector, text="hi", conversation="a:new-chat")
+        ).status_code
+        == 201
+    )
     assert _stored()["conversationId"] == "a:new-chat"
 
 
 def test_a_refused_activity_does_not_lift_a_deactivation(mia, client, connector):
     connector.remove_bot(CONVERSATION)
-    request = notify(MIA, "plan_kickoff", event_id="gone", variables={"first_name": "Mia", "plan_name": "P"})
+    request = notify(
+        MIA, "plan_kickoff", event_id="gone", variables={"first_name": "Mia", "plan_name": "P"}
+    )
     route([MIA], [request.request_id])
     drain("activation")
     [row] = rows("SELECT user_id, id FROM deliveries WHERE request_id = :r", r=request.request_id)
     assert deliver([row["user_id"]], [row["id"]]) == 0
     assert count("suppressions") == 1
     with FakeConnector() as attacker:
-        post(client, teams_activity("message", attacker, text="hi again", conversation="a:attackers-chat"))
+        post(
+            client,
+            teams_activity("message", attacker, text="hi again", conversation="a:attackers-chat"),
+        )
     assert count("suppressions") == 1
     post(client, teams_activity("message", connector, text="hi again"))  # her own chat: back on
     assert count("suppressions") == 0
@@ -280,10 +357,22 @@ def test_an_authenticated_activity_may_replace_the_conversation(mia, connector, 
     configure(monkeypatch, teams_app_id="11111111-app", teams_app_password="secret")
     private, jwks = _keys()
     adapter = web_teams.build_adapter(openid_metadata_url=connector.serve_keys(jwks))
-    with FakeConnector() as elsewhere, TestClient(Starlette(routes=web_teams.routes(adapter=adapter))) as client:
-        token = jwt.encode({"iss": "https://api.botframework.com", "aud": "11111111-app",
-                            "serviceurl": elsewhere.url, "exp": int(time.time()) + 300,
-                            "nbf": int(time.time()) - 10}, private, algorithm="RS256", headers={"kid": "k1"})
+    with (
+        FakeConnector() as elsewhere,
+        TestClient(Starlette(routes=web_teams.routes(adapter=adapter))) as client,
+    ):
+        token = jwt.encode(
+            {
+                "iss": "https://api.botframework.com",
+                "aud": "11111111-app",
+                "serviceurl": elsewhere.url,
+                "exp": int(time.time()) + 300,
+                "nbf": int(time.time()) - 10,
+            },
+            private,
+            algorithm="RS256",
+            headers={"kid": "k1"},
+        )
         moved = teams_activity("message", elsewhere, text="hi", conversation="a:moved")
         assert post(client, moved, token).status_code == 201
     assert (_stored()["serviceUrl"], _stored()["conversationId"]) == (elsewhere.url, "a:moved")
@@ -298,29 +387,47 @@ def _cli_env(clarion_env, **extra: str) -> dict[str, str]:
 
 
 def test_clarion_web_refuses_a_public_host_in_local_mode(clarion_env):
-    done = subprocess.run([*CLI, "web", "--host", "0.0.0.0", "--port", "0"], env=_cli_env(
-        clarion_env, CLARION_TEAMS_APP_ID="none"), capture_output=True, text=True, timeout=60, cwd=ROOT)
+    done = subprocess.run(
+        [*CLI, "web", "--host", "0.0.0.0", "--port", "0"],
+        env=_cli_env(clarion_env, CLARION_TEAMS_APP_ID="none"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert done.returncode == 2
     assert "refusing to serve Teams without authentication on '0.0.0.0'" in done.stderr
     assert "WARNING" not in done.stdout
 
 
 def test_clarion_web_warns_at_start_in_local_mode(clarion_env):
-    process = subprocess.Popen([*CLI, "web", "--host", "127.0.0.1", "--port", "0"], cwd=ROOT,
-                               env=_cli_env(clarion_env, CLARION_TEAMS_APP_ID="none"),
-                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    process = subprocess.Popen(
+        [*CLI, "web", "--host", "127.0.0.1", "--port", "0"],
+        cwd=ROOT,
+        env=_cli_env(clarion_env, CLARION_TEAMS_APP_ID="none"),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         first = process.stderr.readline() if process.stderr else ""
     finally:
         process.terminate()
         process.wait(timeout=30)
-    assert first.startswith("clarion: WARNING: CLARION_TEAMS_APP_ID=none: Teams requests are NOT authenticated")
+    assert first.startswith(
+        "clarion: WARNING: CLARION_TEAMS_APP_ID=none: Teams requests are NOT authenticated"
+    )
 
 
 def test_clarion_web_binds_a_public_host_in_local_mode_only_when_told(clarion_env):
-    process = subprocess.Popen([*CLI, "web", "--host", "0.0.0.0", "--port", "0", "--allow-insecure-teams"],
-                               cwd=ROOT, env=_cli_env(clarion_env, CLARION_TEAMS_APP_ID="none"),
-                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    process = subprocess.Popen(
+        [*CLI, "web", "--host", "0.0.0.0", "--port", "0", "--allow-insecure-teams"],
+        cwd=ROOT,
+        env=_cli_env(clarion_env, CLARION_TEAMS_APP_ID="none"),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         lines = [process.stderr.readline() for _ in range(2)] if process.stderr else []
     finally:
@@ -328,4 +435,3 @@ def test_clarion_web_binds_a_public_host_in_local_mode_only_when_told(clarion_en
         process.wait(timeout=30)
     assert lines[0].startswith("clarion: WARNING:")
     assert "refusing" not in "".join(lines)
-

@@ -101,23 +101,58 @@ def _reasons(user: str, request_id: int) -> list[str]:
 
 # --- 1. the dry run equals the real send (property) ---------------------------------------------
 
-ZONES = ("Pacific/Auckland", "Asia/Tokyo", "Asia/Kolkata", "Europe/Berlin", "Europe/London", "UTC",
-         "America/Sao_Paulo", "America/New_York", "America/Los_Angeles", "Pacific/Honolulu")
+ZONES = (
+    "Pacific/Auckland",
+    "Asia/Tokyo",
+    "Asia/Kolkata",
+    "Europe/Berlin",
+    "Europe/London",
+    "UTC",
+    "America/Sao_Paulo",
+    "America/New_York",
+    "America/Los_Angeles",
+    "Pacific/Honolulu",
+)
 QUIET = (None, ("22:00", "07:00"), ("23:30", "00:30"), ("00:00", "06:00"), ("09:00", "17:30"))
 VARIABLES: dict[str, dict[str, Any]] = {
-    "kickoff": {}, "stalled_plan": {}, "goal_prompt": {}, "weekly_one_on_one": {}, "tip": {"n": 1},
-    "promo": {}, "cpu_alert": {"host": "h1", "cluster": "c1"}, "outage": {}, "receipt": {"order": "o-1"},
-    "security_code": {"code": "123456"}, "daily_summary": {"count": 2},
+    "kickoff": {},
+    "stalled_plan": {},
+    "goal_prompt": {},
+    "weekly_one_on_one": {},
+    "tip": {"n": 1},
+    "promo": {},
+    "cpu_alert": {"host": "h1", "cluster": "c1"},
+    "outage": {},
+    "receipt": {"order": "o-1"},
+    "security_code": {"code": "123456"},
+    "daily_summary": {"count": 2},
 }
-OPTIONAL = ("all", "category:activation", "category:digest", "category:marketing", "category:alert",
-            "type:kickoff", "type:stalled_plan", "type:goal_prompt", "type:weekly_one_on_one",
-            "type:tip", "type:promo", "type:cpu_alert", "type:outage")
+OPTIONAL = (
+    "all",
+    "category:activation",
+    "category:digest",
+    "category:marketing",
+    "category:alert",
+    "type:kickoff",
+    "type:stalled_plan",
+    "type:goal_prompt",
+    "type:weekly_one_on_one",
+    "type:tip",
+    "type:promo",
+    "type:cpu_alert",
+    "type:outage",
+)
 LOCKED = ("category:transactional", "category:security", "type:receipt", "type:security_code")
 SUFFIXES = ("", "/webhook", "/console")
 # Instants around DST changes on both sides of UTC (Europe, the US, New Zealand, Brazil has none).
-DST_EDGES = (datetime(2026, 3, 29, 1, 0, tzinfo=UTC), datetime(2026, 10, 25, 1, 0, tzinfo=UTC),
-             datetime(2026, 3, 8, 10, 0, tzinfo=UTC), datetime(2026, 11, 1, 9, 0, tzinfo=UTC),
-             datetime(2026, 4, 4, 14, 0, tzinfo=UTC), datetime(2026, 9, 26, 14, 0, tzinfo=UTC))
+DST_EDGES = (
+    datetime(2026, 3, 29, 1, 0, tzinfo=UTC),
+    datetime(2026, 10, 25, 1, 0, tzinfo=UTC),
+    datetime(2026, 3, 8, 10, 0, tzinfo=UTC),
+    datetime(2026, 11, 1, 9, 0, tzinfo=UTC),
+    datetime(2026, 4, 4, 14, 0, tzinfo=UTC),
+    datetime(2026, 9, 26, 14, 0, tzinfo=UTC),
+)
 
 
 @dataclass(frozen=True)
@@ -138,17 +173,28 @@ class Case:
 
 
 def _settings_strategy() -> st.SearchStrategy[dict[str, bool]]:
-    optional = st.dictionaries(st.tuples(st.sampled_from(OPTIONAL), st.sampled_from(SUFFIXES))
-                               .map("".join), st.booleans(), max_size=4)
-    locked_on = st.dictionaries(st.tuples(st.sampled_from(LOCKED), st.sampled_from(SUFFIXES)).map("".join),
-                                st.just(True), max_size=1)  # turning a locked type off is an error
+    optional = st.dictionaries(
+        st.tuples(st.sampled_from(OPTIONAL), st.sampled_from(SUFFIXES)).map("".join),
+        st.booleans(),
+        max_size=4,
+    )
+    locked_on = st.dictionaries(
+        st.tuples(st.sampled_from(LOCKED), st.sampled_from(SUFFIXES)).map("".join),
+        st.just(True),
+        max_size=1,
+    )  # turning a locked type off is an error
     return st.builds(lambda a, b: {**a, **b}, optional, locked_on)
 
 
 _instants = st.one_of(
-    st.datetimes(min_value=datetime(2026, 1, 1), max_value=datetime(2026, 12, 31), timezones=st.just(UTC)),
-    st.builds(lambda edge, s: edge + timedelta(seconds=s), st.sampled_from(DST_EDGES),
-              st.integers(-3 * 3600, 3 * 3600)),
+    st.datetimes(
+        min_value=datetime(2026, 1, 1), max_value=datetime(2026, 12, 31), timezones=st.just(UTC)
+    ),
+    st.builds(
+        lambda edge, s: edge + timedelta(seconds=s),
+        st.sampled_from(DST_EDGES),
+        st.integers(-3 * 3600, 3 * 3600),
+    ),
 )
 
 CASES = st.builds(
@@ -168,9 +214,20 @@ CASES = st.builds(
     suppressed=st.sampled_from((None, None, "webhook", "console")),
 )
 
-_BASE = dict(zone="Europe/Berlin", country=None, quiet=None, org=False, settings={}, cluster="c1",
-             at=datetime(2026, 12, 7, 12, 0, tzinfo=UTC), window_hours_ago=None, capped_before=0,
-             capped_minutes_ago=0, collapse_seconds_ago=None, suppressed=None)
+_BASE = dict(
+    zone="Europe/Berlin",
+    country=None,
+    quiet=None,
+    org=False,
+    settings={},
+    cluster="c1",
+    at=datetime(2026, 12, 7, 12, 0, tzinfo=UTC),
+    window_hours_ago=None,
+    capped_before=0,
+    capped_minutes_ago=0,
+    collapse_seconds_ago=None,
+    suppressed=None,
+)
 # Every outcome at least once, whatever hypothesis draws.
 EXAMPLES = [
     Case(**{**_BASE, "type_key": "cpu_alert", "collapse_seconds_ago": 5}),  # collapse
@@ -179,8 +236,22 @@ EXAMPLES = [
     Case(**{**_BASE, "type_key": "goal_prompt", "window_hours_ago": 47.5}),  # window: defer
     Case(**{**_BASE, "type_key": "kickoff", "quiet": ("09:00", "17:30")}),  # quiet hours
     Case(**{**_BASE, "type_key": "promo", "country": "US", "settings": {"all/console": False}}),
-    Case(**{**_BASE, "type_key": "promo", "suppressed": "webhook", "settings": {"category:marketing": True}}),
-    Case(**{**_BASE, "type_key": "security_code", "settings": {"all": False}, "quiet": ("09:00", "17:30")}),
+    Case(
+        **{
+            **_BASE,
+            "type_key": "promo",
+            "suppressed": "webhook",
+            "settings": {"category:marketing": True},
+        }
+    ),
+    Case(
+        **{
+            **_BASE,
+            "type_key": "security_code",
+            "settings": {"all": False},
+            "quiet": ("09:00", "17:30"),
+        }
+    ),
 ]
 
 
@@ -191,19 +262,30 @@ def _establish_prior_state(uid: str, case: Case, clock: VirtualClock) -> None:
     if case.window_hours_ago is not None:
         events.append((case.at - timedelta(hours=case.window_hours_ago), "kickoff", {}))
     for n in range(case.capped_before):
-        events.append((case.at - timedelta(minutes=case.capped_minutes_ago, seconds=n), "tip", {"n": n}))
+        events.append(
+            (case.at - timedelta(minutes=case.capped_minutes_ago, seconds=n), "tip", {"n": n})
+        )
     if case.collapse_seconds_ago is not None:
-        events.append((case.at - timedelta(seconds=case.collapse_seconds_ago), "cpu_alert",
-                       {"host": "h0", "cluster": "c1"}))
+        events.append(
+            (
+                case.at - timedelta(seconds=case.collapse_seconds_ago),
+                "cpu_alert",
+                {"host": "h0", "cluster": "c1"},
+            )
+        )
     for when, type_key, variables in sorted(events, key=lambda e: e[0]):
         clock.set(when)
         send_and_route(uid, type_key, variables)
 
 
 def _recipient(uid: str, case: Case, *, quiet: bool) -> None:
-    register_recipient(uid, timezone=case.zone, country=case.country,
-                       org_id=f"org-{uid}" if case.org else None,
-                       quiet_hours=case.quiet if quiet else None)
+    register_recipient(
+        uid,
+        timezone=case.zone,
+        country=case.country,
+        org_id=f"org-{uid}" if case.org else None,
+        quiet_hours=case.quiet if quiet else None,
+    )
 
 
 def test_the_dry_run_equals_what_the_real_send_records(gates):
@@ -212,8 +294,9 @@ def test_the_dry_run_equals_what_the_real_send_records(gates):
     outcomes: set[str] = set()
     clock = VirtualClock(MONDAY)
 
-    @hsettings(max_examples=60, deadline=None, database=None,
-               suppress_health_check=[HealthCheck.too_slow])
+    @hsettings(
+        max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+    )
     @given(case=CASES)
     @example(case=EXAMPLES[0])
     @example(case=EXAMPLES[1])
@@ -233,8 +316,15 @@ def test_the_dry_run_equals_what_the_real_send_records(gates):
         _recipient(uid, case, quiet=True)
         if case.suppressed:
             with engine().begin() as conn:
-                gating.suppress_address(conn, uid, channel=case.suppressed, address=uid, reason="bounced",
-                                        detail="hard bounce", now=case.at)
+                gating.suppress_address(
+                    conn,
+                    uid,
+                    channel=case.suppressed,
+                    address=uid,
+                    reason="bounced",
+                    detail="hard bounce",
+                    now=case.at,
+                )
         set_preferences(uid, case.settings)
         event, variables = fresh_event(), {**VARIABLES[case.type_key]}
         if case.type_key == "cpu_alert":
@@ -250,14 +340,17 @@ def test_the_dry_run_equals_what_the_real_send_records(gates):
         expected = [(s.gate, s.outcome, s.reason, s.channel, s.detail) for s in planned.decisions]
         assert decisions_of(uid, request_id) == expected
         assert [(c, nb) for c, nb, _ in deliveries_of(uid, request_id)] == sorted(
-            (c, nb or case.at) for c, nb in planned.channels)
+            (c, nb or case.at) for c, nb in planned.channels
+        )
         request = request_row(uid, request_id)
         if planned.defer_until is not None:
             assert (request["state"], request["due_at"]) == ("deferred", planned.defer_until)
         else:
             assert request["state"] == "routed"
         if planned.fold is not None:
-            [summary] = [s for s in summaries(uid) if s["occurrence_key"] == planned.fold.occurrence_key]
+            [summary] = [
+                s for s in summaries(uid) if s["occurrence_key"] == planned.fold.occurrence_key
+            ]
             assert (summary["state"], summary["due_at"]) == ("deferred", planned.fold.due_at)
             assert case.type_key in summary["variables"]["types"]
         outcomes.add(planned.outcome)
@@ -281,18 +374,29 @@ def test_eight_processes_routing_different_nudges_of_one_recipient_send_exactly_
     for user in users:
         register_recipient(user, timezone="America/New_York")
     kinds = ["kickoff", "stalled_plan"] * 4
-    made = notify_many([dict(user_id=u, type_key=k, event_id=f"{u}-{i}") for i, k in enumerate(kinds)
-                        for u in users])
-    batches = [made[i * len(users):(i + 1) * len(users)] for i in range(len(kinds))]
+    made = notify_many(
+        [
+            dict(user_id=u, type_key=k, event_id=f"{u}-{i}")
+            for i, k in enumerate(kinds)
+            for u in users
+        ]
+    )
+    batches = [made[i * len(users) : (i + 1) * len(users)] for i in range(len(kinds))]
     routed = race(8, _route_batch, lambda i: (users, [e.request_id for e in batches[i]]))
     assert sum(routed) == len(users) * len(kinds)
     assert rows("SELECT user_id, count(*) FROM deliveries GROUP BY 1 HAVING count(*) <> 1") == []
     assert one("SELECT count(*) FROM deliveries") == len(users)
     assert rows("SELECT reason, count(*) FROM decisions GROUP BY 1") == [
-        ("activation_window", len(users) * (len(kinds) - 1))]
+        ("activation_window", len(users) * (len(kinds) - 1))
+    ]
     # the window names the request that was sent
-    assert rows("SELECT w.user_id FROM activation_windows w LEFT JOIN deliveries d "
-                "ON d.user_id = w.user_id AND d.request_id = w.request_id WHERE d.id IS NULL") == []
+    assert (
+        rows(
+            "SELECT w.user_id FROM activation_windows w LEFT JOIN deliveries d "
+            "ON d.user_id = w.user_id AND d.request_id = w.request_id WHERE d.id IS NULL"
+        )
+        == []
+    )
 
 
 def _route_or_error(users: list[str], ids: list[int]) -> int | str:
@@ -306,9 +410,16 @@ def _release_when_waiting(holder, waiters: int) -> None:
     """Roll back `holder` (which holds a row lock) once `waiters` backends queue behind it."""
     deadline = time.monotonic() + 30
     with engine().connect() as conn:
-        while time.monotonic() < deadline and conn.execute(text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock'")).scalar_one() < waiters:
+        while (
+            time.monotonic() < deadline
+            and conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+            < waiters
+        ):
             conn.rollback()
             time.sleep(0.01)
     holder.rollback()
@@ -317,12 +428,29 @@ def _release_when_waiting(holder, waiters: int) -> None:
 def test_two_route_batches_over_one_organisation_in_opposite_orders_both_route(gates, vclock):
     for user in ("oa", "ob"):
         register_recipient(user, timezone="UTC", org_id="acme")
-    batches = [(users, [e.request_id for e in notify_many(
-        [dict(user_id=u, type_key="tip", event_id=f"{n}-{u}", variables={"n": n}) for u in users])])
-        for n, users in enumerate((["oa", "ob"], ["ob", "oa"]))]
+    batches = [
+        (
+            users,
+            [
+                e.request_id
+                for e in notify_many(
+                    [
+                        dict(user_id=u, type_key="tip", event_id=f"{n}-{u}", variables={"n": n})
+                        for u in users
+                    ]
+                )
+            ],
+        )
+        for n, users in enumerate((["oa", "ob"], ["ob", "oa"]))
+    ]
     with engine().begin() as conn:  # the organisation's counter for this hour exists ...
-        gating.claim_cap(conn, scope="org:acme", bucket="2026-12-07T07", limit=50,
-                         expires_at=MONDAY + timedelta(hours=1))
+        gating.claim_cap(
+            conn,
+            scope="org:acme",
+            bucket="2026-12-07T07",
+            limit=50,
+            expires_at=MONDAY + timedelta(hours=1),
+        )
     holder = engine().connect()
     holder.execute(text("SELECT 1 FROM fatigue_counters WHERE scope = 'org:acme' FOR UPDATE"))
     # ... and is held until each batch has claimed its first member's cap and waits for it
@@ -365,8 +493,9 @@ def test_an_exempt_daily_series_neither_is_blocked_by_nor_holds_the_window(gates
             outcome[when] = send_and_route("ann", nudges[when][0])
         _deliver_pending()
 
-    one_on_ones = rows("SELECT id, occurrence_key FROM requests WHERE type_key = 'weekly_one_on_one' "
-                       "ORDER BY id")
+    one_on_ones = rows(
+        "SELECT id, occurrence_key FROM requests WHERE type_key = 'weekly_one_on_one' ORDER BY id"
+    )
     assert [k for _, k in one_on_ones] == [f"series:{series}:{n}" for n in range(10)]
     for request_id, _ in one_on_ones:
         assert _sent("ann", request_id) and decisions_of("ann", request_id) == []
@@ -380,7 +509,8 @@ def test_an_exempt_daily_series_neither_is_blocked_by_nor_holds_the_window(gates
     arrivals = receiver.arrivals.occurrences
     assert sum(1 for o in arrivals if "/weekly_one_on_one/" in o) == 10
     assert sum(1 for o in arrivals if "/stalled_plan/" in o or "/kickoff/" in o) == sum(
-        goes for _, goes in nudges.values())
+        goes for _, goes in nudges.values()
+    )
     assert sum(goes for _, goes in nudges.values()) >= 4
 
 
@@ -400,7 +530,8 @@ def test_a_deferring_nudge_blocked_by_the_window_comes_back_through_the_tick(gat
     assert _route_pending() == 1
     assert [s for _, _, s in deliveries_of("bea", prompt)] == ["pending"]
     assert rows("SELECT type_key, until FROM activation_windows") == [
-        ("goal_prompt", MONDAY + timedelta(hours=96))]
+        ("goal_prompt", MONDAY + timedelta(hours=96))
+    ]
 
 
 def test_quiet_hours_defer_to_the_end_of_the_window_and_the_tick_sends_then(gates, vclock):
@@ -409,7 +540,9 @@ def test_quiet_hours_defer_to_the_end_of_the_window_and_the_tick_sends_then(gate
     nudge = send_and_route("cy", "kickoff")
     end = datetime(2026, 12, 8, 15, 0, tzinfo=UTC)  # 07:00 local on the 8th
     assert request_row("cy", nudge)["due_at"] == end
-    assert rows("SELECT count(*) FROM activation_windows") == [(0,)]  # a deferred nudge holds no window
+    assert rows("SELECT count(*) FROM activation_windows") == [
+        (0,)
+    ]  # a deferred nudge holds no window
     vclock.set(end)
     tick()
     assert _route_pending() == 1
@@ -445,7 +578,10 @@ def test_explain_answers_why_for_an_opt_out_quiet_hours_the_window_and_a_cap(gat
 
     blocked = explain("blocked")
     assert "stalled_plan" in blocked and "not sent: activation_window" in blocked
-    assert "another activation nudge (kickoff) holds the window until 2026-12-09T07:00:00+00:00" in blocked
+    assert (
+        "another activation nudge (kickoff) holds the window until 2026-12-09T07:00:00+00:00"
+        in blocked
+    )
     assert "kickoff" in blocked and "sent on" not in blocked  # the kickoff is pending delivery
 
     capped = explain("capped")
@@ -465,8 +601,11 @@ def test_the_dry_run_table_shows_each_gate(gates, vclock):
     send_and_route("dee", "kickoff")
     table = plan_table(preview("dee", "stalled_plan", event_id="x"))
     assert table.splitlines()[0] == "dry run — outcome: suppress"
-    assert [ln.split()[0] for ln in table.splitlines()[3:]] == ["preferences", "quiet_hours",
-                                                               "activation_window"]
+    assert [ln.split()[0] for ln in table.splitlines()[3:]] == [
+        "preferences",
+        "quiet_hours",
+        "activation_window",
+    ]
 
 
 # --- 5. suppression, collapse, critical, locked, jurisdiction, org caps ----------------------------
@@ -475,13 +614,26 @@ def test_the_dry_run_table_shows_each_gate(gates, vclock):
 def test_an_address_on_the_suppression_list_stops_that_channel(gates, vclock):
     register_recipient("eve", timezone="America/New_York", country="US")
     with engine().begin() as conn:
-        gating.suppress_address(conn, "eve", channel="webhook", address="eve", reason="complained",
-                                detail="spam complaint", now=vclock.now)
+        gating.suppress_address(
+            conn,
+            "eve",
+            channel="webhook",
+            address="eve",
+            reason="complained",
+            detail="spam complaint",
+            now=vclock.now,
+        )
     promo = send_and_route("eve", "promo")
     assert [c for c, _, _ in deliveries_of("eve", promo)] == ["console"]
     assert decisions_of("eve", promo) == [
-        ("suppression", "suppress", "suppressed_address", "webhook",
-         "webhook address is on the suppression list (complained)")]
+        (
+            "suppression",
+            "suppress",
+            "suppressed_address",
+            "webhook",
+            "webhook address is on the suppression list (complained)",
+        )
+    ]
     receipt = send_and_route("eve", "receipt", {"order": "o-1"})  # locked types too
     assert deliveries_of("eve", receipt) == []
     assert _reasons("eve", receipt) == ["suppressed_address", "no_channel"]
@@ -504,7 +656,9 @@ def test_alerts_with_one_collapse_key_inside_the_window_make_one_delivery(gates,
         assert detail.startswith(f"collapsed into request {leader} (key 'cpu:prod', ")
         assert "window until 2026-12-07T07:02:00+00:00" in detail
     assert one("SELECT count(*) FROM deliveries") == 2
-    assert one("SELECT count FROM fatigue_counters") == 2  # followers spend no cap: leader + staging
+    assert (
+        one("SELECT count FROM fatigue_counters") == 2
+    )  # followers spend no cap: leader + staging
     vclock.advance(seconds=2)  # the window (120 s from the leader) has closed: a new group
     fourth = send_and_route("fay", "cpu_alert", {"host": "e", "cluster": "prod"})
     assert [c for c, _, _ in deliveries_of("fay", fourth)] == ["webhook"]
@@ -513,8 +667,15 @@ def test_alerts_with_one_collapse_key_inside_the_window_make_one_delivery(gates,
 
 def _three_followers(vclock: VirtualClock, batch: bool) -> list[int]:
     """A cpu_alert leader and three followers on the same cluster, 20 s apart or in one route batch."""
-    items = [dict(user_id="fay", type_key="cpu_alert", event_id=f"a{n}",
-                  variables={"host": f"h{n}", "cluster": "prod"}) for n in range(4)]
+    items = [
+        dict(
+            user_id="fay",
+            type_key="cpu_alert",
+            event_id=f"a{n}",
+            variables={"host": f"h{n}", "cluster": "prod"},
+        )
+        for n in range(4)
+    ]
     if batch:
         made = notify_many(items)
         route(["fay"] * 4, [e.request_id for e in made])
@@ -537,8 +698,17 @@ def test_each_collapsed_follower_increments_the_groups_counter(gates, vclock, ba
 
 def test_alerts_collapse_inside_one_route_batch(gates, vclock):
     register_recipient("gus", timezone="UTC")
-    made = notify_many([dict(user_id="gus", type_key="cpu_alert", event_id=f"a{n}",
-                             variables={"host": f"h{n}", "cluster": "prod"}) for n in range(3)])
+    made = notify_many(
+        [
+            dict(
+                user_id="gus",
+                type_key="cpu_alert",
+                event_id=f"a{n}",
+                variables={"host": f"h{n}", "cluster": "prod"},
+            )
+            for n in range(3)
+        ]
+    )
     route(["gus"] * 3, [e.request_id for e in made])
     assert one("SELECT count(*) FROM deliveries") == 1
     assert rows("SELECT reason, count(*) FROM decisions GROUP BY 1") == [("collapsed", 2)]
@@ -554,8 +724,13 @@ def test_a_critical_alert_goes_out_in_quiet_hours_and_over_the_cap(gates, vclock
     assert _reasons("hal", tip) == ["quiet_hours"]
     with engine().begin() as conn:  # and the day's cap is already spent
         for _ in range(3):
-            gating.claim_cap(conn, scope="user:hal", bucket="2026-12-08", limit=3,
-                             expires_at=datetime(2026, 12, 8, 15, 0, tzinfo=UTC))
+            gating.claim_cap(
+                conn,
+                scope="user:hal",
+                bucket="2026-12-08",
+                limit=3,
+                expires_at=datetime(2026, 12, 8, 15, 0, tzinfo=UTC),
+            )
     outage = send_and_route("hal", "outage")
     assert [c for c, _, _ in deliveries_of("hal", outage)] == ["webhook"]
     assert decisions_of("hal", outage) == []
@@ -578,8 +753,21 @@ def test_marketing_is_opt_in_in_germany_and_opt_out_in_the_us(gates, vclock):
     de = send_and_route("jan", "promo")
     assert deliveries_of("jan", de) == []
     assert decisions_of("jan", de)[:2] == [
-        ("preferences", "suppress", "opted_out", "webhook", "category default (marketing is opt-in in DE)"),
-        ("preferences", "suppress", "opted_out", "console", "category default (marketing is opt-in in DE)")]
+        (
+            "preferences",
+            "suppress",
+            "opted_out",
+            "webhook",
+            "category default (marketing is opt-in in DE)",
+        ),
+        (
+            "preferences",
+            "suppress",
+            "opted_out",
+            "console",
+            "category default (marketing is opt-in in DE)",
+        ),
+    ]
     for user in ("kim", "lee"):
         us = send_and_route(user, "promo")
         assert [c for c, _, _ in deliveries_of(user, us)] == ["console", "webhook"]
@@ -610,30 +798,44 @@ def test_an_overflow_folded_after_its_summary_was_taken_is_not_lost(gates, vcloc
     # ... while at midnight the tick takes the day's summary and another worker routes it
     vclock.set(datetime(2026, 12, 7, 23, 0, 0, 100000, tzinfo=UTC))
     tick()
-    [(summary,)] = rows("SELECT id FROM requests WHERE type_key = 'daily_summary' AND state = 'pending'")
+    [(summary,)] = rows(
+        "SELECT id FROM requests WHERE type_key = 'daily_summary' AND state = 'pending'"
+    )
     assert route(["rae"], [summary]) == 1
     vclock.set(started)  # the late task's `now`
     assert route(["rae"], [late]) == 1
     assert _reasons("rae", late) == ["fatigue_cap"]
     assert "folded into the 2026-12-07 summary" in decisions_of("rae", late)[0][4]
-    assert sum(s["variables"]["count"] for s in summaries("rae")) == 2, "the late overflow is in no summary"
+    assert sum(s["variables"]["count"] for s in summaries("rae")) == 2, (
+        "the late overflow is in no summary"
+    )
 
 
 def test_the_organisation_cap_binds_across_its_members(gates, vclock):
     members = [f"m{n}" for n in range(20)]
     for user in members:
         register_recipient(user, timezone="UTC", org_id="acme")
-    items = [dict(user_id=u, type_key="tip", event_id=f"{u}-{n}", variables={"n": n})
-             for n in range(3) for u in members]
+    items = [
+        dict(user_id=u, type_key="tip", event_id=f"{u}-{n}", variables={"n": n})
+        for n in range(3)
+        for u in members
+    ]
     made = notify_many(items)
     route([i["user_id"] for i in items], [e.request_id for e in made])
     assert one("SELECT count(*) FROM deliveries") == 50
-    assert rows("SELECT scope, count FROM fatigue_counters WHERE scope LIKE 'org:%'") == [("org:acme", 50)]
+    assert rows("SELECT scope, count FROM fatigue_counters WHERE scope LIKE 'org:%'") == [
+        ("org:acme", 50)
+    ]
     folded = rows("SELECT detail FROM decisions WHERE reason = 'fatigue_cap'")
-    assert len(folded) == 10 and all(d.startswith("org:acme reached 50 in 2026-12-07T07") for (d,) in folded)
+    assert len(folded) == 10 and all(
+        d.startswith("org:acme reached 50 in 2026-12-07T07") for (d,) in folded
+    )
     # a member's cap is not spent by a request the organisation cap folded
     assert one("SELECT sum(count) FROM fatigue_counters WHERE scope LIKE 'user:%'") == 50
-    assert one("SELECT sum((variables->>'count')::int) FROM requests WHERE type_key = 'daily_summary'") == 10
+    assert (
+        one("SELECT sum((variables->>'count')::int) FROM requests WHERE type_key = 'daily_summary'")
+        == 10
+    )
 
 
 # --- 6. the preferences API -----------------------------------------------------------------------
@@ -641,30 +843,52 @@ def test_the_organisation_cap_binds_across_its_members(gates, vclock):
 
 def test_get_preferences_returns_the_resolved_matrix_with_its_rules(gates):
     register_recipient("nia", timezone="Europe/Berlin")
-    set_preferences("nia", {"all": False, "category:marketing/webhook": True, "type:stalled_plan": True,
-                            "type:promo/console": True, "category:activation": False})
+    set_preferences(
+        "nia",
+        {
+            "all": False,
+            "category:marketing/webhook": True,
+            "type:stalled_plan": True,
+            "type:promo/console": True,
+            "category:activation": False,
+        },
+    )
     got = get_preferences("nia")
     assert got["jurisdiction"] == "DE"
-    assert got["settings"] == {"all": False, "category:marketing/webhook": True, "type:stalled_plan": True,
-                               "type:promo/console": True, "category:activation": False}
+    assert got["settings"] == {
+        "all": False,
+        "category:marketing/webhook": True,
+        "type:stalled_plan": True,
+        "type:promo/console": True,
+        "category:activation": False,
+    }
     t = got["types"]
     assert t["receipt"]["webhook"] == {"enabled": True, "source": "locked (transactional)"}
     assert t["security_code"]["webhook"] == {"enabled": True, "source": "locked (security)"}
     assert t["stalled_plan"]["webhook"] == {  # per-type beats per-category
-        "enabled": True, "source": "recipient setting: type stalled_plan on every channel"}
+        "enabled": True,
+        "source": "recipient setting: type stalled_plan on every channel",
+    }
     assert t["kickoff"]["webhook"] == {  # per-category beats all
-        "enabled": False, "source": "recipient setting: category activation on every channel"}
+        "enabled": False,
+        "source": "recipient setting: category activation on every channel",
+    }
     assert t["promo"] == {
         "webhook": {"enabled": True, "source": "recipient setting: category marketing on webhook"},
-        "console": {"enabled": True, "source": "recipient setting: type promo on console"}}
+        "console": {"enabled": True, "source": "recipient setting: type promo on console"},
+    }
     assert t["tip"]["webhook"] == {
-        "enabled": False, "source": "recipient setting: all notifications on every channel"}
+        "enabled": False,
+        "source": "recipient setting: all notifications on every channel",
+    }
 
     register_recipient("oz", timezone="America/Denver")  # nothing set: the defaults
     plain = get_preferences("oz")
     assert (plain["jurisdiction"], plain["settings"]) == ("US", {})
     assert plain["types"]["promo"]["console"] == {
-        "enabled": True, "source": "category default (marketing is opt-out in US)"}
+        "enabled": True,
+        "source": "category default (marketing is opt-out in US)",
+    }
     assert plain["types"]["tip"]["webhook"] == {"enabled": True, "source": "category default"}
 
 
@@ -674,21 +898,26 @@ def test_clearing_a_setting_with_none_falls_back_to_the_next_rule(gates):
     assert get_preferences("pia")["types"]["promo"]["webhook"]["enabled"] is True
     set_preferences("pia", {"type:promo": None})
     assert get_preferences("pia")["types"]["promo"]["webhook"] == {
-        "enabled": False, "source": "category default (marketing is opt-in in FR)"}
+        "enabled": False,
+        "source": "category default (marketing is opt-in in FR)",
+    }
 
 
-@pytest.mark.parametrize("bad", [
-    {"type:no_such_type": False},
-    {"category:no_such_category": True},
-    {"type:kickoff/carrier_pigeon": False},
-    {"all/sms": False},  # a channel no type in this catalog uses
-    {"category:security": False},
-    {"category:transactional/webhook": False},
-    {"type:security_code": False},
-    {"type:receipt/webhook": False},
-    {"type:kickoff": "no"},
-    {"everything": False},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"type:no_such_type": False},
+        {"category:no_such_category": True},
+        {"type:kickoff/carrier_pigeon": False},
+        {"all/sms": False},  # a channel no type in this catalog uses
+        {"category:security": False},
+        {"category:transactional/webhook": False},
+        {"type:security_code": False},
+        {"type:receipt/webhook": False},
+        {"type:kickoff": "no"},
+        {"everything": False},
+    ],
+)
 def test_set_preferences_rejects_bad_settings_and_writes_nothing(gates, bad):
     register_recipient("quinn", timezone="Europe/Berlin")
     set_preferences("quinn", {"type:tip": False})
@@ -696,7 +925,9 @@ def test_set_preferences_rejects_bad_settings_and_writes_nothing(gates, bad):
     with pytest.raises(InvalidRequest):
         set_preferences("quinn", {"all": False, "type:promo": True, **bad})  # valid ones first
     assert get_preferences("quinn") == before
-    assert rows("SELECT scope, key, channel, enabled FROM preferences") == [("type", "tip", "*", False)]
+    assert rows("SELECT scope, key, channel, enabled FROM preferences") == [
+        ("type", "tip", "*", False)
+    ]
 
 
 def test_set_and_get_preferences_of_an_unknown_recipient_fail(gates):

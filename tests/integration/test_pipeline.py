@@ -103,14 +103,18 @@ def _deliver(*keys: Key) -> int:
 
 
 def _delivery() -> dict:
-    [row] = rows("SELECT state, platform, attempts, taken_over, claim_token, lease_until, not_before,"
-                 " due_at, last_error, provider_message_id, sent_at, maybe_sent_at FROM deliveries")
+    [row] = rows(
+        "SELECT state, platform, attempts, taken_over, claim_token, lease_until, not_before,"
+        " due_at, last_error, provider_message_id, sent_at, maybe_sent_at FROM deliveries"
+    )
     return row
 
 
 def _decisions() -> list[dict]:
-    return rows("SELECT request_id, delivery_id, channel, gate, outcome, reason, detail"
-                " FROM decisions ORDER BY id")
+    return rows(
+        "SELECT request_id, delivery_id, channel, gate, outcome, reason, detail"
+        " FROM decisions ORDER BY id"
+    )
 
 
 # --- outbox ----------------------------------------------------------------------------------
@@ -136,7 +140,8 @@ def test_an_outbox_request_committed_by_the_caller_is_routed_after_the_next_tick
             assert count("requests") == 0  # invisible to everyone else until the caller commits
         assert published(LANE)[ROUTE] == []  # the outbox path never publishes itself
         assert rows("SELECT id, state, due_at FROM requests") == [
-            {"id": enqueued.request_id, "state": "pending", "due_at": clk.now}]
+            {"id": enqueued.request_id, "state": "pending", "due_at": clk.now}
+        ]
 
         assert _tick() == {"requests": 1, "deliveries": 0}
         assert published(LANE)[ROUTE] == [("cat", enqueued.request_id)]
@@ -144,7 +149,9 @@ def test_an_outbox_request_committed_by_the_caller_is_routed_after_the_next_tick
 
         assert route(["cat"], [enqueued.request_id]) == 1
         assert rows("SELECT state, due_at FROM requests") == [{"state": "routed", "due_at": None}]
-        assert count("deliveries", "request_id = :r AND state = 'pending'", r=enqueued.request_id) == 1
+        assert (
+            count("deliveries", "request_id = :r AND state = 'pending'", r=enqueued.request_id) == 1
+        )
         clk.advance(3600)
         assert _tick()["requests"] == 0  # a routed request never comes round again
 
@@ -159,8 +166,10 @@ def test_routing_a_request_twice_creates_its_deliveries_once(ann):
     assert route([ann], ids) == 0
     assert route([ann, ann], ids * 2) == 0
     deliveries = rows("SELECT id, channel, state FROM deliveries ORDER BY channel")
-    assert [(d["channel"], d["state"]) for d in deliveries] == [("console", "pending"),
-                                                                ("webhook", "pending")]
+    assert [(d["channel"], d["state"]) for d in deliveries] == [
+        ("console", "pending"),
+        ("webhook", "pending"),
+    ]
     assert sorted(published(LANE)[DELIVER]) == sorted((ann, d["id"]) for d in deliveries)
     assert _decisions() == []
 
@@ -183,18 +192,24 @@ def test_a_channel_without_an_adapter_is_a_recorded_decision_not_a_delivery(ann)
     assert count("deliveries") == 0
     assert rows("SELECT state FROM requests") == [{"state": "routed"}]
     decisions = _decisions()
-    assert [(d["request_id"], d["delivery_id"], d["outcome"], d["reason"])
-            for d in decisions if d["channel"] == "email"] == [
-        (request.request_id, None, "suppress", "no_adapter")]
+    assert [
+        (d["request_id"], d["delivery_id"], d["outcome"], d["reason"])
+        for d in decisions
+        if d["channel"] == "email"
+    ] == [(request.request_id, None, "suppress", "no_adapter")]
     assert route([ann], [request.request_id]) == 0
     assert _decisions() == decisions  # a repeated route records nothing twice
 
 
-def test_a_type_this_worker_lacks_waits_for_a_worker_that_has_it(ann, clarion_env, monkeypatch, tmp_path):
+def test_a_type_this_worker_lacks_waits_for_a_worker_that_has_it(
+    ann, clarion_env, monkeypatch, tmp_path
+):
     """A rolling deploy: the producer's catalog has a type an older worker's does not."""
     request = notify(ann, "security_code", event_id="e1", variables={"code": "123"})
     full = clarion_env.env["CLARION_CATALOG"]
-    configure(monkeypatch, catalog=_catalog(tmp_path, full, lambda types: types.pop("security_code")))
+    configure(
+        monkeypatch, catalog=_catalog(tmp_path, full, lambda types: types.pop("security_code"))
+    )
     assert route([ann], [request.request_id]) == 0
     [waiting] = rows("SELECT state, due_at > now() AS later FROM requests")
     assert waiting == {"state": "pending", "later": True} and _decisions() == []
@@ -204,27 +219,38 @@ def test_a_type_this_worker_lacks_waits_for_a_worker_that_has_it(ann, clarion_en
 
 
 def test_a_type_gone_from_the_catalog_past_the_grace_is_a_recorded_decision(
-        ann, clarion_env, monkeypatch, tmp_path):
+    ann, clarion_env, monkeypatch, tmp_path
+):
     request = notify(ann, "security_code", event_id="e1", variables={"code": "123"})
-    configure(monkeypatch, catalog_skew_grace=0.001,
-              catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"],
-                               lambda types: types.pop("security_code")))
+    configure(
+        monkeypatch,
+        catalog_skew_grace=0.001,
+        catalog=_catalog(
+            tmp_path, clarion_env.env["CLARION_CATALOG"], lambda types: types.pop("security_code")
+        ),
+    )
     assert route([ann], [request.request_id]) == 1
     assert count("deliveries") == 0
     assert [(d["gate"], d["outcome"], d["reason"]) for d in _decisions()] == [
-        ("catalog", "suppress", "unknown_type")]
+        ("catalog", "suppress", "unknown_type")
+    ]
 
 
-def test_the_template_version_is_pinned_when_the_request_is_made(ann, clarion_env, monkeypatch,
-                                                                 tmp_path):
-    configure(monkeypatch, catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"],
-                                            _receipt_v1_only))
+def test_the_template_version_is_pinned_when_the_request_is_made(
+    ann, clarion_env, monkeypatch, tmp_path
+):
+    configure(
+        monkeypatch,
+        catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"], _receipt_v1_only),
+    )
     old = notify(ann, "receipt", event_id="old", variables=ORDER)
     configure(monkeypatch, catalog=clarion_env.env["CLARION_CATALOG"])  # v2 is published
     new = notify(ann, "receipt", event_id="new", variables=ORDER)
     assert route([ann, ann], [old.request_id, new.request_id]) == 2
     assert rows("SELECT id, template_version FROM requests ORDER BY id") == [
-        {"id": old.request_id, "template_version": 1}, {"id": new.request_id, "template_version": 2}]
+        {"id": old.request_id, "template_version": 1},
+        {"id": new.request_id, "template_version": 2},
+    ]
 
 
 # --- deliver ---------------------------------------------------------------------------------
@@ -234,13 +260,34 @@ def test_deliver_sends_once_over_the_webhook_and_records_the_send(ann, receiver)
     key = _routed(ann)
     assert _deliver(key) == 1
     row = _delivery()
-    assert {k: row[k] for k in ("state", "platform", "attempts", "taken_over", "claim_token",
-                                "lease_until", "due_at", "last_error", "provider_message_id")} == {
-        "state": "sent", "platform": "webhook", "attempts": 1, "taken_over": False,
-        "claim_token": None, "lease_until": None, "due_at": None, "last_error": None,
-        "provider_message_id": str(key[1])}
+    assert {
+        k: row[k]
+        for k in (
+            "state",
+            "platform",
+            "attempts",
+            "taken_over",
+            "claim_token",
+            "lease_until",
+            "due_at",
+            "last_error",
+            "provider_message_id",
+        )
+    } == {
+        "state": "sent",
+        "platform": "webhook",
+        "attempts": 1,
+        "taken_over": False,
+        "claim_token": None,
+        "lease_until": None,
+        "due_at": None,
+        "last_error": None,
+        "provider_message_id": str(key[1]),
+    }
     assert row["sent_at"] is not None
-    assert dict(receiver.arrivals.by_key) == {idempotency_key(ann, "receipt", "event:e1", "webhook"): 1}
+    assert dict(receiver.arrivals.by_key) == {
+        idempotency_key(ann, "receipt", "event:e1", "webhook"): 1
+    }
 
     assert _deliver(key) == 0  # a redelivered message: the claim finds nothing to take
     assert _deliver(key, key) == 0
@@ -250,8 +297,10 @@ def test_deliver_sends_once_over_the_webhook_and_records_the_send(ann, receiver)
 
 
 def test_a_request_renders_the_template_version_it_pinned(ann, clarion_env, monkeypatch, tmp_path):
-    configure(monkeypatch, catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"],
-                                            _receipt_v1_only))
+    configure(
+        monkeypatch,
+        catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"], _receipt_v1_only),
+    )
     old = _routed(ann, "old")
     configure(monkeypatch, catalog=clarion_env.env["CLARION_CATALOG"])  # now with v1 and v2
     new = _routed(ann, "new")
@@ -266,10 +315,13 @@ def test_a_request_renders_the_template_version_it_pinned(ann, clarion_env, monk
 
 
 def test_a_pinned_version_this_worker_lacks_waits_with_its_attempt_refunded(
-        ann, clarion_env, monkeypatch, tmp_path):
+    ann, clarion_env, monkeypatch, tmp_path
+):
     key = _routed(ann)  # pins v2
-    configure(monkeypatch, catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"],
-                                            _receipt_v1_only))
+    configure(
+        monkeypatch,
+        catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"], _receipt_v1_only),
+    )
     with Endpoint() as endpoint:
         configure(monkeypatch, webhook_url=endpoint.url)
         for _ in range(20):  # however often an old worker gets it, it costs no attempt
@@ -285,20 +337,27 @@ def test_a_pinned_version_this_worker_lacks_waits_with_its_attempt_refunded(
 
 
 def test_a_pinned_version_gone_past_the_grace_fails_the_delivery_with_a_reason(
-        ann, clarion_env, monkeypatch, tmp_path):
+    ann, clarion_env, monkeypatch, tmp_path
+):
     key = _routed(ann)  # pins v2
-    configure(monkeypatch, catalog_skew_grace=0.001,
-              catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"], _receipt_v1_only))
+    configure(
+        monkeypatch,
+        catalog_skew_grace=0.001,
+        catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"], _receipt_v1_only),
+    )
     with Endpoint() as endpoint:
         configure(monkeypatch, webhook_url=endpoint.url)
         assert _deliver(key) == 0
     assert endpoint.calls == []
     assert _delivery()["state"] == "failed"
     assert [(d["delivery_id"], d["gate"], d["outcome"], d["reason"]) for d in _decisions()] == [
-        (key[1], "deliver", "failed", "template_missing")]
+        (key[1], "deliver", "failed", "template_missing")
+    ]
 
 
-def test_a_slow_batch_sends_a_row_whose_lease_lapsed_but_not_one_another_worker_took(ann, monkeypatch):
+def test_a_slow_batch_sends_a_row_whose_lease_lapsed_but_not_one_another_worker_took(
+    ann, monkeypatch
+):
     """A thread reaches its later rows late. A lapsed lease nobody took is still ours (the
     conditional update on the token proves it, and extends the lease); a row a rival claimed
     meanwhile is left to the rival, unsent."""
@@ -310,8 +369,14 @@ def test_a_slow_batch_sends_a_row_whose_lease_lapsed_but_not_one_another_worker_
             for key in keys[1:]:
                 expire_lease(key)
             with engine().begin() as conn:  # ... a rival takes the third row
-                assert claims.claim_deliveries(conn, [keys[2]], token=str(uuid.uuid4()), now=clock.now(),
-                                               lease=60, max_attempts=8)
+                assert claims.claim_deliveries(
+                    conn,
+                    [keys[2]],
+                    token=str(uuid.uuid4()),
+                    now=clock.now(),
+                    lease=60,
+                    max_attempts=8,
+                )
         return 200
 
     with Endpoint(slow_provider) as endpoint:
@@ -319,7 +384,11 @@ def test_a_slow_batch_sends_a_row_whose_lease_lapsed_but_not_one_another_worker_
         assert _deliver(*keys) == 2
     assert endpoint.errors == []
     assert [c.payload["occurrence_key"] for c in endpoint.calls] == ["event:e0", "event:e1"]
-    assert [r["state"] for r in rows("SELECT state FROM deliveries ORDER BY id")] == ["sent", "sent", "claimed"]
+    assert [r["state"] for r in rows("SELECT state FROM deliveries ORDER BY id")] == [
+        "sent",
+        "sent",
+        "claimed",
+    ]
     assert count("incidents") == 0
 
 
@@ -328,15 +397,21 @@ def test_a_slow_batch_sends_a_row_whose_lease_lapsed_but_not_one_another_worker_
 
 def test_a_transient_failure_releases_the_claim_and_the_sweeper_retries_it(ann, monkeypatch):
     answers = iter([408, 200])
-    with frozen_clock(datetime.now(UTC) + timedelta(days=1)) as clk, \
-            Endpoint(lambda call: next(answers)) as endpoint:
+    with (
+        frozen_clock(datetime.now(UTC) + timedelta(days=1)) as clk,
+        Endpoint(lambda call: next(answers)) as endpoint,
+    ):
         configure(monkeypatch, webhook_url=endpoint.url)
         key = _routed(ann)
         start = clk.now
         assert _deliver(key) == 0
         row = _delivery()
         assert (row["state"], row["claim_token"], row["lease_until"], row["attempts"]) == (
-            "pending", None, None, 1)
+            "pending",
+            None,
+            None,
+            1,
+        )
         assert row["not_before"] == row["due_at"]
         wait = (row["not_before"] - start).total_seconds()
         assert 2 * 0.8 <= wait <= 2 * 1.2  # the policy's base, with jitter
@@ -368,13 +443,24 @@ def test_a_permanent_rejection_fails_the_delivery_with_a_recorded_reason(ann, mo
         assert len(endpoint.calls) == 1
         row = _delivery()
         assert (row["state"], row["claim_token"], row["due_at"], row["attempts"]) == (
-            "failed", None, None, 1)
+            "failed",
+            None,
+            None,
+            1,
+        )
         assert row["last_error"].startswith("http_404")
         [decision] = _decisions()
-        assert {k: decision[k] for k in ("request_id", "delivery_id", "channel", "gate", "outcome",
-                                         "reason")} == {
-            "request_id": request_id, "delivery_id": key[1], "channel": "webhook",
-            "gate": "deliver", "outcome": "failed", "reason": "http_404"}
+        assert {
+            k: decision[k]
+            for k in ("request_id", "delivery_id", "channel", "gate", "outcome", "reason")
+        } == {
+            "request_id": request_id,
+            "delivery_id": key[1],
+            "channel": "webhook",
+            "gate": "deliver",
+            "outcome": "failed",
+            "reason": "http_404",
+        }
         clk.advance(3600)
         assert _tick() == NOTHING  # failed is final
 
@@ -386,7 +472,8 @@ def test_a_bad_signature_is_refused_by_the_receiver_and_fails_for_good(ann, rece
     assert (receiver.arrivals.rejected, receiver.arrivals.total) == (1, 0)
     assert _delivery()["state"] == "failed"
     assert [(d["gate"], d["outcome"], d["reason"]) for d in _decisions()] == [
-        ("deliver", "failed", "http_401")]
+        ("deliver", "failed", "http_401")
+    ]
 
 
 def test_a_delivery_fails_with_retries_exhausted_after_max_attempts(ann, receiver, monkeypatch):
@@ -406,7 +493,10 @@ def test_a_delivery_fails_with_retries_exhausted_after_max_attempts(ann, receive
     assert (row["state"], row["attempts"]) == ("failed", 2)
     [decision] = _decisions()
     assert (decision["gate"], decision["outcome"], decision["reason"]) == (
-        "deliver", "failed", "retries_exhausted")
+        "deliver",
+        "failed",
+        "retries_exhausted",
+    )
     assert decision["detail"].startswith("http_503")
     assert receiver.arrivals.fail_next == 3  # two attempts reached the receiver, no more
     assert receiver.arrivals.total == 0
@@ -415,11 +505,15 @@ def test_a_delivery_fails_with_retries_exhausted_after_max_attempts(ann, receive
 # --- fault points: crash windows ------------------------------------------------------------------
 
 
-def test_an_error_after_the_send_is_an_unknown_outcome_resent_under_the_same_key(ann, receiver, monkeypatch):
+def test_an_error_after_the_send_is_an_unknown_outcome_resent_under_the_same_key(
+    ann, receiver, monkeypatch
+):
     configure(monkeypatch, faults="deliver.after_send=raise*1")
     with frozen_clock(datetime.now(UTC) + timedelta(days=1)) as clk:
         key = _routed(ann)
-        assert _deliver(key) == 0  # sent, then an error before "sent" was recorded: caught on the row
+        assert (
+            _deliver(key) == 0
+        )  # sent, then an error before "sent" was recorded: caught on the row
         row = _delivery()
         assert (row["state"], row["attempts"], row["claim_token"]) == ("pending", 1, None)
         assert row["maybe_sent_at"] is not None and row["last_error"].startswith("internal_error")
@@ -433,26 +527,40 @@ def test_an_error_after_the_send_is_an_unknown_outcome_resent_under_the_same_key
     assert (arrivals.total, arrivals.unique, arrivals.repeats) == (2, 1, 1)
     assert set(arrivals.by_key) == {idempotency_key(ann, "receipt", "event:e1", "webhook")}
     # the receiver answered 409 to the repeat: a repeat that did happen (and was dropped by key)
-    assert [r["kind"] for r in rows("SELECT kind FROM incidents WHERE delivery_id = :d", d=key[1])] == ["repeat"]
+    assert [
+        r["kind"] for r in rows("SELECT kind FROM incidents WHERE delivery_id = :d", d=key[1])
+    ] == ["repeat"]
 
 
 def _dead_worker(key: Key, *, posted: bool) -> None:
     """A worker that claimed and reached the send (and, if `posted`, the provider), then died."""
     token = str(uuid.uuid4())
     with engine().begin() as conn:
-        [row] = claims.claim_deliveries(conn, [key], token=token, now=clock.now(), lease=60, max_attempts=8)
+        [row] = claims.claim_deliveries(
+            conn, [key], token=token, now=clock.now(), lease=60, max_attempts=8
+        )
         assert claims.begin_send(conn, key, token=token, need=30) is not None
     if posted:
         from adapters.base import Message
         from tasks import runtime
 
-        runtime.adapters()["webhook"].send(Message(
-            delivery_id=row.id, user_id=row.user_id, type_key=row.type_key, occurrence_key=row.occurrence_key,
-            channel="webhook", content={"title": "t"}, attempt=row.attempts))
+        runtime.adapters()["webhook"].send(
+            Message(
+                delivery_id=row.id,
+                user_id=row.user_id,
+                type_key=row.type_key,
+                occurrence_key=row.occurrence_key,
+                channel="webhook",
+                content={"title": "t"},
+                attempt=row.attempts,
+            )
+        )
 
 
 @pytest.mark.parametrize("posted", [True, False])
-def test_a_takeover_resends_under_the_key_and_an_incident_only_marks_a_real_repeat(ann, receiver, posted):
+def test_a_takeover_resends_under_the_key_and_an_incident_only_marks_a_real_repeat(
+    ann, receiver, posted
+):
     key = _routed(ann)
     _dead_worker(key, posted=posted)
     assert _tick() == NOTHING  # the lease still stands
@@ -476,12 +584,18 @@ def test_a_claim_taken_over_cannot_be_settled_with_the_old_token(ann):
         assert claims.claim_deliveries(conn, [key], token=first, now=now, lease=5, max_attempts=8)
     expire_lease(key)
     with engine().begin() as conn:
-        [taken] = claims.claim_deliveries(conn, [key], token=second, now=now, lease=5, max_attempts=8)
+        [taken] = claims.claim_deliveries(
+            conn, [key], token=second, now=now, lease=5, max_attempts=8
+        )
         assert taken.taken_over
         assert claims.begin_send(conn, key, token=first, need=10) is None
-        assert claims.mark_sent(conn, key, token=second, platform="webhook", message_id="b", now=now)
+        assert claims.mark_sent(
+            conn, key, token=second, platform="webhook", message_id="b", now=now
+        )
     with engine().begin() as conn:
-        assert not claims.mark_sent(conn, key, token=first, platform="webhook", message_id="a", now=now)
+        assert not claims.mark_sent(
+            conn, key, token=first, platform="webhook", message_id="a", now=now
+        )
         assert not claims.release_claim(conn, key, token=first, not_before=now, error="x", now=now)
         assert not claims.hold_unknown(conn, key, token=first, error="x", now=now)
         assert claims.fail_delivery(conn, key, token=first, error="x", now=now) is None
@@ -489,7 +603,9 @@ def test_a_claim_taken_over_cannot_be_settled_with_the_old_token(ann):
     assert (row["state"], row["provider_message_id"], row["attempts"]) == ("sent", "b", 2)
 
 
-def test_a_worker_whose_claim_was_taken_during_the_send_records_a_possible_duplicate(ann, monkeypatch):
+def test_a_worker_whose_claim_was_taken_during_the_send_records_a_possible_duplicate(
+    ann, monkeypatch
+):
     """The provider is slow: meanwhile the lease lapses and another worker claims and sends."""
     key = _routed(ann)
 
@@ -497,9 +613,17 @@ def test_a_worker_whose_claim_was_taken_during_the_send_records_a_possible_dupli
         token = str(uuid.uuid4())
         expire_lease(key)
         with engine().begin() as conn:
-            assert claims.claim_deliveries(conn, [key], token=token, now=clock.now(), lease=60, max_attempts=8)
-            assert claims.mark_sent(conn, key, token=token, platform="webhook",
-                                    message_id="other-worker", now=clock.now())
+            assert claims.claim_deliveries(
+                conn, [key], token=token, now=clock.now(), lease=60, max_attempts=8
+            )
+            assert claims.mark_sent(
+                conn,
+                key,
+                token=token,
+                platform="webhook",
+                message_id="other-worker",
+                now=clock.now(),
+            )
         return 200
 
     with Endpoint(slow_provider) as endpoint:
@@ -508,7 +632,11 @@ def test_a_worker_whose_claim_was_taken_during_the_send_records_a_possible_dupli
     assert endpoint.errors == []
     assert len(endpoint.calls) == 1
     row = _delivery()
-    assert (row["state"], row["provider_message_id"], row["attempts"]) == ("sent", "other-worker", 2)
+    assert (row["state"], row["provider_message_id"], row["attempts"]) == (
+        "sent",
+        "other-worker",
+        2,
+    )
     assert [r["kind"] for r in rows("SELECT kind FROM incidents")] == ["possible_duplicate"]
 
 
@@ -585,13 +713,22 @@ def test_tick_leaves_alone_work_whose_time_has_not_come(ann):
 
 def test_two_ticks_at_the_same_instant_take_each_due_row_once(ann):
     with frozen_clock() as clk:
-        routed = notify_many([dict(user_id=ann, type_key="receipt", event_id=f"r{n}", variables=ORDER)
-                              for n in range(20)])
+        routed = notify_many(
+            [
+                dict(user_id=ann, type_key="receipt", event_id=f"r{n}", variables=ORDER)
+                for n in range(20)
+            ]
+        )
         assert route([ann] * 20, [e.request_id for e in routed]) == 20
         clk.advance(31)  # the 20 deliveries are now strays
         with engine().begin() as conn:  # 30 outbox requests, due now
-            notify_many([dict(user_id=ann, type_key="receipt", event_id=f"o{n}", variables=ORDER)
-                         for n in range(30)], connection=conn)
+            notify_many(
+                [
+                    dict(user_id=ann, type_key="receipt", event_id=f"o{n}", variables=ORDER)
+                    for n in range(30)
+                ],
+                connection=conn,
+            )
         drain(LANE)
         results = race(2, tick)  # two beat processes
         keys = published(LANE)

@@ -56,20 +56,32 @@ def ann(clarion_env) -> str:
 REFUSED = {
     "unknown type": (dict(type_key="no_such_type", event_id="e1", variables=ORDER), UnknownType),
     "missing variable": (dict(type_key="receipt", event_id="e1", variables={}), MissingVariables),
-    "unknown recipient": (dict(user_id="bob", type_key="receipt", event_id="e1", variables=ORDER),
-                          UnknownRecipient),
+    "unknown recipient": (
+        dict(user_id="bob", type_key="receipt", event_id="e1", variables=ORDER),
+        UnknownRecipient,
+    ),
     "neither event nor occurrence": (dict(type_key="receipt", variables=ORDER), InvalidOccurrence),
-    "both event and occurrence": (dict(type_key="receipt", event_id="e1", occurrence_key="k1",
-                                       variables=ORDER), InvalidOccurrence),
+    "both event and occurrence": (
+        dict(type_key="receipt", event_id="e1", occurrence_key="k1", variables=ORDER),
+        InvalidOccurrence,
+    ),
     "empty event id": (dict(type_key="receipt", event_id="", variables=ORDER), InvalidOccurrence),
-    "empty occurrence key": (dict(type_key="receipt", occurrence_key="", variables=ORDER),
-                             InvalidOccurrence),
-    "non-string occurrence key": (dict(type_key="receipt", occurrence_key=7, variables=ORDER),
-                                  InvalidOccurrence),
-    "variables not JSON (object)": (dict(type_key="receipt", event_id="e1",
-                                         variables={"order": object()}), InvalidRequest),
-    "variables not JSON (set)": (dict(type_key="receipt", event_id="e1",
-                                      variables={"order": "A", "extra": {1, 2}}), InvalidRequest),
+    "empty occurrence key": (
+        dict(type_key="receipt", occurrence_key="", variables=ORDER),
+        InvalidOccurrence,
+    ),
+    "non-string occurrence key": (
+        dict(type_key="receipt", occurrence_key=7, variables=ORDER),
+        InvalidOccurrence,
+    ),
+    "variables not JSON (object)": (
+        dict(type_key="receipt", event_id="e1", variables={"order": object()}),
+        InvalidRequest,
+    ),
+    "variables not JSON (set)": (
+        dict(type_key="receipt", event_id="e1", variables={"order": "A", "extra": {1, 2}}),
+        InvalidRequest,
+    ),
 }
 
 
@@ -148,10 +160,21 @@ def test_input_postgresql_cannot_store_is_refused_with_a_typed_error(ann, bad):
 
 # --- register_recipient(): refused calls ---------------------------------------------------------
 
-BAD_ZONES = ["Mars/Olympus_Mons", "", "europe/berlin", "Europe/Berlin ", "/etc/localtime",
-             "../zoneinfo/UTC", "Europe/../UTC", "zone.tab", None,
-             "Europe", "x" * 300,  # a folder of zones, a name too long for a file: OSError in ZoneInfo
-             "localtime", "posix/UTC"]  # files in the zone folder that are not IANA names
+BAD_ZONES = [
+    "Mars/Olympus_Mons",
+    "",
+    "europe/berlin",
+    "Europe/Berlin ",
+    "/etc/localtime",
+    "../zoneinfo/UTC",
+    "Europe/../UTC",
+    "zone.tab",
+    None,
+    "Europe",
+    "x" * 300,  # a folder of zones, a name too long for a file: OSError in ZoneInfo
+    "localtime",
+    "posix/UTC",
+]  # files in the zone folder that are not IANA names
 
 
 def test_a_bad_timezone_is_refused_and_writes_nothing(clarion_env):
@@ -180,18 +203,35 @@ def test_a_refused_update_leaves_the_existing_recipient_as_it_was(ann):
     with pytest.raises(InvalidRequest):
         register_recipient(ann, timezone="Europe/Paris", country="France")
     assert rows("SELECT timezone, country FROM recipients") == [
-        {"timezone": "Europe/Berlin", "country": "DE"}]
+        {"timezone": "Europe/Berlin", "country": "DE"}
+    ]
 
 
 def test_a_valid_registration_normalises_the_country_and_updates_in_place(ann):
     for zone in ("UTC", "Etc/GMT+5", "America/Argentina/Buenos_Aires"):
         register_recipient("bob", timezone=zone)
-    register_recipient(ann, timezone="Asia/Jerusalem", country="il", addresses={"webhook": "https://hooks.example/ann"})
-    assert rows("SELECT user_id, timezone, country, addresses FROM recipients ORDER BY user_id") == [
-        {"user_id": "ann", "timezone": "Asia/Jerusalem", "country": "IL",
-         "addresses": {"webhook": "https://hooks.example/ann"}},
-        {"user_id": "bob", "timezone": "America/Argentina/Buenos_Aires", "country": None,
-         "addresses": {}}]
+    register_recipient(
+        ann,
+        timezone="Asia/Jerusalem",
+        country="il",
+        addresses={"webhook": "https://hooks.example/ann"},
+    )
+    assert rows(
+        "SELECT user_id, timezone, country, addresses FROM recipients ORDER BY user_id"
+    ) == [
+        {
+            "user_id": "ann",
+            "timezone": "Asia/Jerusalem",
+            "country": "IL",
+            "addresses": {"webhook": "https://hooks.example/ann"},
+        },
+        {
+            "user_id": "bob",
+            "timezone": "America/Argentina/Buenos_Aires",
+            "country": None,
+            "addresses": {},
+        },
+    ]
 
 
 # --- notify_many(): all or nothing -----------------------------------------------------------
@@ -204,7 +244,9 @@ BAD_ITEM = {
 
 @pytest.mark.parametrize("bad", BAD_ITEM.values(), ids=BAD_ITEM.keys())
 def test_notify_many_with_one_bad_item_writes_nothing(ann, bad):
-    good = [dict(user_id=ann, type_key="receipt", event_id=f"e{n}", variables=ORDER) for n in range(3)]
+    good = [
+        dict(user_id=ann, type_key="receipt", event_id=f"e{n}", variables=ORDER) for n in range(3)
+    ]
     before = counts()
     with pytest.raises(InvalidRequest):
         notify_many([*good[:2], bad, good[2]])
@@ -226,15 +268,18 @@ def test_a_repeated_event_returns_the_same_request_and_publishes_nothing_new(ann
     assert first.new and not again.new
     assert again.request_id == first.request_id
     assert rows("SELECT id, occurrence_key, variables FROM requests") == [
-        {"id": first.request_id, "occurrence_key": "event:e1", "variables": ORDER}]
+        {"id": first.request_id, "occurrence_key": "event:e1", "variables": ORDER}
+    ]
     assert published("transactional")[ROUTE] == [(ann, first.request_id)]
 
 
 def test_one_event_is_a_separate_occurrence_per_type_and_per_recipient(ann):
     register_recipient("bob", timezone="UTC")
-    ids = {notify(ann, "receipt", event_id="e1", variables=ORDER).request_id,
-           notify("bob", "receipt", event_id="e1", variables=ORDER).request_id,
-           notify(ann, "security_code", event_id="e1", variables={"code": "123"}).request_id}
+    ids = {
+        notify(ann, "receipt", event_id="e1", variables=ORDER).request_id,
+        notify("bob", "receipt", event_id="e1", variables=ORDER).request_id,
+        notify(ann, "security_code", event_id="e1", variables={"code": "123"}).request_id,
+    }
     assert len(ids) == 3
     assert count("requests") == 3
 

@@ -37,8 +37,13 @@ from tests.support.pipeline import (
 pytestmark = pytest.mark.integration
 
 ORDER = {"order": "A-1"}
-FUZZ = settings(max_examples=120, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=120,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @pytest.fixture
@@ -58,9 +63,28 @@ def table_counts() -> dict[str, int]:
 
 # --- arbitrary values -----------------------------------------------------------------------------
 
-TRICKY_TEXT = ["", "\x00", "a\x00b", "\ud800", "x\udfffy", "\\u0000", "series:1:0", "series:", "é" * 300,
-               "x" * 600, " ", "ann\n", "Europe/Berlin\x00", "../etc/passwd", "DE-BY", "en_US", "+1"]
-any_text = st.one_of(st.text(st.characters(exclude_categories=()), max_size=40), st.sampled_from(TRICKY_TEXT))
+TRICKY_TEXT = [
+    "",
+    "\x00",
+    "a\x00b",
+    "\ud800",
+    "x\udfffy",
+    "\\u0000",
+    "series:1:0",
+    "series:",
+    "é" * 300,
+    "x" * 600,
+    " ",
+    "ann\n",
+    "Europe/Berlin\x00",
+    "../etc/passwd",
+    "DE-BY",
+    "en_US",
+    "+1",
+]
+any_text = st.one_of(
+    st.text(st.characters(exclude_categories=()), max_size=40), st.sampled_from(TRICKY_TEXT)
+)
 
 
 class Opaque:
@@ -68,12 +92,23 @@ class Opaque:
 
 
 scalars = st.one_of(
-    st.none(), st.booleans(), any_text, st.binary(max_size=20),
-    st.integers(), st.integers(min_value=-(2**80), max_value=2**80), st.builds(pow, st.just(10), st.just(5000)),
-    st.floats(allow_nan=True, allow_infinity=True), st.just(Opaque()), st.just(object()),
-    st.datetimes(), st.just(time(22)), st.complex_numbers(max_magnitude=10),
+    st.none(),
+    st.booleans(),
+    any_text,
+    st.binary(max_size=20),
+    st.integers(),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.builds(pow, st.just(10), st.just(5000)),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.just(Opaque()),
+    st.just(object()),
+    st.datetimes(),
+    st.just(time(22)),
+    st.complex_numbers(max_magnitude=10),
 )
-hashables = st.one_of(st.none(), st.booleans(), any_text, st.integers(), st.floats(), st.binary(max_size=5))
+hashables = st.one_of(
+    st.none(), st.booleans(), any_text, st.integers(), st.floats(), st.binary(max_size=5)
+)
 
 
 def _nest(depth: int) -> Any:
@@ -102,8 +137,9 @@ def calls(valid: dict[str, st.SearchStrategy]) -> st.SearchStrategy[dict[str, An
     by anything at all, so that calls get past the first checks and also succeed."""
     names = sorted(valid)
     spoilt = st.one_of(st.sets(st.sampled_from(names), max_size=2), st.just(frozenset(names)))
-    return st.tuples(st.fixed_dictionaries(valid), st.fixed_dictionaries(dict.fromkeys(names, arbitrary)),
-                     spoilt).map(lambda t: {n: (t[1][n] if n in t[2] else t[0][n]) for n in names})
+    return st.tuples(
+        st.fixed_dictionaries(valid), st.fixed_dictionaries(dict.fromkeys(names, arbitrary)), spoilt
+    ).map(lambda t: {n: (t[1][n] if n in t[2] else t[0][n]) for n in names})
 
 
 def one_of(*values: Any) -> st.SearchStrategy:
@@ -113,7 +149,8 @@ def one_of(*values: Any) -> st.SearchStrategy:
 variables_like = st.one_of(
     st.just(ORDER),
     st.dictionaries(st.sampled_from(["order", "code", "x"]) | any_text, arbitrary, max_size=4).map(
-        lambda d: {**d, "order": "A-1"}),
+        lambda d: {**d, "order": "A-1"}
+    ),
 )
 
 
@@ -144,10 +181,18 @@ class Outcomes:
 
 def test_notify_takes_any_values_and_raises_only_clarion_errors(ann):
     @FUZZ
-    @given(kw=calls({"user_id": one_of("ann"), "type_key": one_of("receipt"),
-                     "event_id": st.text(min_size=1, max_size=8), "variables": variables_like,
-                     "connection": st.none()}),
-           explicit_key=st.booleans())
+    @given(
+        kw=calls(
+            {
+                "user_id": one_of("ann"),
+                "type_key": one_of("receipt"),
+                "event_id": st.text(min_size=1, max_size=8),
+                "variables": variables_like,
+                "connection": st.none(),
+            }
+        ),
+        explicit_key=st.booleans(),
+    )
     def fuzz(kw, explicit_key):
         key = {"occurrence_key": kw.pop("event_id")} if explicit_key else {}
         seen.run(lambda: notify(kw.pop("user_id"), kw.pop("type_key"), **key, **kw))
@@ -158,13 +203,21 @@ def test_notify_takes_any_values_and_raises_only_clarion_errors(ann):
 
 
 def test_notify_many_takes_any_values_and_raises_only_clarion_errors(ann):
-    item = calls({"user_id": one_of("ann"), "type_key": one_of("receipt"), "event_id": st.text(min_size=1, max_size=8),
-                  "variables": variables_like})
+    item = calls(
+        {
+            "user_id": one_of("ann"),
+            "type_key": one_of("receipt"),
+            "event_id": st.text(min_size=1, max_size=8),
+            "variables": variables_like,
+        }
+    )
 
     @FUZZ
     @given(items=st.lists(item, max_size=4) | arbitrary, bare=st.booleans())
     def fuzz(items, bare):
-        seen.run(lambda: notify_many(items if bare or not isinstance(items, list) else tuple(items)))
+        seen.run(
+            lambda: notify_many(items if bare or not isinstance(items, list) else tuple(items))
+        )
 
     seen = Outcomes()
     fuzz()
@@ -173,14 +226,27 @@ def test_notify_many_takes_any_values_and_raises_only_clarion_errors(ann):
 
 def test_register_recipient_takes_any_values_and_raises_only_clarion_errors(clarion_env):
     @FUZZ
-    @given(kw=calls({
-        "user_id": one_of("ann", "bob"), "timezone": one_of("UTC", "Europe/Berlin", "Asia/Jerusalem"),
-        "locale": one_of("en", "de-AT"), "country": one_of(None, "DE", "il"), "org_id": one_of(None, "acme"),
-        "addresses": one_of(None, {"email": "ann@example.com"}, {"slack": "U1", "sms": "+4915112345678"},
-                            {"webhook": "https://h.example/x", "teams": "29:a"}),
-        "quiet_hours": one_of(None, ("22:00", "07:00"), (time(23), time(6))),
-        "workweek": one_of(None, [0, 1, 2, 3, 6]), "subdivision": one_of(None, "BY"),
-        "connection": st.none()}))
+    @given(
+        kw=calls(
+            {
+                "user_id": one_of("ann", "bob"),
+                "timezone": one_of("UTC", "Europe/Berlin", "Asia/Jerusalem"),
+                "locale": one_of("en", "de-AT"),
+                "country": one_of(None, "DE", "il"),
+                "org_id": one_of(None, "acme"),
+                "addresses": one_of(
+                    None,
+                    {"email": "ann@example.com"},
+                    {"slack": "U1", "sms": "+4915112345678"},
+                    {"webhook": "https://h.example/x", "teams": "29:a"},
+                ),
+                "quiet_hours": one_of(None, ("22:00", "07:00"), (time(23), time(6))),
+                "workweek": one_of(None, [0, 1, 2, 3, 6]),
+                "subdivision": one_of(None, "BY"),
+                "connection": st.none(),
+            }
+        )
+    )
     def fuzz(kw):
         seen.run(lambda: register_recipient(kw.pop("user_id"), **kw))
 
@@ -191,14 +257,29 @@ def test_register_recipient_takes_any_values_and_raises_only_clarion_errors(clar
 
 def test_arm_series_takes_any_values_and_raises_only_clarion_errors(ann):
     @FUZZ
-    @given(kw=calls({
-        "user_id": one_of("ann"), "type_key": one_of("nudge"),
-        "anchor": one_of("2026-12-07T09:00", datetime(2026, 12, 7, 9), datetime(2026, 1, 1, tzinfo=UTC),
-                         datetime.min.replace(tzinfo=UTC), datetime.max, "9999-12-31T23:59+00:00"),
-        "every": one_of("1w", "2d", "1mo", "3wd", "999999d"), "count": one_of(None, 3, 0, 10**12),
-        "until": one_of(None, datetime(2027, 1, 1, tzinfo=UTC), datetime(2027, 1, 1)),
-        "variables": one_of({"name": "Ann"}), "calendar_policy": one_of("send", "skip", "next_working_day"),
-        "series_key": st.none() | st.text(max_size=8), "connection": st.none()}))
+    @given(
+        kw=calls(
+            {
+                "user_id": one_of("ann"),
+                "type_key": one_of("nudge"),
+                "anchor": one_of(
+                    "2026-12-07T09:00",
+                    datetime(2026, 12, 7, 9),
+                    datetime(2026, 1, 1, tzinfo=UTC),
+                    datetime.min.replace(tzinfo=UTC),
+                    datetime.max,
+                    "9999-12-31T23:59+00:00",
+                ),
+                "every": one_of("1w", "2d", "1mo", "3wd", "999999d"),
+                "count": one_of(None, 3, 0, 10**12),
+                "until": one_of(None, datetime(2027, 1, 1, tzinfo=UTC), datetime(2027, 1, 1)),
+                "variables": one_of({"name": "Ann"}),
+                "calendar_policy": one_of("send", "skip", "next_working_day"),
+                "series_key": st.none() | st.text(max_size=8),
+                "connection": st.none(),
+            }
+        )
+    )
     def fuzz(kw):
         seen.run(lambda: arm_series(kw.pop("user_id"), kw.pop("type_key"), **kw))
 
@@ -211,9 +292,13 @@ def test_arm_series_takes_any_values_and_raises_only_clarion_errors(ann):
 
 
 def test_the_literal_text_backslash_u0000_is_stored_as_written(ann):
-    enqueued = notify(ann, "receipt", event_id="e1", variables={"order": "\\u0000", "note": "C:\\u0000"})
+    enqueued = notify(
+        ann, "receipt", event_id="e1", variables={"order": "\\u0000", "note": "C:\\u0000"}
+    )
     assert enqueued.new
-    assert rows("SELECT variables FROM requests") == [{"variables": {"order": "\\u0000", "note": "C:\\u0000"}}]
+    assert rows("SELECT variables FROM requests") == [
+        {"variables": {"order": "\\u0000", "note": "C:\\u0000"}}
+    ]
 
 
 @pytest.mark.parametrize("key", ["series:1:0", "series:look-alike", "series:"])
@@ -232,8 +317,14 @@ def test_notify_refuses_series_keys(ann, key):
         ({"user_id": "ann"}, "items"),
         (42, "items"),
         ([["ann", "receipt"]], "items[0]"),
-        ([{"user_id": "ann", "type_key": "receipt", "event_id": "e", "variables": ORDER}, "x"], "items[1]"),
-        ([{"user_id": "ann", "type_key": "receipt", "event_id": "e", "varaibles": ORDER}], "items[0]"),
+        (
+            [{"user_id": "ann", "type_key": "receipt", "event_id": "e", "variables": ORDER}, "x"],
+            "items[1]",
+        ),
+        (
+            [{"user_id": "ann", "type_key": "receipt", "event_id": "e", "varaibles": ORDER}],
+            "items[0]",
+        ),
         ([{"type_key": "receipt", "event_id": "e"}], "items[0].user_id"),
     ],
 )
@@ -264,8 +355,14 @@ def test_variables_caps_come_from_settings(ann, monkeypatch):
 
 
 def test_register_recipient_refuses_bad_addresses_and_writes_nothing(clarion_env):
-    for addresses in (["ann@example.com"], {"email": "ann"}, {"slack": "ann"}, {"sms": "0151"},
-                      {"webhook": "javascript:alert(1)"}, {"teams": ""}):
+    for addresses in (
+        ["ann@example.com"],
+        {"email": "ann"},
+        {"slack": "ann"},
+        {"sms": "0151"},
+        {"webhook": "javascript:alert(1)"},
+        {"teams": ""},
+    ):
         with pytest.raises(InvalidField) as caught:
             register_recipient("ann", timezone="UTC", addresses=addresses)
         assert caught.value.field.startswith("addresses")
@@ -282,7 +379,9 @@ def test_notify_with_the_broker_down_commits_logs_and_returns(ann, monkeypatch, 
     enqueued = notify(ann, "receipt", event_id="e1", variables=ORDER)
     elapsed = clock_time.monotonic() - started
     assert enqueued.new
-    assert rows("SELECT id, state FROM requests") == [{"id": enqueued.request_id, "state": "pending"}]
+    assert rows("SELECT id, state FROM requests") == [
+        {"id": enqueued.request_id, "state": "pending"}
+    ]
     assert [r.action for r in caplog.records] == ["publish_failed"]
     assert caplog.records[0].requests == [enqueued.request_id]
     assert elapsed < 3, f"publishing to a dead broker took {elapsed:.1f} s"

@@ -43,24 +43,34 @@ def _old_worker_catalog(tmp_path: Path) -> Path:
     """The test catalog as a worker one release behind has it: receipt v1 only, no nudge type."""
     data = yaml.safe_load(CATALOG.read_text())
     del data["types"]["nudge"]
-    data["types"]["receipt"]["templates"] = [t for t in data["types"]["receipt"]["templates"]
-                                             if t["version"] == 1]
+    data["types"]["receipt"]["templates"] = [
+        t for t in data["types"]["receipt"]["templates"] if t["version"] == 1
+    ]
     path = tmp_path / "old-catalog.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
 
-def _failed_in_a_rolling_deploy(monkeypatch, tmp_path: Path, user: str = "ann", type_key: str = "receipt",
-                                variables: dict | None = None) -> Key:
+def _failed_in_a_rolling_deploy(
+    monkeypatch,
+    tmp_path: Path,
+    user: str = "ann",
+    type_key: str = "receipt",
+    variables: dict | None = None,
+) -> Key:
     """A request pinned by a newer producer, delivered by an older worker past the skew grace:
     fails template_missing."""
-    request = notify(user, type_key, event_id=f"e-{user}-{type_key}", variables=variables or {"order": "A-1"})
+    request = notify(
+        user, type_key, event_id=f"e-{user}-{type_key}", variables=variables or {"order": "A-1"}
+    )
     assert route([user], [request.request_id]) == 1
     [row] = rows("SELECT user_id, id FROM deliveries WHERE request_id = :r", r=request.request_id)
     key = (row["user_id"], row["id"])
     configure(monkeypatch, catalog=_old_worker_catalog(tmp_path), catalog_skew_grace=0.001)
     deliver([key[0]], [key[1]])
-    configure(monkeypatch, catalog=CATALOG, catalog_skew_grace=None)  # the deploy finished: all have v2
+    configure(
+        monkeypatch, catalog=CATALOG, catalog_skew_grace=None
+    )  # the deploy finished: all have v2
     drain("transactional")
     drain("activation")
     return key
@@ -71,8 +81,9 @@ def _delivery(key: Key) -> dict:
     return row
 
 
-def test_a_failed_delivery_is_requeued_as_the_same_row_and_sent_once_under_its_key(receiver, monkeypatch,
-                                                                                    tmp_path):
+def test_a_failed_delivery_is_requeued_as_the_same_row_and_sent_once_under_its_key(
+    receiver, monkeypatch, tmp_path
+):
     key = _failed_in_a_rolling_deploy(monkeypatch, tmp_path)
     failed = _delivery(key)
     assert (failed["state"], failed["attempts"]) == ("failed", 1)
@@ -83,18 +94,31 @@ def test_a_failed_delivery_is_requeued_as_the_same_row_and_sent_once_under_its_k
     again = _delivery(key)
     assert (again["state"], again["attempts"], again["last_error"]) == ("pending", 0, None)
     assert again["due_at"] == again["not_before"] == now  # the tick republishes it now
-    assert {k: again[k] for k in ("request_id", "type_key", "occurrence_key", "channel")} == \
-        {k: failed[k] for k in ("request_id", "type_key", "occurrence_key", "channel")}
-    [trail] = rows("SELECT gate, outcome, reason, detail, delivery_id FROM decisions WHERE gate = 'redrive'")
-    assert (trail["outcome"], trail["reason"], trail["delivery_id"]) == ("requeue", "redrive", key[1])
-    assert trail["detail"].startswith("redriven from failed (template_missing) after 1 attempt(s): template_missing")
-    assert rows("SELECT reason FROM decisions WHERE gate = 'deliver'") == [{"reason": "template_missing"}]
+    assert {k: again[k] for k in ("request_id", "type_key", "occurrence_key", "channel")} == {
+        k: failed[k] for k in ("request_id", "type_key", "occurrence_key", "channel")
+    }
+    [trail] = rows(
+        "SELECT gate, outcome, reason, detail, delivery_id FROM decisions WHERE gate = 'redrive'"
+    )
+    assert (trail["outcome"], trail["reason"], trail["delivery_id"]) == (
+        "requeue",
+        "redrive",
+        key[1],
+    )
+    assert trail["detail"].startswith(
+        "redriven from failed (template_missing) after 1 attempt(s): template_missing"
+    )
+    assert rows("SELECT reason FROM decisions WHERE gate = 'deliver'") == [
+        {"reason": "template_missing"}
+    ]
 
     assert deliver([key[0]], [key[1]]) == 1
     assert _delivery(key)["state"] == "sent"
     expected = idempotency_key("ann", "receipt", failed["occurrence_key"], "webhook")
     assert dict(receiver.arrivals.by_key) == {expected: 1}
-    assert redrive(Filters(), dry_run=False).startswith("0 deliveries")  # a sent row is never redriven
+    assert redrive(Filters(), dry_run=False).startswith(
+        "0 deliveries"
+    )  # a sent row is never redriven
 
 
 def test_the_dry_run_lists_counts_and_rows_and_changes_nothing(receiver, monkeypatch, tmp_path):
@@ -104,10 +128,13 @@ def test_the_dry_run_lists_counts_and_rows_and_changes_nothing(receiver, monkeyp
     assert (counts(), [_delivery(k) for k in keys]) == before
     lines = report.splitlines()
     assert lines[0] == "2 deliveries would be re-queued (dry run: nothing changed)"
-    assert any(line.split() == ["receipt", "template_missing", "failed", "2"] for line in lines), report
+    assert any(line.split() == ["receipt", "template_missing", "failed", "2"] for line in lines), (
+        report
+    )
     listed = [line.split() for line in lines if line.startswith(("ann ", "bo "))]
     assert [(r[0], int(r[1]), r[2], r[3], r[4], r[5], r[6]) for r in listed] == [
-        (k[0], k[1], "receipt", "webhook", "failed", "template_missing", "1") for k in keys]
+        (k[0], k[1], "receipt", "webhook", "failed", "template_missing", "1") for k in keys
+    ]
 
 
 def test_filters_by_type_reason_state_time_and_limit(receiver, monkeypatch, tmp_path):
@@ -117,7 +144,10 @@ def test_filters_by_type_reason_state_time_and_limit(receiver, monkeypatch, tmp_
 
     def found(**filters) -> list[Key]:
         with engine().connect() as conn:
-            return [(r.user_id, r.id) for r in store.find_redrivable(conn, **{"states": ("failed",), **filters})]
+            return [
+                (r.user_id, r.id)
+                for r in store.find_redrivable(conn, **{"states": ("failed",), **filters})
+            ]
 
     assert found() == [ann, bo]
     assert found(type_key="receipt") == [ann, bo] and found(type_key="nudge") == []
@@ -132,19 +162,38 @@ def test_a_row_that_changed_meanwhile_is_left_alone(receiver, monkeypatch, tmp_p
     key = _failed_in_a_rolling_deploy(monkeypatch, tmp_path)
     with engine().begin() as conn:
         assert store.requeue(conn, [key], states=("failed",), now=datetime.now(UTC)) == {key}
-    with engine().begin() as conn:  # it is pending now: a second redrive of the same key does nothing
+    with (
+        engine().begin() as conn
+    ):  # it is pending now: a second redrive of the same key does nothing
         assert store.requeue(conn, [key], states=("failed",), now=datetime.now(UTC)) == set()
         assert store.requeue(conn, [], states=("failed",), now=datetime.now(UTC)) == set()
 
 
-def test_a_delivery_whose_occurrence_was_sent_by_another_is_not_redriven(receiver, monkeypatch, tmp_path):
-    failed = _failed_in_a_rolling_deploy(monkeypatch, tmp_path, type_key="nudge", variables={"name": "Ann"})
+def test_a_delivery_whose_occurrence_was_sent_by_another_is_not_redriven(
+    receiver, monkeypatch, tmp_path
+):
+    failed = _failed_in_a_rolling_deploy(
+        monkeypatch, tmp_path, type_key="nudge", variables={"name": "Ann"}
+    )
     row = _delivery(failed)
     assert row["state"] == "failed" and row["one_platform"]
     with engine().begin() as conn:  # the same one_platform occurrence, sent on another channel
-        [(user, other, _, _)] = ledger.insert_deliveries(conn, [ledger.NewDelivery(
-            "ann", row["request_id"], "nudge", row["occurrence_key"], "console", True, "activation")],
-            now=datetime.now(UTC), due_at=datetime.now(UTC))
+        [(user, other, _, _)] = ledger.insert_deliveries(
+            conn,
+            [
+                ledger.NewDelivery(
+                    "ann",
+                    row["request_id"],
+                    "nudge",
+                    row["occurrence_key"],
+                    "console",
+                    True,
+                    "activation",
+                )
+            ],
+            now=datetime.now(UTC),
+            due_at=datetime.now(UTC),
+        )
     assert deliver([user], [other]) == 1
     assert redrive(Filters(), dry_run=True).startswith("0 deliveries")
     with engine().begin() as conn:
@@ -152,9 +201,14 @@ def test_a_delivery_whose_occurrence_was_sent_by_another_is_not_redriven(receive
     assert _delivery(failed)["state"] == "failed"
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    ("2d", timedelta(days=2)), ("6h", timedelta(hours=6)), ("30m", timedelta(minutes=30)),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("2d", timedelta(days=2)),
+        ("6h", timedelta(hours=6)),
+        ("30m", timedelta(minutes=30)),
+    ],
+)
 def test_times_are_read_relative_to_now(value, expected):
     now = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
     assert parse_time(value, "--since", now) == now - expected

@@ -85,8 +85,14 @@ def route_pending() -> None:
 )
 def test_bad_arm_calls_fail_and_write_nothing(gates_catalog, call, error):
     register_recipient("u1", timezone="Europe/Berlin")
-    args = dict(user_id="u1", type_key="weekly_one_on_one", anchor="2026-12-07T09:00", every="1w",
-                calendar_policy="send", count=None)
+    args = dict(
+        user_id="u1",
+        type_key="weekly_one_on_one",
+        anchor="2026-12-07T09:00",
+        every="1w",
+        calendar_policy="send",
+        count=None,
+    )
     args.update(call)
     with pytest.raises(error):
         arm_series(args.pop("user_id"), args.pop("type_key"), **args)
@@ -95,27 +101,41 @@ def test_bad_arm_calls_fail_and_write_nothing(gates_catalog, call, error):
 
 def test_arming_twice_is_one_series_due_at_the_local_anchor(gates_catalog):
     register_recipient("u1", timezone="Europe/Berlin")
-    first = arm_series("u1", "weekly_one_on_one", anchor="2026-12-07T09:00", every="1w", series_key="k")
-    again = arm_series("u1", "weekly_one_on_one", anchor="2026-12-07T09:00", every="1w", series_key="k")
+    first = arm_series(
+        "u1", "weekly_one_on_one", anchor="2026-12-07T09:00", every="1w", series_key="k"
+    )
+    again = arm_series(
+        "u1", "weekly_one_on_one", anchor="2026-12-07T09:00", every="1w", series_key="k"
+    )
     assert (first.series_id, first.new, again.new) == (again.series_id, True, False)
     assert first.first_due_at == datetime(2026, 12, 7, 8, 0, tzinfo=UTC)  # 09:00 CET
 
 
-def test_the_tick_fires_each_occurrence_once_and_advances_by_the_anchor(gates_catalog, virtual_clock):
+def test_the_tick_fires_each_occurrence_once_and_advances_by_the_anchor(
+    gates_catalog, virtual_clock
+):
     register_recipient("u1", timezone="Europe/Berlin")
     armed = arm_series("u1", "weekly_one_on_one", anchor="2026-12-07T09:00", every="1w")
     assert tick(virtual_clock.now) == 0  # 08:00 local: not due yet
     now = virtual_clock.advance(hours=1, minutes=5)
     assert tick(now) == 1
     assert tick(now) == 0  # a second tick at the same instant finds nothing due
-    assert rows("SELECT occurrence_key, state FROM requests") == [(f"series:{armed.series_id}:0", "pending")]
-    assert rows("SELECT next_n, next_due_at FROM series") == [(1, datetime(2026, 12, 14, 8, 0, tzinfo=UTC))]
+    assert rows("SELECT occurrence_key, state FROM requests") == [
+        (f"series:{armed.series_id}:0", "pending")
+    ]
+    assert rows("SELECT next_n, next_due_at FROM series") == [
+        (1, datetime(2026, 12, 14, 8, 0, tzinfo=UTC))
+    ]
 
 
-def test_beat_down_for_three_days_records_misses_and_sends_at_most_one(gates_catalog, virtual_clock):
+def test_beat_down_for_three_days_records_misses_and_sends_at_most_one(
+    gates_catalog, virtual_clock
+):
     register_recipient("u1", timezone="Europe/Berlin")
     armed = arm_series("u1", "weekly_one_on_one", anchor="2026-12-07T09:00", every="1d")
-    now = virtual_clock.advance(days=3, hours=1, minutes=30)  # Thursday 09:30 local: occurrences 0..3
+    now = virtual_clock.advance(
+        days=3, hours=1, minutes=30
+    )  # Thursday 09:30 local: occurrences 0..3
     assert tick(now) == 1
     got = rows("SELECT occurrence_key, state FROM requests ORDER BY id")
     assert [state for _, state in got] == ["routed", "routed", "routed", "pending"]
@@ -132,7 +152,9 @@ def test_an_anchor_far_in_the_past_records_missed_and_no_burst(gates_catalog, vi
     states = rows("SELECT state, count(*) FROM requests GROUP BY 1")
     assert states == [("routed", 51)]  # 50 listed one by one, plus one row counting the rest
     assert rows("SELECT count(*) FROM requests WHERE state = 'pending'") == [(0,)]
-    assert rows("SELECT detail FROM decisions ORDER BY request_id LIMIT 1")[0][0].startswith("missed: beat")
+    assert rows("SELECT detail FROM decisions ORDER BY request_id LIMIT 1")[0][0].startswith(
+        "missed: beat"
+    )
 
 
 def test_an_opted_out_occurrence_does_not_end_the_series(gates_catalog, virtual_clock):
@@ -144,7 +166,9 @@ def test_an_opted_out_occurrence_does_not_end_the_series(gates_catalog, virtual_
         tick(now)
         route_pending()
     assert rows("SELECT reason, count(*) FROM decisions GROUP BY 1 ORDER BY 1") == [
-        ("no_channel", 3), ("opted_out", 3)]
+        ("no_channel", 3),
+        ("opted_out", 3),
+    ]
     assert rows("SELECT state, next_n FROM series") == [("active", 3)]
 
 
@@ -162,7 +186,9 @@ def test_pause_resume_cancel_and_snooze(gates_catalog, virtual_clock):
     sid = arm_series("u1", "weekly_one_on_one", anchor="2026-12-07T09:00", every="1d").series_id
     assert snooze_occurrence("u1", sid, 0, virtual_clock.now + timedelta(hours=5))
     tick(virtual_clock.advance(hours=2))  # occurrence 0 is due, but was snoozed: stays deferred
-    assert rows("SELECT state, due_at FROM requests") == [("deferred", datetime(2026, 12, 7, 12, 0, tzinfo=UTC))]
+    assert rows("SELECT state, due_at FROM requests") == [
+        ("deferred", datetime(2026, 12, 7, 12, 0, tzinfo=UTC))
+    ]
     assert pause_series("u1", sid) and not pause_series("u1", sid)
     tick(virtual_clock.advance(days=3))
     assert rows("SELECT count(*) FROM requests") == [(1,)]  # nothing fires while paused
@@ -173,7 +199,9 @@ def test_pause_resume_cancel_and_snooze(gates_catalog, virtual_clock):
 
 def test_a_jerusalem_week_gets_sunday_and_no_friday_or_saturday(gates_catalog, virtual_clock):
     register_recipient("il", timezone="Asia/Jerusalem")  # no country, no workweek: from the zone
-    arm_series("il", "weekly_one_on_one", anchor="2026-12-06T09:00", every="1d", calendar_policy="skip")
+    arm_series(
+        "il", "weekly_one_on_one", anchor="2026-12-06T09:00", every="1d", calendar_policy="skip"
+    )
     for _ in range(8):  # Sunday 6 Dec .. Sunday 13 Dec, ticking each morning at 09:30 local
         tick(virtual_clock.now)
         virtual_clock.advance(days=1)
@@ -192,11 +220,19 @@ def test_concurrent_ticks_never_create_an_occurrence_twice(gates_catalog):
     for u in range(50):
         register_recipient(f"u{u}", timezone="Europe/Berlin")
         for k in range(20):
-            arm_series(f"u{u}", "weekly_one_on_one", anchor="2026-12-07T09:00", every="1d", series_key=f"s{k}")
+            arm_series(
+                f"u{u}",
+                "weekly_one_on_one",
+                anchor="2026-12-07T09:00",
+                every="1d",
+                series_key=f"s{k}",
+            )
     now = datetime(2026, 12, 7, 8, 30, tzinfo=UTC)
     handled = race(4, _two_tickers, lambda i: (now,)) + race(4, _two_tickers, lambda i: (now,))
     assert sum(handled) == 1000
-    assert rows("SELECT count(*), count(DISTINCT (user_id, occurrence_key)) FROM requests") == [(1000, 1000)]
+    assert rows("SELECT count(*), count(DISTINCT (user_id, occurrence_key)) FROM requests") == [
+        (1000, 1000)
+    ]
     assert rows("SELECT DISTINCT next_n FROM series") == [(1,)]
 
 

@@ -79,8 +79,13 @@ def fake() -> Iterator[FakeSlack]:
 def slack_env(clarion_env, fake, monkeypatch) -> Iterator[None]:
     """The activation catalog, with the Slack channel pointed at the local Slack (the tables of
     pure cases below need none of it)."""
-    configure(monkeypatch, catalog=ACTIVATION, slack_token=FakeSlack.TOKEN, slack_api_url=fake.api_url,
-              slack_signing_secret=SECRET)
+    configure(
+        monkeypatch,
+        catalog=ACTIVATION,
+        slack_token=FakeSlack.TOKEN,
+        slack_api_url=fake.api_url,
+        slack_signing_secret=SECRET,
+    )
     with publishing_to_this_tests_broker():
         yield
 
@@ -97,13 +102,17 @@ def web(slack_env) -> Iterator[str]:
         yield url
 
 
-def _nudge(user: str, type_key: str = "goal_prompt", event: str = "e1", **variables: str) -> Key | None:
+def _nudge(
+    user: str, type_key: str = "goal_prompt", event: str = "e1", **variables: str
+) -> Key | None:
     """Notify and route one nudge; the key of its Slack delivery, or None if it got none."""
     request = notify(user, type_key, event_id=event, variables={"first_name": "Ana", **variables})
     assert route([user], [request.request_id]) == 1
     drain("activation")
-    found = rows("SELECT user_id, id FROM deliveries WHERE request_id = :r AND channel = 'slack'",
-                 r=request.request_id)
+    found = rows(
+        "SELECT user_id, id FROM deliveries WHERE request_id = :r AND channel = 'slack'",
+        r=request.request_id,
+    )
     return (found[0]["user_id"], found[0]["id"]) if found else None
 
 
@@ -112,14 +121,26 @@ def _deliver(*keys: Key) -> int:
 
 
 def _delivery(key: Key) -> dict:
-    [row] = rows("SELECT state, platform, attempts, provider_message_id, last_error, not_before, answer,"
-                 " answered_by, maybe_sent_at FROM deliveries WHERE user_id = :u AND id = :i", u=key[0], i=key[1])
+    [row] = rows(
+        "SELECT state, platform, attempts, provider_message_id, last_error, not_before, answer,"
+        " answered_by, maybe_sent_at FROM deliveries WHERE user_id = :u AND id = :i",
+        u=key[0],
+        i=key[1],
+    )
     return row
 
 
-def _post(url: str, body: bytes, content_type: str = FORM, *, secret: str = SECRET,
-          at: float | None = None) -> httpx.Response:
-    return httpx.post(url, content=body, headers=signed(secret, body, content_type=content_type, at=at))
+def _post(
+    url: str,
+    body: bytes,
+    content_type: str = FORM,
+    *,
+    secret: str = SECRET,
+    at: float | None = None,
+) -> httpx.Response:
+    return httpx.post(
+        url, content=body, headers=signed(secret, body, content_type=content_type, at=at)
+    )
 
 
 def _value(key: Key, answer: str) -> str:
@@ -128,7 +149,9 @@ def _value(key: Key, answer: str) -> str:
 
 def _click(url: str, key: Key, answer: str, *, user: str = "U1", **kw) -> httpx.Response:
     channel, ts = _delivery(key)["provider_message_id"].split(":")
-    body = block_actions(user, _value(key, answer), action_id=f"clarion:{answer}", channel=channel, ts=ts)
+    body = block_actions(
+        user, _value(key, answer), action_id=f"clarion:{answer}", channel=channel, ts=ts
+    )
     return _post(f"{url}/slack/events", body, **kw)
 
 
@@ -138,72 +161,145 @@ def _context_text(blocks: list[dict]) -> list[str]:
 
 # --- pure parts: tables -------------------------------------------------------------------------------
 
-MESSAGE = Message(delivery_id=7, user_id="ana", type_key="goal_prompt", occurrence_key="event:e1",
-                  channel="slack", content={"title": "Pick <one>", "body": "a & b <!channel>"},
-                  address="U1", buttons=(Button("go", "Go", style="primary"), Button("no", "No"),
-                                         Button("x", "Stop", style="danger")))
+MESSAGE = Message(
+    delivery_id=7,
+    user_id="ana",
+    type_key="goal_prompt",
+    occurrence_key="event:e1",
+    channel="slack",
+    content={"title": "Pick <one>", "body": "a & b <!channel>"},
+    address="U1",
+    buttons=(
+        Button("go", "Go", style="primary"),
+        Button("no", "No"),
+        Button("x", "Stop", style="danger"),
+    ),
+)
 
 
 def test_blocks_carry_escaped_content_and_the_catalogs_buttons():
     header, section, actions = to_blocks(MESSAGE)
-    assert header == {"type": "header", "text": {"type": "plain_text", "text": "Pick <one>", "emoji": True}}
+    assert header == {
+        "type": "header",
+        "text": {"type": "plain_text", "text": "Pick <one>", "emoji": True},
+    }
     assert section["text"] == {"type": "mrkdwn", "text": "a &amp; b &lt;!channel&gt;"}
-    assert [(e["text"]["text"], e["value"], e["action_id"], e.get("style")) for e in actions["elements"]] == [
+    assert [
+        (e["text"]["text"], e["value"], e["action_id"], e.get("style")) for e in actions["elements"]
+    ] == [
         ("Go", '{"u":"ana","d":7,"a":"go"}', "clarion:go", "primary"),
         ("No", '{"u":"ana","d":7,"a":"no"}', "clarion:no", None),
-        ("Stop", '{"u":"ana","d":7,"a":"x"}', "clarion:x", "danger")]
+        ("Stop", '{"u":"ana","d":7,"a":"x"}', "clarion:x", "danger"),
+    ]
     answered = answered_blocks(MESSAGE, "Go")
     assert answered[:2] == [header, section] and _context_text(answered) == ["Answered: Go"]
-    assert [b["type"] for b in to_blocks(Message(**{**MESSAGE.__dict__, "buttons": ()}))] == ["header", "section"]
-    long = to_blocks(Message(**{**MESSAGE.__dict__, "content": {"title": "t" * 400, "body": "b" * 5000}}))
+    assert [b["type"] for b in to_blocks(Message(**{**MESSAGE.__dict__, "buttons": ()}))] == [
+        "header",
+        "section",
+    ]
+    long = to_blocks(
+        Message(**{**MESSAGE.__dict__, "content": {"title": "t" * 400, "body": "b" * 5000}})
+    )
     assert (len(long[0]["text"]["text"]), len(long[1]["text"]["text"])) == (150, 3000)
 
 
-@pytest.mark.parametrize(("status", "error", "headers", "kind", "reason", "retry_after"), [
-    (429, "ratelimited", {"Retry-After": "30"}, ThrottledError, "ratelimited", 30.0),
-    (429, "ratelimited", {}, ThrottledError, "ratelimited", 30.0),
-    (200, "ratelimited", {"retry-after": "5"}, ThrottledError, "ratelimited", 5.0),
-    (200, "internal_error", {}, TransientSendError, "internal_error", None),
-    (200, "fatal_error", {}, TransientSendError, "fatal_error", None),
-    (200, "service_unavailable", {}, TransientSendError, "service_unavailable", None),
-    (200, "request_timeout", {}, TransientSendError, "request_timeout", None),
-    (503, "Received a response in a non-JSON format: <html>", {}, TransientSendError, "http_503", None),
-    (200, "user_not_found", {}, PermanentSendError, "user_not_found", None),
-    (200, "user_disabled", {}, PermanentSendError, "user_disabled", None),
-    (200, "cannot_dm_bot", {}, PermanentSendError, "cannot_dm_bot", None),
-    (200, "account_inactive", {}, PermanentSendError, "account_inactive", None),
-    (200, "invalid_auth", {}, PermanentSendError, "invalid_auth", None),
-    (200, "channel_not_found", {}, PermanentSendError, "channel_not_found", None),
-    (200, "invalid_blocks", {}, PermanentSendError, "invalid_blocks", None),
-    (404, None, {}, PermanentSendError, "http_404", None),
-])
-def test_slack_errors_map_to_transient_or_permanent(status, error, headers, kind, reason, retry_after):
+@pytest.mark.parametrize(
+    ("status", "error", "headers", "kind", "reason", "retry_after"),
+    [
+        (429, "ratelimited", {"Retry-After": "30"}, ThrottledError, "ratelimited", 30.0),
+        (429, "ratelimited", {}, ThrottledError, "ratelimited", 30.0),
+        (200, "ratelimited", {"retry-after": "5"}, ThrottledError, "ratelimited", 5.0),
+        (200, "internal_error", {}, TransientSendError, "internal_error", None),
+        (200, "fatal_error", {}, TransientSendError, "fatal_error", None),
+        (200, "service_unavailable", {}, TransientSendError, "service_unavailable", None),
+        (200, "request_timeout", {}, TransientSendError, "request_timeout", None),
+        (
+            503,
+            "Received a response in a non-JSON format: <html>",
+            {},
+            TransientSendError,
+            "http_503",
+            None,
+        ),
+        (200, "user_not_found", {}, PermanentSendError, "user_not_found", None),
+        (200, "user_disabled", {}, PermanentSendError, "user_disabled", None),
+        (200, "cannot_dm_bot", {}, PermanentSendError, "cannot_dm_bot", None),
+        (200, "account_inactive", {}, PermanentSendError, "account_inactive", None),
+        (200, "invalid_auth", {}, PermanentSendError, "invalid_auth", None),
+        (200, "channel_not_found", {}, PermanentSendError, "channel_not_found", None),
+        (200, "invalid_blocks", {}, PermanentSendError, "invalid_blocks", None),
+        (404, None, {}, PermanentSendError, "http_404", None),
+    ],
+)
+def test_slack_errors_map_to_transient_or_permanent(
+    status, error, headers, kind, reason, retry_after
+):
     mapped = error_for(status, error, headers)
     assert type(mapped) is kind and mapped.reason == reason
     assert getattr(mapped, "retry_after", None) == retry_after
 
 
-@pytest.mark.parametrize(("status", "kind"), [(500, UnknownSendError), (503, UnknownSendError),
-                                              (429, ThrottledError), (200, TransientSendError)])
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (500, UnknownSendError),
+        (503, UnknownSendError),
+        (429, ThrottledError),
+        (200, TransientSendError),
+    ],
+)
 def test_a_5xx_from_a_post_leaves_its_outcome_unknown(status, kind):
     """Slack may have posted before failing: unknown (reconciled next), never a plain retry."""
     error = "internal_error" if status == 200 else ("ratelimited" if status == 429 else None)
     assert type(error_for(status, error, {}, posting=True)) is kind
 
 
-@pytest.mark.parametrize(("history", "found"), [
-    ([], None),
-    ([{"ts": "1.1", "metadata": metadata(MESSAGE)}], "1.1"),
-    ([{"ts": "1.2", "text": "hi"}, {"ts": "1.1", "metadata": metadata(MESSAGE)}], "1.1"),
-    ([{"ts": "1.1", "metadata": {**metadata(MESSAGE), "event_type": "other"}}], None),
-    ([{"ts": "1.1", "metadata": {"event_type": "clarion_delivery",
-                                 "event_payload": {"delivery_id": 8, "user_id": "ana"}}}], None),
-    ([{"ts": "1.1", "metadata": {"event_type": "clarion_delivery",
-                                 "event_payload": {"delivery_id": "7", "user_id": "bob"}}}], None),
-    ([{"ts": "1.1", "metadata": {"event_type": "clarion_delivery",
-                                 "event_payload": {"delivery_id": "7", "user_id": "ana"}}}], "1.1"),
-    (["junk", {"metadata": "junk"}], None),
-])
+@pytest.mark.parametrize(
+    ("history", "found"),
+    [
+        ([], None),
+        ([{"ts": "1.1", "metadata": metadata(MESSAGE)}], "1.1"),
+        ([{"ts": "1.2", "text": "hi"}, {"ts": "1.1", "metadata": metadata(MESSAGE)}], "1.1"),
+        ([{"ts": "1.1", "metadata": {**metadata(MESSAGE), "event_type": "other"}}], None),
+        (
+            [
+                {
+                    "ts": "1.1",
+                    "metadata": {
+                        "event_type": "clarion_delivery",
+                        "event_payload": {"delivery_id": 8, "user_id": "ana"},
+                    },
+                }
+            ],
+            None,
+        ),
+        (
+            [
+                {
+                    "ts": "1.1",
+                    "metadata": {
+                        "event_type": "clarion_delivery",
+                        "event_payload": {"delivery_id": "7", "user_id": "bob"},
+                    },
+                }
+            ],
+            None,
+        ),
+        (
+            [
+                {
+                    "ts": "1.1",
+                    "metadata": {
+                        "event_type": "clarion_delivery",
+                        "event_payload": {"delivery_id": "7", "user_id": "ana"},
+                    },
+                }
+            ],
+            "1.1",
+        ),
+        (["junk", {"metadata": "junk"}], None),
+    ],
+)
 def test_reconciliation_recognises_only_this_deliverys_metadata(history, found):
     assert find_posted(history, MESSAGE) == found
 
@@ -223,14 +319,16 @@ def test_a_manager_with_a_slack_address_gets_the_nudge_with_catalog_buttons(ana,
     assert section["text"]["text"] == "Ana, pick the goal your plan should focus on."
     assert [e["text"]["text"] for e in actions["elements"]] == GOAL_LABELS
     assert [e["value"] for e in actions["elements"]] == [
-        _value(key, a) for a in ("grow_team", "ship_faster", "quality")]
+        _value(key, a) for a in ("grow_team", "ship_faster", "quality")
+    ]
     assert [decode_value(e["value"]).delivery_id for e in actions["elements"]] == [key[1]] * 3
     assert posted.metadata["event_type"] == "clarion_delivery"
     assert posted.metadata["event_payload"]["delivery_id"] == key[1]
     assert posted.metadata["event_payload"]["user_id"] == ana
     # one platform: Teams has no adapter here, and the request is not sent twice
     assert rows("SELECT channel, gate, reason FROM decisions") == [
-        {"channel": "teams", "gate": "channel", "reason": "no_adapter"}]
+        {"channel": "teams", "gate": "channel", "reason": "no_adapter"}
+    ]
     assert _deliver(key) == 0 and len(fake.called("chat.postMessage")) == 1
 
 
@@ -245,7 +343,9 @@ def test_a_429_pauses_the_workspace_and_the_nudges_go_out_once_when_it_lifts(ana
         assert _waited(first, start) == pytest.approx(30, abs=6.01)
         assert _delivery(first)["last_error"].startswith("ratelimited")
         assert _delivery(first)["attempts"] == 0  # a rate limit is not an attempt
-        [pause] = redis.Redis.from_url(clarion_settings.get().urls()[1]).keys("clarion:slack:pause:*")
+        [pause] = redis.Redis.from_url(clarion_settings.get().urls()[1]).keys(
+            "clarion:slack:pause:*"
+        )
 
         assert _deliver(second) == 0  # paused: not even tried
         assert len(fake.called("chat.postMessage")) == 1
@@ -288,11 +388,16 @@ def test_a_transient_slack_error_is_retried_and_a_permanent_one_fails_with_its_r
     with frozen_clock() as clk:
         key = _nudge(ana)
         assert _deliver(key) == 0
-        assert (_delivery(key)["state"], _delivery(key)["last_error"][:14]) == ("pending", "internal_error")
+        assert (_delivery(key)["state"], _delivery(key)["last_error"][:14]) == (
+            "pending",
+            "internal_error",
+        )
         clk.advance(3)
         assert _deliver(key) == 0
     assert _delivery(key)["state"] == "failed"
-    assert rows("SELECT reason FROM decisions WHERE gate = 'deliver'") == [{"reason": "invalid_blocks"}]
+    assert rows("SELECT reason FROM decisions WHERE gate = 'deliver'") == [
+        {"reason": "invalid_blocks"}
+    ]
     assert count("suppressions") == 0
     assert fake.posts() == []
 
@@ -303,14 +408,18 @@ def test_a_deactivated_user_fails_and_is_suppressed_for_the_next_nudge(ana, fake
     assert _deliver(key) == 0
     assert _delivery(key)["state"] == "failed"
     assert rows("SELECT gate, outcome, reason FROM decisions WHERE delivery_id = :d", d=key[1]) == [
-        {"gate": "deliver", "outcome": "failed", "reason": "user_disabled"}]
+        {"gate": "deliver", "outcome": "failed", "reason": "user_disabled"}
+    ]
     assert rows("SELECT user_id, channel, address, reason FROM suppressions") == [
-        {"user_id": "ana", "channel": "slack", "address": "U1", "reason": "deactivated"}]
+        {"user_id": "ana", "channel": "slack", "address": "U1", "reason": "deactivated"}
+    ]
 
     assert _nudge(ana, "stalled_plan", event="e2") is None
     [request] = rows("SELECT id FROM requests WHERE type_key = 'stalled_plan'")
-    assert rows("SELECT channel, gate, reason FROM decisions WHERE request_id = :r AND channel = 'slack'",
-                r=request["id"]) == [{"channel": "slack", "gate": "suppression", "reason": "suppressed_address"}]
+    assert rows(
+        "SELECT channel, gate, reason FROM decisions WHERE request_id = :r AND channel = 'slack'",
+        r=request["id"],
+    ) == [{"channel": "slack", "gate": "suppression", "reason": "suppressed_address"}]
     assert fake.posts() == [] and len(fake.called("conversations.open")) == 1
 
 
@@ -337,11 +446,20 @@ def _claim_and_post(key: Key, *, post: bool) -> None:
     its lease runs out (on PostgreSQL's clock)."""
     token = str(uuid.uuid4())
     with engine().begin() as conn:
-        [row] = claims.claim_deliveries(conn, [key], token=token, now=clock.now(), lease=60, max_attempts=8)
+        [row] = claims.claim_deliveries(
+            conn, [key], token=token, now=clock.now(), lease=60, max_attempts=8
+        )
         assert claims.begin_send(conn, key, token=token, need=30) is not None
     if post:
-        target = {"id": row.id, "user_id": row.user_id, "type_key": row.type_key, "occurrence_key": row.occurrence_key,
-                  "template_version": row.template_version, "variables": row.variables, "addresses": row.addresses}
+        target = {
+            "id": row.id,
+            "user_id": row.user_id,
+            "type_key": row.type_key,
+            "occurrence_key": row.occurrence_key,
+            "template_version": row.template_version,
+            "variables": row.variables,
+            "addresses": row.addresses,
+        }
         runtime.adapters()["slack"].send(web_slack.message_for(target))
     expire_lease(key)
 
@@ -352,11 +470,17 @@ def test_a_takeover_finds_the_earlier_message_by_metadata_and_does_not_post_agai
     assert _deliver(key) == 1
     [posted] = fake.posts()
     row = _delivery(key)
-    assert (row["state"], row["provider_message_id"], row["attempts"]) == ("sent", f"DU1:{posted.ts}", 2)
+    assert (row["state"], row["provider_message_id"], row["attempts"]) == (
+        "sent",
+        f"DU1:{posted.ts}",
+        2,
+    )
     assert len(fake.called("chat.postMessage")) == 1
     assert len(fake.called("conversations.history")) == 1
     [history] = fake.called("conversations.history")
-    assert int(history.params["limit"]) <= 15 and float(history.params["oldest"]) > time.time() - 3600
+    assert (
+        int(history.params["limit"]) <= 15 and float(history.params["oldest"]) > time.time() - 3600
+    )
     assert count("incidents") == 0  # reconciled: nothing was repeated
 
 
@@ -386,7 +510,9 @@ def test_a_takeover_without_a_send_does_not_look(ana, fake):
     """An attempt that died before reaching the provider cannot have posted: no history call."""
     key = _nudge(ana)
     with engine().begin() as conn:
-        claims.claim_deliveries(conn, [key], token=str(uuid.uuid4()), now=clock.now(), lease=60, max_attempts=8)
+        claims.claim_deliveries(
+            conn, [key], token=str(uuid.uuid4()), now=clock.now(), lease=60, max_attempts=8
+        )
     expire_lease(key)
     assert _deliver(key) == 1
     assert len(fake.posts()) == 1 and fake.called("conversations.history") == []
@@ -399,11 +525,16 @@ def test_a_rate_limited_reconciliation_asks_again_later_and_never_posts_twice(an
         fake.fail("conversations.history", "ratelimited", status=429, retry_after=60)
         assert _deliver(key) == 0
         row = _delivery(key)
-        assert row["state"] == "pending" and row["last_error"].startswith("reconcile_pending: ratelimited")
+        assert row["state"] == "pending" and row["last_error"].startswith(
+            "reconcile_pending: ratelimited"
+        )
         assert row["maybe_sent_at"] is not None and row["attempts"] == 1  # asking is not an attempt
         assert 60 <= _waited(key, clk.now) <= 72
         # a history limit is not a posting limit: the workspace is not paused
-        assert redis.Redis.from_url(clarion_settings.get().urls()[1]).keys("clarion:slack:pause:*") == []
+        assert (
+            redis.Redis.from_url(clarion_settings.get().urls()[1]).keys("clarion:slack:pause:*")
+            == []
+        )
         clk.advance(73)
         assert _deliver(key) == 1  # a plain retry, no longer "taken over", still looks first
     assert len(fake.called("chat.postMessage")) == 1
@@ -420,7 +551,10 @@ def _answered(key: Key) -> tuple[str | None, str]:
 
 
 def _outcomes() -> list[tuple[str, str]]:
-    return [(r["outcome"], r["reason"]) for r in rows("SELECT outcome, reason FROM interactions ORDER BY id")]
+    return [
+        (r["outcome"], r["reason"])
+        for r in rows("SELECT outcome, reason FROM interactions ORDER BY id")
+    ]
 
 
 def test_a_click_answers_the_delivery_and_updates_the_message_in_place(ana, fake, web):
@@ -435,7 +569,9 @@ def test_a_click_answers_the_delivery_and_updates_the_message_in_place(ana, fake
     assert _context_text(update) == ["Answered: Ship faster"]
     assert "actions" not in [b["type"] for b in update]
     assert [b["text"]["text"] for b in update[:2]] == [
-        "What should this quarter be about?", "Ana, pick the goal your plan should focus on."]
+        "What should this quarter be about?",
+        "Ana, pick the goal your plan should focus on.",
+    ]
 
     assert _click(web, key, "quality").status_code == 200  # a second click: the first answer stands
     assert _answered(key) == ("ship_faster", "answered")
@@ -460,7 +596,9 @@ def test_a_request_not_signed_by_slack_now_gets_401_and_changes_nothing(ana, fak
     key = _nudge(ana)
     assert _deliver(key) == 1
     channel, ts = _delivery(key)["provider_message_id"].split(":")
-    body = block_actions("U1", _value(key, "grow_team"), action_id="clarion:grow_team", channel=channel, ts=ts)
+    body = block_actions(
+        "U1", _value(key, "grow_team"), action_id="clarion:grow_team", channel=channel, ts=ts
+    )
     headers = signed(SECRET, body, content_type=FORM)
     if forgery == "bad_signature":
         headers["X-Slack-Signature"] = "v0=" + "0" * 64
@@ -478,7 +616,9 @@ def test_a_request_not_signed_by_slack_now_gets_401_and_changes_nothing(ana, fak
 
 
 def test_the_endpoint_answers_slacks_url_verification(web):
-    body = json.dumps({"type": "url_verification", "challenge": "c-123", "token": "legacy"}).encode()
+    body = json.dumps(
+        {"type": "url_verification", "challenge": "c-123", "token": "legacy"}
+    ).encode()
     response = _post(f"{web}/slack/events", body, "application/json")
     assert response.status_code == 200 and "c-123" in response.text
 
@@ -495,15 +635,22 @@ def test_the_endpoint_is_absent_without_slack_settings(slack_env, monkeypatch):
 def _home(fake: FakeSlack, user: str) -> dict[str, str]:
     """The published Home tab as {type key: button value} (locked rows: 'locked')."""
     view = fake.views[user]
-    return {b["block_id"].removeprefix("pref_"): b.get("accessory", {}).get("value", "locked")
-            for b in view["blocks"] if b.get("block_id", "").startswith("pref_")}
+    return {
+        b["block_id"].removeprefix("pref_"): b.get("accessory", {}).get("value", "locked")
+        for b in view["blocks"]
+        if b.get("block_id", "").startswith("pref_")
+    }
 
 
 def test_the_app_home_lists_the_managers_nudges_and_toggles_them(ana, fake, web):
-    opened = event_callback({"type": "app_home_opened", "user": "U1", "channel": "DU1", "tab": "home"})
+    opened = event_callback(
+        {"type": "app_home_opened", "user": "U1", "channel": "DU1", "tab": "home"}
+    )
     assert _post(f"{web}/slack/events", opened, "application/json").status_code == 200
     catalog = runtime.catalog()
-    assert _home(fake, "U1") == {k: "off" for k in sorted(catalog.types)}  # every one on: "turn off"
+    assert _home(fake, "U1") == {
+        k: "off" for k in sorted(catalog.types)
+    }  # every one on: "turn off"
 
     toggle = block_actions("U1", "off", action_id="clarion_pref:stalled_plan", channel="DU1")
     assert _post(f"{web}/slack/events", toggle).status_code == 200
@@ -521,14 +668,18 @@ def test_the_app_home_lists_the_managers_nudges_and_toggles_them(ana, fake, web)
 
 
 def test_home_toggles_from_strangers_or_for_unknown_types_change_nothing(ana, fake, web):
-    for user, action_id, value in [("U9", "clarion_pref:stalled_plan", "off"),  # not a recipient
-                                   ("U1", "clarion_pref:no_such_type", "off"),
-                                   ("U1", "clarion_pref:stalled_plan", "maybe"),
-                                   ("U1", "clarion_pref:stalled_plan/slack", "off")]:
+    for user, action_id, value in [
+        ("U9", "clarion_pref:stalled_plan", "off"),  # not a recipient
+        ("U1", "clarion_pref:no_such_type", "off"),
+        ("U1", "clarion_pref:stalled_plan", "maybe"),
+        ("U1", "clarion_pref:stalled_plan/slack", "off"),
+    ]:
         body = block_actions(user, value, action_id=action_id, channel="DU1")
         assert _post(f"{web}/slack/events", body).status_code == 200
     assert get_preferences(ana)["settings"] == {}
-    opened = event_callback({"type": "app_home_opened", "user": "U9", "channel": "DU9", "tab": "home"})
+    opened = event_callback(
+        {"type": "app_home_opened", "user": "U9", "channel": "DU9", "tab": "home"}
+    )
     assert _post(f"{web}/slack/events", opened, "application/json").status_code == 200
     assert "no nudges" in json.dumps(fake.views["U9"])
 
@@ -546,8 +697,11 @@ def _wait_for(condition, seconds: float = 10.0) -> None:
 
 def test_register_puts_clarions_handlers_on_a_hosts_own_bolt_app(ana, fake):
     host_secret = "host-signing-secret"
-    host = App(client=WebClient(token=FakeSlack.TOKEN, base_url=fake.api_url), signing_secret=host_secret,
-               token_verification_enabled=False)
+    host = App(
+        client=WebClient(token=FakeSlack.TOKEN, base_url=fake.api_url),
+        signing_secret=host_secret,
+        token_verification_enabled=False,
+    )
     seen = []
 
     @host.action("host_button")
@@ -562,16 +716,24 @@ def test_register_puts_clarions_handlers_on_a_hosts_own_bolt_app(ana, fake):
     assert _deliver(key) == 1
     channel, ts = _delivery(key)["provider_message_id"].split(":")
     with serving(starlette) as url:
-        click = block_actions("U1", _value(key, "grow_team"), action_id="clarion:grow_team",
-                              channel=channel, ts=ts)
+        click = block_actions(
+            "U1", _value(key, "grow_team"), action_id="clarion:grow_team", channel=channel, ts=ts
+        )
         assert _post(f"{url}/host/slack", click, secret=host_secret).status_code == 200
         _wait_for(lambda: fake.posts()[0].updates)
-        assert _post(f"{url}/host/slack", click, secret=SECRET).status_code == 401  # the host's secret
+        assert (
+            _post(f"{url}/host/slack", click, secret=SECRET).status_code == 401
+        )  # the host's secret
         own = block_actions("U1", "x", action_id="host_button", channel=channel, ts=ts)
         assert _post(f"{url}/host/slack", own, secret=host_secret).status_code == 200
         _wait_for(lambda: seen)
-        opened = event_callback({"type": "app_home_opened", "user": "U1", "channel": channel, "tab": "home"})
-        assert _post(f"{url}/host/slack", opened, "application/json", secret=host_secret).status_code == 200
+        opened = event_callback(
+            {"type": "app_home_opened", "user": "U1", "channel": channel, "tab": "home"}
+        )
+        assert (
+            _post(f"{url}/host/slack", opened, "application/json", secret=host_secret).status_code
+            == 200
+        )
         _wait_for(lambda: "U1" in fake.views)
     assert _answered(key) == ("grow_team", "answered")
     assert _context_text(fake.posts()[0].updates[-1]) == ["Answered: Grow my team"]
@@ -582,8 +744,10 @@ def test_register_puts_clarions_handlers_on_a_hosts_own_bolt_app(ana, fake):
 
 
 def _deliveries_state() -> list[dict]:
-    return rows("SELECT user_id, id, state, answer, answered_at, answered_by, updated_at FROM deliveries"
-                " ORDER BY id")
+    return rows(
+        "SELECT user_id, id, state, answer, answered_at, answered_by, updated_at FROM deliveries"
+        " ORDER BY id"
+    )
 
 
 @pytest.fixture
@@ -600,26 +764,46 @@ def three_deliveries(ana, fake) -> dict[str, Key]:
 def _values(keys: dict[str, Key]) -> st.SearchStrategy:
     real = [_value(k, a) for k in keys.values() for a in ("grow_team", "ship_faster", "quality")]
     ids = [k[1] for k in keys.values()]
-    anything = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=40),
-                         st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(),
-                                                                             max_size=2))
+    anything = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(),
+        st.text(max_size=40),
+        st.lists(st.integers(), max_size=3),
+        st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+    )
     users = st.sampled_from(["ana", "bob", "cat", "dan", "", "ana\x00"]) | st.text(max_size=30)
-    delivery_ids = st.sampled_from(ids) | st.integers() | st.sampled_from([0, -1, 2**63, 10**30]) | anything
-    answers = st.sampled_from(["grow_team", "quality", "start", "x" * 33, ""]) | st.text(max_size=40)
-    shaped = st.fixed_dictionaries({"u": users | anything, "d": delivery_ids, "a": answers | anything})
+    delivery_ids = (
+        st.sampled_from(ids) | st.integers() | st.sampled_from([0, -1, 2**63, 10**30]) | anything
+    )
+    answers = st.sampled_from(["grow_team", "quality", "start", "x" * 33, ""]) | st.text(
+        max_size=40
+    )
+    shaped = st.fixed_dictionaries(
+        {"u": users | anything, "d": delivery_ids, "a": answers | anything}
+    )
     return st.one_of(
         shaped.map(json.dumps),
-        st.tuples(st.sampled_from(real), st.integers(0, 40)).map(lambda p: p[0][: len(p[0]) - 1 - p[1]]),
+        st.tuples(st.sampled_from(real), st.integers(0, 40)).map(
+            lambda p: p[0][: len(p[0]) - 1 - p[1]]
+        ),
         st.sampled_from(real).map(lambda v: v[:-1] + ',"x":1}'),  # an extra field
         st.sampled_from(real).map(lambda v: v + " " * 600),  # oversized
         st.sampled_from(real).map(lambda v: "[" + v + "]"),
         st.tuples(st.sampled_from(real), st.text(min_size=500, max_size=700)).map(
-            lambda p: p[0].replace('"a":"', '"a":"' + p[1])),
+            lambda p: p[0].replace('"a":"', '"a":"' + p[1])
+        ),
         st.sampled_from(real).map(lambda v: v.encode()),  # bytes
         st.sampled_from(real),  # genuine values, clicked by the wrong user or platform below
-        st.text(max_size=600), st.binary(max_size=600), anything,
-        st.recursive(st.integers(), lambda inner: st.lists(inner, max_size=3), max_leaves=30).map(json.dumps),
-        st.just("[" * 5000 + "]" * 5000), st.just('{"u":"ana","d":1e400,"a":"x"}'),
+        st.text(max_size=600),
+        st.binary(max_size=600),
+        anything,
+        st.recursive(st.integers(), lambda inner: st.lists(inner, max_size=3), max_leaves=30).map(
+            json.dumps
+        ),
+        st.just("[" * 5000 + "]" * 5000),
+        st.just('{"u":"ana","d":1e400,"a":"x"}'),
         st.just('{"u":"\\ud800","d":1,"a":"quality"}'),
     )
 
@@ -634,7 +818,9 @@ def _near_miss(draw, keys: dict[str, Key]) -> tuple[str, str]:
     owner = draw(st.sampled_from(sorted(ADDRESS)))
     ids = [keys[owner][1]] * 3 + [k[1] for k in keys.values()]
     delivery = draw(st.sampled_from(ids) | st.integers(1, 2**62))
-    answer = draw(st.sampled_from(["grow_team", "ship_faster", "quality", "start", "stop", "Ship faster"]))
+    answer = draw(
+        st.sampled_from(["grow_team", "ship_faster", "quality", "start", "stop", "Ship faster"])
+    )
     clicker = draw(st.sampled_from([ADDRESS[owner]] * 3 + ["U1", "U2", "U9"]))
     return clicker, json.dumps({"u": owner, "d": delivery, "a": answer}, separators=(",", ":"))
 
@@ -653,17 +839,25 @@ def _legitimate(keys: dict[str, Key], platform: str, slack_user: str, raw: objec
     """A click that should be accepted: the owner's own open delivery, a catalog answer, on Slack."""
     value = decode_value(raw)
     owners = {"ana": "U1", "bob": "U2"}  # cat's delivery failed: not open
-    return (value is not None and platform == "slack" and owners.get(value.user_id) == slack_user
-            and (value.user_id, value.delivery_id) == keys[value.user_id]
-            and value.answer in ("grow_team", "ship_faster", "quality"))
+    return (
+        value is not None
+        and platform == "slack"
+        and owners.get(value.user_id) == slack_user
+        and (value.user_id, value.delivery_id) == keys[value.user_id]
+        and value.answer in ("grow_team", "ship_faster", "quality")
+    )
 
 
 def test_thousands_of_forged_button_values_change_nothing_and_are_all_recorded(three_deliveries):
     before = _deliveries_state()
     clicks = []
 
-    @settings(max_examples=2200, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @settings(
+        max_examples=2200,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
     @given(_forged_clicks(three_deliveries))
     def forged_click(forged: tuple[str, str, object]) -> None:
         platform, slack_user, raw = forged
@@ -681,24 +875,42 @@ def test_thousands_of_forged_button_values_change_nothing_and_are_all_recorded(t
     reasons = {r["reason"] for r in rows("SELECT DISTINCT reason FROM interactions")}
     # (cat's failed delivery was never sent: clicking it is "not_sent"; a Teams click on a Slack
     # delivery is "wrong_platform")
-    assert {"malformed", "unknown_delivery", "foreign_user", "wrong_platform", "unknown_answer",
-            "not_sent"} <= reasons
+    assert {
+        "malformed",
+        "unknown_delivery",
+        "foreign_user",
+        "wrong_platform",
+        "unknown_answer",
+        "not_sent",
+    } <= reasons
 
 
-def test_a_sample_of_forged_values_through_the_endpoint_changes_nothing(three_deliveries, fake, web):
+def test_a_sample_of_forged_values_through_the_endpoint_changes_nothing(
+    three_deliveries, fake, web
+):
     before = _deliveries_state()
     ana, bob, cat = three_deliveries.values()
     rng = random.Random(5)
     samples: list[tuple[str, object]] = [
-        ("U1", _value(bob, "quality")), ("U2", _value(ana, "quality")), ("U3", _value(cat, "quality")),
-        ("U1", _value(ana, "start")), ("U1", _value((ana[0], bob[1]), "quality")),
-        ("U1", _value(ana, "quality")[:-2]), ("U1", _value(ana, "quality") + " " * 600),
-        ("U1", None), ("U1", 12), ("U1", {"u": "ana", "d": ana[1], "a": "quality"}), ("U1", ["x"]),
-        ("U1", "[" * 3000), ("U1", f'{{"u":"ana","d":"{ana[1]}","a":"quality"}}'),
+        ("U1", _value(bob, "quality")),
+        ("U2", _value(ana, "quality")),
+        ("U3", _value(cat, "quality")),
+        ("U1", _value(ana, "start")),
+        ("U1", _value((ana[0], bob[1]), "quality")),
+        ("U1", _value(ana, "quality")[:-2]),
+        ("U1", _value(ana, "quality") + " " * 600),
+        ("U1", None),
+        ("U1", 12),
+        ("U1", {"u": "ana", "d": ana[1], "a": "quality"}),
+        ("U1", ["x"]),
+        ("U1", "[" * 3000),
+        ("U1", f'{{"u":"ana","d":"{ana[1]}","a":"quality"}}'),
         ("U1", f'{{"u":"ana","d":{ana[1]},"a":"quality","x":1}}'),
     ]
-    samples += [("U1", "".join(rng.choice('{}[]":,ud0123a\\ ') for _ in range(rng.randint(0, 80))))
-                for _ in range(30)]
+    samples += [
+        ("U1", "".join(rng.choice('{}[]":,ud0123a\\ ') for _ in range(rng.randint(0, 80))))
+        for _ in range(30)
+    ]
     for user, value in samples:
         body = block_actions(user, value, action_id="clarion:quality", channel="DU1", ts="1.1")
         assert _post(f"{web}/slack/events", body).status_code == 200

@@ -89,31 +89,56 @@ Key = tuple[str, int]
 
 # --- the pure parts, as tables ---------------------------------------------------------------------
 
-MESSAGE = Message(delivery_id=41, user_id="u1", type_key="goal_prompt", occurrence_key="event:g", channel="teams",
-                  content={"title": "What should this quarter be about?", "body": "Pick one."},
-                  address="29:u1", buttons=(Button("grow", "Grow my team", style="primary"),
-                                            Button("stop", "Stop", action="stop_series", style="danger"),
-                                            Button("plain", "Plain")))
+MESSAGE = Message(
+    delivery_id=41,
+    user_id="u1",
+    type_key="goal_prompt",
+    occurrence_key="event:g",
+    channel="teams",
+    content={"title": "What should this quarter be about?", "body": "Pick one."},
+    address="29:u1",
+    buttons=(
+        Button("grow", "Grow my team", style="primary"),
+        Button("stop", "Stop", action="stop_series", style="danger"),
+        Button("plain", "Plain"),
+    ),
+)
 
 
 def test_a_card_has_the_catalog_labels_as_execute_actions_with_a_submit_fallback():
     card = to_card(MESSAGE)
     assert (card["type"], card["version"]) == ("AdaptiveCard", "1.4")
     assert [b["text"] for b in card["body"]] == ["What should this quarter be about?", "Pick one."]
-    expected = [("Grow my team", "grow", "positive"), ("Stop", "stop", "destructive"), ("Plain", "plain", None)]
+    expected = [
+        ("Grow my team", "grow", "positive"),
+        ("Stop", "stop", "destructive"),
+        ("Plain", "plain", None),
+    ]
     for action, (label, key, style) in zip(card["actions"], expected, strict=True):
         data = {"clarion": ButtonValue("u1", 41, key).encode()}
-        assert (action["type"], action["title"], action["verb"], action["data"], action.get("style")) == (
-            "Action.Execute", label, "clarion", data, style)
-        assert action["fallback"] == {"type": "Action.Submit", "title": label, "data": data,
-                                      **({"style": style} if style else {})}
+        assert (
+            action["type"],
+            action["title"],
+            action["verb"],
+            action["data"],
+            action.get("style"),
+        ) == ("Action.Execute", label, "clarion", data, style)
+        assert action["fallback"] == {
+            "type": "Action.Submit",
+            "title": label,
+            "data": data,
+            **({"style": style} if style else {}),
+        }
 
 
-@pytest.mark.parametrize(("content", "buttons", "texts", "has_actions"), [
-    ({"title": "T", "body": "B"}, (), ["T", "B"], False),
-    ({"body": "only body"}, (Button("a", "A"),), ["only body"], True),
-    ({"title": "", "body": "B"}, (Button("a", "A"),), ["B"], True),
-])
+@pytest.mark.parametrize(
+    ("content", "buttons", "texts", "has_actions"),
+    [
+        ({"title": "T", "body": "B"}, (), ["T", "B"], False),
+        ({"body": "only body"}, (Button("a", "A"),), ["only body"], True),
+        ({"title": "", "body": "B"}, (Button("a", "A"),), ["B"], True),
+    ],
+)
 def test_card_shapes(content, buttons, texts, has_actions):
     card = to_card(Message(1, "u", "t", "o", "teams", content, buttons=buttons))
     assert [b["text"] for b in card["body"]] == texts
@@ -123,8 +148,11 @@ def test_card_shapes(content, buttons, texts, has_actions):
 def test_an_answered_card_replaces_the_actions_with_the_catalog_label():
     card = answered_card(MESSAGE, "Grow my team")
     assert "actions" not in card
-    assert [b["text"] for b in card["body"]] == ["What should this quarter be about?", "Pick one.",
-                                                "Answered: Grow my team"]
+    assert [b["text"] for b in card["body"]] == [
+        "What should this quarter be about?",
+        "Pick one.",
+        "Answered: Grow my team",
+    ]
 
 
 def _activity(kind: str, **fields: Any) -> Activity:
@@ -132,34 +160,63 @@ def _activity(kind: str, **fields: Any) -> Activity:
 
 
 def _execute(verb: Any, data: Any) -> Activity:
-    return _activity("invoke", name="adaptiveCard/action",
-                     value={"action": {"type": "Action.Execute", "verb": verb, "data": data}, "trigger": "manual"})
+    return _activity(
+        "invoke",
+        name="adaptiveCard/action",
+        value={
+            "action": {"type": "Action.Execute", "verb": verb, "data": data},
+            "trigger": "manual",
+        },
+    )
 
 
-@pytest.mark.parametrize(("activity", "expected"), [
-    (_execute("clarion", {"clarion": "v"}), TeamsAction("click", "execute", "29:x", "v")),
-    (_execute("clarion", {"clarion": 42}), TeamsAction("click", "execute", "29:x", 42)),
-    (_execute("clarion", "not a dict"), TeamsAction("click", "execute", "29:x", None)),
-    (_execute("clarion", None), TeamsAction("click", "execute", "29:x", None)),
-    (_execute(None, {"clarion": "v"}), TeamsAction("click", "execute", "29:x", "v")),
-    (_execute("clarion_preferences", {"clarion_preferences": "save", "type:a": "true"}),
-     TeamsAction("preferences_save", "execute", "29:x", {"clarion_preferences": "save", "type:a": "true"})),
-    (_execute("clarion_preferences", {"clarion_preferences": "open"}),
-     TeamsAction("preferences_open", "execute", "29:x")),
-    (_execute("host_verb", {"host": 1}), None),
-    (_activity("invoke", name="adaptiveCard/action", value={"action": "x"}), None),
-    (_activity("invoke", name="adaptiveCard/action", value=None), None),
-    (_activity("invoke", name="composeExtension/query", value={"action": {"verb": "clarion"}}), None),
-    (_activity("message", value={"clarion": "v"}), TeamsAction("click", "submit", "29:x", "v")),
-    (_activity("message", value={"clarion": None}), TeamsAction("click", "submit", "29:x", None)),
-    (_activity("message", value={"host_card": "v"}), None),
-    (_activity("message", text="preferences"), TeamsAction("preferences_open", "text", "29:x")),
-    (_activity("message", text=" <at>clarion</at> Preferences "), TeamsAction("preferences_open", "text", "29:x")),
-    (_activity("message", text="preferences please"), None),
-    (_activity("message", text="hello"), None),
-    (_activity("conversationUpdate"), None),
-    (Activity(type="message", value={"clarion": "v"}), TeamsAction("click", "submit", "", "v")),
-])
+@pytest.mark.parametrize(
+    ("activity", "expected"),
+    [
+        (_execute("clarion", {"clarion": "v"}), TeamsAction("click", "execute", "29:x", "v")),
+        (_execute("clarion", {"clarion": 42}), TeamsAction("click", "execute", "29:x", 42)),
+        (_execute("clarion", "not a dict"), TeamsAction("click", "execute", "29:x", None)),
+        (_execute("clarion", None), TeamsAction("click", "execute", "29:x", None)),
+        (_execute(None, {"clarion": "v"}), TeamsAction("click", "execute", "29:x", "v")),
+        (
+            _execute("clarion_preferences", {"clarion_preferences": "save", "type:a": "true"}),
+            TeamsAction(
+                "preferences_save",
+                "execute",
+                "29:x",
+                {"clarion_preferences": "save", "type:a": "true"},
+            ),
+        ),
+        (
+            _execute("clarion_preferences", {"clarion_preferences": "open"}),
+            TeamsAction("preferences_open", "execute", "29:x"),
+        ),
+        (_execute("host_verb", {"host": 1}), None),
+        (_activity("invoke", name="adaptiveCard/action", value={"action": "x"}), None),
+        (_activity("invoke", name="adaptiveCard/action", value=None), None),
+        (
+            _activity(
+                "invoke", name="composeExtension/query", value={"action": {"verb": "clarion"}}
+            ),
+            None,
+        ),
+        (_activity("message", value={"clarion": "v"}), TeamsAction("click", "submit", "29:x", "v")),
+        (
+            _activity("message", value={"clarion": None}),
+            TeamsAction("click", "submit", "29:x", None),
+        ),
+        (_activity("message", value={"host_card": "v"}), None),
+        (_activity("message", text="preferences"), TeamsAction("preferences_open", "text", "29:x")),
+        (
+            _activity("message", text=" <at>clarion</at> Preferences "),
+            TeamsAction("preferences_open", "text", "29:x"),
+        ),
+        (_activity("message", text="preferences please"), None),
+        (_activity("message", text="hello"), None),
+        (_activity("conversationUpdate"), None),
+        (Activity(type="message", value={"clarion": "v"}), TeamsAction("click", "submit", "", "v")),
+    ],
+)
 def test_from_activity(activity, expected):
     assert from_activity(activity) == expected
 
@@ -171,55 +228,93 @@ def test_the_preferences_command_can_be_switched_off():
 CHOICES = [("stalled_plan", "Stalled plan", True), ("milestone", "Milestone", False)]
 
 
-@pytest.mark.parametrize(("data", "changes"), [
-    ({"type:stalled_plan": "false"}, {"type:stalled_plan": False, "type:stalled_plan/teams": None}),
-    ({"type:milestone": "true", "type:stalled_plan": "true"}, {"type:milestone": True, "type:milestone/teams": None}),
-    ({"type:milestone": True}, {"type:milestone": True, "type:milestone/teams": None}),
-    ({"type:stalled_plan": "maybe", "type:milestone": 1}, {}),
-    ({"type:receipt": "false", "all": "false", "category:activation": "false"}, {}),  # only offered types
-    ({}, {}),
-])
+@pytest.mark.parametrize(
+    ("data", "changes"),
+    [
+        (
+            {"type:stalled_plan": "false"},
+            {"type:stalled_plan": False, "type:stalled_plan/teams": None},
+        ),
+        (
+            {"type:milestone": "true", "type:stalled_plan": "true"},
+            {"type:milestone": True, "type:milestone/teams": None},
+        ),
+        ({"type:milestone": True}, {"type:milestone": True, "type:milestone/teams": None}),
+        ({"type:stalled_plan": "maybe", "type:milestone": 1}, {}),
+        (
+            {"type:receipt": "false", "all": "false", "category:activation": "false"},
+            {},
+        ),  # only offered types
+        ({}, {}),
+    ],
+)
 def test_preferences_changes(data, changes):
     assert preferences_changes(data, CHOICES) == changes
 
 
-@pytest.mark.parametrize(("status", "headers", "body", "kind", "reason", "after"), [
-    (429, {"Retry-After": "30"}, "", ThrottledError, "http_429", 30.0),
-    (429, {}, "", ThrottledError, "http_429", None),
-    (503, {"Retry-After": "soon"}, "", TransientSendError, "http_503", None),
-    (500, {}, "", TransientSendError, "http_500", None),
-    (401, {}, "", TransientSendError, "http_401", None),
-    (403, {}, '{"error": {"code": "BotNotInConversationRoster", "message": "gone"}}', PermanentSendError,
-     "http_403", None),
-    (404, {}, "not json", PermanentSendError, "http_404", None),
-    (400, {}, '{"error": {"code": "BadArgument"}}', PermanentSendError, "http_400", None),
-])
+@pytest.mark.parametrize(
+    ("status", "headers", "body", "kind", "reason", "after"),
+    [
+        (429, {"Retry-After": "30"}, "", ThrottledError, "http_429", 30.0),
+        (429, {}, "", ThrottledError, "http_429", None),
+        (503, {"Retry-After": "soon"}, "", TransientSendError, "http_503", None),
+        (500, {}, "", TransientSendError, "http_500", None),
+        (401, {}, "", TransientSendError, "http_401", None),
+        (
+            403,
+            {},
+            '{"error": {"code": "BotNotInConversationRoster", "message": "gone"}}',
+            PermanentSendError,
+            "http_403",
+            None,
+        ),
+        (404, {}, "not json", PermanentSendError, "http_404", None),
+        (400, {}, '{"error": {"code": "BadArgument"}}', PermanentSendError, "http_400", None),
+    ],
+)
 def test_send_error(status, headers, body, kind, reason, after):
     error = send_error(status, headers, body)
     assert type(error) is kind and error.reason == reason
     assert getattr(error, "retry_after", None) == after
 
 
-@pytest.mark.parametrize(("raw", "expected"), [
-    ('{"serviceUrl": "https://smba.example/emea/", "conversationId": "a:1", "tenantId": "t", "botId": "28:b"}',
-     ConversationRef("https://smba.example/emea/", "a:1", "t", "28:b")),
-    ('{"serviceUrl": "ftp://x/", "conversationId": "a:1"}', None),
-    ('{"serviceUrl": "https://x/", "conversationId": ""}', None),
-    ('{"serviceUrl": "https://x/", "conversationId": "a", "tenantId": 5}', ConversationRef("https://x/", "a")),
-    ("[1]", None), ("nope", None), ("", None), (None, None),
-])
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (
+            '{"serviceUrl": "https://smba.example/emea/", "conversationId": "a:1", "tenantId": "t", "botId": "28:b"}',
+            ConversationRef("https://smba.example/emea/", "a:1", "t", "28:b"),
+        ),
+        ('{"serviceUrl": "ftp://x/", "conversationId": "a:1"}', None),
+        ('{"serviceUrl": "https://x/", "conversationId": ""}', None),
+        (
+            '{"serviceUrl": "https://x/", "conversationId": "a", "tenantId": 5}',
+            ConversationRef("https://x/", "a"),
+        ),
+        ("[1]", None),
+        ("nope", None),
+        ("", None),
+        (None, None),
+    ],
+)
 def test_conversation_references(raw, expected):
     assert ConversationRef.from_json(raw) == expected
     if expected is not None:
         assert ConversationRef.from_json(expected.to_json()) == expected
 
 
-@pytest.mark.parametrize(("conversation", "activity"), [
-    ("a:1abc-personal", "1700000000001"),
-    ("a:1abc-personal", "1:14V-AqmDStlQxcTuiOQ27qP6ve1JumC1vAjiLvYOpLNLA0LhO1T4Q_kxmr8fMe-QI"),  # Teams does this
-    ("19:abc@thread.tacv2;messageid=1581515441234", "1581515441235"),
-    ("50%:odd/id", "x"),
-])
+@pytest.mark.parametrize(
+    ("conversation", "activity"),
+    [
+        ("a:1abc-personal", "1700000000001"),
+        (
+            "a:1abc-personal",
+            "1:14V-AqmDStlQxcTuiOQ27qP6ve1JumC1vAjiLvYOpLNLA0LhO1T4Q_kxmr8fMe-QI",
+        ),  # Teams does this
+        ("19:abc@thread.tacv2;messageid=1581515441234", "1581515441235"),
+        ("50%:odd/id", "x"),
+    ],
+)
 def test_message_ids_survive_colons_on_both_sides(conversation, activity):
     assert split_message_id(message_id(conversation, activity)) == (conversation, activity)
 
@@ -238,9 +333,14 @@ class _Config:
 
 
 class _CardBot(ActivityHandler):
-    async def on_adaptive_card_invoke(self, turn_context, invoke_value) -> AdaptiveCardInvokeResponse:
-        return AdaptiveCardInvokeResponse(status_code=200, type="application/vnd.microsoft.card.adaptive",
-                                          value={"type": "AdaptiveCard", "version": "1.4", "body": []})
+    async def on_adaptive_card_invoke(
+        self, turn_context, invoke_value
+    ) -> AdaptiveCardInvokeResponse:
+        return AdaptiveCardInvokeResponse(
+            status_code=200,
+            type="application/vnd.microsoft.card.adaptive",
+            value={"type": "AdaptiveCard", "version": "1.4", "body": []},
+        )
 
 
 async def _post_invoke(adapter: CloudAdapter) -> tuple[int, str]:
@@ -251,10 +351,20 @@ async def _post_invoke(adapter: CloudAdapter) -> tuple[int, str]:
 
     app = aiohttp_web.Application()
     app.router.add_post("/api/messages", messages)
-    invoke = {"type": "invoke", "name": "adaptiveCard/action", "id": "1", "channelId": "msteams",
-              "serviceUrl": "http://127.0.0.1:9/", "from": {"id": "29:u"}, "recipient": {"id": BOT},
-              "conversation": {"id": "a:c", "conversationType": "personal"},
-              "value": {"action": {"type": "Action.Execute", "verb": "x", "data": {}}, "trigger": "manual"}}
+    invoke = {
+        "type": "invoke",
+        "name": "adaptiveCard/action",
+        "id": "1",
+        "channelId": "msteams",
+        "serviceUrl": "http://127.0.0.1:9/",
+        "from": {"id": "29:u"},
+        "recipient": {"id": BOT},
+        "conversation": {"id": "a:c", "conversationType": "personal"},
+        "value": {
+            "action": {"type": "Action.Execute", "verb": "x", "data": {}},
+            "trigger": "manual",
+        },
+    }
     async with AiohttpClient(AiohttpServer(app)) as client:
         response = await client.post("/api/messages", json=invoke)
         return response.status, await response.text()
@@ -269,8 +379,11 @@ def test_the_stock_cloud_adapter_answers_an_invoke_with_500_and_clarions_answers
     ours = web_teams.ClarionCloudAdapter(ConfigurationBotFrameworkAuthentication(_Config()))
     status, body = asyncio.run(_post_invoke(ours))
     assert status == 200
-    assert json.loads(body) == {"statusCode": 200, "type": "application/vnd.microsoft.card.adaptive",
-                                "value": {"type": "AdaptiveCard", "version": "1.4", "body": []}}
+    assert json.loads(body) == {
+        "statusCode": 200,
+        "type": "application/vnd.microsoft.card.adaptive",
+        "value": {"type": "AdaptiveCard", "version": "1.4", "body": []},
+    }
 
 
 # --- fixtures and helpers for the end-to-end tests -----------------------------------------------
@@ -296,23 +409,50 @@ def client(teams) -> Iterator[TestClient]:
         yield test_client
 
 
-def teams_activity(kind: str, connector: FakeConnector, *, user: str = MIA_TEAMS,
-                   conversation: str = CONVERSATION, scope: str = "personal", **fields: Any) -> dict[str, Any]:
+def teams_activity(
+    kind: str,
+    connector: FakeConnector,
+    *,
+    user: str = MIA_TEAMS,
+    conversation: str = CONVERSATION,
+    scope: str = "personal",
+    **fields: Any,
+) -> dict[str, Any]:
     """An activity as Teams POSTs it to a bot."""
-    return {"type": kind, "id": f"f:{uuid.uuid4().hex[:12]}", "channelId": "msteams",
-            "serviceUrl": connector.url, "timestamp": "2026-03-02T09:00:00.000Z",
-            "from": {"id": user, "name": "Someone", "aadObjectId": "00000000-aaaa"},
-            "recipient": {"id": BOT, "name": "clarion"},
-            "conversation": {"id": conversation, "conversationType": scope, "tenantId": "tenant-1"},
-            "channelData": {"tenant": {"id": "tenant-1"}}, **fields}
+    return {
+        "type": kind,
+        "id": f"f:{uuid.uuid4().hex[:12]}",
+        "channelId": "msteams",
+        "serviceUrl": connector.url,
+        "timestamp": "2026-03-02T09:00:00.000Z",
+        "from": {"id": user, "name": "Someone", "aadObjectId": "00000000-aaaa"},
+        "recipient": {"id": BOT, "name": "clarion"},
+        "conversation": {"id": conversation, "conversationType": scope, "tenantId": "tenant-1"},
+        "channelData": {"tenant": {"id": "tenant-1"}},
+        **fields,
+    }
 
 
-def invoke(data: Any, connector: FakeConnector, *, verb: str = "clarion", reply_to: str | None = None,
-           **kw: Any) -> dict[str, Any]:
+def invoke(
+    data: Any,
+    connector: FakeConnector,
+    *,
+    verb: str = "clarion",
+    reply_to: str | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
     """What Teams sends for an Action.Execute press: an adaptiveCard/action invoke."""
-    return teams_activity("invoke", connector, name="adaptiveCard/action", replyToId=reply_to,
-                          value={"action": {"type": "Action.Execute", "id": "a1", "verb": verb, "data": data},
-                                 "trigger": "manual"}, **kw)
+    return teams_activity(
+        "invoke",
+        connector,
+        name="adaptiveCard/action",
+        replyToId=reply_to,
+        value={
+            "action": {"type": "Action.Execute", "id": "a1", "verb": verb, "data": data},
+            "trigger": "manual",
+        },
+        **kw,
+    )
 
 
 def execute(value: Any, connector: FakeConnector, **kw: Any) -> dict[str, Any]:
@@ -320,7 +460,9 @@ def execute(value: Any, connector: FakeConnector, **kw: Any) -> dict[str, Any]:
     return invoke({"clarion": value}, connector, **kw)
 
 
-def submit(value: Any, connector: FakeConnector, *, reply_to: str | None = None, **kw: Any) -> dict[str, Any]:
+def submit(
+    value: Any, connector: FakeConnector, *, reply_to: str | None = None, **kw: Any
+) -> dict[str, Any]:
     """What Teams sends for an Action.Submit press: a message whose value is the card data."""
     return teams_activity("message", connector, value={"clarion": value}, replyToId=reply_to, **kw)
 
@@ -339,12 +481,20 @@ def mia(teams, client, connector) -> str:
     return MIA
 
 
-def nudge(user: str = MIA, type_key: str = "plan_kickoff", event: str = "k1",
-          variables: dict | None = None) -> Key:
+def nudge(
+    user: str = MIA,
+    type_key: str = "plan_kickoff",
+    event: str = "k1",
+    variables: dict | None = None,
+) -> Key:
     """Notify and route one request; the key of its Teams delivery."""
-    request = notify(user, type_key, event_id=event, variables=KICKOFF if variables is None else variables)
+    request = notify(
+        user, type_key, event_id=event, variables=KICKOFF if variables is None else variables
+    )
     assert route([user], [request.request_id]) == 1
-    [row] = rows("SELECT user_id, id, channel FROM deliveries WHERE request_id = :r", r=request.request_id)
+    [row] = rows(
+        "SELECT user_id, id, channel FROM deliveries WHERE request_id = :r", r=request.request_id
+    )
     assert row["channel"] == "teams"
     drain("activation")
     return row["user_id"], row["id"]
@@ -357,8 +507,12 @@ def delivered(user: str = MIA, **kw: Any) -> Key:
 
 
 def delivery(key: Key) -> dict[str, Any]:
-    [row] = rows("SELECT state, platform, provider_message_id, answer, answered_by, last_error, attempts,"
-                 " not_before FROM deliveries WHERE user_id = :u AND id = :i", u=key[0], i=key[1])
+    [row] = rows(
+        "SELECT state, platform, provider_message_id, answer, answered_by, last_error, attempts,"
+        " not_before FROM deliveries WHERE user_id = :u AND id = :i",
+        u=key[0],
+        i=key[1],
+    )
     return row
 
 
@@ -367,8 +521,10 @@ def value(key: Key, answer: str) -> str:
 
 
 def interactions() -> list[tuple[str, str, str | None]]:
-    return [(r["outcome"], r["reason"], r["answer"])
-            for r in rows("SELECT outcome, reason, answer FROM interactions ORDER BY id")]
+    return [
+        (r["outcome"], r["reason"], r["answer"])
+        for r in rows("SELECT outcome, reason, answer FROM interactions ORDER BY id")
+    ]
 
 
 def card_texts(card: dict) -> list[str]:
@@ -379,26 +535,41 @@ def card_texts(card: dict) -> list[str]:
 
 
 def test_a_recipient_with_only_a_teams_address_gets_the_nudge_as_an_adaptive_card(mia, connector):
-    reference = json.loads(rows("SELECT addresses FROM recipients")[0]["addresses"]["teams_conversation"])
-    assert reference == {"serviceUrl": connector.url, "conversationId": CONVERSATION, "tenantId": "tenant-1",
-                         "botId": BOT, "channelId": "msteams"}
+    reference = json.loads(
+        rows("SELECT addresses FROM recipients")[0]["addresses"]["teams_conversation"]
+    )
+    assert reference == {
+        "serviceUrl": connector.url,
+        "conversationId": CONVERSATION,
+        "tenantId": "tenant-1",
+        "botId": BOT,
+        "channelId": "msteams",
+    }
     key = delivered()
     [sent] = connector.sent
     assert sent.conversation_id == CONVERSATION
     assert "Authorization" not in sent.headers  # local mode: no token
     assert (sent.payload["type"], sent.payload["summary"]) == ("message", "Welcome to Grow 2026")
     card = sent.card
-    assert card_texts(card) == ["Welcome to Grow 2026",
-                                "Hi Mia, your growth plan starts today. Ready to pick your first focus?"]
+    assert card_texts(card) == [
+        "Welcome to Grow 2026",
+        "Hi Mia, your growth plan starts today. Ready to pick your first focus?",
+    ]
     assert [a["title"] for a in card["actions"]] == KICKOFF_LABELS
     assert [a["fallback"]["title"] for a in card["actions"]] == KICKOFF_LABELS
     assert [decode_value(a["data"]["clarion"]) for a in card["actions"]] == [
-        ButtonValue(MIA, key[1], "start"), ButtonValue(MIA, key[1], "later")]
+        ButtonValue(MIA, key[1], "start"),
+        ButtonValue(MIA, key[1], "later"),
+    ]
     row = delivery(key)
     assert (row["state"], row["platform"], row["provider_message_id"]) == (
-        "sent", "teams", message_id(CONVERSATION, sent.answer_id))
+        "sent",
+        "teams",
+        message_id(CONVERSATION, sent.answer_id),
+    )
     assert rows("SELECT channel, reason FROM decisions WHERE channel = 'slack'") == [
-        {"channel": "slack", "reason": "no_adapter"}]
+        {"channel": "slack", "reason": "no_adapter"}
+    ]
 
 
 def test_a_recipient_who_never_talked_to_the_bot_fails_with_a_reason(teams, connector):
@@ -406,7 +577,9 @@ def test_a_recipient_who_never_talked_to_the_bot_fails_with_a_reason(teams, conn
     key = nudge("ned")
     assert deliver([key[0]], [key[1]]) == 0
     assert delivery(key)["state"] == "failed"
-    assert rows("SELECT reason FROM decisions WHERE gate = 'deliver'") == [{"reason": "no_conversation"}]
+    assert rows("SELECT reason FROM decisions WHERE gate = 'deliver'") == [
+        {"reason": "no_conversation"}
+    ]
     assert connector.calls == []
 
 
@@ -415,7 +588,9 @@ def test_registering_her_again_keeps_the_conversation_while_her_teams_id_stays(m
         return rows("SELECT addresses FROM recipients")[0]["addresses"].get("teams_conversation")
 
     learned = stored()
-    register_recipient(MIA, timezone="Europe/Paris", addresses={"teams": MIA_TEAMS, "email": "mia@example.com"})
+    register_recipient(
+        MIA, timezone="Europe/Paris", addresses={"teams": MIA_TEAMS, "email": "mia@example.com"}
+    )
     assert stored() == learned  # a host's nightly directory sync must not cut her off
     assert delivered()
     register_recipient(MIA, timezone="Europe/Paris", addresses={"teams": "29:1another-account"})
@@ -424,9 +599,16 @@ def test_registering_her_again_keeps_the_conversation_while_her_teams_id_stays(m
 
 def test_group_chats_and_strangers_leave_no_conversation_reference(mia, client, connector):
     before = rows("SELECT addresses FROM recipients")
-    post(client, teams_activity("message", connector, text="hi", conversation="19:group@thread.v2",
-                                scope="groupChat"))
-    post(client, teams_activity("message", connector, text="hi", conversation="a:eve", user=EVE_TEAMS))
+    post(
+        client,
+        teams_activity(
+            "message", connector, text="hi", conversation="19:group@thread.v2", scope="groupChat"
+        ),
+    )
+    post(
+        client,
+        teams_activity("message", connector, text="hi", conversation="a:eve", user=EVE_TEAMS),
+    )
     assert rows("SELECT addresses FROM recipients") == before
 
 
@@ -442,16 +624,27 @@ def test_a_click_answers_the_nudge_and_the_card_is_updated_in_place(mia, client,
     assert (body["statusCode"], body["type"]) == (200, "application/vnd.microsoft.card.adaptive")
     assert card_texts(body["value"])[-1] == "Answered: Let's go" and "actions" not in body["value"]
     [update] = connector.updates
-    assert (update.conversation_id, update.activity_id, update.card) == (CONVERSATION, card_id, body["value"])
+    assert (update.conversation_id, update.activity_id, update.card) == (
+        CONVERSATION,
+        card_id,
+        body["value"],
+    )
     row = delivery(key)
-    assert (row["state"], row["answer"], row["answered_by"]) == ("answered", "start", f"teams:{MIA_TEAMS}")
+    assert (row["state"], row["answer"], row["answered_by"]) == (
+        "answered",
+        "start",
+        f"teams:{MIA_TEAMS}",
+    )
 
     # a second click, another answer, through the Action.Submit fallback: the first answer stands
     response = post(client, submit(value(key, "later"), connector, reply_to=card_id))
     assert response.status_code == 201
     assert delivery(key)["answer"] == "start"
     assert [card_texts(u.card)[-1] for u in connector.updates] == ["Answered: Let's go"] * 2
-    assert interactions() == [("accepted", "answer", "start"), ("repeated", "already_answered", "later")]
+    assert interactions() == [
+        ("accepted", "answer", "start"),
+        ("repeated", "already_answered", "later"),
+    ]
 
 
 def test_a_first_click_through_submit_is_accepted_too(mia, client, connector):
@@ -461,7 +654,9 @@ def test_a_first_click_through_submit_is_accepted_too(mia, client, connector):
     assert [card_texts(u.card)[-1] for u in connector.updates] == ["Answered: Not this week"]
 
 
-def test_a_send_teams_accepts_without_an_id_is_answered_through_the_invoke_response(mia, client, connector):
+def test_a_send_teams_accepts_without_an_id_is_answered_through_the_invoke_response(
+    mia, client, connector
+):
     connector.fail_next(202)
     key = delivered()
     assert delivery(key)["provider_message_id"] is None
@@ -470,7 +665,9 @@ def test_a_send_teams_accepts_without_an_id_is_answered_through_the_invoke_respo
     assert delivery(key)["answer"] == "start" and connector.updates == []
 
 
-def test_forged_foreign_and_malformed_clicks_change_nothing_and_are_recorded(mia, client, connector):
+def test_forged_foreign_and_malformed_clicks_change_nothing_and_are_recorded(
+    mia, client, connector
+):
     key = delivered()
     before = delivery(key)
     cases = [  # (button value, clicking Teams user, recorded reason, recorded answer)
@@ -486,29 +683,52 @@ def test_forged_foreign_and_malformed_clicks_change_nothing_and_are_recorded(mia
     ]
     for raw, user, _reason, _answer in cases:
         response = post(client, execute(raw, connector, user=user))
-        assert (response.status_code, response.json()) == (200, {
-            "statusCode": 200, "type": "application/vnd.microsoft.activity.message", "value": web_teams.NOT_VALID})
+        assert (response.status_code, response.json()) == (
+            200,
+            {
+                "statusCode": 200,
+                "type": "application/vnd.microsoft.activity.message",
+                "value": web_teams.NOT_VALID,
+            },
+        )
         assert post(client, submit(raw, connector, user=user)).status_code == 201
     assert delivery(key) == before
     assert connector.updates == []
-    assert interactions() == [("rejected", reason, answer) for _raw, _user, reason, answer in cases
-                              for _via in ("execute", "submit")]
+    assert interactions() == [
+        ("rejected", reason, answer)
+        for _raw, _user, reason, answer in cases
+        for _via in ("execute", "submit")
+    ]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=40),
-                         lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
-                                                                                       max_size=3),
-                         max_leaves=8),
-       via=st.sampled_from(["execute", "submit"]))
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    data=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=40),
+        lambda inner: (
+            st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+        ),
+        max_leaves=8,
+    ),
+    via=st.sampled_from(["execute", "submit"]),
+)
 def test_fuzzed_teams_payloads_never_raise_and_never_change_a_delivery(mia, connector, data, via):
-    delivered_before, recorded = rows("SELECT id, state, answer FROM deliveries"), count("interactions")
-    activity = Activity().deserialize(execute(data, connector) if via == "execute" else submit(data, connector))
+    delivered_before, recorded = (
+        rows("SELECT id, state, answer FROM deliveries"),
+        count("interactions"),
+    )
+    activity = Activity().deserialize(
+        execute(data, connector) if via == "execute" else submit(data, connector)
+    )
     adapter = TestAdapter(template_or_conversation=activity)
     assert asyncio.run(_run(adapter, activity)) is True
     assert rows("SELECT id, state, answer FROM deliveries") == delivered_before
     assert count("interactions") == recorded + 1
-    assert rows("SELECT outcome FROM interactions ORDER BY id DESC LIMIT 1") == [{"outcome": "rejected"}]
+    assert rows("SELECT outcome FROM interactions ORDER BY id DESC LIMIT 1") == [
+        {"outcome": "rejected"}
+    ]
     assert adapter.updated_activities == []
 
 
@@ -533,7 +753,9 @@ def test_a_429_is_retried_after_retry_after_and_sent_once(mia, connector):
         assert deliver([key[0]], [key[1]]) == 0
         row = delivery(key)
         assert (row["state"], row["attempts"], row["last_error"][:8]) == ("pending", 0, "http_429")
-        assert 30 <= row["not_before"].timestamp() - start.timestamp() <= 36  # Retry-After, jittered up
+        assert (
+            30 <= row["not_before"].timestamp() - start.timestamp() <= 36
+        )  # Retry-After, jittered up
         clk.advance(29)
         assert tick()["deliveries"] == 0
         clk.advance(7)
@@ -547,8 +769,14 @@ def test_a_429_is_retried_after_retry_after_and_sent_once(mia, connector):
 
 def test_a_429_pauses_the_conversation_for_every_worker(mia, connector):
     with frozen_clock() as clk:
-        first, second = nudge(), nudge(type_key="weekly_one_on_one", event="w1",
-                                       variables={"first_name": "Mia", "report_name": "Ola"})
+        first, second = (
+            nudge(),
+            nudge(
+                type_key="weekly_one_on_one",
+                event="w1",
+                variables={"first_name": "Mia", "report_name": "Ola"},
+            ),
+        )
         connector.fail_next(429, retry_after=5)
         assert deliver([first[0]], [first[1]]) == 0
         assert deliver([second[0]], [second[1]]) == 0  # paused: the provider is not asked
@@ -559,20 +787,29 @@ def test_a_429_pauses_the_conversation_for_every_worker(mia, connector):
     assert len(connector.sent) == 1
 
 
-def test_a_403_fails_the_delivery_and_suppresses_the_address_until_she_is_back(mia, client, connector):
+def test_a_403_fails_the_delivery_and_suppresses_the_address_until_she_is_back(
+    mia, client, connector
+):
     connector.remove_bot(CONVERSATION)
     key = nudge()
     assert deliver([key[0]], [key[1]]) == 0
     assert delivery(key)["state"] == "failed"
-    assert [(d["gate"], d["outcome"], d["reason"]) for d in rows(
-        "SELECT gate, outcome, reason FROM decisions WHERE gate = 'deliver'")] == [("deliver", "failed", "http_403")]
+    assert [
+        (d["gate"], d["outcome"], d["reason"])
+        for d in rows("SELECT gate, outcome, reason FROM decisions WHERE gate = 'deliver'")
+    ] == [("deliver", "failed", "http_403")]
     assert rows("SELECT user_id, channel, address, reason FROM suppressions") == [
-        {"user_id": MIA, "channel": "teams", "address": MIA_TEAMS, "reason": "deactivated"}]
+        {"user_id": MIA, "channel": "teams", "address": MIA_TEAMS, "reason": "deactivated"}
+    ]
 
-    later = notify(MIA, "weekly_one_on_one", event_id="w1", variables={"first_name": "Mia", "report_name": "O"})
+    later = notify(
+        MIA, "weekly_one_on_one", event_id="w1", variables={"first_name": "Mia", "report_name": "O"}
+    )
     route([MIA], [later.request_id])
-    assert rows("SELECT reason FROM decisions WHERE request_id = :r AND channel = 'teams'",
-                r=later.request_id) == [{"reason": "suppressed_address"}]
+    assert rows(
+        "SELECT reason FROM decisions WHERE request_id = :r AND channel = 'teams'",
+        r=later.request_id,
+    ) == [{"reason": "suppressed_address"}]
 
     connector.gone.clear()  # she installs the bot again and says hello
     post(client, teams_activity("message", connector, text="hi again"))
@@ -594,12 +831,17 @@ class _Store:
 
 
 def test_update_replaces_the_card_and_refuses_a_bad_message_id(connector):
-    adapter = TeamsAdapter(credentials=credentials_for("none", None, None),
-                           store=_Store(ConversationRef(connector.url, CONVERSATION)))
+    adapter = TeamsAdapter(
+        credentials=credentials_for("none", None, None),
+        store=_Store(ConversationRef(connector.url, CONVERSATION)),
+    )
     sent = adapter.send(MESSAGE)
     adapter.update(MESSAGE, sent.provider_message_id, "Grow my team")
     adapter.update(MESSAGE, sent.provider_message_id, None)
-    assert [card_texts(u.card)[-1] for u in connector.updates] == ["Answered: Grow my team", "Pick one."]
+    assert [card_texts(u.card)[-1] for u in connector.updates] == [
+        "Answered: Grow my team",
+        "Pick one.",
+    ]
     assert "actions" in connector.updates[1].card
     with pytest.raises(PermanentSendError, match="bad_message_id"):
         adapter.update(MESSAGE, "no-colon", "x")
@@ -609,8 +851,10 @@ def test_update_replaces_the_card_and_refuses_a_bad_message_id(connector):
 
 
 def test_connection_failures_are_transient_and_not_retried_inside_the_sdk():
-    adapter = TeamsAdapter(credentials=credentials_for("none", None, None),
-                           store=_Store(ConversationRef("http://127.0.0.1:9/", CONVERSATION)))
+    adapter = TeamsAdapter(
+        credentials=credentials_for("none", None, None),
+        store=_Store(ConversationRef("http://127.0.0.1:9/", CONVERSATION)),
+    )
     started = time.monotonic()
     with pytest.raises(TransientSendError, match="connection"):
         adapter.send(MESSAGE)
@@ -618,8 +862,10 @@ def test_connection_failures_are_transient_and_not_retried_inside_the_sdk():
 
 
 def test_5xx_reaches_the_ledger_without_sdk_retries_unknown_for_a_post(connector):
-    adapter = TeamsAdapter(credentials=credentials_for("none", None, None),
-                           store=_Store(ConversationRef(connector.url, CONVERSATION)))
+    adapter = TeamsAdapter(
+        credentials=credentials_for("none", None, None),
+        store=_Store(ConversationRef(connector.url, CONVERSATION)),
+    )
     sent = adapter.send(MESSAGE)
     connector.fail_next(503, retry_after=1)
     with pytest.raises(UnknownSendError, match="http_503"):  # it may have been posted
@@ -648,7 +894,9 @@ def test_the_limiter_holds_a_conversation_to_the_teams_windows(redis_client):
     assert limiter.acquire("c3", t + 2.5) == 0.0
 
 
-def test_the_adapter_waits_briefly_for_the_limiter_then_hands_back_to_the_queue(redis_client, connector):
+def test_the_adapter_waits_briefly_for_the_limiter_then_hands_back_to_the_queue(
+    redis_client, connector
+):
     now = [1_000_000.0]
     slept: list[float] = []
 
@@ -656,10 +904,13 @@ def test_the_adapter_waits_briefly_for_the_limiter_then_hands_back_to_the_queue(
         slept.append(seconds)
         now[0] += seconds
 
-    adapter = TeamsAdapter(credentials=credentials_for("none", None, None),
-                           store=_Store(ConversationRef(connector.url, CONVERSATION)),
-                           limiter=ConversationLimiter(lambda: redis_client, limits=[(2, 1.0), (3, 10.0)]),
-                           sleep=sleep, wall=lambda: now[0])
+    adapter = TeamsAdapter(
+        credentials=credentials_for("none", None, None),
+        store=_Store(ConversationRef(connector.url, CONVERSATION)),
+        limiter=ConversationLimiter(lambda: redis_client, limits=[(2, 1.0), (3, 10.0)]),
+        sleep=sleep,
+        wall=lambda: now[0],
+    )
     adapter.send(MESSAGE)
     adapter.send(MESSAGE)
     adapter.send(MESSAGE)  # waits out the 1 s window
@@ -671,10 +922,15 @@ def test_the_adapter_waits_briefly_for_the_limiter_then_hands_back_to_the_queue(
 
 
 def test_a_limiter_outage_does_not_stop_sends(connector):
-    unreachable = redis.Redis(host="127.0.0.1", port=9, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    unreachable = redis.Redis(
+        host="127.0.0.1", port=9, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+    )
     broken = ConversationLimiter(lambda: unreachable)
-    adapter = TeamsAdapter(credentials=credentials_for("none", None, None),
-                           store=_Store(ConversationRef(connector.url, CONVERSATION)), limiter=broken)
+    adapter = TeamsAdapter(
+        credentials=credentials_for("none", None, None),
+        store=_Store(ConversationRef(connector.url, CONVERSATION)),
+        limiter=broken,
+    )
     assert adapter.send(MESSAGE).provider_message_id
     connector.fail_next(429, retry_after=3)
     with pytest.raises(TransientSendError, match="http_429"):
@@ -689,17 +945,28 @@ def test_with_an_app_id_a_bad_token_gets_401_and_changes_nothing(mia, connector,
     configure(monkeypatch, teams_app_id="11111111-app", teams_app_password="secret")
     before = (delivery(key), rows("SELECT addresses FROM recipients"), len(connector.calls))
     with FakeConnector() as attacker, TestClient(create_app()) as client:  # a forged serviceUrl
-        forged = jwt.encode({"iss": "https://api.botframework.com", "aud": "11111111-app",
-                             "serviceurl": attacker.url, "exp": int(time.time()) + 300},
-                            rsa.generate_private_key(public_exponent=65537, key_size=2048),
-                            algorithm="RS256", headers={"kid": "forged"})
+        forged = jwt.encode(
+            {
+                "iss": "https://api.botframework.com",
+                "aud": "11111111-app",
+                "serviceurl": attacker.url,
+                "exp": int(time.time()) + 300,
+            },
+            rsa.generate_private_key(public_exponent=65537, key_size=2048),
+            algorithm="RS256",
+            headers={"kid": "forged"},
+        )
         click = execute(value(key, "start"), attacker)
         for token in (None, "garbage", "a.b.c", forged):
             assert post(client, click, token).status_code == 401
-        response = client.post("/api/messages", json=click, headers={"Authorization": "Basic bWlhOnB3"})
+        response = client.post(
+            "/api/messages", json=click, headers={"Authorization": "Basic bWlhOnB3"}
+        )
         assert response.status_code == 401
         assert post(client, submit(value(key, "start"), attacker)).status_code == 401
-        assert post(client, teams_activity("message", attacker, text="preferences")).status_code == 401
+        assert (
+            post(client, teams_activity("message", attacker, text="preferences")).status_code == 401
+        )
     assert (delivery(key), rows("SELECT addresses FROM recipients"), len(connector.calls)) == before
     assert attacker.calls == [] and interactions() == []
 
@@ -712,16 +979,22 @@ def test_without_a_teams_app_id_the_endpoint_is_not_there(mia, connector, monkey
     assert delivery(key)["state"] == "sent" and interactions() == []
 
 
-def test_a_host_turn_nobody_authenticated_is_ignored_outside_local_mode(mia, connector, monkeypatch):
+def test_a_host_turn_nobody_authenticated_is_ignored_outside_local_mode(
+    mia, connector, monkeypatch
+):
     key = delivered()
     configure(monkeypatch, teams_app_id="11111111-app", teams_app_password="secret")
-    for activity in (execute(value(key, "start"), connector), submit(value(key, "start"), connector),
-                     teams_activity("message", connector, text="preferences")):
+    for activity in (
+        execute(value(key, "start"), connector),
+        submit(value(key, "start"), connector),
+        teams_activity("message", connector, text="preferences"),
+    ):
         parsed = Activity().deserialize(activity)
         adapter = TestAdapter(template_or_conversation=parsed)  # no claims identity on the turn
         assert asyncio.run(_run(adapter, parsed)) is True
-        assert [a.value.body["value"] for a in adapter.activity_buffer if a.type == "invokeResponse"] == (
-            [web_teams.NOT_VALID] if parsed.type == "invoke" else [])
+        assert [
+            a.value.body["value"] for a in adapter.activity_buffer if a.type == "invokeResponse"
+        ] == ([web_teams.NOT_VALID] if parsed.type == "invoke" else [])
         assert [a for a in adapter.activity_buffer if a.type != "invokeResponse"] == []
     assert delivery(key)["state"] == "sent" and interactions() == []
 
@@ -732,7 +1005,9 @@ def _keys() -> tuple[Any, dict[str, Any]]:
     return private, {"keys": [{**jwk, "kid": "k1", "use": "sig", "endorsements": ["msteams"]}]}
 
 
-def test_a_token_signed_by_the_channels_key_is_accepted_and_others_are_not(mia, connector, monkeypatch):
+def test_a_token_signed_by_the_channels_key_is_accepted_and_others_are_not(
+    mia, connector, monkeypatch
+):
     key = delivered()
     configure(monkeypatch, teams_app_id="11111111-app", teams_app_password="secret")
     private, jwks = _keys()
@@ -740,11 +1015,19 @@ def test_a_token_signed_by_the_channels_key_is_accepted_and_others_are_not(mia, 
     app = Starlette(routes=web_teams.routes(adapter=adapter))
 
     def token(signer: Any = private, **claims: Any) -> str:
-        body = {"iss": "https://api.botframework.com", "aud": "11111111-app", "serviceurl": connector.url,
-                "exp": int(time.time()) + 300, "nbf": int(time.time()) - 10, **claims}
+        body = {
+            "iss": "https://api.botframework.com",
+            "aud": "11111111-app",
+            "serviceurl": connector.url,
+            "exp": int(time.time()) + 300,
+            "nbf": int(time.time()) - 10,
+            **claims,
+        }
         return jwt.encode(body, signer, algorithm="RS256", headers={"kid": "k1"})
 
-    forged = execute(ButtonValue(MIA, key[1], "hack").encode(), connector)  # rejected: no outbound call
+    forged = execute(
+        ButtonValue(MIA, key[1], "hack").encode(), connector
+    )  # rejected: no outbound call
     other_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     with TestClient(app) as client:
         assert post(client, forged, token()).status_code == 200
@@ -793,33 +1076,48 @@ class PerTypeHostBot(HostBot):
 
 
 @pytest.mark.parametrize("host_class", [HostBot, PerTypeHostBot])
-def test_a_host_bot_hands_clarions_activities_to_clarion_and_keeps_its_own(mia, connector, host_class):
+def test_a_host_bot_hands_clarions_activities_to_clarion_and_keeps_its_own(
+    mia, connector, host_class
+):
     key = delivered()
     card_id = connector.sent[0].answer_id
     host = host_class()
-    template = Activity(channel_id="msteams", service_url=connector.url,
-                        from_property=ChannelAccount(id=MIA_TEAMS), recipient=ChannelAccount(id=BOT),
-                        conversation=ConversationAccount(id=CONVERSATION, conversation_type="personal"))
+    template = Activity(
+        channel_id="msteams",
+        service_url=connector.url,
+        from_property=ChannelAccount(id=MIA_TEAMS),
+        recipient=ChannelAccount(id=BOT),
+        conversation=ConversationAccount(id=CONVERSATION, conversation_type="personal"),
+    )
     adapter = TestAdapter(host.on_turn, template)
 
     async def scenario() -> None:
-        for activity in (Activity().deserialize(execute(value(key, "start"), connector)),
-                         Activity(type="message", text="hello host"),
-                         Activity(type="message", value={"host_card": "approve"}),
-                         Activity().deserialize(submit(value(key, "later"), connector)),
-                         Activity().deserialize(invoke({"host": 1}, connector, verb="host_verb"))):
+        for activity in (
+            Activity().deserialize(execute(value(key, "start"), connector)),
+            Activity(type="message", text="hello host"),
+            Activity(type="message", value={"host_card": "approve"}),
+            Activity().deserialize(submit(value(key, "later"), connector)),
+            Activity().deserialize(invoke({"host": 1}, connector, verb="host_verb")),
+        ):
             await adapter.receive_activity(activity)
 
     asyncio.run(scenario())
     assert host.own == ["hello host", '{"host_card": "approve"}']
     assert [a.text for a in adapter.activity_buffer if a.type == "message"] == ["host here"] * 2
     assert delivery(key)["answer"] == "start"
-    assert [(u.id, card_texts(u.attachments[0].content)[-1]) for u in adapter.updated_activities] == [
-        (card_id, "Answered: Let's go")] * 2  # the click, then the Submit that found it answered
+    assert [
+        (u.id, card_texts(u.attachments[0].content)[-1]) for u in adapter.updated_activities
+    ] == [(card_id, "Answered: Let's go")] * 2  # the click, then the Submit that found it answered
     invoke_responses = [a.value for a in adapter.activity_buffer if a.type == "invokeResponse"]
-    assert [r.status for r in invoke_responses] == [200, 501]  # clarion's card; the host's own invoke
+    assert [r.status for r in invoke_responses] == [
+        200,
+        501,
+    ]  # clarion's card; the host's own invoke
     assert invoke_responses[0].body["value"] == adapter.updated_activities[0].attachments[0].content
-    assert interactions() == [("accepted", "answer", "start"), ("repeated", "already_answered", "later")]
+    assert interactions() == [
+        ("accepted", "answer", "start"),
+        ("repeated", "already_answered", "later"),
+    ]
 
 
 # --- preferences -------------------------------------------------------------------------------------
@@ -829,38 +1127,65 @@ def test_the_preferences_card_lists_her_types_and_saves_toggles(mia, client, con
     assert post(client, teams_activity("message", connector, text="preferences")).status_code == 201
     reply = connector.replies[-1]
     toggles = {i["id"]: i["value"] for i in reply.card["body"] if i["type"] == "Input.Toggle"}
-    assert toggles == {f"type:{k}": "true" for k in (
-        "plan_kickoff", "weekly_one_on_one", "stalled_plan", "goal_prompt", "feedback_request", "milestone",
-        "weekly_digest", "plan_ending")}
+    assert toggles == {
+        f"type:{k}": "true"
+        for k in (
+            "plan_kickoff",
+            "weekly_one_on_one",
+            "stalled_plan",
+            "goal_prompt",
+            "feedback_request",
+            "milestone",
+            "weekly_digest",
+            "plan_ending",
+        )
+    }
     assert reply.card["actions"][0]["verb"] == "clarion_preferences"
 
-    data = {**toggles, "clarion_preferences": "save", "type:stalled_plan": "false", "type:bogus": "false",
-            "all": "false", "category:activation": "false"}
-    response = post(client, teams_activity("message", connector, value=data, replyToId=reply.answer_id))
+    data = {
+        **toggles,
+        "clarion_preferences": "save",
+        "type:stalled_plan": "false",
+        "type:bogus": "false",
+        "all": "false",
+        "category:activation": "false",
+    }
+    response = post(
+        client, teams_activity("message", connector, value=data, replyToId=reply.answer_id)
+    )
     assert response.status_code == 201
     assert get_preferences(MIA)["settings"] == {"type:stalled_plan": False}
     [update] = connector.updates
     assert update.activity_id == reply.answer_id
     assert {i["id"]: i["value"] for i in update.card["body"] if i["type"] == "Input.Toggle"}[
-        "type:stalled_plan"] == "false"
+        "type:stalled_plan"
+    ] == "false"
     assert card_texts(update.card)[-1] == "Saved."
 
     request = notify(MIA, "stalled_plan", event_id="s1", variables={"first_name": "Mia"})
     route([MIA], [request.request_id])
-    assert rows("SELECT reason FROM decisions WHERE request_id = :r AND channel = 'teams'",
-                r=request.request_id) == [{"reason": "opted_out"}]
+    assert rows(
+        "SELECT reason FROM decisions WHERE request_id = :r AND channel = 'teams'",
+        r=request.request_id,
+    ) == [{"reason": "opted_out"}]
 
     # the Action.Execute path answers with the refreshed card
     back_on = {"clarion_preferences": "save", "type:stalled_plan": "true"}
     response = post(client, invoke(back_on, connector, verb="clarion_preferences"))
     assert response.status_code == 200
-    assert {i["id"]: i["value"] for i in response.json()["value"]["body"] if i["type"] == "Input.Toggle"}[
-        "type:stalled_plan"] == "true"
+    assert {
+        i["id"]: i["value"] for i in response.json()["value"]["body"] if i["type"] == "Input.Toggle"
+    }["type:stalled_plan"] == "true"
     assert get_preferences(MIA)["settings"] == {"type:stalled_plan": True}
 
 
 def test_a_stranger_asking_for_preferences_is_told_so(mia, client, connector):
-    post(client, teams_activity("message", connector, text="preferences", user=EVE_TEAMS, conversation="a:eve"))
+    post(
+        client,
+        teams_activity(
+            "message", connector, text="preferences", user=EVE_TEAMS, conversation="a:eve"
+        ),
+    )
     assert connector.replies[-1].payload["text"] == web_teams.UNKNOWN_USER
     assert count("preferences") == 0
 

@@ -30,26 +30,38 @@ def _broker(clarion_env):
 def _activation_backlog(n: int) -> None:
     """n activation requests deferred (quiet hours, say) until a moment that has now come."""
     with engine().begin() as conn:
-        conn.execute(text(
-            "INSERT INTO requests (user_id, type_key, occurrence_key, lane, template_version, variables,"
-            " state, due_at, created_at)"
-            " SELECT 'backlog', 'nudge', 'n' || g, 'activation', 1, '{\"name\": \"x\"}', 'deferred',"
-            " now() - interval '1 second', now() FROM generate_series(1, :n) g"), {"n": n})
+        conn.execute(
+            text(
+                "INSERT INTO requests (user_id, type_key, occurrence_key, lane, template_version, variables,"
+                " state, due_at, created_at)"
+                " SELECT 'backlog', 'nudge', 'n' || g, 'activation', 1, '{\"name\": \"x\"}', 'deferred',"
+                " now() - interval '1 second', now() FROM generate_series(1, :n) g"
+            ),
+            {"n": n},
+        )
 
 
-def test_a_fifty_thousand_row_activation_backlog_does_not_delay_transactional_outbox_rows(clarion_env):
+def test_a_fifty_thousand_row_activation_backlog_does_not_delay_transactional_outbox_rows(
+    clarion_env,
+):
     register_recipient("backlog", timezone="UTC")
     register_recipient("payer", timezone="UTC")
     _activation_backlog(BACKLOG)
     with engine().begin() as conn:  # outbox rows written in the app's own transaction
-        receipts = [notify("payer", "receipt", event_id=f"r{n}", variables={"order": str(n)}, connection=conn)
-                    for n in range(100)]
+        receipts = [
+            notify(
+                "payer", "receipt", event_id=f"r{n}", variables={"order": str(n)}, connection=conn
+            )
+            for n in range(100)
+        ]
     started = time.monotonic()
     taken = tick()
     elapsed = time.monotonic() - started
 
     routes = published("transactional")[ROUTE]
-    assert sorted(routes) == sorted(("payer", r.request_id) for r in receipts)  # all, in the first tick
+    assert sorted(routes) == sorted(
+        ("payer", r.request_id) for r in receipts
+    )  # all, in the first tick
     assert taken["requests"] == 100 + LANE_LIMIT  # the backlog gets its own budget, no more
     assert len(published("activation")[ROUTE]) == LANE_LIMIT
     assert route([u for u, _ in routes], [i for _, i in routes]) == 100

@@ -36,12 +36,26 @@ FAST = {"webhook_timeout": 1, "send_timeout": 3}  # a late answer (2 s) is past 
 
 @pytest.fixture
 def servers(clarion_env, monkeypatch) -> Iterator[tuple[Receiver, FakeSlack, FakeConnector]]:
-    with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as receiver, FakeSlack() as slack, FakeConnector() as connector:
-        configure(monkeypatch, catalog=CATALOG, webhook_url=receiver.url, slack_token=FakeSlack.TOKEN,
-                  slack_api_url=slack.api_url, teams_app_id="none", **FAST)
+    with (
+        Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as receiver,
+        FakeSlack() as slack,
+        FakeConnector() as connector,
+    ):
+        configure(
+            monkeypatch,
+            catalog=CATALOG,
+            webhook_url=receiver.url,
+            slack_token=FakeSlack.TOKEN,
+            slack_api_url=slack.api_url,
+            teams_app_id="none",
+            **FAST,
+        )
         ref = ConversationRef(connector.url, "a:1conversation", "tenant-1", "bot").to_json()
-        register_recipient("u1", timezone="UTC", addresses={"slack": "U1", "teams": "29:u1",
-                                                           "teams_conversation": ref})
+        register_recipient(
+            "u1",
+            timezone="UTC",
+            addresses={"slack": "U1", "teams": "29:u1", "teams_conversation": ref},
+        )
         with publishing_to_this_tests_broker():
             yield receiver, slack, connector
 
@@ -64,7 +78,9 @@ def _retry(key: tuple[str, int]) -> int:
 
 
 def _row(key: tuple[str, int]) -> dict:
-    [row] = rows("SELECT state, attempts, maybe_sent_at, last_error FROM deliveries WHERE id = :d", d=key[1])
+    [row] = rows(
+        "SELECT state, attempts, maybe_sent_at, last_error FROM deliveries WHERE id = :d", d=key[1]
+    )
     return row
 
 
@@ -113,7 +129,11 @@ def test_teams_holds_an_at_most_once_nudge_as_unknown(servers, loss):
     assert len(connector.sent) == 1
     assert _incidents() == ["outcome_unknown"]
     assert rows("SELECT outcome, reason FROM decisions WHERE gate = 'deliver'") == [
-        {"outcome": "unknown", "reason": {"drop": "no_answer", "late": "no_answer", "5xx": "http_500"}[loss]}]
+        {
+            "outcome": "unknown",
+            "reason": {"drop": "no_answer", "late": "no_answer", "5xx": "http_500"}[loss],
+        }
+    ]
 
 
 @pytest.mark.parametrize("loss", LOSSES)
@@ -150,7 +170,9 @@ def test_an_error_after_every_send_ends_failed_at_the_cap_with_one_message(serve
     assert _retry(key) == 0  # the cap: nothing left to claim
     assert _row(key)["state"] == "failed" and _row(key)["attempts"] == 3
     assert receiver.arrivals.unique == 1 and receiver.arrivals.total == 3
-    assert rows("SELECT reason FROM decisions WHERE gate = 'deliver'") == [{"reason": "retries_exhausted"}]
+    assert rows("SELECT reason FROM decisions WHERE gate = 'deliver'") == [
+        {"reason": "retries_exhausted"}
+    ]
 
 
 def test_an_operator_redrives_a_held_unknown_send_under_the_same_row(servers):

@@ -23,10 +23,19 @@ class Cluster:
         self.commands: dict[str, tuple[list[str], dict[str, str]]] = {}
         self.starts = 0
 
-    def worker(self, name: str, queues: Sequence[str] = launch.QUEUES, *, concurrency: int = 2,
-               env: dict[str, str] | None = None) -> None:
-        self._start(name, launch.worker_command(queues, concurrency=concurrency, name=name,
-                                                loglevel="INFO"), env or {})
+    def worker(
+        self,
+        name: str,
+        queues: Sequence[str] = launch.QUEUES,
+        *,
+        concurrency: int = 2,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self._start(
+            name,
+            launch.worker_command(queues, concurrency=concurrency, name=name, loglevel="INFO"),
+            env or {},
+        )
 
     def beat(self, name: str = "beat") -> None:
         home = Path(self.env["CLARION_HOME"]) / name
@@ -36,8 +45,9 @@ class Cluster:
     def _start(self, name: str, command: list[str], extra: dict[str, str]) -> None:
         self.starts += 1
         self.commands[name] = (command, extra)
-        self.processes[name] = launch.Process(command, env={**self.env, **extra},
-                                              log=self.logs / f"{name}.{self.starts}.log")
+        self.processes[name] = launch.Process(
+            command, env={**self.env, **extra}, log=self.logs / f"{name}.{self.starts}.log"
+        )
 
     def kill(self, name: str) -> None:
         self.processes[name].kill()

@@ -58,4 +58,3 @@ class Endpoint(LocalServer):
     @property
     def url(self) -> str:
         return self.base_url + "/hook"
-

@@ -57,11 +57,15 @@ class FakeConnector(LocalServer):
         self.calls: list[Call] = []
         self.gone: set[str] = set()
         self.plan: deque[tuple[int, dict[str, str]]] = deque()
-        self.known: set[tuple[str, str]] = set()  # (conversation, activity id) this server handed out
+        self.known: set[tuple[str, str]] = (
+            set()
+        )  # (conversation, activity id) this server handed out
         self.documents: dict[str, dict] = {}  # GET path -> JSON (OpenID metadata, keys)
         self._ids = itertools.count(1_700_000_000_001)
         self._lock = threading.Lock()
-        self.losses = AnswerLoss()  # lose the answer to an accepted call: losses.next("drop" | "late" | "5xx")
+        self.losses = (
+            AnswerLoss()
+        )  # lose the answer to an accepted call: losses.next("drop" | "late" | "5xx")
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -80,12 +84,27 @@ class FakeConnector(LocalServer):
             def _handle(self, method: str) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 parts = [unquote(p) for p in self.path.split("?")[0].strip("/").split("/")]
-                if len(parts) not in (4, 5) or parts[:2] != ["v3", "conversations"] or parts[3] != "activities":
-                    return self._answer(404, {"error": {"code": "NotFound", "message": self.path}}, {})
+                if (
+                    len(parts) not in (4, 5)
+                    or parts[:2] != ["v3", "conversations"]
+                    or parts[3] != "activities"
+                ):
+                    return self._answer(
+                        404, {"error": {"code": "NotFound", "message": self.path}}, {}
+                    )
                 payload = json.loads(body or b"{}")
-                status, headers, answer = outer._decide(method, parts[2], parts[4] if len(parts) == 5 else None)
-                call = Call(method, parts[2], parts[4] if len(parts) == 5 else None, payload,
-                            dict(self.headers.items()), status, answer.get("id"))
+                status, headers, answer = outer._decide(
+                    method, parts[2], parts[4] if len(parts) == 5 else None
+                )
+                call = Call(
+                    method,
+                    parts[2],
+                    parts[4] if len(parts) == 5 else None,
+                    payload,
+                    dict(self.headers.items()),
+                    status,
+                    answer.get("id"),
+                )
                 with outer._lock:
                     outer.calls.append(call)
                 if call.ok and outer.losses.apply(self):
@@ -113,7 +132,10 @@ class FakeConnector(LocalServer):
     def serve_keys(self, jwks: dict[str, Any]) -> str:
         """Serve OpenID metadata naming `jwks` as the signing keys; returns the metadata URL."""
         self.documents["/keys"] = jwks
-        self.documents["/openid"] = {"issuer": "https://api.botframework.com", "jwks_uri": f"{self.url}keys"}
+        self.documents["/openid"] = {
+            "issuer": "https://api.botframework.com",
+            "jwks_uri": f"{self.url}keys",
+        }
         return f"{self.url}openid"
 
     # --- what the test reads -------------------------------------------------------------------
@@ -137,21 +159,38 @@ class FakeConnector(LocalServer):
 
     # --- answering -------------------------------------------------------------------------------
 
-    def _decide(self, method: str, conversation: str, activity: str | None) -> tuple[int, dict, dict]:
+    def _decide(
+        self, method: str, conversation: str, activity: str | None
+    ) -> tuple[int, dict, dict]:
         with self._lock:
             if conversation in self.gone:
-                return 403, {}, {"error": {"code": "BotNotInConversationRoster",
-                                           "message": "The bot is not part of the conversation roster."}}
+                return (
+                    403,
+                    {},
+                    {
+                        "error": {
+                            "code": "BotNotInConversationRoster",
+                            "message": "The bot is not part of the conversation roster.",
+                        }
+                    },
+                )
             if self.plan:
                 status, headers = self.plan.popleft()
                 if status < 300:  # e.g. 202 Accepted with no id, as Teams sometimes answers
                     return status, headers, {}
-                return status, headers, {"error": {"code": f"Http{status}", "message": "scripted failure"}}
+                return (
+                    status,
+                    headers,
+                    {"error": {"code": f"Http{status}", "message": "scripted failure"}},
+                )
             if method == "PUT":
                 if (conversation, activity) not in self.known:
-                    return 404, {}, {"error": {"code": "ActivityNotFound", "message": "no such activity"}}
+                    return (
+                        404,
+                        {},
+                        {"error": {"code": "ActivityNotFound", "message": "no such activity"}},
+                    )
                 return 200, {}, {"id": activity}
             new_id = f"1:{next(self._ids)}"  # as Teams' ids in 1:1 chats look: with a colon
             self.known.add((conversation, new_id))
             return 201, {}, {"id": new_id}
-

@@ -60,45 +60,83 @@ def one(sql: str, **params: Any) -> Any:
 
 def decisions_of(user_id: str, request_id: int) -> list[tuple]:
     """(gate, outcome, reason, channel, detail) recorded for one request, in the order written."""
-    return rows("SELECT gate, outcome, reason, channel, detail FROM decisions "
-                "WHERE user_id = :u AND request_id = :r ORDER BY id", u=user_id, r=request_id)
+    return rows(
+        "SELECT gate, outcome, reason, channel, detail FROM decisions "
+        "WHERE user_id = :u AND request_id = :r ORDER BY id",
+        u=user_id,
+        r=request_id,
+    )
 
 
 def deliveries_of(user_id: str, request_id: int) -> list[tuple]:
     """(channel, not_before, state) of one request's deliveries."""
-    return rows("SELECT channel, not_before, state FROM deliveries "
-                "WHERE user_id = :u AND request_id = :r ORDER BY channel", u=user_id, r=request_id)
+    return rows(
+        "SELECT channel, not_before, state FROM deliveries "
+        "WHERE user_id = :u AND request_id = :r ORDER BY channel",
+        u=user_id,
+        r=request_id,
+    )
 
 
 def request_row(user_id: str, request_id: int) -> dict[str, Any]:
     with engine().connect() as conn:
-        return dict(conn.execute(text("SELECT * FROM requests WHERE user_id = :u AND id = :r"),
-                                 {"u": user_id, "r": request_id}).mappings().one())
+        return dict(
+            conn.execute(
+                text("SELECT * FROM requests WHERE user_id = :u AND id = :r"),
+                {"u": user_id, "r": request_id},
+            )
+            .mappings()
+            .one()
+        )
 
 
 def gate_state() -> dict[str, int]:
     """Every row the gates and the ledger can write, summed: compare around a call that must write nothing."""
-    return dict(zip(
-        ("requests", "deliveries", "decisions", "windows", "caps", "collapses", "preferences",
-         "suppressions"),
-        rows("""SELECT (SELECT count(*) FROM requests), (SELECT count(*) FROM deliveries),
+    return dict(
+        zip(
+            (
+                "requests",
+                "deliveries",
+                "decisions",
+                "windows",
+                "caps",
+                "collapses",
+                "preferences",
+                "suppressions",
+            ),
+            rows("""SELECT (SELECT count(*) FROM requests), (SELECT count(*) FROM deliveries),
                        (SELECT count(*) FROM decisions), (SELECT count(*) FROM activation_windows),
                        (SELECT coalesce(sum(count), 0) FROM fatigue_counters),
                        (SELECT coalesce(sum(count), 0) FROM collapse_groups),
-                       (SELECT count(*) FROM preferences), (SELECT count(*) FROM suppressions)""")[0],
-        strict=True))
+                       (SELECT count(*) FROM preferences), (SELECT count(*) FROM suppressions)""")[
+                0
+            ],
+            strict=True,
+        )
+    )
 
 
 def summaries(user_id: str) -> list[dict[str, Any]]:
     """The recipient's daily_summary requests: occurrence key, state, due time and variables."""
     with engine().connect() as conn:
-        return [dict(r) for r in conn.execute(text(
-            "SELECT occurrence_key, state, due_at, variables FROM requests "
-            "WHERE user_id = :u AND type_key = 'daily_summary' ORDER BY id"), {"u": user_id}).mappings()]
+        return [
+            dict(r)
+            for r in conn.execute(
+                text(
+                    "SELECT occurrence_key, state, due_at, variables FROM requests "
+                    "WHERE user_id = :u AND type_key = 'daily_summary' ORDER BY id"
+                ),
+                {"u": user_id},
+            ).mappings()
+        ]
 
 
-def send_and_route(user_id: str, type_key: str, variables: Mapping[str, Any] | None = None,
-                   event_id: str | None = None) -> int:
+def send_and_route(
+    user_id: str,
+    type_key: str,
+    variables: Mapping[str, Any] | None = None,
+    event_id: str | None = None,
+) -> int:
     """notify() then route() in-process at the clock's current time; returns the request id."""
     from tasks import notify
     from tasks.route import route

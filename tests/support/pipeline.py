@@ -62,7 +62,9 @@ def frozen_clock(start: datetime | None = None) -> Iterator[Clock]:
 
 def count(table: str, where: str = "true", **params: Any) -> int:
     with engine().connect() as conn:
-        return conn.execute(text(f"SELECT count(*) FROM {table} WHERE {where}"), params).scalar_one()
+        return conn.execute(
+            text(f"SELECT count(*) FROM {table} WHERE {where}"), params
+        ).scalar_one()
 
 
 def rows(sql: str, **params: Any) -> list[dict[str, Any]]:
@@ -137,6 +139,11 @@ def expire_lease(key: tuple[str, int]) -> None:
     """What the passing of a claim's lease looks like: leases live on PostgreSQL's clock, so a
     test moves the lease, not an injected clock."""
     with engine().begin() as conn:
-        conn.execute(text("UPDATE deliveries SET lease_until = clock_timestamp() - interval '1 second', "
-                          "due_at = clock_timestamp() - interval '1 second' "
-                          "WHERE user_id = :u AND id = :id"), {"u": key[0], "id": key[1]})
+        conn.execute(
+            text(
+                "UPDATE deliveries SET lease_until = clock_timestamp() - interval '1 second', "
+                "due_at = clock_timestamp() - interval '1 second' "
+                "WHERE user_id = :u AND id = :id"
+            ),
+            {"u": key[0], "id": key[1]},
+        )

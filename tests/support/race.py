@@ -26,7 +26,9 @@ def _run(fn: Callable[..., Any], args: tuple, barrier, queue) -> None:
     os._exit(0)
 
 
-def race(n: int, fn: Callable[..., Any], args_for: Callable[[int], tuple] = lambda i: ()) -> list[Any]:
+def race(
+    n: int, fn: Callable[..., Any], args_for: Callable[[int], tuple] = lambda i: ()
+) -> list[Any]:
     """Fork n processes; each waits at a barrier, then runs fn(*args_for(i)). Raises on any error."""
     from tasks.app import app
 

@@ -65,9 +65,18 @@ def one(type_spec: dict[str, Any], key: str = "t"):
             ),
             "template v2 uses extra",
         ),
-        (spec(templates=[{"version": 1, "body": "Hi {{ name "}]), "v1 channel 'webhook' field 'body':"),
-        (spec(templates=[{"version": 1, "body": "{% if name %}open"}]), "v1 channel 'webhook' field 'body':"),
-        (spec(templates=[{"version": 1, "body": "{{ name | }}"}]), "v1 channel 'webhook' field 'body':"),
+        (
+            spec(templates=[{"version": 1, "body": "Hi {{ name "}]),
+            "v1 channel 'webhook' field 'body':",
+        ),
+        (
+            spec(templates=[{"version": 1, "body": "{% if name %}open"}]),
+            "v1 channel 'webhook' field 'body':",
+        ),
+        (
+            spec(templates=[{"version": 1, "body": "{{ name | }}"}]),
+            "v1 channel 'webhook' field 'body':",
+        ),
     ],
 )
 def test_invalid_type_is_rejected_at_load(type_spec: dict[str, Any], message: str) -> None:
@@ -145,8 +154,15 @@ def test_from_yaml_missing_file(tmp_path: Path) -> None:
     [
         (
             EXAMPLES / "demo.yaml",
-            {"order_receipt", "password_reset", "plan_kickoff", "stalled_plan", "weekly_one_on_one",
-             "daily_summary", "goal_prompt"},
+            {
+                "order_receipt",
+                "password_reset",
+                "plan_kickoff",
+                "stalled_plan",
+                "weekly_one_on_one",
+                "daily_summary",
+                "goal_prompt",
+            },
         ),
         (TESTS / "catalog.yaml", {"receipt", "security_code", "nudge", "two_channels", "emailed"}),
     ],
@@ -234,8 +250,11 @@ def test_missing(required: list[str], variables: dict, missing: list[str]) -> No
 
 def test_one_platform_config_and_options_are_kept() -> None:
     ntype = one(
-        spec(one_platform=True, config={"webhook": {"url": "http://x"}},
-             options={"window_exempt": True, "on_window": "defer"})
+        spec(
+            one_platform=True,
+            config={"webhook": {"url": "http://x"}},
+            options={"window_exempt": True, "on_window": "defer"},
+        )
     )
     assert ntype.one_platform is True
     assert ntype.config == {"webhook": {"url": "http://x"}}
@@ -327,7 +346,9 @@ def test_strict_undefined_raises_instead_of_rendering_blank(body: str, variables
 )
 def test_sandbox_refuses_unsafe_attributes(body: str) -> None:
     # Refused at load: the load-time check renders every field in the delivery sandbox.
-    with pytest.raises(CatalogError, match="field 'body': refused by the sandbox: .*unsafe") as caught:
+    with pytest.raises(
+        CatalogError, match="field 'body': refused by the sandbox: .*unsafe"
+    ) as caught:
         one(spec(templates=[{"version": 1, "body": body}]))
     assert isinstance(caught.value.__cause__, SecurityError)
 

@@ -42,8 +42,12 @@ def write(tmp_path: Path, text: str, name: str = "catalog.yaml") -> Path:
 
 
 def one_type(**spec: Any) -> str:
-    base = {"category": "transactional", "channels": ["webhook"], "required": ["name"],
-            "templates": [{"version": 1, "body": "Hi {{ name }}"}]}
+    base = {
+        "category": "transactional",
+        "channels": ["webhook"],
+        "required": ["name"],
+        "templates": [{"version": 1, "body": "Hi {{ name }}"}],
+    }
     base.update(spec)
     try:
         Catalog.from_dict({"types": {"t": base}}, source="here.yaml")
@@ -59,8 +63,9 @@ def test_an_unknown_filter_is_refused_at_load_naming_file_type_version_channel_a
     path = write(tmp_path, WEEKLY)
     with pytest.raises(CatalogError) as caught:
         Catalog.from_yaml(path)
-    assert str(caught.value) == (f"{path}: type 'weekly_one_on_one' v2 channel 'teams' field 'body': "
-                                 "unknown filter 'shout'")
+    assert str(caught.value) == (
+        f"{path}: type 'weekly_one_on_one' v2 channel 'teams' field 'body': unknown filter 'shout'"
+    )
 
 
 @pytest.mark.parametrize(
@@ -69,13 +74,19 @@ def test_an_unknown_filter_is_refused_at_load_naming_file_type_version_channel_a
         ("{{ ''.__class__.__mro__ }}", "refused by the sandbox"),
         ("{{ name.__init__ }}", "refused by the sandbox"),
         ("{{ name is shouty }}", "unknown test 'shouty'"),
-        ("{% for i in range(100000) %}{{ 'xy' }}{% endfor %}", f"more than {MAX_OUTPUT} characters"),
+        (
+            "{% for i in range(100000) %}{{ 'xy' }}{% endfor %}",
+            f"more than {MAX_OUTPUT} characters",
+        ),
         ("{{ 'x' * 1000000000 }}", "repeating a text or list"),
         ("{{ [1] * 1000000000 }}", "repeating a text or list"),
         ("{{ 2 ** 100000000 }}", "exponent"),
         ("{{ 1 / 0 }}", "cannot render: ZeroDivisionError"),
         ("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}", "cannot render: RecursionError"),
-        ("{{ name + 1 }}", "cannot render: TypeError"),  # a sample of the wrong kind: declare samples
+        (
+            "{{ name + 1 }}",
+            "cannot render: TypeError",
+        ),  # a sample of the wrong kind: declare samples
         ("{{ range(1000000) }}", "Range too big"),
     ],
 )
@@ -94,9 +105,17 @@ def test_a_runaway_loop_is_stopped_by_the_time_limit() -> None:
 
 
 def test_every_channel_and_every_version_is_rendered() -> None:
-    message = one_type(channels=["webhook", "console"], templates=[
-        {"version": 1, "body": "Hi {{ name }}"},
-        {"version": 2, "body": "Hi {{ name }}", "channels": {"console": {"title": "{{ name | nope }}"}}}])
+    message = one_type(
+        channels=["webhook", "console"],
+        templates=[
+            {"version": 1, "body": "Hi {{ name }}"},
+            {
+                "version": 2,
+                "body": "Hi {{ name }}",
+                "channels": {"console": {"title": "{{ name | nope }}"}},
+            },
+        ],
+    )
     assert "type 't' v2 channel 'console' field 'title': unknown filter 'nope'" in message
 
 
@@ -110,9 +129,17 @@ def test_a_collapse_key_that_cannot_render_is_refused() -> None:
 
 def test_declared_samples_make_a_typed_template_load() -> None:
     body = "{{ count + 1 }} new, latest {{ items[0].title }}"
-    assert "TypeError" in one_type(required=["count", "items"], templates=[{"version": 1, "body": body}])
-    assert one_type(required=["count", "items"], samples={"count": 3, "items": [{"title": "A"}]},
-                    templates=[{"version": 1, "body": body}]) == ""
+    assert "TypeError" in one_type(
+        required=["count", "items"], templates=[{"version": 1, "body": body}]
+    )
+    assert (
+        one_type(
+            required=["count", "items"],
+            samples={"count": 3, "items": [{"title": "A"}]},
+            templates=[{"version": 1, "body": body}],
+        )
+        == ""
+    )
     per_version = [{"version": 1, "body": body, "samples": {"count": 1, "items": [{"title": "B"}]}}]
     assert one_type(required=["count", "items"], templates=per_version) == ""
 
@@ -123,12 +150,26 @@ def test_without_samples_required_variables_render_as_flexible_stand_ins() -> No
 
 
 def test_sample_variables_prefer_version_then_type_samples_over_defaults() -> None:
-    ntype = Catalog.from_dict({"types": {"t": {
-        "category": "alert", "channels": ["console"], "required": ["a"], "defaults": {"b": 1, "c": 1},
-        "samples": {"b": 2}, "templates": [{"version": 1, "body": "{{ a }}{{ b }}{{ c }}",
-                                            "samples": {"c": 3}}]}}}).get("t")
+    ntype = Catalog.from_dict(
+        {
+            "types": {
+                "t": {
+                    "category": "alert",
+                    "channels": ["console"],
+                    "required": ["a"],
+                    "defaults": {"b": 1, "c": 1},
+                    "samples": {"b": 2},
+                    "templates": [
+                        {"version": 1, "body": "{{ a }}{{ b }}{{ c }}", "samples": {"c": 3}}
+                    ],
+                }
+            }
+        }
+    ).get("t")
     assert ntype.sample_variables(1) == {"a": "a", "b": 2, "c": 3}
-    assert ntype.render(1, "console", {"a": "x"}) == {"body": "x11"}  # samples never reach a delivery
+    assert ntype.render(1, "console", {"a": "x"}) == {
+        "body": "x11"
+    }  # samples never reach a delivery
 
 
 @pytest.mark.parametrize("samples", [["a"], "a", {1: "x"}])
@@ -140,11 +181,15 @@ def test_samples_must_be_a_mapping_of_names(samples: object) -> None:
 
 
 def test_a_channel_typo_is_refused_at_load_with_a_suggestion(tmp_path):
-    path = write(tmp_path, WEEKLY.replace("[slack, teams]", "[slack, webhok]").replace("| shout", ""))
+    path = write(
+        tmp_path, WEEKLY.replace("[slack, teams]", "[slack, webhok]").replace("| shout", "")
+    )
     with pytest.raises(CatalogError) as caught:
         Catalog.from_yaml(path)
-    assert str(caught.value) == (f"{path}: type 'weekly_one_on_one': channels: unknown channel 'webhok'; "
-                                 "did you mean 'webhook'?")
+    assert str(caught.value) == (
+        f"{path}: type 'weekly_one_on_one': channels: unknown channel 'webhok'; "
+        "did you mean 'webhook'?"
+    )
 
 
 def test_a_per_channel_override_typo_is_refused() -> None:
@@ -221,8 +266,20 @@ def test_a_file_that_is_not_utf8_is_a_catalog_error(tmp_path):
 
 
 def test_delivery_renders_are_capped_too() -> None:
-    ntype = Catalog.from_dict({"types": {"t": {"category": "alert", "channels": ["console"], "required": ["items"],
-                                               "templates": [{"version": 1, "body": "{% for i in items %}{{ i }}{% endfor %}"}]}}}).get("t")
+    ntype = Catalog.from_dict(
+        {
+            "types": {
+                "t": {
+                    "category": "alert",
+                    "channels": ["console"],
+                    "required": ["items"],
+                    "templates": [
+                        {"version": 1, "body": "{% for i in items %}{{ i }}{% endfor %}"}
+                    ],
+                }
+            }
+        }
+    ).get("t")
     assert ntype.render(1, "console", {"items": ["ab"] * 10}) == {"body": "ab" * 10}
     with pytest.raises(RenderLimitExceeded):
         ntype.render(1, "console", {"items": ["x" * 1000] * 101})
@@ -249,12 +306,17 @@ def test_check_catalog_refuses_a_catalog_that_cannot_render(configured, tmp_path
     configured(str(path))
     with pytest.raises(ConfigurationError) as caught:
         runtime.check_catalog()
-    assert "type 'weekly_one_on_one' v2 channel 'teams' field 'body': unknown filter 'shout'" in str(caught.value)
+    assert (
+        "type 'weekly_one_on_one' v2 channel 'teams' field 'body': unknown filter 'shout'"
+        in str(caught.value)
+    )
     assert str(path) in str(caught.value)
 
 
 def test_check_catalog_refuses_a_channel_typo(configured, tmp_path):
-    configured(str(write(tmp_path, WEEKLY.replace("slack, teams", "slack, teems").replace("| shout", ""))))
+    configured(
+        str(write(tmp_path, WEEKLY.replace("slack, teams", "slack, teems").replace("| shout", "")))
+    )
     with pytest.raises(ConfigurationError, match="unknown channel 'teems'; did you mean 'teams'"):
         runtime.check_catalog()
 
@@ -262,8 +324,18 @@ def test_check_catalog_refuses_a_channel_typo(configured, tmp_path):
 def test_check_catalog_passes_a_good_catalog_and_checks_python_built_ones(configured, monkeypatch):
     configured(str(write_good := Path(__file__).parents[1] / "catalog.yaml"))
     assert set(runtime.check_catalog().types) == set(Catalog.from_yaml(write_good).types)
-    bad = Catalog({"t": NotificationType("t", "alert", "transactional", ("console",),
-                                          {1: Template(1, {"body": "{{ x | nope }}"})})}, source="mod:CAT")
+    bad = Catalog(
+        {
+            "t": NotificationType(
+                "t",
+                "alert",
+                "transactional",
+                ("console",),
+                {1: Template(1, {"body": "{{ x | nope }}"})},
+            )
+        },
+        source="mod:CAT",
+    )
     import sys
     import types
 
@@ -271,5 +343,8 @@ def test_check_catalog_passes_a_good_catalog_and_checks_python_built_ones(config
     module.CAT = bad
     monkeypatch.setitem(sys.modules, module.__name__, module)
     configured("clarion_bad_catalog:CAT")
-    with pytest.raises(ConfigurationError, match="mod:CAT: type 't' v1 channel 'console' field 'body': unknown filter"):
+    with pytest.raises(
+        ConfigurationError,
+        match="mod:CAT: type 't' v1 channel 'console' field 'body': unknown filter",
+    ):
         runtime.check_catalog()

@@ -18,7 +18,16 @@ from markdown_it import MarkdownIt
 from adapters.escape import card_markdown, html, plain_text, slack_mrkdwn
 
 COMMONMARK = MarkdownIt("commonmark")
-ALLOWED_TAGS = {"p", "/p", "br /", "br", "pre", "/pre", "code", "/code"}  # paragraphs; indented text as code
+ALLOWED_TAGS = {
+    "p",
+    "/p",
+    "br /",
+    "br",
+    "pre",
+    "/pre",
+    "code",
+    "/code",
+}  # paragraphs; indented text as code
 TAG = re.compile(r"<([^>]*)>")
 
 
@@ -35,22 +44,25 @@ def unescaped_link(text: str) -> bool:
     return "](" in text.replace("\\]\\(", "")
 
 
-@pytest.mark.parametrize("text", [
-    "[Reset your password](https://evil.example)",
-    "![x](https://evil.example/a.png)",
-    "**bold** and _italic_ and ~~strike~~ and `code`",
-    "# Heading\n## Sub",
-    "- item\n* item\n+ item\n1. one\n2) two",
-    "Title\n=====\nOther\n-----",
-    "> quoted\n\n---\n***\n___",
-    "<https://evil.example> <b>html</b> &amp; &#x5B;",
-    "[ref]: https://evil.example\n[ref]",
-    "{{DATE(2017-02-14T06:08:00Z, SHORT)}}",
-    "back\\slash \\[ already\\](escaped)",
-    "```\nfenced\n```",
-    "line\rbreaks\r\n- list after CR",
-    "[a](b)[c](d) ![e](f) [g] (h)",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[Reset your password](https://evil.example)",
+        "![x](https://evil.example/a.png)",
+        "**bold** and _italic_ and ~~strike~~ and `code`",
+        "# Heading\n## Sub",
+        "- item\n* item\n+ item\n1. one\n2) two",
+        "Title\n=====\nOther\n-----",
+        "> quoted\n\n---\n***\n___",
+        "<https://evil.example> <b>html</b> &amp; &#x5B;",
+        "[ref]: https://evil.example\n[ref]",
+        "{{DATE(2017-02-14T06:08:00Z, SHORT)}}",
+        "back\\slash \\[ already\\](escaped)",
+        "```\nfenced\n```",
+        "line\rbreaks\r\n- list after CR",
+        "[a](b)[c](d) ![e](f) [g] (h)",
+    ],
+)
 def test_card_markdown_renders_as_the_text_it_was(text):
     escaped = card_markdown(text)
     tags, visible = rendered(escaped)
@@ -65,8 +77,12 @@ def test_plain_prose_is_left_alone():
 
 
 @settings(max_examples=400, deadline=None, derandomize=True)
-@given(st.text(alphabet=st.sampled_from(list("[]()!*_~`#-+=>|<&;{}\\.:/ \n\r\t1aZ")) | st.characters(),
-               max_size=60))
+@given(
+    st.text(
+        alphabet=st.sampled_from(list("[]()!*_~`#-+=>|<&;{}\\.:/ \n\r\t1aZ")) | st.characters(),
+        max_size=60,
+    )
+)
 def test_no_text_renders_as_markup_on_a_card(text):
     escaped = card_markdown(text)
     tags, visible = rendered(escaped)
@@ -76,29 +92,44 @@ def test_no_text_renders_as_markup_on_a_card(text):
     assert not unescaped_link(escaped)
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("a & b <!channel> <https://evil.example|Reset>", "a &amp; b &lt;!channel&gt; &lt;https://evil.example|Reset&gt;"),
-    ("*bold* _it_", "*bold* _it_"),  # Slack has no escapes: emphasis is harmless, links are not
-    ("&amp;", "&amp;amp;"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "a & b <!channel> <https://evil.example|Reset>",
+            "a &amp; b &lt;!channel&gt; &lt;https://evil.example|Reset&gt;",
+        ),
+        ("*bold* _it_", "*bold* _it_"),  # Slack has no escapes: emphasis is harmless, links are not
+        ("&amp;", "&amp;amp;"),
+    ],
+)
 def test_slack_mrkdwn(text, expected):
     assert slack_mrkdwn(text) == expected
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ('<a href="https://evil.example">x</a>', "&lt;a href=&#34;https://evil.example&#34;&gt;x&lt;/a&gt;"),
-    ("Tom & Jerry's", "Tom &amp; Jerry&#39;s"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '<a href="https://evil.example">x</a>',
+            "&lt;a href=&#34;https://evil.example&#34;&gt;x&lt;/a&gt;",
+        ),
+        ("Tom & Jerry's", "Tom &amp; Jerry&#39;s"),
+    ],
+)
 def test_html(text, expected):
     assert html(text) == expected
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("code 1234\x00\x07\x1b[31m", "code 1234[31m"),
-    ("pay \u202eexe.gpj", "pay exe.gpj"),  # a right-to-left override disguising a file name
-    ("two\nlines\tand tab\r", "two\nlines\tand tab"),
-    ("lone \ud800 surrogate", "lone  surrogate"),
-    ("Grüße, 你好 👋", "Grüße, 你好 👋"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("code 1234\x00\x07\x1b[31m", "code 1234[31m"),
+        ("pay \u202eexe.gpj", "pay exe.gpj"),  # a right-to-left override disguising a file name
+        ("two\nlines\tand tab\r", "two\nlines\tand tab"),
+        ("lone \ud800 surrogate", "lone  surrogate"),
+        ("Grüße, 你好 👋", "Grüße, 你好 👋"),
+    ],
+)
 def test_plain_text(text, expected):
     assert plain_text(text) == expected

@@ -32,29 +32,41 @@ NEEDS_ADDRESS = {"email": True, "sms": True, "slack": False, "teams": False}  # 
 
 
 def _t(category: str, channels: list[str], **extra: Any) -> dict[str, Any]:
-    return {"category": category, "channels": channels,
-            "templates": [{"version": 1, "body": "hello"}], **extra}
+    return {
+        "category": category,
+        "channels": channels,
+        "templates": [{"version": 1, "body": "hello"}],
+        **extra,
+    }
 
 
-CATALOG = Catalog.from_dict({
-    "types": {
-        "receipt": _t("transactional", ["email"]),
-        "login_alert": _t("security", ["email"]),
-        "comment": _t("alert", ["email", "sms"]),
-        "incident": _t("alert", ["email", "sms"], options={"critical": True}),
-        "pushy": _t("alert", ["push", "email"]),
-        "chat_nudge": _t("activation", ["slack", "teams"], one_platform=True),
-        "nudge": _t("activation", ["email"]),
-        "nudge_defer": _t("activation", ["email"], options={"on_window": "defer"}),
-        "welcome": _t("activation", ["email"], options={"window_exempt": True}),
-        "promo": _t("marketing", ["email", "sms"]),
-        "mention": _t("alert", ["email"], required=["thread"],
-                      options={"collapse": {"key": "thread-{{ thread }}", "window_seconds": 300}}),
-        "reaction": _t("alert", ["email"], required=["post"], options={"collapse": {"key": "{{ post }}"}}),
-        "daily_summary": _t("digest", ["email"]),
-    },
-    "policy": {"fatigue": {"summary_type": "daily_summary"}},
-})
+CATALOG = Catalog.from_dict(
+    {
+        "types": {
+            "receipt": _t("transactional", ["email"]),
+            "login_alert": _t("security", ["email"]),
+            "comment": _t("alert", ["email", "sms"]),
+            "incident": _t("alert", ["email", "sms"], options={"critical": True}),
+            "pushy": _t("alert", ["push", "email"]),
+            "chat_nudge": _t("activation", ["slack", "teams"], one_platform=True),
+            "nudge": _t("activation", ["email"]),
+            "nudge_defer": _t("activation", ["email"], options={"on_window": "defer"}),
+            "welcome": _t("activation", ["email"], options={"window_exempt": True}),
+            "promo": _t("marketing", ["email", "sms"]),
+            "mention": _t(
+                "alert",
+                ["email"],
+                required=["thread"],
+                options={"collapse": {"key": "thread-{{ thread }}", "window_seconds": 300}},
+            ),
+            "reaction": _t(
+                "alert", ["email"], required=["post"], options={"collapse": {"key": "{{ post }}"}}
+            ),
+            "daily_summary": _t("digest", ["email"]),
+        },
+        "policy": {"fatigue": {"summary_type": "daily_summary"}},
+    }
+)
 NO_POLICY = Policy()
 CAPPED = Policy(per_user_per_day=3, summary_type="daily_summary")
 CAPPED_NO_SUMMARY = Policy(per_user_per_day=3)
@@ -63,21 +75,34 @@ ORG_CAPPED = Policy(per_user_per_day=3, per_org_per_hour=10, summary_type="daily
 
 def recipient(**overrides: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
-        "user_id": "u1", "timezone": "UTC", "locale": "en", "country": None, "org_id": None,
+        "user_id": "u1",
+        "timezone": "UTC",
+        "locale": "en",
+        "country": None,
+        "org_id": None,
         "addresses": {"email": "a@example.com", "sms": "+15550100"},
-        "quiet_start": None, "quiet_end": None,
+        "quiet_start": None,
+        "quiet_end": None,
     }
     base.update(overrides)
     return base
 
 
-def run(type_key: str, *, policy: Policy = NO_POLICY, now: datetime = NOW,
-        variables: dict[str, Any] | None = None, request_id: int = 7,
-        who: dict[str, Any] | None = None, **snapshot: Any) -> Plan:
+def run(
+    type_key: str,
+    *,
+    policy: Policy = NO_POLICY,
+    now: datetime = NOW,
+    variables: dict[str, Any] | None = None,
+    request_id: int = 7,
+    who: dict[str, Any] | None = None,
+    **snapshot: Any,
+) -> Plan:
     request = {"id": request_id, "type_key": type_key, "variables": variables or {}}
     snap = Snapshot(recipient=recipient() if who is None else who, **snapshot)
-    result = plan(request, CATALOG.get(type_key), snap, now=now, policy=policy,
-                  needs_address=NEEDS_ADDRESS)
+    result = plan(
+        request, CATALOG.get(type_key), snap, now=now, policy=policy, needs_address=NEEDS_ADDRESS
+    )
     _invariants(result, now)
     return result
 
@@ -110,16 +135,25 @@ def sent_on(p: Plan) -> list[str]:
 
 def test_unknown_type_is_suppressed_with_its_name() -> None:
     request = {"id": 1, "type_key": "nope", "variables": {}}
-    p = plan(request, None, Snapshot(recipient()), now=NOW, policy=NO_POLICY,
-             needs_address=NEEDS_ADDRESS)
-    assert p.steps == (Step("catalog", "suppress", "unknown_type", "type 'nope' is not in the catalog"),)
+    p = plan(
+        request, None, Snapshot(recipient()), now=NOW, policy=NO_POLICY, needs_address=NEEDS_ADDRESS
+    )
+    assert p.steps == (
+        Step("catalog", "suppress", "unknown_type", "type 'nope' is not in the catalog"),
+    )
     assert (p.outcome, p.channels) == ("suppress", ())
 
 
 def test_unknown_recipient_is_suppressed() -> None:
     request = {"id": 1, "type_key": "receipt", "variables": {}}
-    p = plan(request, CATALOG.get("receipt"), Snapshot(None), now=NOW, policy=NO_POLICY,
-             needs_address=NEEDS_ADDRESS)
+    p = plan(
+        request,
+        CATALOG.get("receipt"),
+        Snapshot(None),
+        now=NOW,
+        policy=NO_POLICY,
+        needs_address=NEEDS_ADDRESS,
+    )
     assert p.steps == (Step("recipient", "suppress", "unknown_recipient"),)
     assert (p.outcome, p.channels) == ("suppress", ())
 
@@ -134,67 +168,196 @@ NO_CHANNEL = ("channels", SUPPRESS, "no_channel", None)
     ("type_key", "who", "snapshot", "channels", "decisions"),
     [
         pytest.param("comment", recipient(), {}, ["email", "sms"], [], id="both-channels"),
-        pytest.param("pushy", recipient(), {}, ["email"],
-                     [("channel", SUPPRESS, "no_adapter", "push")], id="no-adapter"),
-        pytest.param("comment", recipient(addresses={"email": "a@example.com"}), {}, ["email"],
-                     [("channel", SUPPRESS, "no_address", "sms")], id="needs-address-without-one"),
-        pytest.param("comment", recipient(addresses={"email": "a@example.com", "sms": ""}), {}, ["email"],
-                     [("channel", SUPPRESS, "no_address", "sms")], id="empty-address"),
-        pytest.param("comment", recipient(addresses=None), {}, [],
-                     [("channel", SUPPRESS, "no_address", "email"),
-                      ("channel", SUPPRESS, "no_address", "sms"), NO_CHANNEL],
-                     id="no-addresses-at-all"),
-        pytest.param("comment", recipient(), {"suppressed": {("email", "a@example.com"): "hard_bounce"}},
-                     ["sms"], [("suppression", SUPPRESS, "suppressed_address", "email")],
-                     id="suppressed-email"),
-        pytest.param("comment", recipient(), {"suppressed": {("email", "old@example.com"): "hard_bounce"}},
-                     ["email", "sms"], [], id="other-address-suppressed"),
-        pytest.param("comment", recipient(), {"suppressed": {("sms", "a@example.com"): "stop"}},
-                     ["email", "sms"], [], id="same-address-other-channel"),
-        pytest.param("receipt", recipient(), {"suppressed": {("email", "a@example.com"): "complaint"}},
-                     [], [("suppression", SUPPRESS, "suppressed_address", "email"), NO_CHANNEL],
-                     id="suppression-applies-to-transactional"),
-        pytest.param("chat_nudge", recipient(), {"suppressed": {("slack", "u1"): "uninstalled"}},
-                     ["teams"], [("suppression", SUPPRESS, "suppressed_address", "slack")],
-                     id="addressless-channel-keyed-by-user-id"),
-        pytest.param("chat_nudge", recipient(), {"suppressed": {("slack", "u2"): "uninstalled"}},
-                     ["slack"], [("one_platform", SUPPRESS, "other_platform", "teams")],
-                     id="another-users-suppression"),
-        pytest.param("comment", recipient(), {"preferences": (("type", "comment", "email", False),)},
-                     ["sms"], [("preferences", SUPPRESS, "opted_out", "email")], id="opted-out-email"),
-        pytest.param("comment", recipient(), {"preferences": (("all", "*", "*", False),)},
-                     [], [("preferences", SUPPRESS, "opted_out", "email"),
-                          ("preferences", SUPPRESS, "opted_out", "sms"), NO_CHANNEL],
-                     id="unsubscribe-all"),
-        pytest.param("receipt", recipient(), {"preferences": (("all", "*", "*", False),)},
-                     ["email"], [], id="transactional-ignores-unsubscribe-all"),
-        pytest.param("login_alert", recipient(),
-                     {"preferences": (("all", "*", "*", False), ("category", "security", "*", False))},
-                     ["email"], [], id="security-ignores-unsubscribe-all"),
-        pytest.param("chat_nudge", recipient(), {}, ["slack"],
-                     [("one_platform", SUPPRESS, "other_platform", "teams")], id="one-platform-first"),
-        pytest.param("chat_nudge", recipient(), {"preferences": (("type", "chat_nudge", "slack", False),)},
-                     ["teams"], [("preferences", SUPPRESS, "opted_out", "slack")],
-                     id="one-platform-first-allowed"),
+        pytest.param(
+            "pushy",
+            recipient(),
+            {},
+            ["email"],
+            [("channel", SUPPRESS, "no_adapter", "push")],
+            id="no-adapter",
+        ),
+        pytest.param(
+            "comment",
+            recipient(addresses={"email": "a@example.com"}),
+            {},
+            ["email"],
+            [("channel", SUPPRESS, "no_address", "sms")],
+            id="needs-address-without-one",
+        ),
+        pytest.param(
+            "comment",
+            recipient(addresses={"email": "a@example.com", "sms": ""}),
+            {},
+            ["email"],
+            [("channel", SUPPRESS, "no_address", "sms")],
+            id="empty-address",
+        ),
+        pytest.param(
+            "comment",
+            recipient(addresses=None),
+            {},
+            [],
+            [
+                ("channel", SUPPRESS, "no_address", "email"),
+                ("channel", SUPPRESS, "no_address", "sms"),
+                NO_CHANNEL,
+            ],
+            id="no-addresses-at-all",
+        ),
+        pytest.param(
+            "comment",
+            recipient(),
+            {"suppressed": {("email", "a@example.com"): "hard_bounce"}},
+            ["sms"],
+            [("suppression", SUPPRESS, "suppressed_address", "email")],
+            id="suppressed-email",
+        ),
+        pytest.param(
+            "comment",
+            recipient(),
+            {"suppressed": {("email", "old@example.com"): "hard_bounce"}},
+            ["email", "sms"],
+            [],
+            id="other-address-suppressed",
+        ),
+        pytest.param(
+            "comment",
+            recipient(),
+            {"suppressed": {("sms", "a@example.com"): "stop"}},
+            ["email", "sms"],
+            [],
+            id="same-address-other-channel",
+        ),
+        pytest.param(
+            "receipt",
+            recipient(),
+            {"suppressed": {("email", "a@example.com"): "complaint"}},
+            [],
+            [("suppression", SUPPRESS, "suppressed_address", "email"), NO_CHANNEL],
+            id="suppression-applies-to-transactional",
+        ),
+        pytest.param(
+            "chat_nudge",
+            recipient(),
+            {"suppressed": {("slack", "u1"): "uninstalled"}},
+            ["teams"],
+            [("suppression", SUPPRESS, "suppressed_address", "slack")],
+            id="addressless-channel-keyed-by-user-id",
+        ),
+        pytest.param(
+            "chat_nudge",
+            recipient(),
+            {"suppressed": {("slack", "u2"): "uninstalled"}},
+            ["slack"],
+            [("one_platform", SUPPRESS, "other_platform", "teams")],
+            id="another-users-suppression",
+        ),
+        pytest.param(
+            "comment",
+            recipient(),
+            {"preferences": (("type", "comment", "email", False),)},
+            ["sms"],
+            [("preferences", SUPPRESS, "opted_out", "email")],
+            id="opted-out-email",
+        ),
+        pytest.param(
+            "comment",
+            recipient(),
+            {"preferences": (("all", "*", "*", False),)},
+            [],
+            [
+                ("preferences", SUPPRESS, "opted_out", "email"),
+                ("preferences", SUPPRESS, "opted_out", "sms"),
+                NO_CHANNEL,
+            ],
+            id="unsubscribe-all",
+        ),
+        pytest.param(
+            "receipt",
+            recipient(),
+            {"preferences": (("all", "*", "*", False),)},
+            ["email"],
+            [],
+            id="transactional-ignores-unsubscribe-all",
+        ),
+        pytest.param(
+            "login_alert",
+            recipient(),
+            {"preferences": (("all", "*", "*", False), ("category", "security", "*", False))},
+            ["email"],
+            [],
+            id="security-ignores-unsubscribe-all",
+        ),
+        pytest.param(
+            "chat_nudge",
+            recipient(),
+            {},
+            ["slack"],
+            [("one_platform", SUPPRESS, "other_platform", "teams")],
+            id="one-platform-first",
+        ),
+        pytest.param(
+            "chat_nudge",
+            recipient(),
+            {"preferences": (("type", "chat_nudge", "slack", False),)},
+            ["teams"],
+            [("preferences", SUPPRESS, "opted_out", "slack")],
+            id="one-platform-first-allowed",
+        ),
         pytest.param("promo", recipient(country="US"), {}, ["email", "sms"], [], id="marketing-us"),
-        pytest.param("promo", recipient(timezone="America/New_York", country=None), {},
-                     ["email", "sms"], [], id="marketing-us-from-zone"),
-        pytest.param("promo", recipient(timezone="America/New_York", country="DE"), {}, [],
-                     [("preferences", SUPPRESS, "opted_out", "email"),
-                      ("preferences", SUPPRESS, "opted_out", "sms"), NO_CHANNEL],
-                     id="marketing-explicit-country-beats-zone"),
-        pytest.param("promo", recipient(timezone="Europe/Berlin"), {}, [],
-                     [("preferences", SUPPRESS, "opted_out", "email"),
-                      ("preferences", SUPPRESS, "opted_out", "sms"), NO_CHANNEL],
-                     id="marketing-de-from-zone"),
-        pytest.param("promo", recipient(), {}, [],
-                     [("preferences", SUPPRESS, "opted_out", "email"),
-                      ("preferences", SUPPRESS, "opted_out", "sms"), NO_CHANNEL],
-                     id="marketing-unknown-country"),
+        pytest.param(
+            "promo",
+            recipient(timezone="America/New_York", country=None),
+            {},
+            ["email", "sms"],
+            [],
+            id="marketing-us-from-zone",
+        ),
+        pytest.param(
+            "promo",
+            recipient(timezone="America/New_York", country="DE"),
+            {},
+            [],
+            [
+                ("preferences", SUPPRESS, "opted_out", "email"),
+                ("preferences", SUPPRESS, "opted_out", "sms"),
+                NO_CHANNEL,
+            ],
+            id="marketing-explicit-country-beats-zone",
+        ),
+        pytest.param(
+            "promo",
+            recipient(timezone="Europe/Berlin"),
+            {},
+            [],
+            [
+                ("preferences", SUPPRESS, "opted_out", "email"),
+                ("preferences", SUPPRESS, "opted_out", "sms"),
+                NO_CHANNEL,
+            ],
+            id="marketing-de-from-zone",
+        ),
+        pytest.param(
+            "promo",
+            recipient(),
+            {},
+            [],
+            [
+                ("preferences", SUPPRESS, "opted_out", "email"),
+                ("preferences", SUPPRESS, "opted_out", "sms"),
+                NO_CHANNEL,
+            ],
+            id="marketing-unknown-country",
+        ),
     ],
 )
-def test_channel_gates(type_key: str, who: dict[str, Any], snapshot: dict[str, Any],
-                       channels: list[str], decisions: list[tuple]) -> None:
+def test_channel_gates(
+    type_key: str,
+    who: dict[str, Any],
+    snapshot: dict[str, Any],
+    channels: list[str],
+    decisions: list[tuple],
+) -> None:
     p = run(type_key, who=who, **snapshot)
     assert sent_on(p) == channels
     assert why(p) == decisions
@@ -210,18 +373,43 @@ def test_suppressed_address_names_the_list_reason() -> None:
 @pytest.mark.parametrize(
     ("type_key", "who", "prefs", "channel", "detail"),
     [
-        pytest.param("comment", recipient(), (("type", "comment", "sms", False),), "sms",
-                     "recipient setting: type comment on sms", id="type-setting"),
-        pytest.param("comment", recipient(), (("category", "alert", "*", False),), "email",
-                     "recipient setting: category alert on every channel", id="category-setting"),
-        pytest.param("comment", recipient(), (("all", "*", "email", False),), "email",
-                     "recipient setting: all notifications on email", id="all-setting"),
-        pytest.param("promo", recipient(country="GB"), (), "email",
-                     "category default (marketing is opt-in in GB)", id="marketing-default"),
+        pytest.param(
+            "comment",
+            recipient(),
+            (("type", "comment", "sms", False),),
+            "sms",
+            "recipient setting: type comment on sms",
+            id="type-setting",
+        ),
+        pytest.param(
+            "comment",
+            recipient(),
+            (("category", "alert", "*", False),),
+            "email",
+            "recipient setting: category alert on every channel",
+            id="category-setting",
+        ),
+        pytest.param(
+            "comment",
+            recipient(),
+            (("all", "*", "email", False),),
+            "email",
+            "recipient setting: all notifications on email",
+            id="all-setting",
+        ),
+        pytest.param(
+            "promo",
+            recipient(country="GB"),
+            (),
+            "email",
+            "category default (marketing is opt-in in GB)",
+            id="marketing-default",
+        ),
     ],
 )
-def test_opt_out_is_recorded_with_the_deciding_rule(type_key: str, who: dict[str, Any],
-                                                    prefs: tuple, channel: str, detail: str) -> None:
+def test_opt_out_is_recorded_with_the_deciding_rule(
+    type_key: str, who: dict[str, Any], prefs: tuple, channel: str, detail: str
+) -> None:
     p = run(type_key, who=who, preferences=prefs)
     assert Step("preferences", "suppress", "opted_out", detail, channel) in p.decisions
 
@@ -243,22 +431,54 @@ LA_07H = datetime(2026, 6, 15, 14, 0, tzinfo=UTC)  # 07:00 PDT on the 15th
     ("type_key", "policy", "now", "outcome", "reason"),
     [
         pytest.param("comment", NO_POLICY, LA_23H, "defer", "quiet_hours", id="alert-deferred"),
-        pytest.param("receipt", NO_POLICY, LA_23H, "defer", "quiet_hours",
-                     id="transactional-not-on-default-bypass-list"),
+        pytest.param(
+            "receipt",
+            NO_POLICY,
+            LA_23H,
+            "defer",
+            "quiet_hours",
+            id="transactional-not-on-default-bypass-list",
+        ),
         pytest.param("nudge", NO_POLICY, LA_23H, "defer", "quiet_hours", id="activation-deferred"),
         pytest.param("login_alert", NO_POLICY, LA_23H, "deliver", "bypass", id="security-bypasses"),
         pytest.param("incident", NO_POLICY, LA_23H, "deliver", "bypass", id="critical-bypasses"),
-        pytest.param("receipt", Policy(quiet_hours_bypass=("transactional", "security")), LA_23H,
-                     "deliver", "bypass", id="policy-bypass-list"),
-        pytest.param("login_alert", Policy(quiet_hours_bypass=()), LA_23H, "defer", "quiet_hours",
-                     id="empty-bypass-list"),
-        pytest.param("comment", NO_POLICY, LA_07H, "deliver", "outside_quiet_hours",
-                     id="window-end-is-not-quiet"),
-        pytest.param("comment", NO_POLICY, LA_07H - timedelta(minutes=1), "defer", "quiet_hours",
-                     id="last-minute-is-quiet"),
+        pytest.param(
+            "receipt",
+            Policy(quiet_hours_bypass=("transactional", "security")),
+            LA_23H,
+            "deliver",
+            "bypass",
+            id="policy-bypass-list",
+        ),
+        pytest.param(
+            "login_alert",
+            Policy(quiet_hours_bypass=()),
+            LA_23H,
+            "defer",
+            "quiet_hours",
+            id="empty-bypass-list",
+        ),
+        pytest.param(
+            "comment",
+            NO_POLICY,
+            LA_07H,
+            "deliver",
+            "outside_quiet_hours",
+            id="window-end-is-not-quiet",
+        ),
+        pytest.param(
+            "comment",
+            NO_POLICY,
+            LA_07H - timedelta(minutes=1),
+            "defer",
+            "quiet_hours",
+            id="last-minute-is-quiet",
+        ),
     ],
 )
-def test_quiet_hours(type_key: str, policy: Policy, now: datetime, outcome: str, reason: str) -> None:
+def test_quiet_hours(
+    type_key: str, policy: Policy, now: datetime, outcome: str, reason: str
+) -> None:
     p = run(type_key, who=LA_NIGHT, policy=policy, now=now)
     assert p.outcome == outcome
     (step,) = [s for s in p.steps if s.gate == "quiet_hours"]
@@ -266,9 +486,14 @@ def test_quiet_hours(type_key: str, policy: Policy, now: datetime, outcome: str,
     if outcome == "defer":
         assert p.defer_until == LA_07H
         assert p.channels == ()
-        assert step == Step("quiet_hours", "defer", "quiet_hours",
-                            "quiet hours in America/Los_Angeles until 2026-06-15T07:00:00-07:00",
-                            None, LA_07H)
+        assert step == Step(
+            "quiet_hours",
+            "defer",
+            "quiet_hours",
+            "quiet hours in America/Los_Angeles until 2026-06-15T07:00:00-07:00",
+            None,
+            LA_07H,
+        )
         assert why(p) == [("quiet_hours", "defer", "quiet_hours", None)]
     else:
         assert step.outcome == "allow"
@@ -311,24 +536,60 @@ def ny(wall: str) -> datetime:
 @pytest.mark.parametrize(
     ("type_key", "who", "now", "channels"),
     [
-        pytest.param("promo", NY_US, ny("2026-06-14 22:00"),
-                     [("email", None), ("sms", ny("2026-06-15 08:00"))], id="late-evening-sms-held"),
-        pytest.param("promo", NY_US, ny("2026-06-15 07:59"),
-                     [("email", None), ("sms", ny("2026-06-15 08:00"))], id="early-morning-sms-held"),
-        pytest.param("promo", NY_US, ny("2026-06-15 21:00"),
-                     [("email", None), ("sms", ny("2026-06-16 08:00"))], id="at-closing-sms-held"),
-        pytest.param("promo", NY_US, ny("2026-06-15 08:00"), [("email", None), ("sms", None)],
-                     id="at-opening-sms-goes"),
-        pytest.param("promo", NY_US, ny("2026-06-15 20:59"), [("email", None), ("sms", None)],
-                     id="before-closing-sms-goes"),
-        pytest.param("promo", {**NY_US, "addresses": {"email": "a@example.com"}}, ny("2026-06-14 22:00"),
-                     [("email", None)], id="no-sms-channel-no-hold"),
-        pytest.param("comment", NY_US, ny("2026-06-14 22:00"), [("email", None), ("sms", None)],
-                     id="not-marketing-no-hold"),
+        pytest.param(
+            "promo",
+            NY_US,
+            ny("2026-06-14 22:00"),
+            [("email", None), ("sms", ny("2026-06-15 08:00"))],
+            id="late-evening-sms-held",
+        ),
+        pytest.param(
+            "promo",
+            NY_US,
+            ny("2026-06-15 07:59"),
+            [("email", None), ("sms", ny("2026-06-15 08:00"))],
+            id="early-morning-sms-held",
+        ),
+        pytest.param(
+            "promo",
+            NY_US,
+            ny("2026-06-15 21:00"),
+            [("email", None), ("sms", ny("2026-06-16 08:00"))],
+            id="at-closing-sms-held",
+        ),
+        pytest.param(
+            "promo",
+            NY_US,
+            ny("2026-06-15 08:00"),
+            [("email", None), ("sms", None)],
+            id="at-opening-sms-goes",
+        ),
+        pytest.param(
+            "promo",
+            NY_US,
+            ny("2026-06-15 20:59"),
+            [("email", None), ("sms", None)],
+            id="before-closing-sms-goes",
+        ),
+        pytest.param(
+            "promo",
+            {**NY_US, "addresses": {"email": "a@example.com"}},
+            ny("2026-06-14 22:00"),
+            [("email", None)],
+            id="no-sms-channel-no-hold",
+        ),
+        pytest.param(
+            "comment",
+            NY_US,
+            ny("2026-06-14 22:00"),
+            [("email", None), ("sms", None)],
+            id="not-marketing-no-hold",
+        ),
     ],
 )
-def test_marketing_sms_hours(type_key: str, who: dict[str, Any], now: datetime,
-                             channels: list[tuple[str, datetime | None]]) -> None:
+def test_marketing_sms_hours(
+    type_key: str, who: dict[str, Any], now: datetime, channels: list[tuple[str, datetime | None]]
+) -> None:
     p = run(type_key, who=who, now=now)
     assert p.outcome == "deliver"
     assert list(p.channels) == channels
@@ -344,8 +605,12 @@ def test_marketing_sms_hours(type_key: str, who: dict[str, Any], now: datetime,
 
 
 def test_marketing_sms_hours_use_the_policy() -> None:
-    p = run("promo", who=NY_US, now=ny("2026-06-15 09:30"),
-            policy=Policy(marketing_sms_hours=("10:00", "18:00")))
+    p = run(
+        "promo",
+        who=NY_US,
+        now=ny("2026-06-15 09:30"),
+        policy=Policy(marketing_sms_hours=("10:00", "18:00")),
+    )
     assert list(p.channels) == [("email", None), ("sms", ny("2026-06-15 10:00"))]
 
 
@@ -363,30 +628,87 @@ OPEN = (NOW + timedelta(hours=5), "chat_nudge")
     ("type_key", "window", "policy", "outcome", "window_until", "defer_until"),
     [
         pytest.param("nudge", OPEN, NO_POLICY, "suppress", None, None, id="open-window-skips"),
-        pytest.param("nudge_defer", OPEN, NO_POLICY, "defer", None, OPEN[0], id="open-window-defers"),
-        pytest.param("chat_nudge", OPEN, NO_POLICY, "suppress", None, None, id="opener-type-also-blocked"),
+        pytest.param(
+            "nudge_defer", OPEN, NO_POLICY, "defer", None, OPEN[0], id="open-window-defers"
+        ),
+        pytest.param(
+            "chat_nudge", OPEN, NO_POLICY, "suppress", None, None, id="opener-type-also-blocked"
+        ),
         pytest.param("welcome", OPEN, NO_POLICY, "deliver", None, None, id="exempt-not-blocked"),
-        pytest.param("welcome", None, NO_POLICY, "deliver", None, None, id="exempt-opens-no-window"),
-        pytest.param("nudge", None, NO_POLICY, "deliver", NOW + timedelta(hours=48), None,
-                     id="no-window-opens-one"),
-        pytest.param("nudge", None, Policy(activation_window_hours=24), "deliver",
-                     NOW + timedelta(hours=24), None, id="window-length-from-policy"),
-        pytest.param("nudge_defer", None, NO_POLICY, "deliver", NOW + timedelta(hours=48), None,
-                     id="defer-type-opens-one"),
-        pytest.param("nudge", (NOW, "chat_nudge"), NO_POLICY, "deliver", NOW + timedelta(hours=48), None,
-                     id="window-ending-now-is-closed"),
-        pytest.param("nudge", (NOW - timedelta(hours=1), "chat_nudge"), NO_POLICY, "deliver",
-                     NOW + timedelta(hours=48), None, id="expired-window"),
-        pytest.param("nudge", (NOW + timedelta(seconds=1), "chat_nudge"), NO_POLICY, "suppress", None,
-                     None, id="window-ending-in-a-second-is-open"),
+        pytest.param(
+            "welcome", None, NO_POLICY, "deliver", None, None, id="exempt-opens-no-window"
+        ),
+        pytest.param(
+            "nudge",
+            None,
+            NO_POLICY,
+            "deliver",
+            NOW + timedelta(hours=48),
+            None,
+            id="no-window-opens-one",
+        ),
+        pytest.param(
+            "nudge",
+            None,
+            Policy(activation_window_hours=24),
+            "deliver",
+            NOW + timedelta(hours=24),
+            None,
+            id="window-length-from-policy",
+        ),
+        pytest.param(
+            "nudge_defer",
+            None,
+            NO_POLICY,
+            "deliver",
+            NOW + timedelta(hours=48),
+            None,
+            id="defer-type-opens-one",
+        ),
+        pytest.param(
+            "nudge",
+            (NOW, "chat_nudge"),
+            NO_POLICY,
+            "deliver",
+            NOW + timedelta(hours=48),
+            None,
+            id="window-ending-now-is-closed",
+        ),
+        pytest.param(
+            "nudge",
+            (NOW - timedelta(hours=1), "chat_nudge"),
+            NO_POLICY,
+            "deliver",
+            NOW + timedelta(hours=48),
+            None,
+            id="expired-window",
+        ),
+        pytest.param(
+            "nudge",
+            (NOW + timedelta(seconds=1), "chat_nudge"),
+            NO_POLICY,
+            "suppress",
+            None,
+            None,
+            id="window-ending-in-a-second-is-open",
+        ),
         pytest.param("comment", OPEN, NO_POLICY, "deliver", None, None, id="alert-ignores-window"),
-        pytest.param("receipt", OPEN, NO_POLICY, "deliver", None, None, id="transactional-ignores-window"),
-        pytest.param("promo", OPEN, NO_POLICY, "deliver", None, None, id="marketing-ignores-window"),
+        pytest.param(
+            "receipt", OPEN, NO_POLICY, "deliver", None, None, id="transactional-ignores-window"
+        ),
+        pytest.param(
+            "promo", OPEN, NO_POLICY, "deliver", None, None, id="marketing-ignores-window"
+        ),
     ],
 )
-def test_activation_window(type_key: str, window: tuple[datetime, str] | None, policy: Policy,
-                           outcome: str, window_until: datetime | None,
-                           defer_until: datetime | None) -> None:
+def test_activation_window(
+    type_key: str,
+    window: tuple[datetime, str] | None,
+    policy: Policy,
+    outcome: str,
+    window_until: datetime | None,
+    defer_until: datetime | None,
+) -> None:
     p = run(type_key, window=window, policy=policy, who=recipient(country="US"))
     assert (p.outcome, p.window_until, p.defer_until) == (outcome, window_until, defer_until)
     steps = [s for s in p.steps if s.gate == "activation_window"]
@@ -395,11 +717,17 @@ def test_activation_window(type_key: str, window: tuple[datetime, str] | None, p
         if CATALOG.get(type_key).category != "activation":
             assert steps == []
         else:
-            assert [s.reason for s in steps] == ["exempt" if window_until is None else "opens_window"]
+            assert [s.reason for s in steps] == [
+                "exempt" if window_until is None else "opens_window"
+            ]
     else:
         last = p.decisions[-1]
         assert (last.gate, last.outcome, last.reason, last.channel) == (
-            "activation_window", outcome, "activation_window", None)
+            "activation_window",
+            outcome,
+            "activation_window",
+            None,
+        )
         assert "chat_nudge" in last.detail
         assert last.until == defer_until
         assert [s.gate for s in p.decisions].count("activation_window") == 1
@@ -421,64 +749,238 @@ def user_cap(count: int, day: str = "2026-06-15", user: str = "u1") -> dict:
 @pytest.mark.parametrize(
     ("type_key", "who", "counters", "policy", "outcome", "caps", "fold"),
     [
-        pytest.param("comment", recipient(), {}, CAPPED, "deliver",
-                     (CapClaim("user:u1", "2026-06-15", 3, UTC_DAY_END),), None, id="first-of-the-day"),
-        pytest.param("comment", recipient(), user_cap(2), CAPPED, "deliver",
-                     (CapClaim("user:u1", "2026-06-15", 3, UTC_DAY_END),), None, id="under-cap"),
-        pytest.param("comment", recipient(), user_cap(3), CAPPED, "fold", (),
-                     Fold("daily_summary", "summary:2026-06-15", UTC_DAY_END), id="at-cap-folds"),
-        pytest.param("comment", recipient(), user_cap(9), CAPPED, "fold", (),
-                     Fold("daily_summary", "summary:2026-06-15", UTC_DAY_END), id="over-cap-folds"),
-        pytest.param("comment", recipient(), user_cap(3), CAPPED_NO_SUMMARY, "suppress", (), None,
-                     id="at-cap-without-summary-suppressed"),
-        pytest.param("comment", recipient(), user_cap(3, user="u2"), CAPPED, "deliver",
-                     (CapClaim("user:u1", "2026-06-15", 3, UTC_DAY_END),), None, id="other-users-counter"),
-        pytest.param("comment", recipient(), user_cap(3, day="2026-06-14"), CAPPED, "deliver",
-                     (CapClaim("user:u1", "2026-06-15", 3, UTC_DAY_END),), None, id="yesterdays-counter"),
-        pytest.param("receipt", recipient(), user_cap(3), CAPPED, "deliver", (), None,
-                     id="transactional-not-capped"),
-        pytest.param("login_alert", recipient(), user_cap(3), CAPPED, "deliver", (), None,
-                     id="security-not-capped"),
-        pytest.param("incident", recipient(), user_cap(3), CAPPED, "deliver", (), None,
-                     id="critical-not-capped"),
-        pytest.param("daily_summary", recipient(), user_cap(3), CAPPED, "deliver", (), None,
-                     id="summary-type-not-capped"),
-        pytest.param("comment", recipient(), user_cap(3), NO_POLICY, "deliver", (), None, id="no-caps"),
+        pytest.param(
+            "comment",
+            recipient(),
+            {},
+            CAPPED,
+            "deliver",
+            (CapClaim("user:u1", "2026-06-15", 3, UTC_DAY_END),),
+            None,
+            id="first-of-the-day",
+        ),
+        pytest.param(
+            "comment",
+            recipient(),
+            user_cap(2),
+            CAPPED,
+            "deliver",
+            (CapClaim("user:u1", "2026-06-15", 3, UTC_DAY_END),),
+            None,
+            id="under-cap",
+        ),
+        pytest.param(
+            "comment",
+            recipient(),
+            user_cap(3),
+            CAPPED,
+            "fold",
+            (),
+            Fold("daily_summary", "summary:2026-06-15", UTC_DAY_END),
+            id="at-cap-folds",
+        ),
+        pytest.param(
+            "comment",
+            recipient(),
+            user_cap(9),
+            CAPPED,
+            "fold",
+            (),
+            Fold("daily_summary", "summary:2026-06-15", UTC_DAY_END),
+            id="over-cap-folds",
+        ),
+        pytest.param(
+            "comment",
+            recipient(),
+            user_cap(3),
+            CAPPED_NO_SUMMARY,
+            "suppress",
+            (),
+            None,
+            id="at-cap-without-summary-suppressed",
+        ),
+        pytest.param(
+            "comment",
+            recipient(),
+            user_cap(3, user="u2"),
+            CAPPED,
+            "deliver",
+            (CapClaim("user:u1", "2026-06-15", 3, UTC_DAY_END),),
+            None,
+            id="other-users-counter",
+        ),
+        pytest.param(
+            "comment",
+            recipient(),
+            user_cap(3, day="2026-06-14"),
+            CAPPED,
+            "deliver",
+            (CapClaim("user:u1", "2026-06-15", 3, UTC_DAY_END),),
+            None,
+            id="yesterdays-counter",
+        ),
+        pytest.param(
+            "receipt",
+            recipient(),
+            user_cap(3),
+            CAPPED,
+            "deliver",
+            (),
+            None,
+            id="transactional-not-capped",
+        ),
+        pytest.param(
+            "login_alert",
+            recipient(),
+            user_cap(3),
+            CAPPED,
+            "deliver",
+            (),
+            None,
+            id="security-not-capped",
+        ),
+        pytest.param(
+            "incident",
+            recipient(),
+            user_cap(3),
+            CAPPED,
+            "deliver",
+            (),
+            None,
+            id="critical-not-capped",
+        ),
+        pytest.param(
+            "daily_summary",
+            recipient(),
+            user_cap(3),
+            CAPPED,
+            "deliver",
+            (),
+            None,
+            id="summary-type-not-capped",
+        ),
+        pytest.param(
+            "comment", recipient(), user_cap(3), NO_POLICY, "deliver", (), None, id="no-caps"
+        ),
         # the user's bucket is the recipient's local day
-        pytest.param("comment", AKL, user_cap(3, day="2026-06-15"), CAPPED, "deliver",
-                     (CapClaim("user:u1", "2026-06-16", 3, AKL_DAY_END),), None,
-                     id="auckland-utc-date-counter-ignored"),
-        pytest.param("comment", AKL, user_cap(3, day="2026-06-16"), CAPPED, "fold", (),
-                     Fold("daily_summary", "summary:2026-06-16", AKL_DAY_END), id="auckland-local-date"),
-        pytest.param("comment", LA, user_cap(2, day="2026-06-15"), CAPPED, "deliver",
-                     (CapClaim("user:u1", "2026-06-15", 3, LA_DAY_END),), None,
-                     id="los-angeles-under-cap"),
-        pytest.param("comment", LA, user_cap(3, day="2026-06-15"), CAPPED, "fold", (),
-                     Fold("daily_summary", "summary:2026-06-15", LA_DAY_END),
-                     id="los-angeles-fold-due-at-local-midnight"),
+        pytest.param(
+            "comment",
+            AKL,
+            user_cap(3, day="2026-06-15"),
+            CAPPED,
+            "deliver",
+            (CapClaim("user:u1", "2026-06-16", 3, AKL_DAY_END),),
+            None,
+            id="auckland-utc-date-counter-ignored",
+        ),
+        pytest.param(
+            "comment",
+            AKL,
+            user_cap(3, day="2026-06-16"),
+            CAPPED,
+            "fold",
+            (),
+            Fold("daily_summary", "summary:2026-06-16", AKL_DAY_END),
+            id="auckland-local-date",
+        ),
+        pytest.param(
+            "comment",
+            LA,
+            user_cap(2, day="2026-06-15"),
+            CAPPED,
+            "deliver",
+            (CapClaim("user:u1", "2026-06-15", 3, LA_DAY_END),),
+            None,
+            id="los-angeles-under-cap",
+        ),
+        pytest.param(
+            "comment",
+            LA,
+            user_cap(3, day="2026-06-15"),
+            CAPPED,
+            "fold",
+            (),
+            Fold("daily_summary", "summary:2026-06-15", LA_DAY_END),
+            id="los-angeles-fold-due-at-local-midnight",
+        ),
         # the organisation's bucket is the UTC hour
-        pytest.param("comment", recipient(org_id="acme"), {}, ORG_CAPPED, "deliver",
-                     (CapClaim("user:u1", "2026-06-15", 3, UTC_DAY_END),
-                      CapClaim("org:acme", "2026-06-15T12", 10, NOW + timedelta(hours=1))), None,
-                     id="org-under-cap"),
-        pytest.param("comment", recipient(org_id="acme"), {("org:acme", "2026-06-15T12"): 10}, ORG_CAPPED,
-                     "fold", (), Fold("daily_summary", "summary:2026-06-15", UTC_DAY_END), id="org-at-cap"),
-        pytest.param("comment", recipient(org_id="acme"), {("org:acme", "2026-06-15T11"): 10}, ORG_CAPPED,
-                     "deliver", (CapClaim("user:u1", "2026-06-15", 3, UTC_DAY_END),
-                                 CapClaim("org:acme", "2026-06-15T12", 10, NOW + timedelta(hours=1))),
-                     None, id="org-last-hour-ignored"),
-        pytest.param("comment", {**AKL, "org_id": "acme"}, {("org:acme", "2026-06-15T12"): 10}, ORG_CAPPED,
-                     "fold", (), Fold("daily_summary", "summary:2026-06-16", AKL_DAY_END),
-                     id="org-hour-is-utc-fold-is-local-day"),
-        pytest.param("comment", recipient(org_id="acme"), {}, Policy(per_org_per_hour=10), "deliver",
-                     (CapClaim("org:acme", "2026-06-15T12", 10, NOW + timedelta(hours=1)),), None,
-                     id="org-cap-only"),
-        pytest.param("comment", recipient(), {}, Policy(per_org_per_hour=10), "deliver", (), None,
-                     id="org-cap-without-org"),
+        pytest.param(
+            "comment",
+            recipient(org_id="acme"),
+            {},
+            ORG_CAPPED,
+            "deliver",
+            (
+                CapClaim("user:u1", "2026-06-15", 3, UTC_DAY_END),
+                CapClaim("org:acme", "2026-06-15T12", 10, NOW + timedelta(hours=1)),
+            ),
+            None,
+            id="org-under-cap",
+        ),
+        pytest.param(
+            "comment",
+            recipient(org_id="acme"),
+            {("org:acme", "2026-06-15T12"): 10},
+            ORG_CAPPED,
+            "fold",
+            (),
+            Fold("daily_summary", "summary:2026-06-15", UTC_DAY_END),
+            id="org-at-cap",
+        ),
+        pytest.param(
+            "comment",
+            recipient(org_id="acme"),
+            {("org:acme", "2026-06-15T11"): 10},
+            ORG_CAPPED,
+            "deliver",
+            (
+                CapClaim("user:u1", "2026-06-15", 3, UTC_DAY_END),
+                CapClaim("org:acme", "2026-06-15T12", 10, NOW + timedelta(hours=1)),
+            ),
+            None,
+            id="org-last-hour-ignored",
+        ),
+        pytest.param(
+            "comment",
+            {**AKL, "org_id": "acme"},
+            {("org:acme", "2026-06-15T12"): 10},
+            ORG_CAPPED,
+            "fold",
+            (),
+            Fold("daily_summary", "summary:2026-06-16", AKL_DAY_END),
+            id="org-hour-is-utc-fold-is-local-day",
+        ),
+        pytest.param(
+            "comment",
+            recipient(org_id="acme"),
+            {},
+            Policy(per_org_per_hour=10),
+            "deliver",
+            (CapClaim("org:acme", "2026-06-15T12", 10, NOW + timedelta(hours=1)),),
+            None,
+            id="org-cap-only",
+        ),
+        pytest.param(
+            "comment",
+            recipient(),
+            {},
+            Policy(per_org_per_hour=10),
+            "deliver",
+            (),
+            None,
+            id="org-cap-without-org",
+        ),
     ],
 )
-def test_fatigue_caps(type_key: str, who: dict[str, Any], counters: dict, policy: Policy,
-                      outcome: str, caps: tuple[CapClaim, ...], fold: Fold | None) -> None:
+def test_fatigue_caps(
+    type_key: str,
+    who: dict[str, Any],
+    counters: dict,
+    policy: Policy,
+    outcome: str,
+    caps: tuple[CapClaim, ...],
+    fold: Fold | None,
+) -> None:
     p = run(type_key, who=who, counters=counters, policy=policy)
     assert (p.outcome, p.caps, p.fold) == (outcome, caps, fold)
     if outcome == "deliver":
@@ -510,17 +1012,27 @@ def test_under_cap_activation_nudge_claims_window_and_cap() -> None:
     [
         pytest.param(recipient(), NOW, [("user:u1", "2026-06-15", UTC_DAY_END)], id="utc"),
         pytest.param(AKL, NOW, [("user:u1", "2026-06-16", AKL_DAY_END)], id="auckland-ahead"),
-        pytest.param(LA, datetime(2026, 6, 15, 3, 0, tzinfo=UTC),
-                     [("user:u1", "2026-06-14", datetime(2026, 6, 15, 7, tzinfo=UTC))],
-                     id="los-angeles-behind"),
-        pytest.param(recipient(timezone="Asia/Kolkata", org_id="acme"), datetime(2026, 6, 15, 18, 45, tzinfo=UTC),
-                     [("user:u1", "2026-06-16", datetime(2026, 6, 16, 18, 30, tzinfo=UTC)),
-                      ("org:acme", "2026-06-15T18", datetime(2026, 6, 15, 19, tzinfo=UTC))],
-                     id="kolkata-with-org"),
-        pytest.param(recipient(timezone="America/New_York", user_id="u9"),
-                     datetime(2026, 3, 8, 12, 0, tzinfo=UTC),
-                     [("user:u9", "2026-03-08", datetime(2026, 3, 9, 4, tzinfo=UTC))],
-                     id="new-york-spring-day"),
+        pytest.param(
+            LA,
+            datetime(2026, 6, 15, 3, 0, tzinfo=UTC),
+            [("user:u1", "2026-06-14", datetime(2026, 6, 15, 7, tzinfo=UTC))],
+            id="los-angeles-behind",
+        ),
+        pytest.param(
+            recipient(timezone="Asia/Kolkata", org_id="acme"),
+            datetime(2026, 6, 15, 18, 45, tzinfo=UTC),
+            [
+                ("user:u1", "2026-06-16", datetime(2026, 6, 16, 18, 30, tzinfo=UTC)),
+                ("org:acme", "2026-06-15T18", datetime(2026, 6, 15, 19, tzinfo=UTC)),
+            ],
+            id="kolkata-with-org",
+        ),
+        pytest.param(
+            recipient(timezone="America/New_York", user_id="u9"),
+            datetime(2026, 3, 8, 12, 0, tzinfo=UTC),
+            [("user:u9", "2026-03-08", datetime(2026, 3, 9, 4, tzinfo=UTC))],
+            id="new-york-spring-day",
+        ),
     ],
 )
 def test_cap_buckets(who: dict[str, Any], now: datetime, expected: list) -> None:
@@ -536,26 +1048,79 @@ def test_cap_buckets(who: dict[str, Any], now: datetime, expected: list) -> None
 @pytest.mark.parametrize(
     ("type_key", "variables", "collapses", "outcome", "collapse"),
     [
-        pytest.param("mention", {"thread": 42}, {}, "deliver",
-                     ("thread-42", NOW + timedelta(seconds=300)), id="first-leads"),
-        pytest.param("mention", {"thread": 42}, {"thread-42": (5, NOW + timedelta(seconds=100), 2)},
-                     "collapse", None, id="second-within-window-collapses"),
-        pytest.param("mention", {"thread": 42}, {"thread-42": (5, NOW, 2)}, "deliver",
-                     ("thread-42", NOW + timedelta(seconds=300)), id="window-ending-now-leads-again"),
-        pytest.param("mention", {"thread": 42}, {"thread-42": (5, NOW - timedelta(minutes=1), 2)},
-                     "deliver", ("thread-42", NOW + timedelta(seconds=300)), id="after-window-leads-again"),
-        pytest.param("mention", {"thread": 42}, {"thread-41": (5, NOW + timedelta(seconds=100), 2)},
-                     "deliver", ("thread-42", NOW + timedelta(seconds=300)), id="other-key"),
-        pytest.param("mention", {"thread": 42}, {"thread-42": (7, NOW + timedelta(seconds=100), 1)},
-                     "deliver", ("thread-42", NOW + timedelta(seconds=300)), id="leader-replanned"),
-        pytest.param("reaction", {"post": "p1"}, {}, "deliver",
-                     ("p1", NOW + timedelta(seconds=120)), id="default-window-120s"),
-        pytest.param("comment", {}, {"thread-42": (5, NOW + timedelta(seconds=100), 2)}, "deliver",
-                     None, id="no-collapse-option"),
+        pytest.param(
+            "mention",
+            {"thread": 42},
+            {},
+            "deliver",
+            ("thread-42", NOW + timedelta(seconds=300)),
+            id="first-leads",
+        ),
+        pytest.param(
+            "mention",
+            {"thread": 42},
+            {"thread-42": (5, NOW + timedelta(seconds=100), 2)},
+            "collapse",
+            None,
+            id="second-within-window-collapses",
+        ),
+        pytest.param(
+            "mention",
+            {"thread": 42},
+            {"thread-42": (5, NOW, 2)},
+            "deliver",
+            ("thread-42", NOW + timedelta(seconds=300)),
+            id="window-ending-now-leads-again",
+        ),
+        pytest.param(
+            "mention",
+            {"thread": 42},
+            {"thread-42": (5, NOW - timedelta(minutes=1), 2)},
+            "deliver",
+            ("thread-42", NOW + timedelta(seconds=300)),
+            id="after-window-leads-again",
+        ),
+        pytest.param(
+            "mention",
+            {"thread": 42},
+            {"thread-41": (5, NOW + timedelta(seconds=100), 2)},
+            "deliver",
+            ("thread-42", NOW + timedelta(seconds=300)),
+            id="other-key",
+        ),
+        pytest.param(
+            "mention",
+            {"thread": 42},
+            {"thread-42": (7, NOW + timedelta(seconds=100), 1)},
+            "deliver",
+            ("thread-42", NOW + timedelta(seconds=300)),
+            id="leader-replanned",
+        ),
+        pytest.param(
+            "reaction",
+            {"post": "p1"},
+            {},
+            "deliver",
+            ("p1", NOW + timedelta(seconds=120)),
+            id="default-window-120s",
+        ),
+        pytest.param(
+            "comment",
+            {},
+            {"thread-42": (5, NOW + timedelta(seconds=100), 2)},
+            "deliver",
+            None,
+            id="no-collapse-option",
+        ),
     ],
 )
-def test_collapse(type_key: str, variables: dict, collapses: dict, outcome: str,
-                  collapse: tuple[str, datetime] | None) -> None:
+def test_collapse(
+    type_key: str,
+    variables: dict,
+    collapses: dict,
+    outcome: str,
+    collapse: tuple[str, datetime] | None,
+) -> None:
     p = run(type_key, variables=variables, collapses=collapses, request_id=7)
     assert (p.outcome, p.collapse) == (outcome, collapse)
     if outcome == "collapse":
@@ -567,8 +1132,13 @@ def test_collapse(type_key: str, variables: dict, collapses: dict, outcome: str,
 
 
 def test_collapsed_request_claims_no_cap() -> None:
-    p = run("mention", variables={"thread": 42}, policy=CAPPED, counters=user_cap(1),
-            collapses={"thread-42": (5, NOW + timedelta(seconds=100), 2)})
+    p = run(
+        "mention",
+        variables={"thread": 42},
+        policy=CAPPED,
+        counters=user_cap(1),
+        collapses={"thread-42": (5, NOW + timedelta(seconds=100), 2)},
+    )
     assert (p.outcome, p.caps, p.collapse, p.fold) == ("collapse", (), None, None)
 
 
@@ -607,17 +1177,28 @@ def _lost(name: str) -> tuple[Plan, Plan]:
     [
         pytest.param("window-skip", "suppress", None, None, id="window-skip"),
         pytest.param("window-defer", "defer", LOST_WINDOW[0], None, id="window-defer"),
-        pytest.param("cap-fold", "fold", None, Fold("daily_summary", "summary:2026-06-15", UTC_DAY_END),
-                     id="cap-fold"),
+        pytest.param(
+            "cap-fold",
+            "fold",
+            None,
+            Fold("daily_summary", "summary:2026-06-15", UTC_DAY_END),
+            id="cap-fold",
+        ),
         pytest.param("cap-no-summary", "suppress", None, None, id="cap-no-summary"),
         pytest.param("collapse", "collapse", None, None, id="collapse"),
     ],
 )
 def test_lost_claim_turns_a_delivering_plan_into_the_gates_outcome(
-        name: str, outcome: str, defer_until: datetime | None, fold: Fold | None) -> None:
+    name: str, outcome: str, defer_until: datetime | None, fold: Fold | None
+) -> None:
     planned, lost = _lost(name)
     assert planned.outcome == "deliver" and planned.caps != ()
-    assert (lost.outcome, lost.channels, lost.defer_until, lost.fold) == (outcome, (), defer_until, fold)
+    assert (lost.outcome, lost.channels, lost.defer_until, lost.fold) == (
+        outcome,
+        (),
+        defer_until,
+        fold,
+    )
     assert (lost.window_until, lost.collapse) == (None, None)
     if not name.startswith("window"):  # the window is claimed first: no cap was claimed yet
         assert lost.caps == ()
@@ -635,11 +1216,19 @@ def test_lost_collapse_names_the_winner() -> None:
 
 
 def test_decisions_are_exactly_the_non_allow_steps_in_order() -> None:
-    catalog = Catalog.from_dict({"types": {"blast": _t("marketing", ["push", "slack", "email", "sms"])}})
+    catalog = Catalog.from_dict(
+        {"types": {"blast": _t("marketing", ["push", "slack", "email", "sms"])}}
+    )
     request = {"id": 1, "type_key": "blast", "variables": {}}
     snap = Snapshot(NY_US, preferences=(("type", "blast", "slack", False),))
-    p = plan(request, catalog.get("blast"), snap, now=ny("2026-06-14 22:00"), policy=NO_POLICY,
-             needs_address=NEEDS_ADDRESS)
+    p = plan(
+        request,
+        catalog.get("blast"),
+        snap,
+        now=ny("2026-06-14 22:00"),
+        policy=NO_POLICY,
+        needs_address=NEEDS_ADDRESS,
+    )
     assert [(s.gate, s.outcome, s.reason, s.channel) for s in p.steps] == [
         ("channel", "suppress", "no_adapter", "push"),
         ("preferences", "suppress", "opted_out", "slack"),
@@ -676,14 +1265,24 @@ def _s(outcome: str, channel: str | None = None) -> Step:
     [
         pytest.param(Plan(), "suppress", id="empty"),
         pytest.param(Plan(channels=(("email", None),)), "deliver", id="channels"),
-        pytest.param(Plan(steps=(_s("suppress", "sms"),), channels=(("email", None),)), "deliver",
-                     id="channels-despite-channel-suppress"),
+        pytest.param(
+            Plan(steps=(_s("suppress", "sms"),), channels=(("email", None),)),
+            "deliver",
+            id="channels-despite-channel-suppress",
+        ),
         pytest.param(Plan(steps=(_s("allow"), _s("defer"))), "defer", id="defer"),
         pytest.param(Plan(steps=(_s("fold"),)), "fold", id="fold"),
-        pytest.param(Plan(steps=(_s("collapse"), _s("allow"))), "collapse", id="collapse-then-allow"),
-        pytest.param(Plan(steps=(_s("suppress"), _s("defer"))), "defer", id="last-request-level-wins"),
-        pytest.param(Plan(steps=(_s("allow", "email"), _s("defer", "sms"))), "suppress",
-                     id="channel-level-defer-ignored"),
+        pytest.param(
+            Plan(steps=(_s("collapse"), _s("allow"))), "collapse", id="collapse-then-allow"
+        ),
+        pytest.param(
+            Plan(steps=(_s("suppress"), _s("defer"))), "defer", id="last-request-level-wins"
+        ),
+        pytest.param(
+            Plan(steps=(_s("allow", "email"), _s("defer", "sms"))),
+            "suppress",
+            id="channel-level-defer-ignored",
+        ),
         pytest.param(Plan(steps=(_s("allow"),)), "suppress", id="only-allows"),
     ],
 )
@@ -696,7 +1295,11 @@ def test_plan_does_not_touch_its_inputs() -> None:
     collapses = {"thread-42": (5, NOW - timedelta(minutes=1), 2)}
     snap = Snapshot(recipient(), counters=counters, collapses=collapses)
     request = {"id": 7, "type_key": "mention", "variables": {"thread": 42}}
-    p = plan(request, CATALOG.get("mention"), snap, now=NOW, policy=CAPPED, needs_address=NEEDS_ADDRESS)
+    p = plan(
+        request, CATALOG.get("mention"), snap, now=NOW, policy=CAPPED, needs_address=NEEDS_ADDRESS
+    )
     assert p.collapse is not None and p.caps != ()
-    assert counters == user_cap(1) and collapses == {"thread-42": (5, NOW - timedelta(minutes=1), 2)}
+    assert counters == user_cap(1) and collapses == {
+        "thread-42": (5, NOW - timedelta(minutes=1), 2)
+    }
     assert request == {"id": 7, "type_key": "mention", "variables": {"thread": 42}}

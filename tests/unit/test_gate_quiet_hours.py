@@ -17,7 +17,6 @@ LA, NY, BERLIN = "America/Los_Angeles", "America/New_York", "Europe/Berlin"
 TOKYO, AUCKLAND, KOLKATA = "Asia/Tokyo", "Pacific/Auckland", "Asia/Kolkata"
 
 
-
 def at(zone: str, wall: str, fold: int = 0) -> datetime:
     """A wall time in `zone` (fold=1: the second occurrence of an ambiguous time)."""
     return datetime.fromisoformat(wall).replace(tzinfo=ZoneInfo(zone), fold=fold)
@@ -32,7 +31,9 @@ def hm(value: str) -> time:
     return time(int(hours), int(minutes))
 
 
-def check(start: str | None, end: str | None, zone: str, now: datetime, expected: str | None) -> None:
+def check(
+    start: str | None, end: str | None, zone: str, now: datetime, expected: str | None
+) -> None:
     until = quiet_until(start and hm(start), end and hm(end), zone, now)
     if expected is None:
         assert until is None
@@ -49,65 +50,178 @@ def check(start: str | None, end: str | None, zone: str, now: datetime, expected
     ("start", "end", "zone", "now", "expected"),
     [
         # inside one day, 13:00-15:00
-        pytest.param("13:00", "15:00", "UTC", at("UTC", "2026-06-15 14:00"),
-                     "2026-06-15T15:00:00+00:00", id="day-inside"),
-        pytest.param("13:00", "15:00", "UTC", at("UTC", "2026-06-15 13:00"),
-                     "2026-06-15T15:00:00+00:00", id="day-exactly-at-start-is-quiet"),
-        pytest.param("13:00", "15:00", "UTC", at("UTC", "2026-06-15 14:59:59"),
-                     "2026-06-15T15:00:00+00:00", id="day-last-second"),
-        pytest.param("13:00", "15:00", "UTC", at("UTC", "2026-06-15 15:00"), None,
-                     id="day-exactly-at-end-is-not"),
-        pytest.param("13:00", "15:00", "UTC", at("UTC", "2026-06-15 12:59"), None,
-                     id="day-just-before"),
-        pytest.param("13:00", "15:00", "UTC", at("UTC", "2026-06-15 23:00"), None,
-                     id="day-late-evening"),
-        pytest.param("13:00", "15:00", "UTC", at("UTC", "2026-06-15 02:00"), None,
-                     id="day-early-morning"),
+        pytest.param(
+            "13:00",
+            "15:00",
+            "UTC",
+            at("UTC", "2026-06-15 14:00"),
+            "2026-06-15T15:00:00+00:00",
+            id="day-inside",
+        ),
+        pytest.param(
+            "13:00",
+            "15:00",
+            "UTC",
+            at("UTC", "2026-06-15 13:00"),
+            "2026-06-15T15:00:00+00:00",
+            id="day-exactly-at-start-is-quiet",
+        ),
+        pytest.param(
+            "13:00",
+            "15:00",
+            "UTC",
+            at("UTC", "2026-06-15 14:59:59"),
+            "2026-06-15T15:00:00+00:00",
+            id="day-last-second",
+        ),
+        pytest.param(
+            "13:00",
+            "15:00",
+            "UTC",
+            at("UTC", "2026-06-15 15:00"),
+            None,
+            id="day-exactly-at-end-is-not",
+        ),
+        pytest.param(
+            "13:00", "15:00", "UTC", at("UTC", "2026-06-15 12:59"), None, id="day-just-before"
+        ),
+        pytest.param(
+            "13:00", "15:00", "UTC", at("UTC", "2026-06-15 23:00"), None, id="day-late-evening"
+        ),
+        pytest.param(
+            "13:00", "15:00", "UTC", at("UTC", "2026-06-15 02:00"), None, id="day-early-morning"
+        ),
         # crossing midnight, 22:00-07:00
-        pytest.param("22:00", "07:00", "UTC", at("UTC", "2026-06-15 22:00"),
-                     "2026-06-16T07:00:00+00:00", id="night-exactly-at-start-ends-tomorrow"),
-        pytest.param("22:00", "07:00", "UTC", at("UTC", "2026-06-15 23:30"),
-                     "2026-06-16T07:00:00+00:00", id="night-before-midnight"),
-        pytest.param("22:00", "07:00", "UTC", at("UTC", "2026-06-16 00:00"),
-                     "2026-06-16T07:00:00+00:00", id="night-at-midnight"),
-        pytest.param("22:00", "07:00", "UTC", at("UTC", "2026-06-16 06:59"),
-                     "2026-06-16T07:00:00+00:00", id="night-last-minute"),
-        pytest.param("22:00", "07:00", "UTC", at("UTC", "2026-06-16 07:00"), None,
-                     id="night-exactly-at-end-is-not"),
-        pytest.param("22:00", "07:00", "UTC", at("UTC", "2026-06-15 21:59"), None,
-                     id="night-just-before"),
-        pytest.param("22:00", "07:00", "UTC", at("UTC", "2026-06-15 12:00"), None,
-                     id="night-at-noon"),
+        pytest.param(
+            "22:00",
+            "07:00",
+            "UTC",
+            at("UTC", "2026-06-15 22:00"),
+            "2026-06-16T07:00:00+00:00",
+            id="night-exactly-at-start-ends-tomorrow",
+        ),
+        pytest.param(
+            "22:00",
+            "07:00",
+            "UTC",
+            at("UTC", "2026-06-15 23:30"),
+            "2026-06-16T07:00:00+00:00",
+            id="night-before-midnight",
+        ),
+        pytest.param(
+            "22:00",
+            "07:00",
+            "UTC",
+            at("UTC", "2026-06-16 00:00"),
+            "2026-06-16T07:00:00+00:00",
+            id="night-at-midnight",
+        ),
+        pytest.param(
+            "22:00",
+            "07:00",
+            "UTC",
+            at("UTC", "2026-06-16 06:59"),
+            "2026-06-16T07:00:00+00:00",
+            id="night-last-minute",
+        ),
+        pytest.param(
+            "22:00",
+            "07:00",
+            "UTC",
+            at("UTC", "2026-06-16 07:00"),
+            None,
+            id="night-exactly-at-end-is-not",
+        ),
+        pytest.param(
+            "22:00", "07:00", "UTC", at("UTC", "2026-06-15 21:59"), None, id="night-just-before"
+        ),
+        pytest.param(
+            "22:00", "07:00", "UTC", at("UTC", "2026-06-15 12:00"), None, id="night-at-noon"
+        ),
         # no window
-        pytest.param("22:00", "22:00", "UTC", at("UTC", "2026-06-15 22:00"), None,
-                     id="start-equals-end-at-start"),
-        pytest.param("00:00", "00:00", "UTC", at("UTC", "2026-06-15 03:00"), None,
-                     id="start-equals-end-midnight"),
+        pytest.param(
+            "22:00",
+            "22:00",
+            "UTC",
+            at("UTC", "2026-06-15 22:00"),
+            None,
+            id="start-equals-end-at-start",
+        ),
+        pytest.param(
+            "00:00",
+            "00:00",
+            "UTC",
+            at("UTC", "2026-06-15 03:00"),
+            None,
+            id="start-equals-end-midnight",
+        ),
         pytest.param(None, "07:00", "UTC", at("UTC", "2026-06-15 03:00"), None, id="no-start"),
         pytest.param("22:00", None, "UTC", at("UTC", "2026-06-15 23:00"), None, id="no-end"),
         pytest.param(None, None, "UTC", at("UTC", "2026-06-15 23:00"), None, id="no-window"),
         # zones west and east of UTC (local wall time in, local wall time out)
-        pytest.param("22:00", "07:00", LA, at(LA, "2026-06-14 23:00"),
-                     "2026-06-15T07:00:00-07:00", id="los-angeles-night"),
-        pytest.param("22:00", "07:00", TOKYO, at(TOKYO, "2026-06-15 06:30"),
-                     "2026-06-15T07:00:00+09:00", id="tokyo-morning"),
-        pytest.param("22:00", "07:00", AUCKLAND, at(AUCKLAND, "2026-06-15 22:00"),
-                     "2026-06-16T07:00:00+12:00", id="auckland-at-start"),
-        pytest.param("13:00", "15:00", KOLKATA, utc("2026-06-15 08:00"),
-                     "2026-06-15T15:00:00+05:30", id="kolkata-day-window"),
+        pytest.param(
+            "22:00",
+            "07:00",
+            LA,
+            at(LA, "2026-06-14 23:00"),
+            "2026-06-15T07:00:00-07:00",
+            id="los-angeles-night",
+        ),
+        pytest.param(
+            "22:00",
+            "07:00",
+            TOKYO,
+            at(TOKYO, "2026-06-15 06:30"),
+            "2026-06-15T07:00:00+09:00",
+            id="tokyo-morning",
+        ),
+        pytest.param(
+            "22:00",
+            "07:00",
+            AUCKLAND,
+            at(AUCKLAND, "2026-06-15 22:00"),
+            "2026-06-16T07:00:00+12:00",
+            id="auckland-at-start",
+        ),
+        pytest.param(
+            "13:00",
+            "15:00",
+            KOLKATA,
+            utc("2026-06-15 08:00"),
+            "2026-06-15T15:00:00+05:30",
+            id="kolkata-day-window",
+        ),
         # the half-hour offset: 22:00 IST is 16:30 UTC, 07:00 IST is 01:30 UTC
-        pytest.param("22:00", "07:00", KOLKATA, utc("2026-06-15 16:30"),
-                     "2026-06-16T07:00:00+05:30", id="kolkata-at-start"),
-        pytest.param("22:00", "07:00", KOLKATA, utc("2026-06-15 16:29"), None,
-                     id="kolkata-minute-before-start"),
-        pytest.param("22:00", "07:00", KOLKATA, utc("2026-06-16 01:29"),
-                     "2026-06-16T07:00:00+05:30", id="kolkata-minute-before-end"),
-        pytest.param("22:00", "07:00", KOLKATA, utc("2026-06-16 01:30"), None,
-                     id="kolkata-at-end"),
+        pytest.param(
+            "22:00",
+            "07:00",
+            KOLKATA,
+            utc("2026-06-15 16:30"),
+            "2026-06-16T07:00:00+05:30",
+            id="kolkata-at-start",
+        ),
+        pytest.param(
+            "22:00",
+            "07:00",
+            KOLKATA,
+            utc("2026-06-15 16:29"),
+            None,
+            id="kolkata-minute-before-start",
+        ),
+        pytest.param(
+            "22:00",
+            "07:00",
+            KOLKATA,
+            utc("2026-06-16 01:29"),
+            "2026-06-16T07:00:00+05:30",
+            id="kolkata-minute-before-end",
+        ),
+        pytest.param("22:00", "07:00", KOLKATA, utc("2026-06-16 01:30"), None, id="kolkata-at-end"),
     ],
 )
-def test_quiet_until(start: str | None, end: str | None, zone: str, now: datetime,
-                     expected: str | None) -> None:
+def test_quiet_until(
+    start: str | None, end: str | None, zone: str, now: datetime, expected: str | None
+) -> None:
     check(start, end, zone, now, expected)
 
 
@@ -115,23 +229,35 @@ def test_quiet_until(start: str | None, end: str | None, zone: str, now: datetim
 @pytest.mark.parametrize(
     ("now", "zone", "expected"),
     [
-        pytest.param(utc("2026-06-15 12:00"), LA, "2026-06-15T07:00:00-07:00", id="12z-los-angeles-05h"),
+        pytest.param(
+            utc("2026-06-15 12:00"), LA, "2026-06-15T07:00:00-07:00", id="12z-los-angeles-05h"
+        ),
         pytest.param(utc("2026-06-15 12:00"), NY, None, id="12z-new-york-08h"),
         pytest.param(utc("2026-06-15 12:00"), BERLIN, None, id="12z-berlin-14h"),
         pytest.param(utc("2026-06-15 12:00"), TOKYO, None, id="12z-tokyo-21h"),
         pytest.param(utc("2026-06-15 12:00"), KOLKATA, None, id="12z-kolkata-17h30"),
-        pytest.param(utc("2026-06-15 12:00"), AUCKLAND, "2026-06-16T07:00:00+12:00",
-                     id="12z-auckland-00h-next-day"),
+        pytest.param(
+            utc("2026-06-15 12:00"),
+            AUCKLAND,
+            "2026-06-16T07:00:00+12:00",
+            id="12z-auckland-00h-next-day",
+        ),
         pytest.param(utc("2026-06-15 17:00"), LA, None, id="17z-los-angeles-10h"),
-        pytest.param(utc("2026-06-15 17:00"), TOKYO, "2026-06-16T07:00:00+09:00", id="17z-tokyo-02h"),
-        pytest.param(utc("2026-06-15 17:00"), KOLKATA, "2026-06-16T07:00:00+05:30",
-                     id="17z-kolkata-22h30"),
-        pytest.param(utc("2026-06-15 17:00"), AUCKLAND, "2026-06-16T07:00:00+12:00",
-                     id="17z-auckland-05h"),
+        pytest.param(
+            utc("2026-06-15 17:00"), TOKYO, "2026-06-16T07:00:00+09:00", id="17z-tokyo-02h"
+        ),
+        pytest.param(
+            utc("2026-06-15 17:00"), KOLKATA, "2026-06-16T07:00:00+05:30", id="17z-kolkata-22h30"
+        ),
+        pytest.param(
+            utc("2026-06-15 17:00"), AUCKLAND, "2026-06-16T07:00:00+12:00", id="17z-auckland-05h"
+        ),
         pytest.param(utc("2026-06-15 17:00"), "UTC", None, id="17z-utc"),
     ],
 )
-def test_quiet_until_uses_the_recipients_zone(now: datetime, zone: str, expected: str | None) -> None:
+def test_quiet_until_uses_the_recipients_zone(
+    now: datetime, zone: str, expected: str | None
+) -> None:
     check("22:00", "07:00", zone, now, expected)
 
 
@@ -142,53 +268,174 @@ def test_quiet_until_uses_the_recipients_zone(now: datetime, zone: str, expected
     ("start", "end", "zone", "now", "expected"),
     [
         # New York, 2026-03-08: 02:00 EST -> 03:00 EDT
-        pytest.param("22:00", "07:00", NY, at(NY, "2026-03-07 23:00"),
-                     "2026-03-08T07:00:00-04:00", id="ny-spring-from-evening"),
-        pytest.param("22:00", "07:00", NY, at(NY, "2026-03-08 01:30"),
-                     "2026-03-08T07:00:00-04:00", id="ny-spring-before-gap"),
-        pytest.param("22:00", "07:00", NY, at(NY, "2026-03-08 03:00"),
-                     "2026-03-08T07:00:00-04:00", id="ny-spring-after-gap"),
-        pytest.param("00:00", "02:30", NY, at(NY, "2026-03-08 01:45"),
-                     "2026-03-08T03:30:00-04:00", id="ny-spring-end-in-gap-moves-forward"),
-        pytest.param("01:00", "02:00", NY, at(NY, "2026-03-08 01:59"),
-                     "2026-03-08T03:00:00-04:00", id="ny-spring-end-at-gap-start"),
-        pytest.param("02:30", "06:00", NY, at(NY, "2026-03-08 03:00"),
-                     "2026-03-08T06:00:00-04:00", id="ny-spring-start-in-gap"),
-        pytest.param("13:00", "15:00", NY, at(NY, "2026-03-08 14:00"),
-                     "2026-03-08T15:00:00-04:00", id="ny-spring-day-window"),
+        pytest.param(
+            "22:00",
+            "07:00",
+            NY,
+            at(NY, "2026-03-07 23:00"),
+            "2026-03-08T07:00:00-04:00",
+            id="ny-spring-from-evening",
+        ),
+        pytest.param(
+            "22:00",
+            "07:00",
+            NY,
+            at(NY, "2026-03-08 01:30"),
+            "2026-03-08T07:00:00-04:00",
+            id="ny-spring-before-gap",
+        ),
+        pytest.param(
+            "22:00",
+            "07:00",
+            NY,
+            at(NY, "2026-03-08 03:00"),
+            "2026-03-08T07:00:00-04:00",
+            id="ny-spring-after-gap",
+        ),
+        pytest.param(
+            "00:00",
+            "02:30",
+            NY,
+            at(NY, "2026-03-08 01:45"),
+            "2026-03-08T03:30:00-04:00",
+            id="ny-spring-end-in-gap-moves-forward",
+        ),
+        pytest.param(
+            "01:00",
+            "02:00",
+            NY,
+            at(NY, "2026-03-08 01:59"),
+            "2026-03-08T03:00:00-04:00",
+            id="ny-spring-end-at-gap-start",
+        ),
+        pytest.param(
+            "02:30",
+            "06:00",
+            NY,
+            at(NY, "2026-03-08 03:00"),
+            "2026-03-08T06:00:00-04:00",
+            id="ny-spring-start-in-gap",
+        ),
+        pytest.param(
+            "13:00",
+            "15:00",
+            NY,
+            at(NY, "2026-03-08 14:00"),
+            "2026-03-08T15:00:00-04:00",
+            id="ny-spring-day-window",
+        ),
         # New York, 2026-11-01: 02:00 EDT -> 01:00 EST (01:00-02:00 happens twice)
-        pytest.param("22:00", "07:00", NY, at(NY, "2026-10-31 23:00"),
-                     "2026-11-01T07:00:00-05:00", id="ny-autumn-from-evening"),
-        pytest.param("22:00", "07:00", NY, at(NY, "2026-11-01 01:30", fold=0),
-                     "2026-11-01T07:00:00-05:00", id="ny-autumn-first-1h30"),
-        pytest.param("22:00", "07:00", NY, at(NY, "2026-11-01 01:30", fold=1),
-                     "2026-11-01T07:00:00-05:00", id="ny-autumn-second-1h30"),
-        pytest.param("00:00", "01:30", NY, at(NY, "2026-11-01 01:10", fold=0),
-                     "2026-11-01T01:30:00-04:00", id="ny-autumn-end-in-fold-first-pass"),
-        pytest.param("00:00", "01:30", NY, at(NY, "2026-11-01 01:10", fold=1),
-                     "2026-11-01T01:30:00-05:00", id="ny-autumn-end-in-fold-second-pass"),
-        pytest.param("00:00", "01:30", NY, at(NY, "2026-11-01 01:40", fold=1), None,
-                     id="ny-autumn-after-end-second-pass"),
+        pytest.param(
+            "22:00",
+            "07:00",
+            NY,
+            at(NY, "2026-10-31 23:00"),
+            "2026-11-01T07:00:00-05:00",
+            id="ny-autumn-from-evening",
+        ),
+        pytest.param(
+            "22:00",
+            "07:00",
+            NY,
+            at(NY, "2026-11-01 01:30", fold=0),
+            "2026-11-01T07:00:00-05:00",
+            id="ny-autumn-first-1h30",
+        ),
+        pytest.param(
+            "22:00",
+            "07:00",
+            NY,
+            at(NY, "2026-11-01 01:30", fold=1),
+            "2026-11-01T07:00:00-05:00",
+            id="ny-autumn-second-1h30",
+        ),
+        pytest.param(
+            "00:00",
+            "01:30",
+            NY,
+            at(NY, "2026-11-01 01:10", fold=0),
+            "2026-11-01T01:30:00-04:00",
+            id="ny-autumn-end-in-fold-first-pass",
+        ),
+        pytest.param(
+            "00:00",
+            "01:30",
+            NY,
+            at(NY, "2026-11-01 01:10", fold=1),
+            "2026-11-01T01:30:00-05:00",
+            id="ny-autumn-end-in-fold-second-pass",
+        ),
+        pytest.param(
+            "00:00",
+            "01:30",
+            NY,
+            at(NY, "2026-11-01 01:40", fold=1),
+            None,
+            id="ny-autumn-after-end-second-pass",
+        ),
         # Berlin, 2026-03-29: 02:00 CET -> 03:00 CEST
-        pytest.param("22:00", "07:00", BERLIN, at(BERLIN, "2026-03-28 23:30"),
-                     "2026-03-29T07:00:00+02:00", id="berlin-spring-from-evening"),
-        pytest.param("22:00", "07:00", BERLIN, at(BERLIN, "2026-03-29 01:00"),
-                     "2026-03-29T07:00:00+02:00", id="berlin-spring-before-gap"),
-        pytest.param("00:00", "02:30", BERLIN, at(BERLIN, "2026-03-29 01:30"),
-                     "2026-03-29T03:30:00+02:00", id="berlin-spring-end-in-gap-moves-forward"),
+        pytest.param(
+            "22:00",
+            "07:00",
+            BERLIN,
+            at(BERLIN, "2026-03-28 23:30"),
+            "2026-03-29T07:00:00+02:00",
+            id="berlin-spring-from-evening",
+        ),
+        pytest.param(
+            "22:00",
+            "07:00",
+            BERLIN,
+            at(BERLIN, "2026-03-29 01:00"),
+            "2026-03-29T07:00:00+02:00",
+            id="berlin-spring-before-gap",
+        ),
+        pytest.param(
+            "00:00",
+            "02:30",
+            BERLIN,
+            at(BERLIN, "2026-03-29 01:30"),
+            "2026-03-29T03:30:00+02:00",
+            id="berlin-spring-end-in-gap-moves-forward",
+        ),
         # Berlin, 2026-10-25: 03:00 CEST -> 02:00 CET (02:00-03:00 happens twice)
-        pytest.param("22:00", "07:00", BERLIN, at(BERLIN, "2026-10-25 01:00"),
-                     "2026-10-25T07:00:00+01:00", id="berlin-autumn-before-fold"),
-        pytest.param("22:00", "07:00", BERLIN, at(BERLIN, "2026-10-25 02:30", fold=1),
-                     "2026-10-25T07:00:00+01:00", id="berlin-autumn-in-second-pass"),
-        pytest.param("00:00", "02:30", BERLIN, at(BERLIN, "2026-10-25 02:15", fold=0),
-                     "2026-10-25T02:30:00+02:00", id="berlin-autumn-end-in-fold-first-pass"),
-        pytest.param("00:00", "02:30", BERLIN, at(BERLIN, "2026-10-25 02:15", fold=1),
-                     "2026-10-25T02:30:00+01:00", id="berlin-autumn-end-in-fold-second-pass"),
+        pytest.param(
+            "22:00",
+            "07:00",
+            BERLIN,
+            at(BERLIN, "2026-10-25 01:00"),
+            "2026-10-25T07:00:00+01:00",
+            id="berlin-autumn-before-fold",
+        ),
+        pytest.param(
+            "22:00",
+            "07:00",
+            BERLIN,
+            at(BERLIN, "2026-10-25 02:30", fold=1),
+            "2026-10-25T07:00:00+01:00",
+            id="berlin-autumn-in-second-pass",
+        ),
+        pytest.param(
+            "00:00",
+            "02:30",
+            BERLIN,
+            at(BERLIN, "2026-10-25 02:15", fold=0),
+            "2026-10-25T02:30:00+02:00",
+            id="berlin-autumn-end-in-fold-first-pass",
+        ),
+        pytest.param(
+            "00:00",
+            "02:30",
+            BERLIN,
+            at(BERLIN, "2026-10-25 02:15", fold=1),
+            "2026-10-25T02:30:00+01:00",
+            id="berlin-autumn-end-in-fold-second-pass",
+        ),
     ],
 )
-def test_quiet_until_on_dst_days(start: str, end: str, zone: str, now: datetime,
-                                 expected: str | None) -> None:
+def test_quiet_until_on_dst_days(
+    start: str, end: str, zone: str, now: datetime, expected: str | None
+) -> None:
     check(start, end, zone, now, expected)
 
 
@@ -237,19 +484,27 @@ def test_every_five_minutes_of_a_dst_weekend(zone: str, day: str, start: str, en
 @pytest.mark.parametrize(
     ("zone", "now", "expected"),
     [
-        pytest.param(LA, at(LA, "2026-06-15 07:59"), "2026-06-15T08:00:00-07:00", id="before-opening"),
+        pytest.param(
+            LA, at(LA, "2026-06-15 07:59"), "2026-06-15T08:00:00-07:00", id="before-opening"
+        ),
         pytest.param(LA, at(LA, "2026-06-15 08:00"), None, id="exactly-at-opening"),
         pytest.param(LA, at(LA, "2026-06-15 12:00"), None, id="midday"),
         pytest.param(LA, at(LA, "2026-06-15 20:59"), None, id="last-minute"),
-        pytest.param(LA, at(LA, "2026-06-15 21:00"), "2026-06-16T08:00:00-07:00",
-                     id="exactly-at-closing"),
+        pytest.param(
+            LA, at(LA, "2026-06-15 21:00"), "2026-06-16T08:00:00-07:00", id="exactly-at-closing"
+        ),
         pytest.param(LA, at(LA, "2026-06-15 23:30"), "2026-06-16T08:00:00-07:00", id="late-night"),
         pytest.param(LA, at(LA, "2026-06-16 00:00"), "2026-06-16T08:00:00-07:00", id="midnight"),
-        pytest.param(NY, at(NY, "2026-03-08 01:30"), "2026-03-08T08:00:00-04:00", id="ny-spring-night"),
-        pytest.param(KOLKATA, utc("2026-06-15 15:30"), "2026-06-16T08:00:00+05:30",
-                     id="kolkata-21h00-local"),
+        pytest.param(
+            NY, at(NY, "2026-03-08 01:30"), "2026-03-08T08:00:00-04:00", id="ny-spring-night"
+        ),
+        pytest.param(
+            KOLKATA, utc("2026-06-15 15:30"), "2026-06-16T08:00:00+05:30", id="kolkata-21h00-local"
+        ),
         pytest.param(KOLKATA, utc("2026-06-15 15:29"), None, id="kolkata-20h59-local"),
-        pytest.param(TOKYO, utc("2026-06-15 12:00"), "2026-06-16T08:00:00+09:00", id="tokyo-21h00-local"),
+        pytest.param(
+            TOKYO, utc("2026-06-15 12:00"), "2026-06-16T08:00:00+09:00", id="tokyo-21h00-local"
+        ),
     ],
 )
 def test_outside_hours_until_marketing_sms(zone: str, now: datetime, expected: str | None) -> None:
@@ -276,9 +531,11 @@ def test_parse_time(text: str, expected: time) -> None:
     assert parse_time(text) == expected
 
 
-@pytest.mark.parametrize("text", ["24:00", "08:60", "0800", "8", "08:00:00", "ab:cd", ""],
-                         ids=["hour-24", "minute-60", "no-colon", "hour-only", "seconds", "letters",
-                              "empty"])
+@pytest.mark.parametrize(
+    "text",
+    ["24:00", "08:60", "0800", "8", "08:00:00", "ab:cd", ""],
+    ids=["hour-24", "minute-60", "no-colon", "hour-only", "seconds", "letters", "empty"],
+)
 def test_parse_time_rejects_malformed(text: str) -> None:
     with pytest.raises(ValueError):
         parse_time(text)

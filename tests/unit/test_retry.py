@@ -85,13 +85,17 @@ def test_an_unknown_outcome_is_retried_like_a_transient_one_and_counts() -> None
 def test_a_throttle_is_refunded_and_never_gives_up(attempt: int) -> None:
     decision = decide(ThrottledError("paused", retry_after=7.0), attempt, POLICY)
     assert decision == RetryDecision(7.0, refund=True)
-    assert decide(DeferredSendError("template_missing"), attempt, POLICY) == RetryDecision(2.0, refund=True)
+    assert decide(DeferredSendError("template_missing"), attempt, POLICY) == RetryDecision(
+        2.0, refund=True
+    )
 
 
 @pytest.mark.parametrize(("rand", "spread"), [(0.0, 0.8), (0.5, 1.0), (1.0, 1.2)])
 def test_jitter_spreads_each_delay_within_its_fraction(rand: float, spread: float) -> None:
     policy = RetryPolicy(base=10.0, factor=2.0, cap=900.0, jitter=0.2)
-    assert decide(TransientSendError("x"), 2, policy, rand=lambda: rand).delay == pytest.approx(20.0 * spread)
+    assert decide(TransientSendError("x"), 2, policy, rand=lambda: rand).delay == pytest.approx(
+        20.0 * spread
+    )
 
 
 def test_jittered_delays_differ_but_stay_in_bounds() -> None:

@@ -12,8 +12,15 @@ from clarion import settings
 from clarion.errors import ConfigurationError
 from tasks import runtime
 
-SPEC = {"types": {"hello": {"category": "transactional", "channels": ["console"],
-                            "templates": [{"version": 1, "body": "hi"}]}}}
+SPEC = {
+    "types": {
+        "hello": {
+            "category": "transactional",
+            "channels": ["console"],
+            "templates": [{"version": 1, "body": "hi"}],
+        }
+    }
+}
 
 
 @pytest.fixture
@@ -40,8 +47,10 @@ def test_a_python_catalog_loads(catalog_from, name):
     assert set(catalog_from(f"clarion_test_catalogs:{name}").types) == {"hello"}
 
 
-@pytest.mark.parametrize("value", ["clarion_test_catalogs:NEITHER", "clarion_test_catalogs:MISSING",
-                                   "no_such_module_x:CATALOG"])
+@pytest.mark.parametrize(
+    "value",
+    ["clarion_test_catalogs:NEITHER", "clarion_test_catalogs:MISSING", "no_such_module_x:CATALOG"],
+)
 def test_a_bad_python_catalog_is_a_configuration_error(catalog_from, value):
     with pytest.raises(ConfigurationError, match="CLARION_CATALOG"):
         catalog_from(value)

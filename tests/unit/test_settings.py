@@ -28,8 +28,11 @@ from clarion.settings import EMBEDDED_FILE, Settings, from_env, read_embedded
         ({"CLARION_HOME": "/tmp/clarion-home"}, "home", Path("/tmp/clarion-home")),
         ({"CLARION_CATALOG": "cat.yaml"}, "catalog", Path("cat.yaml")),
         ({"CLARION_FAULTS_DIR": "/tmp/f"}, "faults_dir", Path("/tmp/f")),
-        ({"CLARION_DATABASE_URL": "postgresql://x/y", "CLARION_WEBHOOK_SECRET": "s3"}, "database_url",
-         "postgresql://x/y"),
+        (
+            {"CLARION_DATABASE_URL": "postgresql://x/y", "CLARION_WEBHOOK_SECRET": "s3"},
+            "database_url",
+            "postgresql://x/y",
+        ),
         ({"CLARION_REDIS_URL": "redis://h:1/2"}, "redis_url", "redis://h:1/2"),
         ({"CLARION_BROKER_URL": "redis://b/0"}, "broker_url", "redis://b/0"),
         ({"CLARION_WEBHOOK_URL": "http://127.0.0.1:9/h"}, "webhook_url", "http://127.0.0.1:9/h"),
@@ -228,24 +231,44 @@ def test_settings_built_in_code_are_checked_too(values: dict, message: str) -> N
 
 
 def test_smallest_allowed_values_are_accepted() -> None:
-    s = from_env({"CLARION_BATCH_SIZE": "1", "CLARION_SEND_CONCURRENCY": "1", "CLARION_MAX_ATTEMPTS": "1",
-                  "CLARION_TICK_INTERVAL": "0.01", "CLARION_VARIABLES_MAX_DEPTH": "1"})
-    assert (s.batch_size, s.send_concurrency, s.max_attempts, s.tick_interval, s.variables_max_depth) == (
-        1, 1, 1, 0.01, 1)
+    s = from_env(
+        {
+            "CLARION_BATCH_SIZE": "1",
+            "CLARION_SEND_CONCURRENCY": "1",
+            "CLARION_MAX_ATTEMPTS": "1",
+            "CLARION_TICK_INTERVAL": "0.01",
+            "CLARION_VARIABLES_MAX_DEPTH": "1",
+        }
+    )
+    assert (
+        s.batch_size,
+        s.send_concurrency,
+        s.max_attempts,
+        s.tick_interval,
+        s.variables_max_depth,
+    ) == (1, 1, 1, 0.01, 1)
 
 
 def test_variable_caps_default_to_16_levels_and_64_kib() -> None:
     assert (Settings().variables_max_depth, Settings().variables_max_bytes) == (16, 65536)
 
 
-SECRETS = {"webhook_secret": "hook-s3cret", "slack_token": "xoxb-s3cret",
-           "slack_signing_secret": "sign-s3cret", "teams_app_password": "teams-s3cret"}
+SECRETS = {
+    "webhook_secret": "hook-s3cret",
+    "slack_token": "xoxb-s3cret",
+    "slack_signing_secret": "sign-s3cret",
+    "teams_app_password": "teams-s3cret",
+}
 
 
 def test_secrets_and_url_passwords_never_show_in_repr() -> None:
-    s = Settings(**SECRETS, database_url="postgresql://clarion:db-s3cret@db:5432/clarion",
-                 redis_url="redis://:redis-s3cret@cache:6379/0",
-                 broker_url="amqp://guest:amqp-s3cret@mq:5672//", webhook_url="https://u:hook-pw@h/x")
+    s = Settings(
+        **SECRETS,
+        database_url="postgresql://clarion:db-s3cret@db:5432/clarion",
+        redis_url="redis://:redis-s3cret@cache:6379/0",
+        broker_url="amqp://guest:amqp-s3cret@mq:5672//",
+        webhook_url="https://u:hook-pw@h/x",
+    )
     shown = repr(s) + str(s)
     assert "s3cret" not in shown and "hook-pw" not in shown
     assert "postgresql://clarion:***@db:5432/clarion" in shown
@@ -259,8 +282,15 @@ def test_unset_secrets_show_as_none() -> None:
     assert "slack_token=None" in repr(Settings())
 
 
-@pytest.mark.parametrize("name", ["CLARION_WEBHOOK_SECRET", "CLARION_SLACK_TOKEN",
-                                  "CLARION_SLACK_SIGNING_SECRET", "CLARION_TEAMS_APP_PASSWORD"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "CLARION_WEBHOOK_SECRET",
+        "CLARION_SLACK_TOKEN",
+        "CLARION_SLACK_SIGNING_SECRET",
+        "CLARION_TEAMS_APP_PASSWORD",
+    ],
+)
 def test_an_empty_secret_is_an_error_not_a_fallback(name: str) -> None:
     with pytest.raises(ConfigurationError, match=f"{name} is set but empty"):
         from_env({name: ""})

@@ -44,8 +44,12 @@ def _supervise(tmp_path: Path, exits: str, mode: str = "") -> tuple[subprocess.P
     child, starts = tmp_path / "child.py", tmp_path / "starts"
     child.write_text(CHILD)
     starts.touch()
-    proc = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(child), str(starts), exits, mode or "-"],
-                            stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISOR, str(child), str(starts), exits, mode or "-"],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     return proc, starts
 
 
@@ -107,11 +111,21 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_stop_timeout(tmp_path)
     assert _gone(_pids(starts)[0])
 
 
-@pytest.mark.parametrize(("previous", "ran", "expected"), [
-    (None, 0.1, 1.0), (1.0, 0.1, 2.0), (2.0, 5.0, 4.0), (16.0, 1.0, 30.0), (30.0, 1.0, 30.0),
-    (30.0, 60.0, 1.0), (8.0, 120.0, 1.0),
-])
-def test_backoff_doubles_while_it_keeps_exiting_and_resets_after_a_stable_run(previous, ran, expected):
+@pytest.mark.parametrize(
+    ("previous", "ran", "expected"),
+    [
+        (None, 0.1, 1.0),
+        (1.0, 0.1, 2.0),
+        (2.0, 5.0, 4.0),
+        (16.0, 1.0, 30.0),
+        (30.0, 1.0, 30.0),
+        (30.0, 60.0, 1.0),
+        (8.0, 120.0, 1.0),
+    ],
+)
+def test_backoff_doubles_while_it_keeps_exiting_and_resets_after_a_stable_run(
+    previous, ran, expected
+):
     assert Backoff(first=1.0, most=30.0, stable=60.0).next(previous, ran) == expected
 
 
@@ -128,17 +142,25 @@ def test_a_supervisor_killed_outright_takes_its_worker_with_it(tmp_path):
     try:
         deadline, child = time.monotonic() + 10, None
         while child is None and time.monotonic() < deadline:
-            found = subprocess.run(["pgrep", "-P", str(supervisor.pid)], capture_output=True, text=True).stdout.split()
+            found = subprocess.run(
+                ["pgrep", "-P", str(supervisor.pid)], capture_output=True, text=True
+            ).stdout.split()
             child = int(found[0]) if found else None
             time.sleep(0.05)
         assert child is not None, "the supervisor never started its child"
         os.kill(supervisor.pid, signals.SIGKILL)
         supervisor.wait()
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and os.path.exists(f"/proc/{child}") and \
-                "Z" not in open(f"/proc/{child}/stat").read().split()[2]:
+        while time.monotonic() < deadline and _running(child):
             time.sleep(0.05)
-        gone = not os.path.exists(f"/proc/{child}") or "Z" in open(f"/proc/{child}/stat").read().split()[2]
-        assert gone, "the worker outlived its supervisor"
+        assert not _running(child), "the worker outlived its supervisor"
     finally:
         supervisor.kill()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting for its (dead) parent's reaper."""
+    from pathlib import Path
+
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"

@@ -70,11 +70,31 @@ def test_json_values_pass_and_come_back_as_plain_json() -> None:
     class Level(IntEnum):
         HIGH = 3
 
-    given = OrderedDict(name="Ann", n=3, ratio=0.5, ok=True, none=None, tags=("a", "b"),
-                        plan=Plan.GOLD, level=Level.HIGH, deep={"x": [1, {"y": []}]}, literal="\\u0000")
+    given = OrderedDict(
+        name="Ann",
+        n=3,
+        ratio=0.5,
+        ok=True,
+        none=None,
+        tags=("a", "b"),
+        plan=Plan.GOLD,
+        level=Level.HIGH,
+        deep={"x": [1, {"y": []}]},
+        literal="\\u0000",
+    )
     plain = check.variables(given)
-    assert plain == {"name": "Ann", "n": 3, "ratio": 0.5, "ok": True, "none": None, "tags": ["a", "b"],
-                     "plan": "gold", "level": 3, "deep": {"x": [1, {"y": []}]}, "literal": "\\u0000"}
+    assert plain == {
+        "name": "Ann",
+        "n": 3,
+        "ratio": 0.5,
+        "ok": True,
+        "none": None,
+        "tags": ["a", "b"],
+        "plan": "gold",
+        "level": 3,
+        "deep": {"x": [1, {"y": []}]},
+        "literal": "\\u0000",
+    }
     assert type(plain) is dict and type(plain["tags"]) is list and type(plain["plan"]) is str
     assert type(plain["level"]) is int
     assert json.loads(json.dumps(plain)) == plain
@@ -108,7 +128,9 @@ def test_the_literal_text_backslash_u0000_is_fine_but_a_nul_is_not() -> None:
         ({"a": {"b": ["\x00"]}}, "variables.a.b[0]", "NUL"),
     ],
 )
-def test_non_json_variables_are_refused_with_the_path(value: object, field: str, reason: str) -> None:
+def test_non_json_variables_are_refused_with_the_path(
+    value: object, field: str, reason: str
+) -> None:
     with pytest.raises(InvalidField) as caught:
         check.variables(value)
     assert caught.value.field == field
@@ -222,7 +244,9 @@ def test_locales(tag: str) -> None:
     assert check.locale(tag) == tag
 
 
-@pytest.mark.parametrize("tag", ["", "e", "en_US", "english", "de-", "-AT", "ü", None, 1, "en-" + "x" * 40])
+@pytest.mark.parametrize(
+    "tag", ["", "e", "en_US", "english", "de-", "-AT", "ü", None, 1, "en-" + "x" * 40]
+)
 def test_bad_locales(tag: object) -> None:
     with pytest.raises(InvalidField) as caught:
         check.locale(tag)
@@ -254,10 +278,15 @@ def test_quiet_hours() -> None:
     assert check.quiet_hours(("22:00", "07:00")) == (time(22), time(7))
     assert check.quiet_hours([time(23, 30), "00:30"]) == (time(23, 30), time(0, 30))
     assert check.quiet_hours(None) == (None, None)
-    for bad, field in ((("22:00",), "quiet_hours"), ("22:00-07:00", "quiet_hours"),
-                       (("24:00", "07:00"), "quiet_hours[0]"), (("22:00", "7:00"), "quiet_hours[1]"),
-                       (("22:00", None), "quiet_hours[1]"), (("22:00", "０７:００"), "quiet_hours[1]"),
-                       ((time(22, tzinfo=UTC), "07:00"), "quiet_hours[0]")):
+    for bad, field in (
+        (("22:00",), "quiet_hours"),
+        ("22:00-07:00", "quiet_hours"),
+        (("24:00", "07:00"), "quiet_hours[0]"),
+        (("22:00", "7:00"), "quiet_hours[1]"),
+        (("22:00", None), "quiet_hours[1]"),
+        (("22:00", "０７:００"), "quiet_hours[1]"),
+        ((time(22, tzinfo=UTC), "07:00"), "quiet_hours[0]"),
+    ):
         with pytest.raises(InvalidField) as caught:
             check.quiet_hours(bad)
         assert caught.value.field == field
@@ -269,7 +298,9 @@ def test_quiet_hours() -> None:
 def test_occurrence_keys() -> None:
     assert check.occurrence_key("e1", None) == "event:e1"
     assert check.occurrence_key(None, "invoice-7") == "invoice-7"
-    assert check.occurrence_key("series:1:2", None) == "event:series:1:2"  # an event id is namespaced
+    assert (
+        check.occurrence_key("series:1:2", None) == "event:series:1:2"
+    )  # an event id is namespaced
 
 
 @pytest.mark.parametrize(

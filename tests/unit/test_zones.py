@@ -48,6 +48,7 @@ def test_country_of_zone(zone: str, country: str | None) -> None:
         pytest.param(None, "Etc/GMT+3", None, id="neither-etc"),
     ],
 )
-def test_country_of_prefers_the_explicit_country(explicit: str | None, zone: str,
-                                                 country: str | None) -> None:
+def test_country_of_prefers_the_explicit_country(
+    explicit: str | None, zone: str, country: str | None
+) -> None:
     assert country_of(explicit, zone) == country

@@ -45,4 +45,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute("DROP TABLE series; ALTER TABLE recipients DROP COLUMN workweek, DROP COLUMN subdivision")
+    op.execute(
+        "DROP TABLE series; ALTER TABLE recipients DROP COLUMN workweek, DROP COLUMN subdivision"
+    )

@@ -35,5 +35,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute("DROP TABLE interactions; ALTER TABLE deliveries DROP COLUMN answer, "
-               "DROP COLUMN answered_at, DROP COLUMN answered_by")
+    op.execute(
+        "DROP TABLE interactions; ALTER TABLE deliveries DROP COLUMN answer, "
+        "DROP COLUMN answered_at, DROP COLUMN answered_by"
+    )

@@ -20,7 +20,9 @@ down_revision = "0004"
 
 OLD = "('claimed', 'sent', 'delivered', 'read', 'answered')"
 NEW = "('claimed', 'unknown', 'sent', 'delivered', 'read', 'answered')"
-OLD_STATES = "('pending', 'claimed', 'sent', 'delivered', 'read', 'answered', 'failed', 'suppressed')"
+OLD_STATES = (
+    "('pending', 'claimed', 'sent', 'delivered', 'read', 'answered', 'failed', 'suppressed')"
+)
 NEW_STATES = "('pending', 'claimed', 'unknown', 'sent', 'delivered', 'read', 'answered', 'failed', 'suppressed')"
 
 
