@@ -39,6 +39,7 @@ chaos: $(STAMP)  # kills, a broker restart and a database restart under load (it
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 bench: $(STAMP)

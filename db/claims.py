@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, text
 
-from db.ledger import KEY_PAIRS, Key, key_params
+from db.ledger import KEY_PAIRS, Key, due_statement, key_params
 
 
 @dataclass(frozen=True)
@@ -290,18 +290,7 @@ def fail_delivery(
     return tuple(row) if row else None
 
 
-_DUE_DELIVERIES = text(
-    """
-    UPDATE deliveries d
-    SET due_at = CAST(:now AS timestamptz)
-                 + make_interval(secs => least(:cap, :again * power(2, least(d.rounds, 16)))),
-        rounds = least(d.rounds + 1, 1000)
-    FROM (SELECT user_id, id FROM deliveries WHERE lane = :lane AND due_at <= :now
-          ORDER BY due_at LIMIT :limit FOR UPDATE SKIP LOCKED) k
-    WHERE d.user_id = k.user_id AND d.id = k.id
-    RETURNING d.user_id, d.id, d.lane
-    """
-)
+_DUE_DELIVERIES = due_statement("deliveries")
 
 
 def take_due_deliveries(

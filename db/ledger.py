@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, time
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, TextClause, text
 
 Key = tuple[str, int]
 
@@ -210,19 +210,26 @@ def unresolve_requests(conn: Connection, keys: Iterable[Key], *, due_at: datetim
     conn.execute(_UNRESOLVE_REQUESTS, {**key_params(keys), "due_at": due_at})
 
 
-_DUE_REQUESTS = text(
-    """
-    UPDATE requests r
-    SET state = 'pending',
-        due_at = CAST(:now AS timestamptz)
-                 + make_interval(secs => least(:cap, :again * power(2, least(r.rounds, 16)))),
-        rounds = least(r.rounds + 1, 1000)
-    FROM (SELECT user_id, id FROM requests WHERE lane = :lane AND due_at <= :now
-          ORDER BY due_at LIMIT :limit FOR UPDATE SKIP LOCKED) k
-    WHERE r.user_id = k.user_id AND r.id = k.id
-    RETURNING r.user_id, r.id, r.lane
-    """
-)
+def due_statement(table: str, also_set: str = "") -> TextClause:
+    """The tick's take of one lane's due rows of `table` (requests or deliveries): each is pushed
+    :again seconds on, doubling with every round it makes without progress (up to :cap); rows
+    another tick holds are skipped."""
+    return text(
+        f"""
+        UPDATE {table} t
+        SET {also_set}
+            due_at = CAST(:now AS timestamptz)
+                     + make_interval(secs => least(:cap, :again * power(2, least(t.rounds, 16)))),
+            rounds = least(t.rounds + 1, 1000)
+        FROM (SELECT user_id, id FROM {table} WHERE lane = :lane AND due_at <= :now
+              ORDER BY due_at LIMIT :limit FOR UPDATE SKIP LOCKED) k
+        WHERE t.user_id = k.user_id AND t.id = k.id
+        RETURNING t.user_id, t.id, t.lane
+        """
+    )
+
+
+_DUE_REQUESTS = due_statement("requests", "state = 'pending',")
 
 
 def take_due_requests(
