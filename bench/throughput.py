@@ -723,8 +723,9 @@ class Bench:
         from db.engine import engine
         from ops.launch import beat_command, worker_command
         from tasks import notify, notify_many, register_recipient
-        from tasks.app import app
+        from tasks.app import app, use_broker
 
+        use_broker(self.broker_url)  # the app read its config before this run's settings were set
         a = self.args
         say(
             f"\n(b) clarion: {a.n} `{TYPE_KEY}` occurrences via notify_many (chunks of {a.chunk}), "

@@ -61,6 +61,7 @@ class ClaimedDelivery:
     addresses: dict[str, Any]
     requested_at: datetime
     lease_left: float  # seconds, on PostgreSQL's clock, when the claim was made
+    claimed_at: float = 0.0  # time.monotonic() when the claim statement answered
 
     @property
     def key(self) -> Key:
@@ -68,7 +69,8 @@ class ClaimedDelivery:
 
     @classmethod
     def from_row(cls, row: RowMapping | Mapping[str, Any]) -> ClaimedDelivery:
-        return cls(**{name: row[name] for name in cls.__dataclass_fields__})
+        fields = {name: row[name] for name in cls.__dataclass_fields__ if name != "claimed_at"}
+        return cls(**fields, claimed_at=time.monotonic())
 
 
 _LEASE = "clock_timestamp() + make_interval(secs => :lease)"

@@ -226,6 +226,20 @@ def _settle_earlier_attempt(
     return 0 if held else None
 
 
+def _lease_for_send(
+    db: RowConnection, row: ClaimedDelivery, batch: Batch, adapter: Adapter
+) -> claims.Lease | None:
+    """The lease this send runs under. A channel whose provider dedups by key needs no record that
+    the attempt reached it (a takeover resends under the key, and the provider's 409 says whether
+    it had arrived), so while the claim's own lease still covers the whole send, nothing is
+    written; otherwise begin_send records the attempt and extends the lease (None: claim lost)."""
+    need = batch.budget + MARGIN
+    claimed = claims.Lease(batch.token, row.claimed_at + row.lease_left)
+    if getattr(adapter, "dedups_by_key", False) and claimed.left() > need:
+        return claimed
+    return db.run(lambda c: claims.begin_send(c, row.key, token=batch.token, need=need))
+
+
 def _send(
     db: RowConnection,
     row: ClaimedDelivery,
@@ -235,9 +249,7 @@ def _send(
     *,
     repeat_possible: bool,
 ) -> int:
-    lease = db.run(
-        lambda c: claims.begin_send(c, row.key, token=batch.token, need=batch.budget + MARGIN)
-    )
+    lease = _lease_for_send(db, row, batch, adapter)
     if lease is None:
         log.info("claim lost before the send", extra={"action": "claim_lost", "delivery": row.key})
         return 0
@@ -333,7 +345,7 @@ def _record_sent(
             "sent, but the claim had been taken over before it was recorded",
         )
         return 0
-    if repeat_possible and result.repeat is not False:
+    if result.repeat or (repeat_possible and result.repeat is None):
         kind = "repeat" if result.repeat else "possible_duplicate"
         detail = (
             "the provider already had this idempotency key: an earlier attempt had arrived; "

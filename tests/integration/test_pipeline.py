@@ -360,8 +360,9 @@ def test_a_slow_batch_sends_a_row_whose_lease_lapsed_but_not_one_another_worker_
 ):
     """A thread reaches its later rows late. A lapsed lease nobody took is still ours (the
     conditional update on the token proves it, and extends the lease); a row a rival claimed
-    meanwhile is left to the rival, unsent."""
-    configure(monkeypatch, send_concurrency=1)  # one send after another
+    meanwhile is left to the rival, unsent. (The claim's lease is shorter than a send's budget, so
+    every send asks PostgreSQL first; with a longer lease a webhook send skips that question.)"""
+    configure(monkeypatch, send_concurrency=1, claim_lease=10)  # one send after another
     keys = [_routed(ann, f"e{n}") for n in range(3)]
 
     def slow_provider(call) -> int:
@@ -738,3 +739,19 @@ def test_two_ticks_at_the_same_instant_take_each_due_row_once(ann):
     route_keys, deliver_keys = keys[ROUTE], keys[DELIVER]
     assert len(route_keys) == len(set(route_keys)) == 30
     assert len(deliver_keys) == len(set(deliver_keys)) == 20
+
+
+def test_a_webhook_send_inside_its_claims_lease_writes_nothing_before_the_send(ann, monkeypatch):
+    """The webhook receiver dedups by key, so while the claim's lease covers the whole send no
+    begin_send is written (one statement per row saved); a channel that cannot dedup always asks."""
+    seen: list[object] = []
+
+    def provider(call) -> int:
+        seen.extend(r["send_started_at"] for r in rows("SELECT send_started_at FROM deliveries"))
+        return 200
+
+    key = _routed(ann)
+    with Endpoint(provider) as endpoint:
+        configure(monkeypatch, webhook_url=endpoint.url)
+        assert _deliver(key) == 1
+    assert seen == [None]
