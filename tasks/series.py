@@ -16,7 +16,6 @@ from clarion import clock, settings
 from clarion import validation as check
 from clarion.errors import (
     InvalidField,
-    InvalidRequest,
     MissingVariables,
     UnknownRecipient,
     UnknownType,
@@ -220,6 +219,7 @@ def _transition(
     *,
     connection: Connection | None = None,
 ) -> bool:
+    user_id, series_id = _series_key(user_id, series_id)
     now = clock.now()
 
     def apply(conn: Connection) -> bool:
@@ -270,6 +270,14 @@ def _drop_held_occurrences(conn: Connection, key: tuple[str, int], now: datetime
     )
 
 
+def _series_key(user_id: object, series_id: object) -> tuple[str, int]:
+    """The (user, series id) every series call names, checked before any SQL runs."""
+    return (
+        check.text("user_id", user_id, max_bytes=check.USER_ID_BYTES),
+        check.positive_int("series_id", series_id, maximum=2**63 - 1),
+    )
+
+
 def cancel_series(user_id: str, series_id: int, *, connection: Connection | None = None) -> bool:
     """End a series for good (e.g. the manager answered "stop"). False if it was not running.
 
@@ -296,8 +304,10 @@ def snooze_occurrence(
     Only an active series is touched (its row is locked, so a concurrent cancel either waits for
     this or wins and leaves nothing to hold). False if the series is not active, has no
     occurrence n (count or until reached), or occurrence n was already routed."""
-    if until.tzinfo is None:
-        raise InvalidRequest("until must be timezone-aware")
+    user_id, series_id = _series_key(user_id, series_id)
+    if not (isinstance(n, int) and not isinstance(n, bool) and 0 <= n < MAX_COUNT):
+        raise InvalidField("n", f"must be an occurrence number from 0 to {MAX_COUNT - 1}")
+    until = check.aware_datetime("until", until)
 
     def hold(conn: Connection) -> bool:
         row = store.lock_active_series(conn, (user_id, series_id))

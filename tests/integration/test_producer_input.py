@@ -25,7 +25,13 @@ from db.engine import engine
 from db.schema import metadata
 from tasks import notify, notify_many, register_recipient
 from tasks.publish import ROUTE
-from tasks.series import arm_series
+from tasks.series import (
+    arm_series,
+    cancel_series,
+    pause_series,
+    resume_series,
+    snooze_occurrence,
+)
 from tests.support.pipeline import (
     configure,
     count,
@@ -282,6 +288,36 @@ def test_arm_series_takes_any_values_and_raises_only_clarion_errors(ann):
     )
     def fuzz(kw):
         seen.run(lambda: arm_series(kw.pop("user_id"), kw.pop("type_key"), **kw))
+
+    seen = Outcomes()
+    fuzz()
+    seen.check()
+
+
+def test_the_series_steering_calls_take_any_values_and_raise_only_clarion_errors(ann):
+    armed = arm_series(
+        ann, "nudge", anchor="2026-12-07T09:00", every="1w", variables={"name": "Ann"}
+    )
+    steer = [cancel_series, pause_series, resume_series]
+
+    @FUZZ
+    @given(
+        which=st.integers(0, 3),
+        kw=calls(
+            {
+                "user_id": one_of("ann", "bob"),
+                "series_id": one_of(armed.series_id, 0, -1, 2**70, "1", 1.5, True),
+                "n": one_of(0, 1, -1, 2**70, "2", False),
+                "until": one_of(datetime(2027, 1, 1, tzinfo=UTC), datetime(2027, 1, 1), "tomorrow"),
+            }
+        ),
+    )
+    def fuzz(which, kw):
+        user, series = kw.pop("user_id"), kw.pop("series_id")
+        if which == 3:
+            seen.run(lambda: snooze_occurrence(user, series, kw.pop("n"), kw.pop("until")))
+        else:
+            seen.run(lambda: steer[which](user, series))
 
     seen = Outcomes()
     fuzz()
