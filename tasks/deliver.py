@@ -162,9 +162,7 @@ def _prepare(row: ClaimedDelivery, batch: Batch) -> tuple[Adapter, Message]:
         )
     try:
         content = ntype.render(version, row.channel, row.variables)
-    except (
-        Exception
-    ) as exc:  # a sandbox or undefined-variable error in content we cannot fix by retrying
+    except Exception as exc:  # a sandbox or undefined variable: retrying cannot fix the content
         raise PermanentSendError("render_failed", _describe(exc)) from exc
     return adapter, Message(
         delivery_id=row.id,
@@ -199,9 +197,7 @@ def _settle_earlier_attempt(
     if reconcile is not None:
         try:
             found = reconcile(message, row.maybe_sent_at)
-        except (
-            UnknownSendError
-        ) as error:  # cannot be found out: held, or sent again, as policy says
+        except UnknownSendError as error:  # cannot be found out: held or resent, as policy says
             held = settle_unknown(
                 db, row, batch.token, error, adapter, batch.policy, checkable=False, release=False
             )

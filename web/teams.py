@@ -129,9 +129,7 @@ class ClarionCloudAdapter(CloudAdapter):
             auth = await self.bot_framework_authentication.authenticate_request(
                 probe(data), auth_header
             )
-        except (
-            Exception
-        ) as exc:  # PermissionError, a malformed JWT, an unreachable key set: all 401
+        except Exception as exc:  # PermissionError, a bad JWT, an unreachable key set: all 401
             raise Refused(401, f"not authenticated: {str(exc)[:120]}") from exc
         if malformed is not None:
             raise malformed
