@@ -13,7 +13,6 @@ claim behind, and its lease (PostgreSQL's clock) hands the row to the next worke
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -275,18 +274,16 @@ def _send(
     return 0
 
 
-_calls: dict[int, ThreadPoolExecutor] = {}
+@runtime.per_process
+def _calls() -> ThreadPoolExecutor:
+    """The threads provider calls run on, so a call past its budget can be left behind."""
+    return ThreadPoolExecutor(max_workers=64, thread_name_prefix="clarion-send")
 
 
 def _call(adapter: Adapter, message: Message, budget: float) -> SendResult:
     """adapter.send under a hard wall-clock budget: past it, the outcome is unknown and the row is
     settled while the lease still covers it (the straggling call ends on its own timeouts)."""
-    pool = _calls.get(os.getpid())
-    if pool is None:
-        _calls.clear()
-        pool = _calls[os.getpid()] = ThreadPoolExecutor(
-            max_workers=64, thread_name_prefix="clarion-send"
-        )
+    pool = _calls()
     future = pool.submit(adapter.send, message)
     try:
         return future.result(timeout=max(0.1, budget))
