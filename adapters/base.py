@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from catalog import Button
+
+if TYPE_CHECKING:
+    import redis as redis_lib
+
+    from adapters.ratelimit import Quota, RateLimits
 
 MAX_VALUE_BYTES = 512
 
@@ -79,6 +85,8 @@ class Message:
     address: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     buttons: tuple[Button, ...] = ()
+    lane: str = "transactional"
+    category: str = ""
 
     def button_value(self, button: Button) -> str:
         return ButtonValue(self.user_id, self.delivery_id, button.key).encode()
@@ -140,3 +148,126 @@ class ChatAdapter(Adapter, Protocol):
         """The message an earlier attempt (started at or after `since`) posted, if the provider
         has it; None if it does not. TransientSendError: the provider cannot be asked now."""
         ...
+
+
+# --- receipts: what providers report after a send -------------------------------------------------
+
+# Delivery events a receipt may carry, in clarion's words (each adapter maps its provider's).
+RECEIPT_EVENTS = frozenset(
+    {
+        "accepted",  # queued/sent at the provider: nothing new for a row that is already sent
+        "delivered",
+        "opened",
+        "read",
+        "clicked",
+        "bounced",  # hard: the address does not exist; suppressed
+        "soft_bounced",  # full mailbox, greylisting: recorded, not suppressed
+        "complained",  # marked as spam; suppressed
+        "unsubscribed",  # one-click or provider unsubscribe; suppressed
+        "failed",  # the provider gave up (SMS undelivered/failed, push rejected)
+        "invalid_token",  # a push token the service says is gone; removed, suppressed
+    }
+)
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """One provider report about a message clarion sent. `provider_message_id` is what the send
+    recorded; `user_id`/`delivery_id` are set when the provider echoes clarion's own metadata
+    (SendGrid custom args, a status callback URL), and then must agree with the stored row."""
+
+    channel: str
+    event: str
+    provider_message_id: str | None
+    occurred_at: datetime
+    address: str | None = None
+    detail: str = ""
+    user_id: str | None = None
+    delivery_id: int | None = None
+    event_id: str | None = None  # the provider's id for this report, when it has one
+
+    def __post_init__(self) -> None:
+        if self.event not in RECEIPT_EVENTS:
+            raise ValueError(f"not a receipt event: {self.event!r}")
+
+
+@dataclass(frozen=True)
+class Keyword:
+    """An inbound reply that steers a channel: SMS STOP / START / HELP (and their synonyms)."""
+
+    channel: str
+    address: str
+    keyword: str  # "stop" | "start" | "help"
+    received_at: datetime
+    detail: str = ""
+
+
+# --- collaborators: what the composition root (tasks.runtime) hands an adapter ---------------------
+
+
+class Suppressions(Protocol):
+    """The permanent suppression list, as adapters may touch it (db.gating behind it)."""
+
+    def suppress(self, user_id: str, channel: str, address: str, reason: str, detail: str) -> None:
+        """Never use this address on this channel again (bounced, STOP, invalid token, gone)."""
+        ...
+
+    def forget_address(self, user_id: str, channel: str, value: str) -> None:
+        """Remove one value (a push token) from the recipient's address for `channel`."""
+        ...
+
+
+@dataclass(frozen=True)
+class Collaborators:
+    """Everything an adapter may need from outside itself. Adapters never import db/ or tasks/:
+    tasks.runtime builds this once per process and passes it to each adapter's factory."""
+
+    redis: Callable[[], redis_lib.Redis]
+    limits: RateLimits
+    suppressions: Suppressions
+    extra: dict[str, Any] = field(default_factory=dict)  # channel-specific stores (teams, in_app)
+
+
+# --- the channel template ---------------------------------------------------------------------------
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+class Channel(Generic[Req, Resp]):
+    """The shape every adapter follows (adapters/webhook.py is the model):
+
+    - `to_request(message)`: pure; the provider request (raise PermanentSendError for a message
+      that can never be sent: no address, too long).
+    - `budget(message, request)`: (Quota, key, cost) to spend from the shared rate limits before
+      the call, or None.
+    - `call(request)`: the I/O, nothing else; network errors become TransientSendError (the
+      request cannot have left) or UnknownSendError (it may have).
+    - `from_response(message, response)`: pure; a SendResult, or the SendError to raise.
+
+    `send` strings them together; a channel overrides a step, not `send`."""
+
+    channel: str
+    needs_address: bool = True
+    dedups_by_key: bool = False
+    limits: RateLimits | None = None
+
+    def to_request(self, message: Message) -> Req:
+        raise NotImplementedError
+
+    def budget(self, message: Message, request: Req) -> tuple[Quota, str, int] | None:
+        return None
+
+    def call(self, request: Req) -> Resp:
+        raise NotImplementedError
+
+    def from_response(self, message: Message, response: Resp) -> SendResult:
+        raise NotImplementedError
+
+    def send(self, message: Message) -> SendResult:
+        request = self.to_request(message)
+        spend = self.budget(message, request)
+        if spend is not None and self.limits is not None:
+            quota, key, cost = spend
+            self.limits.take(quota, key, cost=cost, lane=message.lane)
+        return self.from_response(message, self.call(request))

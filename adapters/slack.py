@@ -4,9 +4,10 @@ Pure parts: `to_blocks`, `answered_blocks`, `metadata`, `find_posted`, `error_fo
 over the real slack_sdk `WebClient` (conversations.open, chat.postMessage with message metadata
 carrying the delivery id, chat.update, conversations.history for crash reconciliation).
 
-A 429 pauses the whole workspace (keyed by a hash of the bot token) in Redis until Retry-After has
-passed; while paused, sends are deferred (the attempt refunded) without calling Slack. A recipient
-Slack says is gone goes on the suppression list.
+A 429 pauses the whole workspace's shared budget (adapters.ratelimit, keyed by a hash of the bot
+token) until Retry-After has passed; while paused, sends are deferred (the attempt refunded) without
+calling Slack. A recipient Slack says is gone goes on the suppression list (the Suppressions the
+composition root hands in).
 
 Three outcomes. chat.postMessage answered `ok` is sent; an error answer, or a failure before the
 request was written (urllib's URLError: no connection), failed; a 5xx, a timeout waiting for the
@@ -17,24 +18,21 @@ first looks for it (`reconcile`) and posts only if it is not there.
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import logging
-import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.error import URLError
 
-import redis as redis_lib
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
-from adapters.base import Message, SendResult
+from adapters.base import Collaborators, Message, SendResult, Suppressions
 from adapters.escape import slack_mrkdwn
+from adapters.ratelimit import Quota, RateLimits
 from catalog import Button
-from clarion import clock
 from clarion.errors import (
     DeferredSendError,
     PermanentSendError,
@@ -56,6 +54,9 @@ TRANSIENT_ERRORS = frozenset(
 # deleted, which says nothing about the recipient.)
 UNREACHABLE_ERRORS = frozenset({"user_not_found", "user_disabled", "cannot_dm_bot"})
 DEFAULT_PAUSE = 30.0  # seconds, when a 429 comes without Retry-After
+# Per workspace. Slack's chat.postMessage limit is about one message per second per channel with
+# bursts, and "several hundred a minute" per workspace; a 429 pauses every worker (Retry-After).
+SLACK_QUOTA = Quota("slack", ((1200, 60.0),), share=1.0, fail_open=True)
 HISTORY_LIMIT = 15  # conversations.history's page cap for non-Marketplace apps
 HISTORY_MARGIN = timedelta(minutes=5)  # clock differences between PostgreSQL and Slack
 HISTORY_PAGES = 4  # conversations.history calls one reconciliation may make
@@ -229,51 +230,6 @@ def slack_errors(*, posting: bool = False) -> Iterator[None]:
 # --- I/O ------------------------------------------------------------------------------------------
 
 
-class Pauses:
-    """Per-workspace send pauses in Redis: "paused until T" (T from clarion's clock)."""
-
-    def __init__(self, client: Callable[[], redis_lib.Redis], key: str) -> None:
-        self.client, self.key = client, key
-
-    def remaining(self) -> float | None:
-        """Seconds the workspace is still paused for, or None. Redis trouble never blocks a send."""
-        try:
-            raw = self.client().get(self.key)
-        except redis_lib.RedisError:
-            log.warning("pause check failed", extra={"action": "slack_pause_unknown"})
-            return None
-        left = float(raw) - clock.now().timestamp() if raw else 0.0
-        return left if left > 0 else None
-
-    def pause(self, seconds: float) -> None:
-        """Pause the workspace for `seconds` from now (never shortening a longer pause)."""
-        until = clock.now().timestamp() + seconds
-        try:
-            current = self.client().get(self.key)
-            if current is None or float(current) < until:
-                # the expiry only tidies up; whether a pause holds is decided against the clock
-                self.client().set(self.key, repr(until), ex=math.ceil(seconds) + 60)
-        except redis_lib.RedisError:
-            log.warning("pause not stored", extra={"action": "slack_pause_lost"})
-
-
-def suppress_in_ledger(message: Message, reason: str) -> None:
-    """Put the recipient's Slack address on the suppression list, in its own transaction."""
-    from db import gating
-    from db.engine import engine
-
-    with engine().begin() as conn:
-        gating.suppress_address(
-            conn,
-            message.user_id,
-            channel="slack",
-            address=message.address or "",
-            reason="deactivated",
-            detail=f"slack: {reason}",
-            now=clock.now(),
-        )
-
-
 def update_message(
     client: WebClient, message: Message, provider_message_id: str, label: str
 ) -> bool:
@@ -304,18 +260,22 @@ class SlackAdapter:
         self,
         client: WebClient,
         *,
-        pauses: Pauses | None = None,
-        on_unreachable: Callable[[Message, str], None] | None = None,
+        workspace: str = "",
+        limits: RateLimits | None = None,
+        suppressions: Suppressions | None = None,
+        quota: Quota = SLACK_QUOTA,
     ) -> None:
         self.client = client
-        self.pauses = pauses
-        self.on_unreachable = on_unreachable
+        self.workspace = workspace  # the budget key: a hash of the bot token
+        self.limits = limits
+        self.suppressions = suppressions
+        self.quota = quota
         self._dms: dict[
             str, str
         ] = {}  # user id -> DM channel id (stable; saves conversations.open)
 
     @classmethod
-    def from_settings(cls, s: Settings) -> SlackAdapter:
+    def from_settings(cls, s: Settings, parts: Collaborators) -> SlackAdapter:
         """The adapter for the configured workspace (CLARION_SLACK_TOKEN, CLARION_SLACK_API_URL)."""
         # No SDK retries: a retried chat.postMessage can post twice; the ledger retries instead.
         client = WebClient(
@@ -324,23 +284,16 @@ class SlackAdapter:
             timeout=int(s.webhook_timeout),
             retry_handlers=[],
         )
-        connection: list[redis_lib.Redis] = []
-
-        def redis() -> redis_lib.Redis:
-            if not connection:
-                connection.append(redis_lib.Redis.from_url(s.urls()[1]))
-            return connection[0]
-
-        workspace = hashlib.sha256((s.slack_token or "").encode()).hexdigest()[:16]
         return cls(
             client,
-            pauses=Pauses(redis, f"clarion:slack:pause:{workspace}"),
-            on_unreachable=suppress_in_ledger,
+            workspace=s.slack_token or "",
+            limits=parts.limits,
+            suppressions=parts.suppressions,
         )
 
     def send(self, message: Message) -> SendResult:
         """Open the DM and post the message (three outcomes: see the module docstring)."""
-        self._check_pause()
+        self._check_pause(message)
         try:
             with slack_errors():
                 channel = self._dm(message)
@@ -361,10 +314,10 @@ class SlackAdapter:
             provider_message_id=message_ref(str(posted["channel"]), str(posted["ts"])),
         )
 
-    def _check_pause(self) -> None:
-        left = self.pauses.remaining() if self.pauses else None
-        if left is not None:
-            raise ThrottledError("paused", f"workspace rate-limited for {left:.1f}s more", left)
+    def _check_pause(self, message: Message) -> None:
+        """The workspace's shared budget: paused by a 429 (every worker waits it out)."""
+        if self.limits is not None:
+            self.limits.take(self.quota, self.workspace, lane=message.lane)
 
     def update(self, message: Message, provider_message_id: str, answered: str | None) -> None:
         """Show the recorded answer in place of the buttons."""
@@ -434,12 +387,18 @@ class SlackAdapter:
     def _failed(self, message: Message, error: SendError, *, pause: bool) -> None:
         if isinstance(error, PermanentSendError):
             self._dms.pop(message.address or "", None)  # a stale DM id is not trusted again
-        if pause and error.reason == "ratelimited" and self.pauses:
+        if pause and error.reason == "ratelimited" and self.limits is not None:
             retry_after = getattr(error, "retry_after", None)  # a ThrottledError's (see classify)
-            self.pauses.pause(retry_after or DEFAULT_PAUSE)
+            self.limits.pause(self.quota, self.workspace, retry_after or DEFAULT_PAUSE)
             log.warning("slack paused", extra={"action": "slack_paused", "seconds": retry_after})
-        if error.reason in UNREACHABLE_ERRORS and self.on_unreachable and message.address:
+        if error.reason in UNREACHABLE_ERRORS and self.suppressions and message.address:
             try:
-                self.on_unreachable(message, error.reason)
+                self.suppressions.suppress(
+                    message.user_id,
+                    "slack",
+                    message.address,
+                    "deactivated",
+                    f"slack: {error.reason}",
+                )
             except Exception:  # the delivery still fails for good; the next one will try again
                 log.exception("suppression not recorded", extra={"action": "slack_suppress_failed"})

@@ -9,10 +9,10 @@ reference with one primary-key read (db.teams); it checks the Teams id still mat
 
 Pure: to_card, answered_card, preferences_card, preferences_changes, to_activity, from_activity,
 reference_from_activity, send_error, message_id. I/O: TeamsAdapter.send and update, through
-botframework-connector's ConnectorClient against the reference's serviceUrl, and the per-
-conversation limiter (Teams allows 7 messages/s, 8/2 s, 60/30 s, 1800/h per conversation).
-The adapter reaches the database only through the `ReferenceStore` it is given; `from_settings`
-wires `LedgerStore` (db.teams, db.gating, imported lazily) and the Redis limiter.
+botframework-connector's ConnectorClient against the reference's serviceUrl, and the
+per-conversation budget in adapters.ratelimit (Teams allows 7 messages/s, 8/2 s, 60/30 s, 1800/h
+per conversation). The adapter reaches the database only through the `ReferenceStore` it is given
+by the composition root (tasks.runtime).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import logging
 import re
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -40,10 +39,10 @@ from botframework.connector import ConnectorClient
 from botframework.connector.auth import MicrosoftAppCredentials
 from msrest.exceptions import ClientRequestError
 
-from adapters.base import Message, SendResult
+from adapters.base import Collaborators, Message, SendResult
 from adapters.escape import card_markdown, plain_text
+from adapters.ratelimit import Quota, RateLimits
 from adapters.webhook import retry_after
-from clarion import clock
 from clarion.errors import (
     PermanentSendError,
     SendError,
@@ -61,12 +60,8 @@ PREFERENCES_VERB, PREFERENCES_KEY = "clarion_preferences", "clarion_preferences"
 STYLES = {"primary": "positive", "danger": "destructive"}
 GONE_STATUSES = frozenset({403, 404})  # the bot was removed from the conversation, or it is gone
 TRANSIENT_STATUSES = frozenset({401, 408, 425, 429})  # 401: our token was refused; a new one may do
-TEAMS_LIMITS = (
-    (7, 1.0),
-    (8, 2.0),
-    (60, 30.0),
-    (1800, 3600.0),
-)  # (messages, seconds) per conversation
+# (messages, seconds) per conversation; clarion spends 90% of each (adapters.ratelimit)
+TEAMS_QUOTA = Quota("teams", ((7, 1.0), (8, 2.0), (60, 30.0), (1800, 3600.0)), fail_open=True)
 
 
 def local_mode(app_id: str | None) -> bool:
@@ -372,63 +367,6 @@ def network_error(exc: Exception, *, posting: bool) -> SendError:
     return TransientSendError("connection", str(inner)[:200])
 
 
-# --- the per-conversation limit ------------------------------------------------------------------
-
-# KEYS: the conversation's send log (a sorted set of times), its pause (the time it ends). ARGV:
-# now, a unique member, then (limit, window) pairs. Returns "0" when the send may go (and logs it),
-# else the seconds to wait. Redis returns Lua numbers as integers, hence the strings. Times are
-# the caller's (clarion.clock), so an injected clock drives the limits; TTLs only clean up.
-_ACQUIRE = """
-local now, wait, longest = tonumber(ARGV[1]), 0, 0
-local paused = tonumber(redis.call('GET', KEYS[2]) or '0')
-if paused > now then return tostring(paused - now) end
-for i = 3, #ARGV, 2 do
-  local limit, window = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
-  if window > longest then longest = window end
-  local since = '(' .. string.format('%.6f', now - window)
-  local n = redis.call('ZCOUNT', KEYS[1], since, '+inf')
-  if n >= limit then
-    local e = redis.call('ZRANGEBYSCORE', KEYS[1], since, '+inf', 'WITHSCORES', 'LIMIT', n - limit, 1)
-    wait = math.max(wait, tonumber(e[2]) + window - now)
-  end
-end
-if wait > 0 then return tostring(wait) end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now - longest))
-redis.call('ZADD', KEYS[1], string.format('%.6f', now), ARGV[2])
-redis.call('PEXPIRE', KEYS[1], math.ceil(longest * 1000))
-return '0'
-"""
-
-
-class ConversationLimiter:
-    """Sliding-window send limits per conversation, shared by every worker through Redis."""
-
-    def __init__(
-        self,
-        redis_factory: Callable[[], Any],
-        limits: Sequence[tuple[int, float]] = TEAMS_LIMITS,
-        prefix: str = "clarion:teams:",
-    ) -> None:
-        self.redis_factory = redis_factory
-        self.limits = tuple(limits)
-        self.prefix = prefix
-
-    def _keys(self, conversation: str) -> list[str]:
-        tag = uuid.uuid5(uuid.NAMESPACE_URL, conversation).hex
-        return [f"{self.prefix}sends:{tag}", f"{self.prefix}pause:{tag}"]
-
-    def acquire(self, conversation: str, now: float) -> float:
-        """0.0 when a send to `conversation` may go now (and counts it), else seconds to wait."""
-        args = [repr(now), uuid.uuid4().hex, *[str(v) for pair in self.limits for v in pair]]
-        return float(self.redis_factory().eval(_ACQUIRE, 2, *self._keys(conversation), *args))
-
-    def pause(self, conversation: str, now: float, seconds: float) -> None:
-        """Hold every send to `conversation` (the provider said 429) for `seconds` after `now`."""
-        self.redis_factory().set(
-            self._keys(conversation)[1], repr(now + seconds), px=max(1, int(seconds * 1000))
-        )
-
-
 # --- the adapter ---------------------------------------------------------------------------------
 
 
@@ -436,34 +374,6 @@ class ReferenceStore(Protocol):
     def reference(self, user_id: str, teams_user: str) -> ConversationRef | None: ...
 
     def gone(self, user_id: str, teams_user: str, detail: str) -> None: ...
-
-
-class LedgerStore:
-    """References and suppressions in clarion's database (db.teams, db.gating)."""
-
-    def reference(self, user_id: str, teams_user: str) -> ConversationRef | None:
-        from db import teams
-        from db.engine import engine
-
-        with engine().connect() as conn:
-            return ConversationRef.from_json(
-                teams.conversation_reference(conn, user_id, teams_user)
-            )
-
-    def gone(self, user_id: str, teams_user: str, detail: str) -> None:
-        from db import gating
-        from db.engine import engine
-
-        with engine().begin() as conn:
-            gating.suppress_address(
-                conn,
-                user_id,
-                channel="teams",
-                address=teams_user,
-                reason="deactivated",
-                detail=detail[:500],
-                now=clock.now(),
-            )
 
 
 def credentials_for(
@@ -490,29 +400,28 @@ class TeamsAdapter:
         *,
         credentials: MicrosoftAppCredentials,
         store: ReferenceStore,
-        limiter: ConversationLimiter | None = None,
+        limits: RateLimits | None = None,
+        quota: Quota = TEAMS_QUOTA,
         timeout: float = 10.0,
         max_wait: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
-        wall: Callable[[], float] | None = None,
     ) -> None:
         self.credentials = credentials
         self.store = store
-        self.limiter = limiter
+        self.limits = limits
+        self.quota = quota
         self.timeout = timeout
-        self.max_wait = max_wait  # longer waits for the limiter go back to the queue as a retry
+        self.max_wait = max_wait  # longer waits for the budget go back to the queue as a retry
         self.sleep = sleep
-        self.wall = wall or (lambda: clock.now().timestamp())
         self._local = threading.local()
 
     @classmethod
-    def from_settings(cls, s: Any) -> TeamsAdapter:
-        from tasks import runtime  # wiring only: the adapter itself takes its collaborators
-
+    def from_settings(cls, s: Any, parts: Collaborators) -> TeamsAdapter:
+        """Wiring: the reference store comes from the composition root (tasks.runtime)."""
         return cls(
             credentials=credentials_for(s.teams_app_id, s.teams_app_password, s.teams_tenant_id),
-            store=LedgerStore(),
-            limiter=ConversationLimiter(runtime.redis),
+            store=parts.extra["teams_references"],
+            limits=parts.limits,
             timeout=s.webhook_timeout,
         )
 
@@ -567,7 +476,7 @@ class TeamsAdapter:
         *,
         posting: bool = False,
     ) -> Any:
-        self._throttle(ref.conversation_id)
+        self._throttle(ref.conversation_id, message.lane)
         try:
             return operation(self._client(ref.service_url))
         except ErrorResponseException as exc:
@@ -581,44 +490,29 @@ class TeamsAdapter:
         self, message: Message, ref: ConversationRef, response: requests.Response, posting: bool
     ) -> SendError:
         error = send_error(response.status_code, response.headers, response.text, posting=posting)
-        limiter = self.limiter
-        if response.status_code == 429 and limiter is not None:
-            self._guard(
-                lambda: limiter.pause(
-                    ref.conversation_id, self.wall(), getattr(error, "retry_after", None) or 1.0
-                )
-            )
+        if response.status_code == 429 and self.limits is not None:
+            wait = getattr(error, "retry_after", None) or 1.0
+            self.limits.pause(self.quota, ref.conversation_id, wait)
         if response.status_code in GONE_STATUSES:
             self.store.gone(message.user_id, message.address or "", str(error))
         log.info("teams send failed", extra={"action": "teams_send_failed", "reason": error.reason})
         return error
 
-    def _throttle(self, conversation: str) -> None:
-        wait = 0.0
-        limiter = self.limiter
+    def _throttle(self, conversation: str, lane: str | None = None) -> None:
+        """Spend from the conversation's budget; a short wait is slept here, a longer one goes
+        back to the queue (ThrottledError: the attempt is refunded)."""
+        if self.limits is None:
+            return
         for _ in range(3):
-            wait = (
-                self._guard(lambda: limiter.acquire(conversation, self.wall())) if limiter else 0.0
-            )
-            if not wait:
+            try:
+                self.limits.take(self.quota, conversation, lane=lane)
                 return
-            if wait > self.max_wait:
-                break
-            self.sleep(wait)
-        raise ThrottledError(
-            "throttled", f"conversation over its Teams rate limit for {wait:.2f}s", retry_after=wait
-        )
-
-    @staticmethod
-    def _guard(call: Callable[[], float | None]) -> float:
-        """The limiter is a courtesy to the provider: a Redis outage must not stop sends."""
-        try:
-            return call() or 0.0
-        except Exception:
-            log.warning(
-                "teams limiter unavailable", extra={"action": "teams_limiter_error"}, exc_info=True
-            )
-            return 0.0
+            except ThrottledError as full:
+                wait = full.retry_after or 0.0
+                if wait > self.max_wait:
+                    raise
+                self.sleep(wait)
+        self.limits.take(self.quota, conversation, lane=lane)
 
     def _client(self, service_url: str) -> ConnectorClient:
         clients = self._local.__dict__.setdefault("clients", {})

@@ -16,11 +16,13 @@ import hmac
 import json
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 import urllib3
 
-from adapters.base import Message, SendResult, clean_provider_id
+from adapters.base import Channel, Message, SendResult, clean_provider_id
+from adapters.ratelimit import Quota, RateLimits
 from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
 
 FAILED_STATUSES = frozenset({408, 425, 429})  # the receiver says it did not take the request
@@ -114,29 +116,69 @@ def error_for(exc: urllib3.exceptions.HTTPError) -> TransientSendError | Unknown
     return UnknownSendError("no_answer", str(exc)[:200])
 
 
-class WebhookAdapter:
+@dataclass(frozen=True)
+class WebhookRequest:
+    url: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass(frozen=True)
+class WebhookResponse:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class WebhookAdapter(Channel[WebhookRequest, WebhookResponse]):
+    """The model channel: pure `to_request` and `from_response` around a `call` that does only
+    the I/O. Copy this shape for a new channel (see README, "Adding a channel")."""
+
     channel = "webhook"
     needs_address = False
     dedups_by_key = True  # the webhook contract: receivers drop a repeated Idempotency-Key
 
-    def __init__(self, *, secret: str, timeout: float, default_url: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        secret: str,
+        timeout: float,
+        default_url: str | None = None,
+        limits: RateLimits | None = None,
+        quota: Quota | None = None,
+    ) -> None:
         self.secret = secret
         self.default_url = default_url
+        self.limits = limits
+        self.quota = quota  # CLARION_WEBHOOK_RATE: per receiving host
         self.pool = urllib3.PoolManager(
             num_pools=16, maxsize=8, retries=False, timeout=urllib3.Timeout(total=timeout)
         )
 
-    def send(self, message: Message) -> SendResult:
+    def to_request(self, message: Message) -> WebhookRequest:
         url = message.config.get("url") or self.default_url
         if not url:
             raise PermanentSendError("no_url", f"type {message.type_key} has no webhook url")
         if not str(url).startswith(("http://", "https://")):
             raise PermanentSendError("bad_url", f"webhook url must be http(s): {url!r}")
         headers, body = to_request(message, self.secret, time.time())
+        return WebhookRequest(str(url), headers, body)
+
+    def budget(self, message: Message, request: WebhookRequest) -> tuple[Quota, str, int] | None:
+        if self.quota is None:
+            return None
+        return self.quota, urllib3.util.parse_url(request.url).host or request.url, 1
+
+    def call(self, request: WebhookRequest) -> WebhookResponse:
         try:
-            response = self.pool.request("POST", url, body=body, headers=headers)
+            response = self.pool.request(
+                "POST", request.url, body=request.body, headers=request.headers
+            )
         except urllib3.exceptions.LocationValueError as exc:
             raise PermanentSendError("bad_url", str(exc)) from exc
         except urllib3.exceptions.HTTPError as exc:
             raise error_for(exc) from exc
-        return from_response(response.status, response.headers, response.data)
+        return WebhookResponse(response.status, response.headers, response.data)
+
+    def from_response(self, message: Message, response: WebhookResponse) -> SendResult:
+        return from_response(response.status, response.headers, response.body)

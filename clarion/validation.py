@@ -42,6 +42,8 @@ CHANNEL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 LOCALE = re.compile(r"[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8})*")
 SLACK_USER = re.compile(r"[UW][A-Z0-9]{1,31}")
 E164 = re.compile(r"\+[1-9][0-9]{7,14}")
+PUSH_DEVICE = re.compile(r"(fcm:[A-Za-z0-9_:\-]{16,4096}|apns:[0-9A-Fa-f]{64,200})")
+MAX_DEVICES = 10
 HH_MM = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9]")
 SUBDIVISION = re.compile(r"[A-Za-z0-9]{1,3}")
 
@@ -209,6 +211,17 @@ def _url(field: str, value: str) -> None:
         raise InvalidField(field, f"must be an http(s) URL, not {show(value)}")
 
 
+def _devices(field: str, value: str) -> None:
+    devices = value.split()
+    if not devices or len(devices) > MAX_DEVICES:
+        raise InvalidField(field, f"1 to {MAX_DEVICES} devices, not {len(devices)}")
+    for i, device in enumerate(devices):
+        if not PUSH_DEVICE.fullmatch(device):
+            raise InvalidField(
+                f"{field}[{i}]", f"must be 'fcm:<token>' or 'apns:<hex token>', not {show(device)}"
+            )
+
+
 def _nothing(field: str, value: str) -> None:
     """Channels without a format of their own (teams user ids, stored references)."""
 
@@ -219,6 +232,7 @@ ADDRESS_FORMATS: dict[str, Callable[[str, str], None]] = {
     "sms": _pattern(E164, "an E.164 number: + and 8 to 15 digits, such as +4915112345678"),
     "webhook": _url,
     "teams": _nothing,
+    "push": _devices,
 }
 
 
@@ -238,6 +252,10 @@ def addresses(value: object, field: str = "addresses") -> dict[str, str]:
                 field, f"channel names are lower-case words like 'email', not {show(channel)}"
             )
         where = f"{field}.{channel}"
+        if channel == "push" and isinstance(address, list | tuple):  # several devices
+            address = " ".join(
+                text(f"{where}[{i}]", a, max_bytes=ADDRESS_BYTES) for i, a in enumerate(address)
+            )
         out[channel] = text(where, address, max_bytes=ADDRESS_BYTES)
         ADDRESS_FORMATS.get(channel, _nothing)(where, out[channel])
     return out

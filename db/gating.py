@@ -267,3 +267,32 @@ def suppress_address(
             "now": now,
         },
     )
+
+
+def forget_address(
+    conn: Connection, user_id: str, *, channel: str, value: str, now: datetime
+) -> bool:
+    """Remove one value from a recipient's address for `channel` (a push token from the
+    space-separated device list; the whole address when it is the only value). False if absent."""
+    row = conn.execute(
+        text("SELECT addresses ->> :channel FROM recipients WHERE user_id = :u FOR UPDATE"),
+        {"u": user_id, "channel": channel},
+    ).first()
+    if row is None or row[0] is None:
+        return False
+    values = row[0].split()
+    if value not in values:
+        return False
+    kept = " ".join(v for v in values if v != value)
+    conn.execute(
+        text(
+            """
+            UPDATE recipients SET updated_at = :now, addresses = CASE
+                WHEN :kept = '' THEN addresses - :channel
+                ELSE jsonb_set(addresses, ARRAY[:channel], to_jsonb(CAST(:kept AS text))) END
+            WHERE user_id = :u
+            """
+        ),
+        {"u": user_id, "channel": channel, "kept": kept, "now": now},
+    )
+    return True

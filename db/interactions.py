@@ -29,7 +29,7 @@ _ANSWER = text(
     """
     UPDATE deliveries SET state = 'answered', answer = :answer, answered_at = :now, answered_by = :by,
         updated_at = :now
-    WHERE user_id = :user_id AND id = :id AND state IN ('sent', 'delivered', 'read')
+    WHERE user_id = :user_id AND id = :id AND state IN ('sent', 'delivered', 'opened', 'read', 'clicked')
     RETURNING id
     """
 )

@@ -43,7 +43,7 @@ class Redrivable:
 _SENT_ELSEWHERE = """
     EXISTS (SELECT 1 FROM deliveries o
             WHERE o.user_id = d.user_id AND o.type_key = d.type_key AND o.occurrence_key = d.occurrence_key
-              AND o.id <> d.id AND o.state IN ('claimed', 'sent', 'delivered', 'read', 'answered')
+              AND o.id <> d.id AND o.state IN ('claimed', 'sent', 'delivered', 'opened', 'read', 'clicked', 'answered', 'bounced', 'undelivered')
               AND (o.channel = d.channel OR (o.one_platform AND d.one_platform)))
 """
 

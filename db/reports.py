@@ -14,7 +14,7 @@ _DECISIONS = text(
 _INCIDENTS = text("SELECT kind, count(*) FROM incidents GROUP BY 1 ORDER BY 1")
 _UNSETTLED = text("SELECT count(*) FROM deliveries WHERE state IN ('pending', 'claimed')")
 _SENT = text(
-    "SELECT count(*) FROM deliveries WHERE state IN ('sent', 'delivered', 'read', 'answered')"
+    "SELECT count(*) FROM deliveries WHERE state IN ('sent', 'delivered', 'opened', 'read', 'clicked', 'answered', 'bounced', 'undelivered')"
 )
 _PENDING_REQUESTS = text("SELECT count(*) FROM requests WHERE state = 'pending'")
 

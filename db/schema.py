@@ -36,15 +36,29 @@ DELIVERY_STATES = (
     "unknown",
     "sent",
     "delivered",
+    "opened",
     "read",
+    "clicked",
     "answered",
+    "bounced",
+    "undelivered",
     "failed",
     "suppressed",
 )
 # States that hold or have used the right to send: at most one per occurrence and channel.
 # `unknown` is one: its attempt may have reached the provider.
-SENDING_STATES = ("claimed", "unknown", "sent", "delivered", "read", "answered")
-SENT_STATES = ("sent", "delivered", "read", "answered")
+SENT_STATES = (
+    "sent",
+    "delivered",
+    "opened",
+    "read",
+    "clicked",
+    "answered",
+    "bounced",
+    "undelivered",
+)
+SENDING_STATES = ("claimed", "unknown", *SENT_STATES)
+RECEIPT_OUTCOMES = ("applied", "repeated", "stale", "early", "unknown_message", "mismatch")
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
@@ -70,6 +84,11 @@ recipients = Table(
     Column("quiet_end", Time),
     Column("workweek", ARRAY(SmallInteger)),
     Column("subdivision", Text),
+    Index(
+        "recipients_sms",
+        text("(addresses ->> 'sms')"),
+        postgresql_where=text("addresses ? 'sms'"),
+    ),
 )
 
 requests = Table(
@@ -159,6 +178,32 @@ deliveries = Table(
         postgresql_where=text(f"one_platform AND {_in('state', SENDING_STATES)}"),
     ),
     Index("deliveries_due", "lane", "due_at", postgresql_where=text("due_at IS NOT NULL")),
+    Index(
+        "deliveries_provider_message",
+        "provider_message_id",
+        postgresql_where=text("provider_message_id IS NOT NULL"),
+    ),
+)
+
+receipts = Table(
+    "receipts",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("delivery_id", BigInteger),
+    Column("channel", Text, nullable=False),
+    Column("event", Text, nullable=False),
+    Column("provider_message_id", Text),
+    Column("address", Text),
+    Column("event_id", Text),
+    Column("detail", Text, nullable=False, server_default=""),
+    Column("outcome", Text, nullable=False),
+    _ts("occurred_at", False),
+    _ts("received_at", False),
+    PrimaryKeyConstraint("user_id", "id", name="receipts_pkey"),
+    CheckConstraint(_in("outcome", RECEIPT_OUTCOMES), name="receipts_outcome_check"),
+    Index("receipts_delivery", "user_id", "delivery_id"),
+    Index("receipts_early", "received_at", postgresql_where=text("outcome = 'early'")),
 )
 
 decisions = Table(

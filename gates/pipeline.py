@@ -150,6 +150,15 @@ def plan(
     return replace(result, channels=tuple(channels))
 
 
+def suppressed(channel: str, address: str, listed: Mapping[tuple[str, str], str]) -> str | None:
+    """The suppression reason that stops `address` on `channel`, or None. A push address is a
+    list of devices: it is stopped only when every device is listed."""
+    if channel == "push":
+        reasons = [listed.get((channel, device)) for device in address.split()]
+        return None if not reasons or None in reasons else reasons[0]
+    return listed.get((channel, address))
+
+
 def _channel_gates(
     b: _Builder,
     ntype: NotificationType,
@@ -170,12 +179,12 @@ def _channel_gates(
             b.add(
                 "channel", "suppress", "no_address", f"recipient has no {channel} address", channel
             )
-        elif (channel, address) in snapshot.suppressed:
+        elif (why := suppressed(channel, address, snapshot.suppressed)) is not None:
             b.add(
                 "suppression",
                 "suppress",
                 "suppressed_address",
-                f"{channel} address is on the suppression list ({snapshot.suppressed[(channel, address)]})",
+                f"{channel} address is on the suppression list ({why})",
                 channel,
             )
         elif not (

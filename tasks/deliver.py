@@ -174,6 +174,8 @@ def _prepare(row: ClaimedDelivery, batch: Batch) -> tuple[Adapter, Message]:
         config=ntype.config.get(row.channel, {}),
         address=(row.addresses or {}).get(row.channel),
         buttons=ntype.templates[version].buttons,
+        lane=row.lane,
+        category=ntype.category,
     )
 
 

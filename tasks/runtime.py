@@ -8,16 +8,17 @@ import os
 from collections.abc import Callable
 from functools import update_wrapper
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import redis as redis_lib
 
-from adapters.base import Adapter
+from adapters.base import Adapter, Collaborators
 from adapters.console import ConsoleAdapter
+from adapters.ratelimit import RateLimits
 from adapters.webhook import WebhookAdapter
 from catalog import Catalog
 from catalog.model import EXAMPLES
-from clarion import settings
+from clarion import clock, settings
 from clarion.errors import ConfigurationError
 
 T = TypeVar("T")
@@ -87,23 +88,86 @@ def _from_python(spec: str) -> Catalog:
     raise ConfigurationError(f"CLARION_CATALOG={spec!r} is neither a Catalog nor a mapping")
 
 
+class LedgerSuppressions:
+    """The suppression list and recipients' addresses in clarion's database (db.gating)."""
+
+    def suppress(self, user_id: str, channel: str, address: str, reason: str, detail: str) -> None:
+        from db import gating
+        from db.engine import engine
+
+        with engine().begin() as conn:
+            gating.suppress_address(
+                conn,
+                user_id,
+                channel=channel,
+                address=address,
+                reason=reason,
+                detail=detail[:500],
+                now=clock.now(),
+            )
+
+    def forget_address(self, user_id: str, channel: str, value: str) -> None:
+        from db import gating
+        from db.engine import engine
+
+        with engine().begin() as conn:
+            gating.forget_address(conn, user_id, channel=channel, value=value, now=clock.now())
+
+
+class TeamsReferences:
+    """Teams conversation references (db.teams) and gone bots (the suppression list)."""
+
+    def __init__(self, suppressions: LedgerSuppressions) -> None:
+        self.suppressions = suppressions
+
+    def reference(self, user_id: str, teams_user: str) -> Any:
+        from adapters.teams import ConversationRef
+        from db import teams
+        from db.engine import engine
+
+        with engine().connect() as conn:
+            return ConversationRef.from_json(
+                teams.conversation_reference(conn, user_id, teams_user)
+            )
+
+    def gone(self, user_id: str, teams_user: str, detail: str) -> None:
+        self.suppressions.suppress(user_id, "teams", teams_user, "deactivated", detail)
+
+
+@per_process
+def collaborators() -> Collaborators:
+    """The composition root: what adapters get instead of importing db/ or tasks/."""
+    suppressions = LedgerSuppressions()
+    return Collaborators(
+        redis=redis,
+        limits=RateLimits(redis, wall=lambda: clock.now().timestamp()),
+        suppressions=suppressions,
+        extra={"teams_references": TeamsReferences(suppressions)},
+    )
+
+
 @per_process
 def adapters() -> dict[str, Adapter]:
+    """Every channel configured on this worker, built with the shared collaborators."""
     s = settings.get()
+    parts = collaborators()
     found: list[Adapter] = [
         ConsoleAdapter(),
         WebhookAdapter(
-            secret=s.webhook_secret, timeout=s.webhook_timeout, default_url=s.webhook_url
+            secret=s.webhook_secret,
+            timeout=s.webhook_timeout,
+            default_url=s.webhook_url,
+            limits=parts.limits,
         ),
     ]
     if s.slack_token:
         from adapters.slack import SlackAdapter
 
-        found.append(SlackAdapter.from_settings(s))
+        found.append(SlackAdapter.from_settings(s, parts))
     if s.teams_app_id:
         from adapters.teams import TeamsAdapter
 
-        found.append(TeamsAdapter.from_settings(s))
+        found.append(TeamsAdapter.from_settings(s, parts))
     return {a.channel: a for a in found}
 
 
@@ -121,5 +185,5 @@ def count(name: str, amount: int = 1) -> None:
 
 def reset() -> None:
     """Forget cached resources (tests that switch catalogs or settings)."""
-    for cached in (catalog, adapters, redis):
+    for cached in (catalog, collaborators, adapters, redis):
         cached.cache_clear()

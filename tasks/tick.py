@@ -2,7 +2,7 @@
 
 Requests never published (outbox rows written in a caller's transaction), published but never
 routed (a lost message), or deferred until now; deliveries never picked up, due for a retry, or
-whose claim lease lapsed. Two beat processes, or overlapping ticks, only publish wake-ups twice:
+whose claim lease lapsed; then receipts that arrived before their send was recorded. Two beat processes, or overlapping ticks, only publish wake-ups twice:
 route and deliver are idempotent by construction.
 
 Each lane has its own republish budget per tick, transactional first, so an activation backlog (or
@@ -21,6 +21,7 @@ from clarion import clock, settings
 from db import claims, ledger
 from db.engine import engine
 from tasks.publish import DELIVER, ROUTE, publish
+from tasks.receipts import replay_early
 from tasks.series import fire_due_series
 
 LANE_LIMIT = 5000  # rows of each kind per lane per tick
@@ -59,4 +60,5 @@ def tick() -> dict[str, int]:
         publish(DELIVER, deliveries)
         taken["requests"] += len(requests)
         taken["deliveries"] += len(deliveries)
+    taken["receipts"] = replay_early()
     return taken

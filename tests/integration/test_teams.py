@@ -42,8 +42,8 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from adapters.base import ButtonValue, Message, decode_value
+from adapters.ratelimit import Quota, RateLimits
 from adapters.teams import (
-    ConversationLimiter,
     ConversationRef,
     TeamsAction,
     TeamsAdapter,
@@ -780,7 +780,7 @@ def test_a_429_pauses_the_conversation_for_every_worker(mia, connector):
         connector.fail_next(429, retry_after=5)
         assert deliver([first[0]], [first[1]]) == 0
         assert deliver([second[0]], [second[1]]) == 0  # paused: the provider is not asked
-        assert delivery(second)["last_error"].startswith("throttled")
+        assert delivery(second)["last_error"].startswith("paused")
         assert [c.status for c in connector.calls if c.activity_id is None] == [429]
         clk.advance(6.01)  # the pause, and at most a fifth of it in jitter
         assert deliver([second[0]], [second[1]]) == 1
@@ -881,55 +881,40 @@ def redis_client(clarion_env) -> redis.Redis:
     return redis.Redis.from_url(clarion_env.redis_url)
 
 
-def test_the_limiter_holds_a_conversation_to_the_teams_windows(redis_client):
-    limiter = ConversationLimiter(lambda: redis_client)
-    t = 1_000_000.0
-    assert [limiter.acquire("c1", t + i / 10) for i in range(7)] == [0.0] * 7
-    assert limiter.acquire("c1", t + 0.7) == pytest.approx(0.3)  # 7 per second
-    assert limiter.acquire("c2", t + 0.7) == 0.0  # per conversation
-    assert limiter.acquire("c1", t + 1.0) == 0.0
-    assert limiter.acquire("c1", t + 1.05) == pytest.approx(0.95)  # 8 per 2 seconds
-    limiter.pause("c3", t, 2.5)
-    assert limiter.acquire("c3", t + 1) == pytest.approx(1.5)
-    assert limiter.acquire("c3", t + 2.5) == 0.0
-
-
-def test_the_adapter_waits_briefly_for_the_limiter_then_hands_back_to_the_queue(
+def test_the_adapter_waits_briefly_for_its_budget_then_hands_back_to_the_queue(
     redis_client, connector
 ):
-    now = [1_000_000.0]
     slept: list[float] = []
 
-    def sleep(seconds: float) -> None:
+    def sleep(seconds: float) -> None:  # the budget lives in Redis on real time: really wait
         slept.append(seconds)
-        now[0] += seconds
+        time.sleep(seconds)
 
     adapter = TeamsAdapter(
         credentials=credentials_for("none", None, None),
         store=_Store(ConversationRef(connector.url, CONVERSATION)),
-        limiter=ConversationLimiter(lambda: redis_client, limits=[(2, 1.0), (3, 10.0)]),
+        limits=RateLimits(lambda: redis_client, prefix=f"test:{uuid.uuid4().hex}"),
+        quota=Quota("teams", ((2, 1.0), (3, 10.0)), share=1.0),
         sleep=sleep,
-        wall=lambda: now[0],
     )
     adapter.send(MESSAGE)
     adapter.send(MESSAGE)
     adapter.send(MESSAGE)  # waits out the 1 s window
-    assert slept == [pytest.approx(1.0)]
-    with pytest.raises(TransientSendError, match="throttled") as raised:
+    assert len(slept) == 1 and 0.5 < slept[0] <= 1.0
+    with pytest.raises(ThrottledError, match="budget_full") as raised:
         adapter.send(MESSAGE)  # the 10 s window is too long to wait in a worker
-    assert raised.value.retry_after == pytest.approx(9.0)
+    assert 8.0 < raised.value.retry_after <= 10.0
     assert len(connector.sent) == 3
 
 
-def test_a_limiter_outage_does_not_stop_sends(connector):
+def test_a_budget_outage_does_not_stop_sends(connector):
     unreachable = redis.Redis(
         host="127.0.0.1", port=9, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
     )
-    broken = ConversationLimiter(lambda: unreachable)
     adapter = TeamsAdapter(
         credentials=credentials_for("none", None, None),
         store=_Store(ConversationRef(connector.url, CONVERSATION)),
-        limiter=broken,
+        limits=RateLimits(lambda: unreachable),
     )
     assert adapter.send(MESSAGE).provider_message_id
     connector.fail_next(429, retry_after=3)

@@ -190,7 +190,7 @@ GOOD_ADDRESSES = {
     "teams": "29:1mia-aad",
     "sms": "+4915112345678",
     "webhook": "https://hooks.example/ann?x=1",
-    "push": "device-token-1",
+    "push": "fcm:dGVzdC1kZXZpY2UtdG9rZW4 apns:abababababababababababababababababababababababababababababababab",
     "teams_conversation": json.dumps({"conversation": {"id": "a:1"}}),
 }
 

@@ -1,0 +1,50 @@
+"""Provider receipts and inbound keywords into the ledger (db.receipts), for the web doors."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable
+
+from adapters.base import Keyword, Receipt
+from clarion import clock
+from db import receipts as ledger
+from db.engine import engine
+from tasks import runtime
+
+log = logging.getLogger(__name__)
+
+
+def category_of(type_key: str) -> str | None:
+    ntype = runtime.catalog().get(type_key)
+    return ntype.category if ntype is not None else None
+
+
+def ingest(items: Iterable[Receipt]) -> Counter[str]:
+    """Apply receipts, all in one transaction (a provider retries the whole batch on an error);
+    how many had each outcome."""
+    outcomes: Counter[str] = Counter()
+    now = clock.now()
+    with engine().begin() as conn:
+        for receipt in items:
+            outcomes[ledger.apply_receipt(conn, receipt, now=now, category_of=category_of)] += 1
+    for outcome, n in outcomes.items():
+        runtime.count(f"receipts_{outcome}", n)
+    return outcomes
+
+
+def keyword(item: Keyword) -> list[str]:
+    """Apply an inbound STOP/START/HELP; the recipients it touched."""
+    with engine().begin() as conn:
+        users = ledger.apply_keyword(conn, item, now=clock.now())
+    log.info(
+        "inbound keyword",
+        extra={"action": f"keyword_{item.keyword}", "channel": item.channel, "users": len(users)},
+    )
+    return users
+
+
+def replay_early() -> int:
+    """Receipts that beat their send's record (the tick calls this)."""
+    with engine().begin() as conn:
+        return ledger.replay_early(conn, now=clock.now(), category_of=category_of)
