@@ -20,7 +20,16 @@ from clarion.errors import ConfigurationError, ServicesUnavailable
 EMBEDDED_FILE = "embedded.json"
 DEV_WEBHOOK_SECRET = "clarion-dev-secret"  # public: refused once CLARION_DATABASE_URL is set
 # Never shown by repr(Settings); an empty value for one of these is an error, not "unset".
-SECRETS = frozenset({"webhook_secret", "slack_token", "slack_signing_secret", "teams_app_password"})
+SECRETS = frozenset(
+    {
+        "webhook_secret",
+        "slack_token",
+        "slack_signing_secret",
+        "teams_app_password",
+        "sendgrid_api_key",
+        "twilio_auth_token",
+    }
+)
 URLS = frozenset({"database_url", "redis_url", "broker_url"})  # their passwords are masked in repr
 
 
@@ -84,6 +93,37 @@ class Settings:
     )
     teams_app_password: str | None = None
     teams_tenant_id: str | None = None
+    # where providers reach clarion web (status callbacks, one-click unsubscribe links)
+    public_url: str = "http://127.0.0.1:8000"
+
+    # --- email ---------------------------------------------------------------------------------
+    # smtp://host:port, smtp+starttls://user:pass@host:587 or smtps://user:pass@host:465
+    smtp_url: str | None = None
+    email_from: str = "Clarion <notify@clarion.invalid>"  # transactional identity
+    email_from_marketing: str | None = None  # activation/marketing identity (default: email_from)
+    sendgrid_api_key: str | None = None  # the email channel goes through SendGrid when set
+    sendgrid_api_url: str = "https://api.sendgrid.com"
+    sendgrid_webhook_public_key: str | None = None  # the Event Webhook's ECDSA verification key
+
+    # --- sms -----------------------------------------------------------------------------------
+    twilio_account_sid: str | None = None  # the sms channel exists when it is set
+    twilio_auth_token: str | None = None
+    twilio_api_url: str | None = None  # a local Twilio stand-in (default: Twilio's own)
+    twilio_from: str | None = None  # an E.164 long code or a Messaging Service SID (MG…)
+    sms_segments_per_second: float = field(default=1.0, metadata=positive())  # per long code
+
+    # --- push ----------------------------------------------------------------------------------
+    fcm_service_account: Path | None = None  # service-account JSON; FCM devices when set
+    fcm_api_url: str = "https://fcm.googleapis.com"
+    apns_key: Path | None = None  # the .p8 token-signing key; APNs devices when set
+    apns_key_id: str | None = None
+    apns_team_id: str | None = None
+    apns_topic: str | None = None  # the app's bundle id
+    apns_url: str = "https://api.push.apple.com"
+
+    # --- in-app --------------------------------------------------------------------------------
+    inbox_keep_days: int = field(default=90, metadata=at_least(1))
+
     faults: str = ""
     faults_dir: Path | None = None
 
@@ -153,7 +193,7 @@ def _check_field(f: Field, value: object) -> None:
 def _shown(name: str, value: object) -> str:
     if name in SECRETS and value:
         return "'***'"
-    if name in URLS | {"webhook_url", "slack_api_url"} and isinstance(value, str):
+    if name in URLS | {"webhook_url", "slack_api_url", "smtp_url"} and isinstance(value, str):
         return repr(mask_url(value))
     return repr(value)
 
