@@ -87,6 +87,7 @@ class Message:
     buttons: tuple[Button, ...] = ()
     lane: str = "transactional"
     category: str = ""
+    collapse_key: str | None = None  # the type's collapse group for this occurrence, if any
 
     def button_value(self, button: Button) -> str:
         return ButtonValue(self.user_id, self.delivery_id, button.key).encode()

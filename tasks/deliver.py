@@ -176,6 +176,7 @@ def _prepare(row: ClaimedDelivery, batch: Batch) -> tuple[Adapter, Message]:
         buttons=ntype.templates[version].buttons,
         lane=row.lane,
         category=ntype.category,
+        collapse_key=ntype.collapse_key(row.variables),
     )
 
 
