@@ -59,6 +59,11 @@ _EXPLAIN_DECISIONS = text(
     "SELECT request_id, decided_at, gate, outcome, reason, channel, detail FROM decisions "
     "WHERE user_id = :user_id AND request_id = ANY(CAST(:ids AS bigint[])) ORDER BY decided_at, id"
 )
+_EXPLAIN_RECEIPTS = text(
+    "SELECT d.request_id, e.received_at, e.channel, e.event, e.outcome, e.detail FROM receipts e "
+    "JOIN deliveries d ON d.user_id = e.user_id AND d.id = e.delivery_id "
+    "WHERE e.user_id = :user_id AND d.request_id = ANY(CAST(:ids AS bigint[])) ORDER BY e.id"
+)
 _EXPLAIN_DELIVERIES = text(
     "SELECT request_id, channel, state, attempts, sent_at, platform, last_error, not_before FROM deliveries "
     "WHERE user_id = :user_id AND request_id = ANY(CAST(:ids AS bigint[])) ORDER BY id"
@@ -77,4 +82,19 @@ def explain_rows(
         by_id[row["request_id"]]["decisions"].append(dict(row))
     for row in conn.execute(_EXPLAIN_DELIVERIES, {"user_id": user_id, "ids": ids}).mappings():
         by_id[row["request_id"]]["deliveries"].append(dict(row))
+    for key in by_id.values():
+        key["receipts"] = []
+    for row in conn.execute(_EXPLAIN_RECEIPTS, {"user_id": user_id, "ids": ids}).mappings():
+        by_id[row["request_id"]]["receipts"].append(dict(row))
     return [by_id[i] for i in ids]
+
+
+_SUPPRESSIONS = text(
+    "SELECT channel, address, reason, detail, created_at FROM suppressions "
+    "WHERE user_id = :user_id ORDER BY created_at, channel, address"
+)
+
+
+def suppression_rows(conn: Connection, user_id: str) -> list[dict]:
+    """The recipient's entries on the permanent suppression list."""
+    return [dict(r) for r in conn.execute(_SUPPRESSIONS, {"user_id": user_id}).mappings()]

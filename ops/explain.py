@@ -8,6 +8,7 @@ from clarion import clock
 from clarion.errors import InvalidRequest, UnknownRecipient
 from db import ledger, reports
 from db.engine import engine
+from db.schema import SENT_STATES
 from gates.pipeline import Plan
 from ops.table import render
 
@@ -41,13 +42,26 @@ def explain(
         rows = reports.explain_rows(
             conn, user_id, type_key=type_key, since=parse_since(since), limit=limit
         )
+        listed = reports.suppression_rows(conn, user_id)
+    blocks = []
+    if listed:
+        blocks.append(
+            render(
+                ["since (UTC)", "channel", "address", "reason", "detail"],
+                [
+                    (_when(r["created_at"]), r["channel"], r["address"], r["reason"], r["detail"])
+                    for r in listed
+                ],
+                f"{user_id} is on the suppression list for:",
+            )
+        )
     if not rows:
-        return (
+        blocks.append(
             f"No requests for {user_id}"
             + (f" of type {type_key}" if type_key else "")
             + " in that period."
         )
-    blocks = []
+        return "\n\n".join(blocks)
     for r in rows:
         title = (
             f"request {r['id']}  {r['type_key']}  ({r['occurrence_key']})  requested "
@@ -77,6 +91,10 @@ def explain(
             )
             for d in r["deliveries"]
         ]
+        lines += [
+            ("receipt", e["received_at"], e["channel"], e["event"], e["outcome"], "", e["detail"])
+            for e in r["receipts"]
+        ]
         lines.sort(key=lambda x: x[1] or datetime.max.replace(tzinfo=clock.now().tzinfo))
         blocks.append(
             render(
@@ -90,9 +108,9 @@ def explain(
 
 def _verdict(r: dict) -> str:
     sent = [
-        d["channel"]
+        d["channel"] + ("" if d["state"] == "sent" else f" ({d['state']})")
         for d in r["deliveries"]
-        if d["state"] in ("sent", "delivered", "read", "answered")
+        if d["state"] in SENT_STATES
     ]
     if sent:
         return "sent on " + ", ".join(sent)

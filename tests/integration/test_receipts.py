@@ -18,6 +18,7 @@ from sqlalchemy import text
 from adapters.base import Receipt
 from clarion import settings as clarion_settings
 from db.engine import engine
+from ops.explain import explain
 from ops.receiver import Receiver
 from tasks import notify, register_recipient
 from tasks.deliver import deliver
@@ -110,6 +111,11 @@ def test_a_hard_bounce_suppresses_the_address_and_the_next_notify_says_why(recei
     ]
     assert rows("SELECT id FROM deliveries WHERE request_id = :r", r=later) == []
     assert receiver.arrivals.total == 1  # counted at the receiver: the second never left
+    told = explain("ann")
+    assert "ann is on the suppression list for:" in told
+    assert "https://hooks.example/a" in told and "bounced" in told
+    assert "sent on webhook (bounced)" in told
+    assert "receipt" in told and "550 5.1.1 no such user" in told
 
 
 def test_a_soft_bounce_and_a_complaint_leave_the_right_traces(receiver):
