@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit integration acceptance chaos lint bench clean
+.PHONY: demo test unit integration acceptance chaos soak lint bench clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "clarion needs Python 3.11 or 3.12 on PATH"; exit 1; }
@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q -m 'not soak' tests
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
@@ -36,6 +36,9 @@ acceptance: $(STAMP)
 
 chaos: $(STAMP)  # kills, a broker restart and a database restart under load (its own services)
 	$(BIN)/pytest -q -s -m chaos tests/acceptance
+
+soak: $(STAMP)  # full-size runs that take minutes (e.g. 2,000 SMS against a 10 segments/s budget)
+	$(BIN)/pytest -q -s -m soak tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
