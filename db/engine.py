@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, make_url
+from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from clarion import settings
+from clarion.errors import ConfigurationError
+from db.schema import SCHEMA_REVISION
 
 _engines: dict[tuple[int, str], Engine] = {}
 
@@ -31,14 +34,41 @@ def engine(url: str | None = None) -> Engine:
         # thousands of times per connection; measured ~20% less CPU per notification. None of them
         # carries a partial-index predicate as a parameter (DESIGN's auto-prepare trap), and
         # tests/integration/test_claims.py runs the claim 50+ times on one connection.
-        _engines[key] = create_engine(
+        created = create_engine(
             url,
             pool_size=10,
             max_overflow=10,
             pool_pre_ping=True,
             connect_args={"prepare_threshold": 0},
         )
+        check_schema(created)
+        _engines[key] = created
     return _engines[key]
+
+
+_HAS_VERSIONS = text("SELECT to_regclass('alembic_version') IS NOT NULL")
+_REVISION = text("SELECT max(version_num) FROM alembic_version")
+
+
+def check_schema(eng: Engine) -> None:
+    """Refuse a database this code cannot use: never migrated, or at an older revision (a newer
+    one is fine: migrations are additive, so a rolling deploy's older workers keep running).
+    Checked once per process and engine, so a first notify() says what to do instead of failing
+    with an SQL traceback about a missing table."""
+    try:
+        with eng.connect() as conn:
+            found = (
+                conn.execute(_REVISION).scalar() if conn.execute(_HAS_VERSIONS).scalar() else None
+            )
+    except DBAPIError:
+        return  # unreachable now: the caller's own statement reports that, with its retry policy
+    if found is None or str(found) < SCHEMA_REVISION:
+        where = eng.url.render_as_string(hide_password=True)
+        have = f"at revision {found}" if found else "not migrated"
+        raise ConfigurationError(
+            f"the database {where} is {have}; this clarion needs revision {SCHEMA_REVISION}: "
+            "run `clarion migrate`"
+        )
 
 
 def autocommit(url: str | None = None) -> Engine:

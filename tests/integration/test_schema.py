@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy import make_url, text
 
-from db.engine import engine, migrate
-from db.schema import metadata
+import db
+from clarion.errors import ConfigurationError
+from db.engine import dispose_all, engine, migrate, one_off_engine
+from db.schema import SCHEMA_REVISION, metadata
 
 pytestmark = pytest.mark.integration
 
@@ -26,3 +31,28 @@ def test_migrations_go_down_and_up_again(clarion_env):
     migrate()
     with engine().connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+
+
+def test_the_schema_module_names_the_alembic_head():
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", str(Path(db.__file__).parent / "migrations"))
+    assert ScriptDirectory.from_config(config).get_current_head() == SCHEMA_REVISION
+
+
+def test_an_unmigrated_database_is_refused_with_what_to_do(clarion_env):
+    with one_off_engine(clarion_env.database_url).connect() as conn:
+        conn.execute(text('CREATE DATABASE "clarion_unmigrated"'))
+    try:
+        bare = make_url(clarion_env.database_url).set(database="clarion_unmigrated")
+        with pytest.raises(ConfigurationError, match="not migrated.*run `clarion migrate`"):
+            engine(bare.render_as_string(hide_password=False))
+        migrate(bare.render_as_string(hide_password=False), "0005")
+        with pytest.raises(ConfigurationError, match="at revision 0005.*needs revision"):
+            engine(bare.render_as_string(hide_password=False))
+    finally:
+        dispose_all()
+        with one_off_engine(clarion_env.database_url).connect() as conn:
+            conn.execute(text('DROP DATABASE "clarion_unmigrated" WITH (FORCE)'))
