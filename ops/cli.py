@@ -28,16 +28,21 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _worker(args: argparse.Namespace) -> int:
-    settings.get().urls()  # fail here, readably, if nothing is configured
+def worker_command(args: argparse.Namespace) -> list[str]:
+    """The celery worker command for `clarion worker` arguments."""
     lanes = args.lane or list(launch.QUEUES)
-    command = launch.worker_command(
+    return launch.worker_command(
         lanes,
         concurrency=args.concurrency,
         pool=args.pool,
-        name="-".join(lanes),
+        name=args.name or f"{'-'.join(lanes)}-{os.getpid()}",
         loglevel=args.loglevel,
     )
+
+
+def _worker(args: argparse.Namespace) -> int:
+    settings.get().urls()  # fail here, readably, if nothing is configured
+    command = worker_command(args)
     if args.no_restart:  # under an outside supervisor (systemd, Kubernetes): be the worker itself
         os.execv(command[0], command)
     _log_to_stderr()
@@ -238,6 +243,11 @@ def parser() -> argparse.ArgumentParser:
         help="lane queue to consume (repeatable; default: all)",
     )
     w.add_argument("--concurrency", "-c", type=int, default=2)
+    w.add_argument(
+        "--name",
+        help="Celery node name before the @host (default: the lanes and this process id, so two "
+        "workers on one host never share a name; it survives the worker's restarts)",
+    )
     w.add_argument("--pool", default="prefork", choices=["prefork", "threads", "solo"])
     w.add_argument("--loglevel", default="INFO")
     w.add_argument(

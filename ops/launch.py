@@ -45,7 +45,7 @@ def worker_command(
         "-P",
         pool,
         "-n",
-        f"{name}@%h",
+        name if "@" in name else f"{name}@%h",
         "--loglevel",
         loglevel,
         "--without-mingle",
