@@ -55,7 +55,9 @@ broker_transport_options = {"visibility_timeout": _settings.visibility_timeout}
 
 # Task events for Flower (`clarion flower`): batching keeps them to a few per thousand notifications.
 worker_send_task_events = True
-task_send_sent_event = True
+# No "task-sent" events: beat's once-a-second tick would be one each (a task's own send_events
+# flag does not stop them); Flower shows tasks from "received" on.
+task_send_sent_event = False
 
 beat_schedule = {
     "tick": {
