@@ -20,20 +20,23 @@ def counters(redis_url: str) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in raw.items()}
 
 
-def queue_depths(broker_url: str) -> list[tuple[str, int | str]]:
-    """Messages waiting in each clarion queue, on any kombu broker (Redis, RabbitMQ)."""
-    depths: list[tuple[str, int | str]] = []
+def queue_depths(broker_url: str) -> list[tuple[str, int, int | str]]:
+    """(queue, messages waiting, consumers) for each clarion queue, on any kombu broker. Redis
+    keeps no key for an empty queue and knows nothing of consumers, so there an absent queue is
+    empty and consumers are not known ("?")."""
+    rows: list[tuple[str, int, int | str]] = []
     with kombu.Connection(broker_url, connect_timeout=5) as conn:
+        redis_broker = conn.transport.driver_type == "redis"
         channel = conn.channel()
         for queue in QUEUES:
             try:
-                depths.append(
-                    (queue, channel.queue_declare(queue=queue, passive=True).message_count)
-                )
-            except conn.channel_errors:  # not declared yet: no worker has consumed it so far
-                depths.append((queue, "0 (not declared yet)"))
+                found = channel.queue_declare(queue=queue, passive=True)
+                consumers: int | str = "?" if redis_broker else found.consumer_count
+                rows.append((queue, found.message_count, consumers))
+            except conn.channel_errors:  # Redis: empty; AMQP: no worker has declared it yet
+                rows.append((queue, 0, "?" if redis_broker else 0))
                 channel = conn.channel()
-    return depths
+    return rows
 
 
 def report(database_url: str, redis_url: str, broker_url: str) -> str:
@@ -59,5 +62,9 @@ def report(database_url: str, redis_url: str, broker_url: str) -> str:
             "Work found already done (duplicates prevented)",
         )
     )
-    parts.append(render(["queue", "messages waiting"], queue_depths(broker_url), "Broker queues"))
+    parts.append(
+        render(
+            ["queue", "messages waiting", "consumers"], queue_depths(broker_url), "Broker queues"
+        )
+    )
     return "\n\n".join(parts)
