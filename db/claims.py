@@ -135,7 +135,7 @@ _EXHAUST = text(
     FROM {KEY_PAIRS}
     WHERE d.user_id = k.user_id AND d.id = k.id AND d.attempts >= :max_attempts
       AND (d.state = 'pending' OR (d.state = 'claimed' AND d.lease_until < clock_timestamp()))
-    RETURNING d.user_id, d.id, d.request_id, d.channel, d.attempts, d.maybe_sent_at, d.last_error
+    RETURNING d.user_id, d.id, d.request_id, d.channel, d.lane, d.attempts, d.maybe_sent_at, d.last_error
     """
 )
 

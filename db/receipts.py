@@ -54,19 +54,22 @@ class Found:
     channel: str
     type_key: str
     address: str | None
+    requested_at: datetime
 
 
 _BY_ID = text(
     """
-    SELECT d.user_id, d.id, d.state, d.channel, d.type_key, r.addresses ->> d.channel
+    SELECT d.user_id, d.id, d.state, d.channel, d.type_key, r.addresses ->> d.channel, q.created_at
     FROM deliveries d JOIN recipients r ON r.user_id = d.user_id
+    JOIN requests q ON q.user_id = d.user_id AND q.id = d.request_id
     WHERE d.user_id = :u AND d.id = :id FOR UPDATE OF d
     """
 )
 _BY_MESSAGE = text(
     """
-    SELECT d.user_id, d.id, d.state, d.channel, d.type_key, r.addresses ->> d.channel
+    SELECT d.user_id, d.id, d.state, d.channel, d.type_key, r.addresses ->> d.channel, q.created_at
     FROM deliveries d JOIN recipients r ON r.user_id = d.user_id
+    JOIN requests q ON q.user_id = d.user_id AND q.id = d.request_id
     WHERE d.provider_message_id = :mid AND d.channel = :channel
     ORDER BY d.id LIMIT 1 FOR UPDATE OF d
     """
@@ -111,16 +114,24 @@ def _find(conn: Connection, receipt: Receipt) -> tuple[Found | None, str | None]
 
 
 def apply_receipt(
-    conn: Connection, receipt: Receipt, *, now: datetime, category_of: CategoryOf | None = None
+    conn: Connection,
+    receipt: Receipt,
+    *,
+    now: datetime,
+    category_of: CategoryOf | None = None,
+    on_delivered: Callable[[str, datetime], None] | None = None,
 ) -> str:
     """Apply one receipt in the caller's transaction; its outcome (see RECEIPT_OUTCOMES).
-    `category_of(type_key)` names the type's category, so an unsubscribe turns off the category."""
+    `category_of(type_key)` names the type's category, so an unsubscribe turns off the category;
+    `on_delivered(channel, requested_at)` hears of each delivery a receipt moved to delivered."""
     found, why = _find(conn, receipt)
     if found is None:
         _record(conn, receipt, "", None, why or "unknown_message", now)
         return why or "unknown_message"
     outcome = _apply(conn, found, receipt, now, category_of)
     _record(conn, receipt, found.user_id, found.id, outcome, now)
+    if on_delivered and outcome == "applied" and receipt.event == "delivered":
+        on_delivered(found.channel, found.requested_at)
     return outcome
 
 

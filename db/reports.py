@@ -98,3 +98,39 @@ _SUPPRESSIONS = text(
 def suppression_rows(conn: Connection, user_id: str) -> list[dict]:
     """The recipient's entries on the permanent suppression list."""
     return [dict(r) for r in conn.execute(_SUPPRESSIONS, {"user_id": user_id}).mappings()]
+
+
+_OPEN_DELIVERIES = text(
+    """
+    SELECT lane, channel, state, count(*) FROM deliveries WHERE due_at IS NOT NULL
+    GROUP BY 1, 2, 3
+    UNION ALL
+    SELECT lane, channel, state, count(*) FROM deliveries WHERE state = 'unknown' GROUP BY 1, 2, 3
+    """
+)
+
+
+def open_deliveries(conn: Connection) -> list[tuple]:
+    """(lane, channel, state, count) for deliveries still open: pending, claimed (through the due
+    index) and held unknown (through its partial index) — never a scan of everything sent."""
+    return [tuple(r) for r in conn.execute(_OPEN_DELIVERIES)]
+
+
+_OLDEST_DUE = {
+    kind: text(
+        f"SELECT min(due_at) FROM {kind} WHERE lane = :lane AND due_at IS NOT NULL "
+        "AND due_at <= :now"
+    )
+    for kind in ("requests", "deliveries")
+}
+
+
+def oldest_due(conn: Connection, now) -> list[tuple[str, str, float]]:
+    """(kind, lane, seconds) the oldest row due for work has waited; 0 when nothing is overdue.
+    Each is one read of the first entry of a (lane, due_at) index."""
+    out = []
+    for kind, query in _OLDEST_DUE.items():
+        for lane in ("transactional", "activation"):
+            due = conn.execute(query, {"lane": lane, "now": now}).scalar()
+            out.append((kind, lane, (now - due).total_seconds() if due else 0.0))
+    return out

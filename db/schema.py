@@ -27,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0006"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0007"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -179,6 +179,7 @@ deliveries = Table(
         postgresql_where=text(f"one_platform AND {_in('state', SENDING_STATES)}"),
     ),
     Index("deliveries_due", "lane", "due_at", postgresql_where=text("due_at IS NOT NULL")),
+    Index("deliveries_unknown", "lane", "channel", postgresql_where=text("state = 'unknown'")),
     Index(
         "deliveries_provider_message",
         "provider_message_id",

@@ -19,10 +19,10 @@ from types import ModuleType
 
 import kombu.pools
 from celery import Celery
-from celery.signals import celeryd_init, worker_process_init
+from celery.signals import celeryd_init, worker_process_init, worker_process_shutdown
 from kombu.utils.url import maybe_sanitize_url
 
-from clarion import settings
+from clarion import metrics, settings  # metrics first: it picks the multiprocess folder
 from clarion.errors import ClarionError, ConfigurationError
 
 CONFIG_FILE = Path(__file__).resolve().parent.parent / "celeryconfig.py"
@@ -61,6 +61,11 @@ def _fresh_connections(**_: object) -> None:
     from db import engine
 
     engine.dispose_all()
+
+
+@worker_process_shutdown.connect
+def _metrics_of_a_finished_child(pid: int | None = None, **_: object) -> None:
+    metrics.process_exited(pid or os.getpid())
 
 
 @celeryd_init.connect

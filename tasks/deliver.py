@@ -23,7 +23,7 @@ from celery import shared_task
 from sqlalchemy.exc import DBAPIError
 
 from adapters.base import Adapter, Message, SendResult, clean_provider_id
-from clarion import clock, faults, settings
+from clarion import clock, faults, metrics, settings
 from clarion.errors import (
     DeferredSendError,
     PermanentSendError,
@@ -333,6 +333,11 @@ def _record_sent(
                 return 0
             time.sleep(pause)
             pause = min(2.0, pause * 2)
+    if won:
+        metrics.SENDS.labels(row.lane, row.channel, "sent").inc()
+        metrics.EVENT_TO_SENT.labels(row.lane, row.channel).observe(
+            max(0.0, (clock.now() - row.requested_at).total_seconds())
+        )
     if not won:
         record_incident(
             db,

@@ -21,7 +21,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from adapters.base import Adapter
-from clarion import clock
+from clarion import clock, metrics
 from clarion.errors import PermanentSendError, SendError
 from db import claims, ledger
 from db.claims import ClaimedDelivery
@@ -93,6 +93,7 @@ def settle_unknown(
         error,
         extra={"action": "send_unknown", "delivery": row.key, "next": action},
     )
+    metrics.SENDS.labels(row.lane, row.channel, "unknown").inc()
     if action == "hold":
         now = clock.now()
         if db.run(
@@ -100,6 +101,7 @@ def settle_unknown(
         ):
             with engine().begin() as tx:
                 _decide(tx, row, "unknown", error.reason, str(error), now)
+                metrics.INCIDENTS.labels("outcome_unknown").inc()
                 ledger.record_incident(
                     tx,
                     row.key,
@@ -135,6 +137,9 @@ def _retry_or_fail(
     now = clock.now()
     retry = decide(error, row.attempts, policy)
     if retry is not None:
+        if not maybe_sent:  # an unknown outcome was counted as one already
+            outcome = "deferred" if retry.refund else "retry"
+            metrics.SENDS.labels(row.lane, row.channel, outcome).inc()
         db.run(
             lambda c: claims.release_claim(
                 c,
@@ -152,6 +157,7 @@ def _retry_or_fail(
         if claims.fail_delivery(tx, row.key, token=token, error=str(error)[:500], now=now) is None:
             return
         reason = error.reason if isinstance(error, PermanentSendError) else "retries_exhausted"
+        metrics.SENDS.labels(row.lane, row.channel, "failed").inc()
         earlier = maybe_sent or row.maybe_sent_at is not None
         _decide(
             tx,
@@ -187,11 +193,14 @@ def _decide(
 def record_incident(db: RowConnection, row: ClaimedDelivery, kind: str, detail: str) -> None:
     """Something an operator must look at: a repeat that happened or may have."""
     db.run(lambda c: ledger.record_incident(c, row.key, kind=kind, detail=detail, now=clock.now()))
+    metrics.INCIDENTS.labels(kind).inc()
     log.warning("incident: %s", kind, extra={"action": kind, "delivery": row.key})
 
 
 def record_exhausted(conn: Connection, rows: Sequence[dict[str, Any]], *, now: datetime) -> None:
     """Decisions for rows failed at the claim because their attempts were used up."""
+    for r in rows:
+        metrics.SENDS.labels(r["lane"], r["channel"], "failed").inc()
     ledger.insert_decisions(
         conn,
         [

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable
+from datetime import datetime
 
 from adapters.base import Keyword, Receipt
-from clarion import clock
+from clarion import clock, metrics
 from db import receipts as ledger
 from db.engine import engine
 from tasks import runtime
@@ -24,12 +25,26 @@ def ingest(items: Iterable[Receipt]) -> Counter[str]:
     """Apply receipts, all in one transaction (a provider retries the whole batch on an error);
     how many had each outcome."""
     outcomes: Counter[str] = Counter()
+    seen: Counter[tuple[str, str, str]] = Counter()
+    delivered: list[tuple[str, float]] = []
     now = clock.now()
+
+    def on_delivered(channel: str, requested_at: datetime) -> None:
+        delivered.append((channel, max(0.0, (now - requested_at).total_seconds())))
+
     with engine().begin() as conn:
         for receipt in items:
-            outcomes[ledger.apply_receipt(conn, receipt, now=now, category_of=category_of)] += 1
-    for outcome, n in outcomes.items():
+            outcome = ledger.apply_receipt(
+                conn, receipt, now=now, category_of=category_of, on_delivered=on_delivered
+            )
+            outcomes[outcome] += 1
+            seen[(receipt.channel, receipt.event, outcome)] += 1
+    for outcome, n in outcomes.items():  # counted once the transaction has committed
         runtime.count(f"receipts_{outcome}", n)
+    for labels, n in seen.items():
+        metrics.RECEIPTS.labels(*labels).inc(n)
+    for channel, seconds in delivered:
+        metrics.EVENT_TO_DELIVERED.labels(channel).observe(seconds)
     return outcomes
 
 

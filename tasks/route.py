@@ -11,7 +11,7 @@ from celery import shared_task
 from psycopg.errors import DeadlockDetected
 from sqlalchemy.exc import OperationalError
 
-from clarion import clock, faults, settings
+from clarion import clock, faults, metrics, settings
 from db import ledger
 from db.engine import engine
 from gates.apply import apply, needs_address, snapshots
@@ -123,6 +123,9 @@ def _route(users: list[str], ids: list[int]) -> int:
         )
         ledger.insert_decisions(conn, decisions, now=now)
     faults.hit("route.after_commit")
+    for d in decisions:
+        if d.outcome != "allow":
+            metrics.SUPPRESSED.labels(d.gate, d.reason).inc()
     publish(DELIVER, [(user, id_, lane) for user, id_, lane, held in created if not held])
     runtime.count("route_skipped_already_resolved", len(ids) - len(requests))
     log.debug(

@@ -17,7 +17,7 @@ from typing import TypedDict
 
 from celery import shared_task
 
-from clarion import clock, settings
+from clarion import clock, metrics, settings
 from db import claims, ledger
 from db.engine import engine
 from tasks.publish import DELIVER, ROUTE, publish
@@ -42,6 +42,14 @@ class _Budget(TypedDict):
 # (it keeps the last 10,000); the tick's work shows in `clarion stats` and its result in the log.
 @shared_task(name="clarion.tick", send_events=False)
 def tick() -> dict[str, int]:
+    with metrics.TICK_SECONDS.time():
+        taken = _tick()
+    for kind, n in taken.items():
+        metrics.TICK_TAKEN.labels(kind).inc(n)
+    return taken
+
+
+def _tick() -> dict[str, int]:
     s = settings.get()
     now = clock.now()
     with engine().begin() as conn:

@@ -17,6 +17,8 @@ import pytest
 import redis
 from sqlalchemy import make_url, text
 
+import clarion.metrics  # noqa: F401 - before any prometheus_client import: it chooses prometheus_client's multiprocess folder
+
 ROOT = Path(__file__).resolve().parents[1]
 CATALOG = Path(__file__).parent / "catalog.yaml"
 # With CLARION_DATABASE_URL set, the public development secret is refused (clarion/settings.py).

@@ -6,7 +6,7 @@ import ipaddress
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from adapters.teams import local_mode
@@ -17,8 +17,18 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
+async def metrics(request: Request) -> Response:
+    """This host's metrics (every worker process's, summed) and the ledger's gauges."""
+    from starlette.concurrency import run_in_threadpool
+
+    from clarion import metrics as collected
+
+    body, content_type = await run_in_threadpool(collected.exposition)
+    return Response(body, media_type=content_type)
+
+
 def create_app() -> Starlette:
-    routes = [Route("/healthz", health)]
+    routes = [Route("/healthz", health), Route("/metrics", metrics)]
     from web import slack, teams
 
     routes += slack.routes() + teams.routes()
