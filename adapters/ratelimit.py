@@ -30,6 +30,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import redis as redis_lib
 from limits import RateLimitItemPerSecond
@@ -147,7 +148,7 @@ class RateLimits:
         until = self.wall() + max(0.0, seconds)
         name = self._pause_key(quota, key)
         try:
-            current = self.redis().get(name)
+            current = cast(bytes | None, self.redis().get(name))
             if current is None or float(current) < until:
                 self.redis().set(name, repr(until), px=max(1, int(seconds * 1000) + 1000))
         except redis_lib.RedisError:
@@ -155,7 +156,7 @@ class RateLimits:
 
     def paused_for(self, quota: Quota, key: str) -> float | None:
         """Seconds the budget is still paused for, or None."""
-        raw = self.redis().get(self._pause_key(quota, key))
+        raw = cast(bytes | None, self.redis().get(self._pause_key(quota, key)))
         left = float(raw) - self.wall() if raw else 0.0
         return left if left > 0 else None
 
