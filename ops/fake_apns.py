@@ -109,6 +109,7 @@ class FakeApns:
         self.connections: list[str | None] = []  # the ALPN protocol of each TLS connection
         self.unregistered: dict[str, int] = {}  # token -> ms timestamp
         self.failures: list[Failure] = []
+        self.attempts: dict[str, int] = {}  # token -> requests with a valid provider token
         self.counts = Counts()
         self.losses = AnswerLoss()
         self.lock = threading.Lock()
@@ -205,6 +206,7 @@ class FakeApns:
         if refused is not None:
             return _refuse(403, refused)
         token = path.removeprefix("/3/device/").lower()
+        self.attempts[token] = self.attempts.get(token, 0) + 1
         problem = self._check_request(token, headers, body)
         if problem is not None:
             return _refuse(*problem)

@@ -89,6 +89,7 @@ class FakeFcm(LocalServer):
         self.key_id = secrets.token_hex(8)
         self.access_tokens: dict[str, float] = {}  # issued token -> expiry
         self.sent: list[Sent] = []
+        self.attempts: dict[str, int] = {}  # token -> sends that reached it, answered or not
         self.unregistered: set[str] = set()
         self.faults: list[Fault] = []
         self.counts = Counts()
@@ -198,6 +199,7 @@ class FakeFcm(LocalServer):
             token = message.get("token") if isinstance(message, dict) else None
             if not isinstance(token, str) or not token:
                 return 400, {}, _error(400, "INVALID_ARGUMENT", "message.token is required")
+            self.attempts[token] = self.attempts.get(token, 0) + 1
             fault = self._fault(token)
             if fault is not None:
                 status, code, text = FAULTS[fault.kind]
