@@ -121,11 +121,12 @@ def _devices(user: str) -> str | None:
     return row["push"]
 
 
-def _decisions(request_of: Key | None = None, **where: str) -> list[dict]:
-    sql = "SELECT gate, outcome, reason, detail FROM decisions"
-    if request_of is not None:
-        sql += f" WHERE delivery_id = {int(request_of[1])}"
-    return rows(sql + " ORDER BY id")
+def _decisions(key: Key) -> list[dict]:
+    """The decisions recorded about one delivery."""
+    return rows(
+        "SELECT gate, outcome, reason, detail FROM decisions WHERE delivery_id = :d ORDER BY id",
+        d=key[1],
+    )
 
 
 def _incidents() -> list[str]:
