@@ -228,6 +228,8 @@ def test_an_invalid_token_is_removed_recorded_and_never_tried_again(fakes, case)
         "invalid_token",
     )
     assert listed["detail"].startswith(f"delivery {key[1]}: {reason}")
+    shown = explain("ana")  # what an operator sees
+    assert "on the suppression list" in shown and "invalid_token" in shown and reason in shown
 
     second = _notify("ana", event="e2")
     assert second is not None and _deliver(second) == 1
