@@ -120,6 +120,8 @@ class Settings:
     apns_team_id: str | None = None
     apns_topic: str | None = None  # the app's bundle id
     apns_url: str = "https://api.push.apple.com"
+    apns_ca_file: Path | None = None  # CA bundle to trust for apns_url (a local stand-in's)
+    push_timeout: float = field(default=10.0, metadata=positive())  # per device request
 
     # --- in-app --------------------------------------------------------------------------------
     inbox_keep_days: int = field(default=90, metadata=at_least(1))

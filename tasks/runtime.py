@@ -168,6 +168,10 @@ def adapters() -> dict[str, Adapter]:
         from adapters.teams import TeamsAdapter
 
         found.append(TeamsAdapter.from_settings(s, parts))
+    if s.fcm_service_account or s.apns_key:
+        from adapters.push import PushAdapter
+
+        found.append(PushAdapter.from_settings(s, parts))
     return {a.channel: a for a in found}
 
 
