@@ -23,6 +23,7 @@ import hmac
 import re
 from dataclasses import dataclass
 from datetime import datetime
+from email import policy
 from email.message import EmailMessage
 from email.utils import format_datetime, formataddr, parseaddr
 
@@ -41,6 +42,10 @@ _MAC_BYTES = 16
 _BREAKS = re.compile(r"\s*[\r\n\u2028\u2029]+\s*")
 _PARAGRAPHS = re.compile(r"(?:\r\n|\r|\n)[ \t]*(?:\r\n|\r|\n)\s*")
 _LINES = re.compile(r"\r\n|\r|\n")
+# Headers fold only past RFC 5322's hard limit: a List-Unsubscribe URL has no whitespace to fold
+# at, and the default (78) would turn it into RFC 2047 encoded words no client follows.
+WIRE = policy.SMTP.clone(max_line_length=998)
+WIRE_UTF8 = policy.SMTPUTF8.clone(max_line_length=998)
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,12 @@ def to_mime(email: Email, *, now: datetime) -> EmailMessage:
     mime.set_content(email.text, subtype="plain", charset="utf-8")
     mime.add_alternative(email.html, subtype="html", charset="utf-8")
     return mime
+
+
+def to_bytes(email: Email, *, now: datetime) -> bytes:
+    """The message as it goes on the wire: CRLF lines; SMTPUTF8 when an address needs it."""
+    utf8 = not (email.sender_address.isascii() and email.to.isascii())
+    return to_mime(email, now=now).as_bytes(policy=WIRE_UTF8 if utf8 else WIRE)
 
 
 # --- the one-click token ----------------------------------------------------------------------------

@@ -24,12 +24,10 @@ import re
 import smtplib
 import ssl
 from dataclasses import dataclass
-from email.policy import SMTP as SMTP_POLICY
-from email.policy import SMTPUTF8 as SMTPUTF8_POLICY
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from adapters.base import Channel, Collaborators, Message, SendResult, Suppressions
-from adapters.email_mime import Identities, build, to_mime
+from adapters.email_mime import Identities, build, to_bytes
 from adapters.ratelimit import Quota, RateLimits
 from clarion import clock
 from clarion.errors import (
@@ -198,9 +196,7 @@ class SmtpAdapter(Channel[SmtpRequest, SmtpReply]):
         email = build(
             message, identities=self.identities, public_url=self.public_url, secret=self.secret
         )
-        mime = to_mime(email, now=clock.now())
-        utf8 = not (email.sender_address.isascii() and email.to.isascii())
-        data = mime.as_bytes(policy=SMTPUTF8_POLICY if utf8 else SMTP_POLICY)
+        data = to_bytes(email, now=clock.now())
         return SmtpRequest(email.sender_address, email.to, data, email.message_id)
 
     def budget(self, message: Message, request: SmtpRequest) -> tuple[Quota, str, int] | None:

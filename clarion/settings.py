@@ -106,7 +106,9 @@ class Settings:
     sendgrid_webhook_public_key: str | None = None  # the Event Webhook's ECDSA verification key
     sendgrid_ip_pool: str | None = None  # the transactional identity's IP pool, if any
     sendgrid_ip_pool_marketing: str | None = None  # the marketing/activation identity's IP pool
-    sendgrid_asm_group: str | None = None  # unsubscribe group id (digits) for non-transactional mail
+    sendgrid_asm_group: str | None = (
+        None  # unsubscribe group id (digits) for non-transactional mail
+    )
     email_timeout: float = field(
         default=10.0, metadata=positive()
     )  # seconds per SMTP command / SendGrid request
