@@ -13,7 +13,7 @@ purpose (`answered=False`): a lost answer is exactly "the relay has it, the clie
 `lose("drop")` closes the connection instead of answering the end of data; `lose("late", delay=…)`
 answers only after `delay` seconds (past the client's timeout). `auth=(user, password)` requires
 AUTH (PLAIN/LOGIN, allowed without TLS: it is local); `tls=` serves STARTTLS or, with
-`implicit_tls=True`, TLS from the first byte (smtps).
+`implicit_tls=True`, TLS from the first byte (smtps); `self_signed(folder)` makes one.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ import ssl
 import threading
 import warnings
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
+from ipaddress import ip_address
+from pathlib import Path
 from typing import Any, Self
 
 from aiosmtpd.controller import Controller
@@ -229,4 +232,42 @@ class FakeSmtp:
         if ok:
             with self._lock:
                 self.logins.append(data.login.decode())
-        return AuthResult(success=ok)
+        return AuthResult(success=ok, handled=False)  # aiosmtpd answers 235 or 535
+
+
+def self_signed(folder: Path, host: str = "127.0.0.1") -> tuple[ssl.SSLContext, Path]:
+    """A server TLS context for `host` with a fresh self-signed certificate, and the certificate's
+    path (for clients: CLARION_SMTP_URL=...?cafile=<path>)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ip_address(host))]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = folder / "relay.pem", folder / "relay.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_path, key_path)
+    return context, cert_path
