@@ -104,6 +104,17 @@ class Settings:
     sendgrid_api_key: str | None = None  # the email channel goes through SendGrid when set
     sendgrid_api_url: str = "https://api.sendgrid.com"
     sendgrid_webhook_public_key: str | None = None  # the Event Webhook's ECDSA verification key
+    sendgrid_ip_pool: str | None = None  # the transactional identity's IP pool, if any
+    sendgrid_ip_pool_marketing: str | None = None  # the marketing/activation identity's IP pool
+    sendgrid_asm_group: str | None = (
+        None  # unsubscribe group id (digits) for non-transactional mail
+    )
+    email_timeout: float = field(
+        default=10.0, metadata=positive()
+    )  # seconds per SMTP command / SendGrid request
+    email_per_second: int = field(
+        default=10, metadata=at_least(1)
+    )  # messages per second per relay credential or API key (clarion spends 90%)
 
     # --- sms -----------------------------------------------------------------------------------
     twilio_account_sid: str | None = None  # the sms channel exists when it is set

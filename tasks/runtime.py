@@ -172,6 +172,14 @@ def adapters() -> dict[str, Adapter]:
         from adapters.push import PushAdapter
 
         found.append(PushAdapter.from_settings(s, parts))
+    if s.sendgrid_api_key:  # SendGrid when its key is set, else the SMTP relay
+        from adapters.sendgrid import SendGridAdapter
+
+        found.append(SendGridAdapter.from_settings(s, parts))
+    elif s.smtp_url:
+        from adapters.smtp import SmtpAdapter
+
+        found.append(SmtpAdapter.from_settings(s, parts))
     return {a.channel: a for a in found}
 
 

@@ -29,9 +29,9 @@ async def metrics(request: Request) -> Response:
 
 def create_app() -> Starlette:
     routes = [Route("/healthz", health), Route("/metrics", metrics)]
-    from web import slack, teams
+    from web import email, slack, teams
 
-    routes += slack.routes() + teams.routes()
+    routes += slack.routes() + teams.routes() + email.routes()
     return Starlette(routes=routes)
 
 
