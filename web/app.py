@@ -19,9 +19,9 @@ async def health(request: Request) -> JSONResponse:
 
 def create_app() -> Starlette:
     routes = [Route("/healthz", health)]
-    from web import slack, teams
+    from web import inbox, slack, teams
 
-    routes += slack.routes() + teams.routes()
+    routes += slack.routes() + teams.routes() + inbox.routes()
     return Starlette(routes=routes)
 
 
