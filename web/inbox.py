@@ -183,7 +183,7 @@ async def _events(
     wake = await hub.subscribe(user_id)  # listening before the start point is read: no gap
     try:
         cursor = since if since is not None else await run_in_threadpool(_head, user_id)
-        yield "retry: 2000\n\n" + frame("ready", {"user_id": user_id}, cursor.encode())
+        yield "retry: 2000\n" + frame("ready", {"user_id": user_id}, cursor.encode())
         sent: dict[int, tuple[int, int]] = {}  # item id -> (rev, wxid) this connection sent
         while True:
             wake.clear()

@@ -255,7 +255,9 @@ def test_a_follower_routed_while_the_leader_is_being_stored_is_not_lost(inapp):
 
 
 def _follow(n: int) -> int:
-    request = notify("ana", "inbox_alert", event_id=f"r{n}", variables={"host": f"h{n}", "cluster": "prod"})
+    request = notify(
+        "ana", "inbox_alert", event_id=f"r{n}", variables={"host": f"h{n}", "cluster": "prod"}
+    )
     return route(["ana"], [request.request_id])
 
 
