@@ -16,6 +16,7 @@ hitting the instant between commit and answer needs the wire.)
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
@@ -81,10 +82,8 @@ class Connection:
 
     def _close(self) -> None:
         for s in (self.client, self.server):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             s.close()
 
     def _read(self, n: int) -> bytes:

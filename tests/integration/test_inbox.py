@@ -18,8 +18,8 @@ from clarion.errors import PermanentSendError
 from db import gating, inbox
 from db.engine import engine
 from ops.receiver import Receiver
-from tasks import notify, register_recipient, runtime
 from tasks import inbox as app_inbox
+from tasks import notify, register_recipient, runtime
 from tasks.deliver import deliver
 from tasks.route import route
 from tests.support.pipeline import configure, drain, publishing_to_this_tests_broker, rows

@@ -28,11 +28,15 @@ CATALOG = Path(__file__).parents[1] / "catalog_inapp.yaml"
 
 @pytest.fixture
 def web(clarion_env, monkeypatch) -> Iterator[str]:
-    configure(monkeypatch, catalog=CATALOG, inbox_heartbeat=0.5)
+    # a heartbeat (when a stream also re-reads its changes) far longer than the test: what
+    # arrives, arrives through NOTIFY
+    configure(monkeypatch, catalog=CATALOG, inbox_heartbeat=30)
     register_recipient("ana", timezone="UTC")
     from web.app import create_app
 
-    config = uvicorn.Config(create_app(), host="127.0.0.1", port=0, log_level="warning")
+    config = uvicorn.Config(
+        create_app(), host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=2
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -45,6 +49,8 @@ def web(clarion_env, monkeypatch) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(10)
+    assert not thread.is_alive(), "uvicorn did not stop: a stream outlived its client"
+
 
 
 class Stream:
@@ -52,6 +58,7 @@ class Stream:
 
     def __init__(self, base: str, user: str, *, last_event_id: str | None = None) -> None:
         self.events: queue.Queue = queue.Queue()
+        self.response: httpx.Response | None = None
         self.client = httpx.Client(timeout=httpx.Timeout(10, read=None))
         headers = {"Authorization": f"Bearer {inbox_token(user, 600)}"}
         if last_event_id:
@@ -63,6 +70,7 @@ class Stream:
     def _read(self) -> None:
         try:
             with connect_sse(self.client, "GET", self.url, headers=self.headers) as source:
+                self.response = source.response
                 self.events.put(("status", source.response.status_code, None))
                 for sse in source.iter_sse():
                     if not sse.data:  # a `: ping` comment (httpx-sse hands blocks without data)
@@ -81,7 +89,9 @@ class Stream:
                 return data, event_id, time.monotonic()
 
     def close(self) -> None:
-        self.client.close()
+        if self.response is not None:
+            self.response.close()
+        self.client.close()  # (a read blocked on the socket ends when the server goes: teardown)
 
 
 def test_an_item_arrives_on_an_open_stream_within_a_second(web):
@@ -129,7 +139,8 @@ def test_a_collapse_follower_arrives_as_updated_and_a_resume_sends_what_was_miss
         resumed.close()
 
 
-def test_a_stream_sends_heartbeats(web):
+def test_a_stream_sends_heartbeats(web, monkeypatch):
+    configure(monkeypatch, inbox_heartbeat=0.2)
     with (
         httpx.Client(timeout=10) as client,
         client.stream(
