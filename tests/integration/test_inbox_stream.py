@@ -52,7 +52,6 @@ def web(clarion_env, monkeypatch) -> Iterator[str]:
     assert not thread.is_alive(), "uvicorn did not stop: a stream outlived its client"
 
 
-
 class Stream:
     """An open SSE stream read on a thread: events land in `events` as they arrive."""
 
