@@ -136,6 +136,7 @@ class Settings:
 
     # --- in-app --------------------------------------------------------------------------------
     inbox_keep_days: int = field(default=90, metadata=at_least(1))
+    inbox_heartbeat: float = field(default=15.0, metadata=positive())  # seconds between SSE pings
 
     faults: str = ""
     faults_dir: Path | None = None

@@ -17,6 +17,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     PrimaryKeyConstraint,
+    Sequence,
     SmallInteger,
     Table,
     Text,
@@ -27,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0007"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0008"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -342,4 +343,43 @@ interactions = Table(
     CheckConstraint(
         "outcome IN ('accepted', 'repeated', 'rejected')", name="interactions_outcome_check"
     ),
+)
+
+inbox_revisions = Sequence("inbox_revisions", metadata=metadata)
+
+inbox_items = Table(
+    "inbox_items",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("delivery_id", BigInteger, nullable=False),
+    Column("type_key", Text, nullable=False),
+    Column("title", Text, nullable=False, server_default=""),
+    Column("body", Text, nullable=False, server_default=""),
+    Column("data", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("collapse_key", Text),
+    Column("count", Integer, nullable=False, server_default="1"),
+    Column("rev", BigInteger, nullable=False),  # inbox_revisions, on insert and every change
+    Column("created_rev", BigInteger, nullable=False),
+    Column("wxid", BigInteger, nullable=False),  # the writing transaction (pg_current_xact_id)
+    _ts("created_at", False),
+    _ts("updated_at", False),
+    _ts("seen_at"),
+    _ts("read_at"),
+    _ts("archived_at"),
+    PrimaryKeyConstraint("user_id", "id", name="inbox_items_pkey"),
+    UniqueConstraint("user_id", "delivery_id", name="inbox_items_delivery_key"),
+    CheckConstraint("count >= 1", name="inbox_items_count_check"),
+    Index(
+        "inbox_feed",
+        "user_id",
+        text("id DESC"),
+        postgresql_where=text("archived_at IS NULL"),
+    ),
+    Index(
+        "inbox_unread",
+        "user_id",
+        postgresql_where=text("read_at IS NULL AND archived_at IS NULL"),
+    ),
+    Index("inbox_changes", "user_id", "rev"),
 )

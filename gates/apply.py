@@ -15,7 +15,7 @@ from sqlalchemy import Connection
 
 from catalog import Catalog, NotificationType
 from clarion.errors import ClarionError, ConfigurationError
-from db import gating
+from db import gating, inbox
 from gates.pipeline import Fold, Plan, Snapshot, blocked_by_window, cap_buckets, collapsed, folded
 
 
@@ -79,6 +79,8 @@ def apply(
         gating.defer_request(conn, key, until=plan.defer_until)
     if plan.join_collapse is not None:
         gating.join_collapse(conn, request["user_id"], key=plan.join_collapse, now=now)
+        # the leader's in-app item counts it too, under the group row lock just taken
+        inbox.fold_follower(conn, request["user_id"], key=plan.join_collapse, now=now)
     if plan.fold is not None:
         _fold(conn, request, plan.fold, catalog, now)
     return plan

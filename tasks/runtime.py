@@ -14,12 +14,14 @@ import redis as redis_lib
 
 from adapters.base import Adapter, Collaborators
 from adapters.console import ConsoleAdapter
+from adapters.inapp import InAppAdapter
 from adapters.ratelimit import RateLimits
 from adapters.webhook import WebhookAdapter
 from catalog import Catalog
 from catalog.model import EXAMPLES
 from clarion import clock, settings
 from clarion.errors import ConfigurationError
+from tasks.inbox import LedgerInbox
 
 T = TypeVar("T")
 
@@ -142,7 +144,7 @@ def collaborators() -> Collaborators:
         redis=redis,
         limits=RateLimits(redis, wall=lambda: clock.now().timestamp()),
         suppressions=suppressions,
-        extra={"teams_references": TeamsReferences(suppressions)},
+        extra={"teams_references": TeamsReferences(suppressions), "inbox": LedgerInbox()},
     )
 
 
@@ -160,6 +162,7 @@ def adapters() -> dict[str, Adapter]:
             limits=parts.limits,
         ),
     ]
+    found.append(InAppAdapter.from_collaborators(parts))  # needs nothing but the database
     if s.slack_token:
         from adapters.slack import SlackAdapter
 

@@ -29,9 +29,9 @@ async def metrics(request: Request) -> Response:
 
 def create_app() -> Starlette:
     routes = [Route("/healthz", health), Route("/metrics", metrics)]
-    from web import email, slack, teams
+    from web import email, inbox, slack, teams
 
-    routes += slack.routes() + teams.routes() + email.routes()
+    routes += slack.routes() + teams.routes() + email.routes() + inbox.routes()
     return Starlette(routes=routes)
 
 

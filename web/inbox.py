@@ -1,0 +1,279 @@
+"""The in-app inbox over HTTP: the feed, marks, and a live stream of server-sent events.
+
+    GET  /v1/inbox/{user_id}          ?before=<id>&limit=<1..100>&archived=true
+         -> {"items": [...], "unread": n, "next": <id>|null, "cursor": "<event id>"}
+    POST /v1/inbox/{user_id}/mark     {"as": "seen"|"read"|"archived", "ids": [1, 2]}
+                                      or {"as": "read", "all": true}
+         -> {"changed": [ids], "unread": n}
+    GET  /v1/inbox/{user_id}/stream   text/event-stream; resumes after Last-Event-ID (the header
+         an EventSource sends on reconnect, or ?last_event_id=, e.g. the feed's `cursor`)
+
+Every request carries a token from tasks.inbox.inbox_token(user_id, ttl), as
+`Authorization: Bearer <token>` or `?token=` (an EventSource cannot set headers); a missing,
+foreign or expired one is 401, checked before anything else is read. Bad input is a 400 naming
+the field.
+
+The stream sends `ready` (once, its id the starting point), `item` (a new item), `updated` (an
+item changed: a collapse follower counted, marked on another page), each with the whole item as
+JSON, and a `: ping` comment every CLARION_INBOX_HEARTBEAT seconds. After a resume an item may
+come twice: clients keep the latest by (id, updated_at). Each web process holds one LISTEN
+connection (NOTIFY from db.inbox) and wakes the streams of the user named; a stream then reads
+its changes by cursor, so a missed notification costs at most a heartbeat, never an item.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+from sqlalchemy import make_url
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from clarion import settings
+from clarion.validation import USER_ID_BYTES
+from db import inbox as store
+from db.engine import engine
+from db.inbox import Cursor, Item
+from tasks import inbox
+from web.inbound import Refused, decode_json, read_body, refusal
+
+log = logging.getLogger(__name__)
+MAX_BODY = 64 * 1024
+MAX_IDS = 500
+RECONNECT = 2.0  # seconds before the LISTEN connection is tried again
+
+
+# --- the doors --------------------------------------------------------------------------------------
+
+
+def _authorised(request: Request) -> str:
+    """The user the path names, if the request's token is theirs; else Refused(401)."""
+    user_id = request.path_params["user_id"]
+    header = request.headers.get("authorization", "")
+    token = header[7:] if header[:7].lower() == "bearer " else request.query_params.get("token")
+    if not token or len(token) > 200 or not inbox.check_token(token, user_id):
+        raise Refused(401, "missing or bad inbox token")
+    if len(user_id.encode("utf-8", "surrogatepass")) > USER_ID_BYTES or "\x00" in user_id:
+        raise Refused(400, "user_id: not a user id")
+    return user_id
+
+
+def _int(raw: str | None, field: str, low: int, high: int) -> int | None:
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18) or not low <= int(raw) <= high:
+        raise Refused(400, f"{field}: expected an integer from {low} to {high}")
+    return int(raw)
+
+
+async def list_feed(request: Request) -> Response:
+    try:
+        user_id = _authorised(request)
+        query = request.query_params
+        before = _int(query.get("before"), "before", 1, 2**63 - 1)
+        limit = _int(query.get("limit"), "limit", 1, store.MAX_PAGE) or 50
+        archived = query.get("archived", "false")
+        if archived not in ("true", "false"):
+            raise Refused(400, "archived: expected true or false")
+    except Refused as error:
+        return refusal(error, "inbox")
+    page = await run_in_threadpool(
+        inbox.feed, user_id, before_id=before, limit=limit, include_archived=archived == "true"
+    )
+    return JSONResponse(
+        {
+            "items": [i.to_json() for i in page.items],
+            "unread": page.unread,
+            "next": page.next,
+            "cursor": page.cursor.encode(),
+        }
+    )
+
+
+def _mark_body(raw: bytes) -> tuple[str, list[int] | None]:
+    """(what, ids), ids None for every unread item."""
+    body = decode_json(raw)
+    if not isinstance(body, dict):
+        raise Refused(400, "body: expected an object")
+    what = body.get("as")
+    if what not in store.MARKS:
+        raise Refused(400, f"as: expected one of {', '.join(store.MARKS)}")
+    if body.get("all") is True:
+        if what != "read" or "ids" in body:
+            raise Refused(400, "all: only with as=read and no ids")
+        return what, None
+    ids = body.get("ids")
+    if not isinstance(ids, list) or not 0 < len(ids) <= MAX_IDS:
+        raise Refused(400, f"ids: expected a list of 1 to {MAX_IDS} item ids")
+    for n, value in enumerate(ids):
+        if not (isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**63):
+            raise Refused(400, f"ids[{n}]: expected an item id")
+    return what, ids
+
+
+async def mark(request: Request) -> Response:
+    try:
+        user_id = _authorised(request)
+        what, ids = _mark_body(await read_body(request, MAX_BODY))
+    except Refused as error:
+        return refusal(error, "inbox")
+    if ids is None:
+        changed = await run_in_threadpool(inbox.mark_all_read, user_id)
+    else:
+        changed = await run_in_threadpool(inbox.mark, user_id, ids, what)
+    unread = await run_in_threadpool(inbox.unread_count, user_id)
+    return JSONResponse({"changed": changed, "unread": unread})
+
+
+async def stream(request: Request) -> Response:
+    try:
+        user_id = _authorised(request)
+        raw = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
+        since = Cursor.decode(raw) if raw else None
+        if raw and since is None:
+            raise Refused(400, "Last-Event-ID: not an event id of this stream")
+    except Refused as error:
+        return refusal(error, "inbox")
+    return StreamingResponse(
+        _events(user_id, since, listener(), settings.get().inbox_heartbeat),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/v1/inbox/{user_id}", list_feed, methods=["GET"]),
+        Route("/v1/inbox/{user_id}/mark", mark, methods=["POST"]),
+        Route("/v1/inbox/{user_id}/stream", stream, methods=["GET"]),
+    ]
+
+
+# --- the stream -------------------------------------------------------------------------------------
+
+
+def frame(event: str, data: Any, event_id: str | None = None) -> str:
+    """One server-sent event (data as one line of JSON: no newline can split it)."""
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def _head(user_id: str) -> Cursor:
+    with engine().connect() as conn:
+        return store.head(conn, user_id)
+
+
+def _changes(user_id: str, since: Cursor) -> tuple[list[Item], Cursor]:
+    with engine().connect() as conn:
+        return store.changes(conn, user_id, since)
+
+
+async def _events(
+    user_id: str, since: Cursor | None, hub: Listener, heartbeat: float
+) -> AsyncIterator[str]:
+    wake = await hub.subscribe(user_id)  # listening before the start point is read: no gap
+    try:
+        cursor = since if since is not None else await run_in_threadpool(_head, user_id)
+        yield "retry: 2000\n" + frame("ready", {"user_id": user_id}, cursor.encode())
+        sent: dict[int, tuple[int, int]] = {}  # item id -> (rev, wxid) this connection sent
+        while True:
+            wake.clear()
+            full = True
+            while full:
+                items, cursor = await run_in_threadpool(_changes, user_id, cursor)
+                full = len(items) == store.MAX_PAGE
+                for item in items:
+                    if sent.get(item.id, (0, 0))[0] == item.rev:
+                        continue  # selected again only because its writer might have been late
+                    sent[item.id] = (item.rev, item.wxid)
+                    kind = "item" if item.created_rev == item.rev else "updated"
+                    yield frame(kind, item.to_json(), Cursor(item.rev, cursor.xmin).encode())
+            for item_id in [k for k, (_, wxid) in sent.items() if wxid < cursor.xmin]:
+                del sent[item_id]  # no query can select it again without a new revision
+            try:
+                await asyncio.wait_for(wake.wait(), heartbeat)
+            except TimeoutError:
+                yield ": ping\n\n"
+    finally:
+        hub.unsubscribe(user_id, wake)
+
+
+class Listener:
+    """One LISTEN connection for the streams open on one event loop; runs while any is open."""
+
+    def __init__(self) -> None:
+        self.waiters: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
+        self.ready = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    async def subscribe(self, user_id: str) -> asyncio.Event:
+        wake = asyncio.Event()
+        self.waiters[user_id].add(wake)
+        if self.task is None or self.task.done():
+            self.ready.clear()
+            self.task = asyncio.create_task(self._run())
+        await self.ready.wait()
+        return wake
+
+    def unsubscribe(self, user_id: str, wake: asyncio.Event) -> None:
+        self.waiters[user_id].discard(wake)
+        if not self.waiters[user_id]:
+            del self.waiters[user_id]
+        if not self.waiters and self.task is not None:
+            self.task.cancel()
+            self.task = None
+
+    def wake(self, user_id: str | None) -> None:
+        for users in [self.waiters.get(user_id, set())] if user_id else self.waiters.values():
+            for event in users:
+                event.set()
+
+    async def _run(self) -> None:
+        url = make_url(settings.get().urls()[0]).set(drivername="postgresql")
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    url.render_as_string(hide_password=False), autocommit=True
+                ) as conn:
+                    await conn.execute(f"LISTEN {store.NOTIFY_CHANNEL}")
+                    self.ready.set()
+                    self.wake(None)  # whatever was missed while not listening
+                    async for note in conn.notifies():
+                        self.wake(_user_of(note.payload))
+            except psycopg.Error as exc:
+                log.warning(
+                    "inbox listener lost its connection: %s",
+                    exc,
+                    extra={"action": "inbox_unlisten"},
+                )
+            self.ready.set()  # streams fall back to their heartbeat until it is back
+            await asyncio.sleep(RECONNECT)
+
+
+def _user_of(payload: str) -> str | None:
+    with contextlib.suppress(ValueError, AttributeError):
+        user = json.loads(payload).get("u")
+        return user if isinstance(user, str) else None
+    return None
+
+
+_listeners: dict[asyncio.AbstractEventLoop, Listener] = {}
+
+
+def listener() -> Listener:
+    """This event loop's listener."""
+    loop = asyncio.get_running_loop()
+    for gone in [k for k in _listeners if k.is_closed()]:
+        del _listeners[gone]
+    if loop not in _listeners:
+        _listeners[loop] = Listener()
+    return _listeners[loop]
