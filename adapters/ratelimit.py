@@ -7,15 +7,18 @@ activation lane at most `activation_share` of that, so a nudge backlog cannot st
 password resets on the same credential.
 
 `RateLimits.take(quota, key, cost=…, lane=…)` spends `cost` (a message, or an SMS's segments)
-from the budget of (provider, key) in Redis through the `limits` package's moving windows: no
-window ever holds more than its amount, across all workers. A full budget, or one paused because
-the provider answered 429, raises ThrottledError with the seconds to wait: the delivery is
-deferred with its attempt refunded, never dropped. `pause` records a provider's Retry-After for
-every worker.
+from the budget of (provider, key): a sliding log per window in Redis, checked and charged for
+every window at once by one Lua script stamped with **Redis's own clock** (`TIME`), so no window
+ever holds more than its amount across all workers and hosts, whatever their clocks or however
+late a descheduled process gets to Redis. (The `limits` package's moving window stamps entries with
+the caller's clock: measured here, four processes on two cores put 12 into a 10-per-second window.)
+A full budget, or one paused because the provider answered 429, raises ThrottledError with the
+seconds to wait: the delivery is deferred with its attempt refunded, never dropped. `pause`
+records a provider's Retry-After for every worker.
 
 `key` is the budget's scope, hashed before it reaches Redis: a credential (an API key, a sending
-number), or whatever the provider counts by (a Teams conversation). Windows are measured on the
-workers' clocks (`limits` stamps entries client-side), so hosts must keep NTP time.
+number), or whatever the provider counts by (a Teams conversation). A budget's keys share one
+Redis Cluster hash slot.
 
 Redis unreachable: `take` fails closed (ThrottledError, a short deferral) unless the quota says
 `fail_open` (the chat channels: a limiter outage must not stop a manager's nudge).
@@ -26,16 +29,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
 import redis as redis_lib
-from limits import RateLimitItemPerSecond
-from limits.storage import RedisStorage
-from limits.strategies import MovingWindowRateLimiter
 
 from clarion.errors import ThrottledError
 
@@ -60,22 +60,47 @@ class Quota:
         if not (0 < self.share <= 1 and 0 < self.activation_share <= 1):
             raise ValueError(f"{self.provider}: shares must be in (0, 1]")
 
-    def amounts(self, lane: str | None) -> list[tuple[int, int]]:
-        """(amount, whole seconds) clarion may spend per window in `lane`. Windows shorter than a
-        second are not representable in `limits`; they are scaled up to one second."""
+    def amounts(self, lane: str | None) -> list[tuple[int, float]]:
+        """(amount, seconds) clarion may spend per window in `lane`."""
         out = []
         for amount, seconds in self.windows:
-            whole = max(1, math.ceil(seconds))
-            allowed = amount * whole / seconds * self.share
+            allowed = amount * self.share
             if lane == "activation":
                 allowed *= self.activation_share
-            out.append((max(1, math.floor(allowed)), whole))
+            out.append((max(1, math.floor(allowed)), seconds))
         return out
 
 
 def scope(key: str) -> str:
     """A budget key as it may appear in Redis: never a credential in clear."""
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+
+
+# KEYS: one sorted set per window (score: Redis TIME in µs). ARGV: cost, a unique member prefix,
+# then (amount, window µs) per key. Returns [µs until the full window has room (0: charged to
+# every window), Redis's time in µs]. Lua numbers come back as integers, hence the strings.
+_TAKE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local cost = tonumber(ARGV[1])
+local wait = 0
+for i = 1, #KEYS do
+  local amount, window = tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - window)
+  local over = redis.call('ZCARD', KEYS[i]) + cost - amount
+  if over > 0 then
+    local oldest = redis.call('ZRANGE', KEYS[i], over - 1, over - 1, 'WITHSCORES')
+    local free = tonumber(oldest[2]) + window - now
+    if free > wait then wait = free end
+  end
+end
+if wait > 0 then return {tostring(wait), tostring(now)} end
+for i = 1, #KEYS do
+  for j = 1, cost do redis.call('ZADD', KEYS[i], now, ARGV[2] .. ':' .. j) end
+  redis.call('PEXPIRE', KEYS[i], math.ceil(tonumber(ARGV[2 + 2 * i]) / 1000) + 1000)
+end
+return {'0', tostring(now)}
+"""
 
 
 class RateLimits:
@@ -90,58 +115,57 @@ class RateLimits:
     ) -> None:
         self.redis = redis
         self.prefix = prefix
-        self.wall = wall
-        self._storage: tuple[int, MovingWindowRateLimiter] | None = None
-
-    def _limiter(self) -> MovingWindowRateLimiter:
-        pid = os.getpid()
-        if self._storage is None or self._storage[0] != pid:  # a forked child builds its own
-            pool = self.redis().connection_pool
-            storage = RedisStorage("redis://", connection_pool=pool, key_prefix=self.prefix)
-            self._storage = (pid, MovingWindowRateLimiter(storage))
-        return self._storage[1]
+        self.wall = wall  # for pauses only: a provider's Retry-After, on clarion's clock
 
     def _pause_key(self, quota: Quota, key: str) -> str:
         return f"{self.prefix}:pause:{quota.provider}:{scope(key)}"
 
-    def take(self, quota: Quota, key: str, *, cost: int = 1, lane: str | None = None) -> None:
-        """Spend `cost` from the budget, or raise ThrottledError saying how long to wait."""
+    def take(
+        self, quota: Quota, key: str, *, cost: int = 1, lane: str | None = None
+    ) -> float | None:
+        """Spend `cost` from the budget, or raise ThrottledError saying how long to wait. Returns
+        the time (Redis's clock, epoch seconds) the budget was charged at; None if Redis could
+        not be asked and the quota fails open."""
         try:
-            self._take(quota, key, max(1, cost), lane)
+            return self._take(quota, key, max(1, cost), lane)
         except redis_lib.RedisError as exc:
             if quota.fail_open:
                 log.warning("rate budget unavailable", extra={"action": "rate_limit_open"})
-                return
+                return None
             raise ThrottledError(
                 "budget_unavailable",
                 f"{quota.provider} rate budget unreadable: {exc}"[:200],
                 retry_after=OUTAGE_DEFERRAL,
             ) from exc
 
-    def _take(self, quota: Quota, key: str, cost: int, lane: str | None) -> None:
+    def _take(self, quota: Quota, key: str, cost: int, lane: str | None) -> float:
         paused = self.paused_for(quota, key)
         if paused:
             raise ThrottledError(
                 "paused", f"{quota.provider} asked to wait {paused:.1f}s more", retry_after=paused
             )
-        limiter, ident = self._limiter(), (quota.provider, scope(key))
-        checks: list[tuple[RateLimitItemPerSecond, tuple[str, ...]]] = []
-        if lane == "activation":  # the lane's own share first, then the credential's whole budget
-            checks += [(_item(a, s), (*ident, "activation")) for a, s in quota.amounts(lane)]
-        checks += [(_item(a, s), ident) for a, s in quota.amounts(None)]
-        for item, ids in checks:
-            if cost > item.amount:
-                raise ThrottledError(
-                    "over_budget", f"cost {cost} exceeds {quota.provider}'s window of {item.amount}"
-                )
-            if not limiter.hit(item, *ids, cost=cost):
-                reset = limiter.get_window_stats(item, *ids).reset_time
-                wait = min(float(item.get_expiry()), max(0.05, reset - time.time()))
-                raise ThrottledError(
-                    "budget_full",
-                    f"{quota.provider} budget of {item.amount} per {item.get_expiry()}s is spent",
-                    retry_after=wait,
-                )
+        slot = f"{self.prefix}:{{{quota.provider}:{scope(key)}}}"  # one hash slot per budget
+        windows = [(f"{slot}:{i}", a, s) for i, (a, s) in enumerate(quota.amounts(None))]
+        if lane == "activation":  # the lane's own share, and the credential's whole budget
+            windows += [(f"{slot}:a{i}", a, s) for i, (a, s) in enumerate(quota.amounts(lane))]
+        smallest = min(a for _, a, _ in windows)
+        if cost > smallest:
+            raise ThrottledError(
+                "over_budget", f"cost {cost} exceeds {quota.provider}'s window of {smallest}"
+            )
+        args: list[str | int] = [cost, uuid.uuid4().hex]
+        for _, amount, seconds in windows:
+            args += [amount, int(seconds * 1_000_000)]
+        answer = self.redis().eval(_TAKE, len(windows), *[w[0] for w in windows], *args)
+        wait, at = (float(v) for v in cast(list[bytes], answer))
+        if wait > 0:
+            full = min(windows, key=lambda w: w[1])
+            raise ThrottledError(
+                "budget_full",
+                f"{quota.provider} budget of {full[1]} per {full[2]:g}s is spent",
+                retry_after=max(0.01, wait / 1_000_000),
+            )
+        return at / 1_000_000
 
     def pause(self, quota: Quota, key: str, seconds: float) -> None:
         """Hold the budget for `seconds` (a 429's Retry-After), never shortening a longer pause."""
@@ -159,7 +183,3 @@ class RateLimits:
         raw = cast(bytes | None, self.redis().get(self._pause_key(quota, key)))
         left = float(raw) - self.wall() if raw else 0.0
         return left if left > 0 else None
-
-
-def _item(amount: int, seconds: int) -> RateLimitItemPerSecond:
-    return RateLimitItemPerSecond(amount, seconds)

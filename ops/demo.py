@@ -19,7 +19,7 @@ from sqlalchemy import make_url, text
 
 from clarion import settings
 from clarion.errors import ClarionError
-from ops import demo_chat, launch
+from ops import demo_chat, demo_receipts, launch
 from ops.fake_slack import FakeSlack
 from ops.receiver import Receiver
 from ops.table import render
@@ -129,9 +129,14 @@ def run(home: Path) -> int:
         url = _prepare_database(services.database_url)
         redis_lib.Redis.from_url(services.redis_url).flushdb()
         secret = _webhook_secret()
-        with Receiver(secret) as receiver, FakeSlack() as slack:
+        with (
+            Receiver(secret) as receiver,
+            FakeSlack() as slack,
+            demo_receipts.providers() as providers,
+        ):
             env = {
                 **demo_chat.env(slack),
+                **providers.env(),
                 "CLARION_HOME": str(home),
                 "CLARION_WEBHOOK_SECRET": secret,  # the public dev secret is refused with a database URL
                 "CLARION_DATABASE_URL": url,
@@ -148,7 +153,9 @@ def run(home: Path) -> int:
             os.environ.update({k: v for k, v in env.items() if k != "CLARION_FAULTS"})
             settings.reset()
             processes = _start_processes(home, env)
-            return _play(url, services.redis_url, receiver, processes, home, env, started, slack)
+            return _play(
+                url, services.redis_url, receiver, processes, home, env, started, slack, providers
+            )
     except ClarionError as exc:
         say(f"demo failed: {exc}")
         return 1
@@ -191,7 +198,7 @@ def _start_processes(home: Path, env: dict[str, str]) -> list[launch.Process]:
     ]
 
 
-def _play(url, redis_url, receiver, processes, home, env, started, slack) -> int:
+def _play(url, redis_url, receiver, processes, home, env, started, slack, providers) -> int:
     from tasks import notify, notify_many, register_recipient
     from tasks.publish import DELIVER, ROUTE, publish
 
@@ -254,10 +261,11 @@ def _play(url, redis_url, receiver, processes, home, env, started, slack) -> int
     time.sleep(1.0)  # let the re-published messages drain so the counters are complete
     _summary(url, redis_url, receiver, len(items), len(repeats))
     chat = demo_chat.run(slack, say)
+    receipts = demo_receipts.run(providers, say)
     say(
         f"finished in {time.monotonic() - started:.1f} s" + ("" if done else " (timed out waiting)")
     )
-    return 0 if done and chat else 1
+    return 0 if done and chat and receipts else 1
 
 
 def _summary(url: str, redis_url: str, receiver: Receiver, requested: int, repeated: int) -> None:

@@ -162,6 +162,8 @@ def test_from_yaml_missing_file(tmp_path: Path) -> None:
                 "weekly_one_on_one",
                 "daily_summary",
                 "goal_prompt",
+                "order_shipped",
+                "login_code",
             },
         ),
         (TESTS / "catalog.yaml", {"receipt", "security_code", "nudge", "two_channels", "emailed"}),
@@ -189,7 +191,7 @@ def test_demo_catalog_contents() -> None:
         "title": "Still with us, Ada?",
         "body": "Your plan has been quiet for 7 days. Ten minutes today keeps it moving.",
     }
-    assert catalog.channels == frozenset({"webhook", "console", "slack"})
+    assert catalog.channels == frozenset({"webhook", "console", "slack", "email", "sms"})
     assert catalog.get("nope") is None
 
 
