@@ -19,9 +19,10 @@ async def health(request: Request) -> JSONResponse:
 
 def create_app() -> Starlette:
     routes = [Route("/healthz", health)]
-    from web import slack, teams
+    from web import slack, sms, teams
 
     routes += slack.routes() + teams.routes()
+    routes += sms.routes()
     return Starlette(routes=routes)
 
 
