@@ -163,7 +163,9 @@ def outcome(answer: TwilioAnswer) -> SendResult:
     """A Twilio answer as a send result, or the SendError to raise."""
     if 200 <= answer.status < 300:
         return SendResult(platform="sms", provider_message_id=clean_provider_id(answer.sid))
-    reason = f"twilio_{answer.code}" if answer.code else f"http_{answer.status}"
+    # the SDK puts the HTTP status in `code` when the body has none
+    coded = answer.code and answer.code != answer.status
+    reason = f"twilio_{answer.code}" if coded else f"http_{answer.status}"
     detail = f"twilio answered {answer.status}: {answer.message}"[:300]
     if answer.status == 429:
         raise ThrottledError(reason, detail, answer.retry_after or DEFAULT_PAUSE)
