@@ -9,8 +9,10 @@ api.twilio.com when that is set: the SDK still builds every request itself).
 Rate: a sending number (or Messaging Service) may send `CLARION_SMS_SEGMENTS_PER_SECOND` segments
 a second (a US long code: 1); clarion spends 90% of it from the shared Redis budget, a message
 costing its segment count. A message longer than one second's budget spends the whole second and
-pauses the number for the rest (Twilio queues its segments at the number's rate). A 429 pauses the
-number for every worker (Retry-After, else DEFAULT_PAUSE).
+pauses the number for the rest (Twilio queues its segments at the number's rate). A worker that
+finds the budget full closes it for every worker until its window has passed plus SETTLE, so
+that one second's sends cannot arrive inside the previous one's. A 429 pauses the number for
+every worker (Retry-After, else DEFAULT_PAUSE).
 
 Three outcomes. 201 is sent (the provider id is the Message SID). 429 is throttled (the attempt
 refunded); any other 4xx failed for good, 21211 (not a valid number) and 21610 (the recipient
@@ -146,6 +148,10 @@ class SmsRequest:
 
 # --- pure: the answer ------------------------------------------------------------------------------
 
+# Seconds a full budget stays closed past its window. Sends leave workers at slightly different
+# delays after their budget was taken; without this, a second's sends could land within the
+# previous second's at Twilio (and bursts of a whole budget make that likely).
+SETTLE = 0.2
 DEFAULT_PAUSE = 2.0  # seconds a number is paused after a 429 without Retry-After
 SUPPRESS_CODES = {21211: "invalid_number", 21610: "stopped"}
 
@@ -378,7 +384,16 @@ class SmsAdapter(Channel[SmsRequest, TwilioAnswer]):
         quota, key, cost = self.quota, self.sender, request.segments
         window, seconds = min(quota.amounts(message.lane))
         charge = min(cost, window)
-        self.limits.take(quota, key, cost=charge, lane=message.lane)
+        try:
+            self.limits.take(quota, key, cost=charge, lane=message.lane)
+        except ThrottledError as full:
+            if full.reason != "budget_full":
+                raise
+            # Close the number until the window has passed and SETTLE more, for every worker:
+            # the next second's sends then cannot reach Twilio inside this one's.
+            wait = (full.retry_after or 0.0) + SETTLE
+            self.limits.pause(quota, key, wait)
+            raise ThrottledError(full.reason, full.detail, wait) from full
         if cost > charge:  # the number's queue at Twilio drains the rest at its rate
             self.limits.pause(quota, key, seconds * cost / window)
 

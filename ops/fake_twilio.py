@@ -146,16 +146,21 @@ class FakeTwilio(LocalServer):
 
     def segments_per_second(self) -> int:
         """The most segments accepted within any one second (a window sliding over arrivals)."""
+        return sum(m.segments for m in self.busiest_second())
+
+    def busiest_second(self) -> list[Accepted]:
+        """The accepted messages of the one-second window holding the most segments."""
         with self.lock:
-            arrivals = sorted((m.arrived, m.segments) for m in self.accepted)
-        most, start, inside = 0, 0, 0
-        for at, cost in arrivals:
-            inside += cost
-            while arrivals[start][0] <= at - 1.0:
-                inside -= arrivals[start][1]
+            arrivals = sorted(self.accepted, key=lambda m: m.arrived)
+        best: tuple[int, int, int] = (0, 0, 0)  # segments, first, last index
+        start, inside = 0, 0
+        for end, message in enumerate(arrivals):
+            inside += message.segments
+            while arrivals[start].arrived <= message.arrived - 1.0:
+                inside -= arrivals[start].segments
                 start += 1
-            most = max(most, inside)
-        return most
+            best = max(best, (inside, start, end))
+        return arrivals[best[1] : best[2] + 1] if best[0] else []
 
     # --- Twilio's side of clarion's webhooks -------------------------------------------------------
 

@@ -341,6 +341,20 @@ def test_a_message_longer_than_the_budget_spends_it_and_pauses_for_the_rest(worl
         assert len(world.fake.messages()) == 1
 
 
+def test_a_worker_that_finds_the_budget_full_closes_it_a_little_past_its_window(world, monkeypatch):
+    configure(monkeypatch, sms_segments_per_second=1)
+    first, second, third = _route("ana"), _route("bob"), _route("ana")
+    assert first and second and third
+    deliver([first[0]], [first[1]])
+    assert _row(first)["state"] == "sent"
+    deliver([second[0]], [second[1]])  # the second's budget is spent: it closes the number
+    assert _row(second)["state"] == "pending" and "budget_full" in _row(second)["last_error"]
+    paused = runtime.collaborators().limits.paused_for(budget_quota(1), FakeTwilio.NUMBER)
+    assert paused is not None and 0.2 < paused <= 1.2  # the window's rest, and SETTLE
+    deliver([third[0]], [third[1]])
+    assert "paused" in _row(third)["last_error"] and len(world.fake.attempts) == 1
+
+
 # --- the marketing SMS hours ------------------------------------------------------------------------------
 
 
