@@ -11,8 +11,10 @@ a second (a US long code: 1); clarion spends 90% of it from the shared Redis bud
 costing its segment count. A message longer than one second's budget spends the whole second and
 pauses the number for the rest (Twilio queues its segments at the number's rate). A worker that
 finds the budget full closes it for every worker until its window has passed plus SETTLE, so
-that one second's sends cannot arrive inside the previous one's. A 429 pauses the number for
-every worker (Retry-After, else DEFAULT_PAUSE).
+that one second's sends cannot arrive inside the previous one's, and sends its delivery away for
+a random share of the time the deliveries turned away this second need at the number's rate (a
+backlog comes back spread out, not all of it every second). A 429 pauses the number for every
+worker (Retry-After, else DEFAULT_PAUSE).
 
 Three outcomes. 201 is sent (the provider id is the Message SID). 429 is throttled (the attempt
 refunded); any other 4xx failed for good, 21211 (not a valid number) and 21610 (the recipient
@@ -26,12 +28,15 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
+import redis as redis_lib
 import requests
 from twilio.base.exceptions import TwilioRestException
 from twilio.http.http_client import TwilioHttpClient
@@ -47,7 +52,7 @@ from adapters.base import (
     Suppressions,
     clean_provider_id,
 )
-from adapters.ratelimit import Quota, RateLimits
+from adapters.ratelimit import Quota, RateLimits, scope
 from clarion.errors import (
     ConfigurationError,
     PermanentSendError,
@@ -58,6 +63,9 @@ from clarion.errors import (
 from clarion.settings import Settings
 
 log = logging.getLogger(__name__)
+# The SDK logs every request at INFO (URL and headers); kept to warnings unless asked for.
+sdk_log = logging.getLogger(f"{__name__}.sdk")
+sdk_log.setLevel(logging.WARNING)
 
 # --- pure: segments ---------------------------------------------------------------------------------
 
@@ -152,6 +160,8 @@ class SmsRequest:
 # delays after their budget was taken; without this, a second's sends could land within the
 # previous second's at Twilio (and bursts of a whole budget make that likely).
 SETTLE = 0.2
+BACKLOG_PREFIX = "clarion:sms:waiting"  # Redis: deliveries turned away per number and second
+MAX_SPREAD = 300.0  # seconds: the longest a waiting delivery is sent away for at once
 DEFAULT_PAUSE = 2.0  # seconds a number is paused after a 429 without Retry-After
 SUPPRESS_CODES = {21211: "invalid_number", 21610: "stopped"}
 
@@ -272,7 +282,7 @@ class RoutedHttpClient(TwilioHttpClient):
     retries: a retried create could send twice."""
 
     def __init__(self, base_url: str | None, timeout: float) -> None:
-        super().__init__(timeout=timeout, max_retries=0)
+        super().__init__(timeout=timeout, max_retries=0, logger=sdk_log)
         self.base = urlsplit(base_url.rstrip("/")) if base_url else None
         if self.session is not None:  # the SDK mounts only https://; a stand-in may be http
             self.session.mount(
@@ -393,9 +403,25 @@ class SmsAdapter(Channel[SmsRequest, TwilioAnswer]):
             # the next second's sends then cannot reach Twilio inside this one's.
             wait = (full.retry_after or 0.0) + SETTLE
             self.limits.pause(quota, key, wait)
-            raise ThrottledError(full.reason, full.detail, wait) from full
+            later = wait + random.uniform(0.0, self._backlog(window / seconds))
+            raise ThrottledError(full.reason, full.detail, later) from full
         if cost > charge:  # the number's queue at Twilio drains the rest at its rate
             self.limits.pause(quota, key, seconds * cost / window)
+
+    def _backlog(self, per_second: float) -> float:
+        """Seconds over which deliveries waiting for this number should come back: those turned
+        away in the current second, at the number's rate. Without the spread, a backlog of
+        thousands would be claimed and deferred again every second."""
+        if self.limits is None:
+            return 0.0
+        name = f"{BACKLOG_PREFIX}:{scope(self.sender)}:{int(time.time())}"
+        try:
+            client = self.limits.redis()
+            waiting = int(client.incr(name))  # type: ignore[arg-type]
+            client.expire(name, 5)
+        except redis_lib.RedisError:
+            return 0.0
+        return min(MAX_SPREAD, waiting / max(per_second, 0.1))
 
     def call(self, request: SmsRequest) -> TwilioAnswer:
         try:
