@@ -122,6 +122,7 @@ class Settings:
     twilio_api_url: str | None = None  # a local Twilio stand-in (default: Twilio's own)
     twilio_from: str | None = None  # an E.164 long code or a Messaging Service SID (MG…)
     sms_segments_per_second: float = field(default=1.0, metadata=positive())  # per long code
+    twilio_timeout: float = field(default=10.0, metadata=positive())  # connect + read, one call
 
     # --- push ----------------------------------------------------------------------------------
     fcm_service_account: Path | None = None  # service-account JSON; FCM devices when set

@@ -141,7 +141,9 @@ def run(p: Providers, say: Callable[[str], None]) -> bool:
     forged = post_events(hooks, EventKey.generate(), [event(by_to[ANA_EMAIL], "spamreport")])[0]
 
     again = {
-        BOUNCER: notify(BOUNCER, "order_shipped", event_id="A-8", variables={"order_number": "A-8"}),
+        BOUNCER: notify(
+            BOUNCER, "order_shipped", event_id="A-8", variables={"order_number": "A-8"}
+        ),
         TEXTER: notify(TEXTER, "login_code", event_id="c2", variables={"code": "118274"}),
         READER: notify(READER, "order_shipped", event_id="A-8", variables={"order_number": "A-8"}),
     }
@@ -149,7 +151,9 @@ def run(p: Providers, say: Callable[[str], None]) -> bool:
     rows = []
     for user, address in ((READER, ANA_EMAIL), (BOUNCER, BO_EMAIL), (TEXTER, CY_PHONE)):
         state, receipts, listed = _after(user)
-        rows.append((address, state, receipts, listed or "—", _why_not(user, again[user].request_id)))
+        rows.append(
+            (address, state, receipts, listed or "—", _why_not(user, again[user].request_id))
+        )
     say(
         render(
             ["address", "first message", "receipts (event:outcome)", "suppressed", "next notify"],

@@ -183,6 +183,10 @@ def adapters() -> dict[str, Adapter]:
         from adapters.smtp import SmtpAdapter
 
         found.append(SmtpAdapter.from_settings(s, parts))
+    if s.twilio_account_sid:
+        from adapters.sms import SmsAdapter
+
+        found.append(SmsAdapter.from_settings(s, parts))
     return {a.channel: a for a in found}
 
 

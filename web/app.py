@@ -29,9 +29,10 @@ async def metrics(request: Request) -> Response:
 
 def create_app() -> Starlette:
     routes = [Route("/healthz", health), Route("/metrics", metrics)]
-    from web import email, inbox, slack, teams
+    from web import email, inbox, slack, sms, teams
 
     routes += slack.routes() + teams.routes() + email.routes() + inbox.routes()
+    routes += sms.routes()
     return Starlette(routes=routes)
 
 

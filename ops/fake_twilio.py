@@ -1,0 +1,322 @@
+"""A local Twilio: the Messages API wire format the real `twilio` SDK speaks, and Twilio's side of
+clarion's webhooks (signed status callbacks and inbound messages). For tests and the demo.
+
+Point the SDK at it with `CLARION_TWILIO_API_URL=server.url` (adapters.sms.RoutedHttpClient). It
+answers `POST /2010-04-01/Accounts/{sid}/Messages.json` (a form body, HTTP basic auth with the
+account SID and auth token) as Twilio does: 201 with the message resource (`sid` SM…, `status`
+queued), or an error body `{"code", "message", "more_info", "status"}` (401 code 20003, 400
+21211 / 21602 / 21604 / 21603, 429 20429 with Retry-After). Every accepted message is kept with
+its arrival time (`time.monotonic()`), so a test can count segments per second.
+
+Faults on demand:
+- `losses.next("drop" | "late" | "5xx")`: the message is accepted, then its answer is lost;
+- `storm(n, retry_after)`: the next `n` requests are answered 429 with Retry-After;
+- `fail_number(number, code)`: 21211 (invalid number) and 21610 (the recipient sent STOP) are
+  refused at create; 30003 / 30005 / 30006 are accepted and come back `undelivered` later.
+
+Callbacks are posted only when asked (deterministic): `progress(sid)` posts queued → sent →
+delivered (or undelivered with the number's ErrorCode), `post_status(sid, status)` one of them,
+`inbound(url, sender, body)` a reply to clarion's inbound webhook. Each is signed as Twilio signs
+(`X-Twilio-Signature`: the SDK's RequestValidator over the full URL and the form parameters).
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from twilio.request_validator import RequestValidator
+
+from adapters.sms import segments
+from ops.local_server import AnswerLoss, LocalServer, send_json
+
+API_VERSION = "2010-04-01"
+REFUSED_CODES = {
+    21211: "Invalid 'To' Phone Number",
+    21610: "Attempt to send to unsubscribed recipient",
+    21614: "'To' number is not a valid mobile number",
+}
+UNDELIVERED_CODES = {
+    30003: "Unreachable destination handset",
+    30005: "Unknown destination handset",
+    30006: "Landline or unreachable carrier",
+}
+
+
+@dataclass
+class Accepted:
+    """One message the fake took."""
+
+    sid: str
+    to: str
+    sender: str
+    body: str
+    segments: int
+    status_callback: str | None
+    arrived: float  # time.monotonic() when the request was read
+    statuses: list[str] = field(default_factory=list)  # callbacks posted for it, in order
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """Every Messages.json request, whatever its answer."""
+
+    arrived: float
+    status: int
+    to: str
+
+
+def sign(token: str, url: str, params: Mapping[str, str]) -> str:
+    """X-Twilio-Signature for a request to `url` with these form parameters."""
+    return str(RequestValidator(token).compute_signature(url, dict(params)))
+
+
+def post_signed(token: str, url: str, params: Mapping[str, str]) -> tuple[int, bytes]:
+    """POST a form to clarion as Twilio does; (status, body) of the answer."""
+    request = urllib.request.Request(
+        url,
+        data=urlencode(params).encode(),
+        headers={
+            "Content-Type": "application/x-www-form-urlencoded",
+            "X-Twilio-Signature": sign(token, url, params),
+            "User-Agent": "TwilioProxy/1.1",
+        },
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+class FakeTwilio(LocalServer):
+    ACCOUNT_SID = "AC" + "c1a710" + "0" * 26
+    AUTH_TOKEN = "clarion-twilio-test-token"
+    NUMBER = "+15005550006"
+
+    def __init__(self) -> None:
+        self.accepted: list[Accepted] = []
+        self.attempts: list[Attempt] = []
+        self.failing: dict[str, int] = {}
+        self.losses = AnswerLoss()
+        self._storm: list[float] = []  # Retry-After of each 429 still to answer
+        self._sids = itertools.count(1)
+        self.lock = threading.Lock()
+        super().__init__(self._handler())
+
+    @property
+    def url(self) -> str:
+        return self.base_url
+
+    # --- control and inspection ----------------------------------------------------------------
+
+    def storm(self, n: int, retry_after: float = 1.0) -> None:
+        """Answer the next `n` create requests 429 Too Many Requests with this Retry-After."""
+        with self.lock:
+            self._storm.extend([retry_after] * n)
+
+    def fail_number(self, number: str, code: int) -> None:
+        if code not in REFUSED_CODES and code not in UNDELIVERED_CODES:
+            raise ValueError(f"no scripted failure for code {code}")
+        with self.lock:
+            self.failing[number] = code
+
+    def messages(self, to: str | None = None) -> list[Accepted]:
+        with self.lock:
+            return [m for m in self.accepted if to is None or m.to == to]
+
+    def message(self, sid: str) -> Accepted:
+        with self.lock:
+            return next(m for m in self.accepted if m.sid == sid)
+
+    def throttled(self) -> list[Attempt]:
+        with self.lock:
+            return [a for a in self.attempts if a.status == 429]
+
+    def segments_per_second(self) -> int:
+        """The most segments accepted within any one second (a window sliding over arrivals)."""
+        return sum(m.segments for m in self.busiest_second())
+
+    def busiest_second(self) -> list[Accepted]:
+        """The accepted messages of the one-second window holding the most segments."""
+        with self.lock:
+            arrivals = sorted(self.accepted, key=lambda m: m.arrived)
+        best: tuple[int, int, int] = (0, 0, 0)  # segments, first, last index
+        start, inside = 0, 0
+        for end, message in enumerate(arrivals):
+            inside += message.segments
+            while arrivals[start].arrived <= message.arrived - 1.0:
+                inside -= arrivals[start].segments
+                start += 1
+            best = max(best, (inside, start, end))
+        return arrivals[best[1] : best[2] + 1] if best[0] else []
+
+    # --- Twilio's side of clarion's webhooks -------------------------------------------------------
+
+    def post_status(self, sid: str, status: str, *, error_code: int | None = None) -> int:
+        """Post one signed status callback for a message; clarion's HTTP status."""
+        message = self.message(sid)
+        if not message.status_callback:
+            raise ValueError(f"{sid} has no status callback")
+        params = {
+            "AccountSid": self.ACCOUNT_SID,
+            "ApiVersion": API_VERSION,
+            "From": message.sender,
+            "MessageSid": sid,
+            "MessageStatus": status,
+            "SmsSid": sid,
+            "SmsStatus": status,
+            "To": message.to,
+        }
+        if error_code is not None:
+            params["ErrorCode"] = str(error_code)
+        with self.lock:
+            message.statuses.append(status)
+        return post_signed(self.AUTH_TOKEN, message.status_callback, params)[0]
+
+    def progress(self, sid: str) -> list[tuple[str, int]]:
+        """The callbacks of a message's life: queued, sent, then delivered, or undelivered with
+        its number's error code. (status, clarion's HTTP status) each."""
+        code = self.failing.get(self.message(sid).to)
+        final = ("undelivered", code) if code in UNDELIVERED_CODES else ("delivered", None)
+        steps = [("queued", None), ("sent", None), final]
+        return [(s, self.post_status(sid, s, error_code=c)) for s, c in steps]
+
+    def inbound(
+        self, url: str, sender: str, body: str, *, to: str | None = None
+    ) -> tuple[int, str]:
+        """A signed inbound message (a reply) to clarion's webhook; (status, TwiML answer)."""
+        params = {
+            "AccountSid": self.ACCOUNT_SID,
+            "ApiVersion": API_VERSION,
+            "Body": body,
+            "From": sender,
+            "MessageSid": f"SM{next(self._sids):032x}",
+            "NumMedia": "0",
+            "NumSegments": "1",
+            "To": to or self.NUMBER,
+        }
+        status, answer = post_signed(self.AUTH_TOKEN, url, params)
+        return status, answer.decode()
+
+    # --- the Messages API --------------------------------------------------------------------------
+
+    def create(self, account: str, auth: str, form: dict[str, str]) -> tuple[int, dict, dict]:
+        """(status, headers, body) for one Messages.json request; records it."""
+        arrived = time.monotonic()
+        with self.lock:
+            status, headers, body = self._create(account, auth, form, arrived)
+            self.attempts.append(Attempt(arrived, status, form.get("To", "")))
+        return status, headers, body
+
+    def _create(
+        self, account: str, auth: str, form: dict[str, str], arrived: float
+    ) -> tuple[int, dict, dict]:
+        expected = (
+            "Basic " + base64.b64encode(f"{self.ACCOUNT_SID}:{self.AUTH_TOKEN}".encode()).decode()
+        )
+        if auth != expected or account != self.ACCOUNT_SID:
+            return _error(401, 20003, "Authenticate")
+        if self._storm:
+            wait = self._storm.pop(0)
+            return _error(429, 20429, "Too Many Requests", {"Retry-After": f"{wait:g}"})
+        to, body = form.get("To", ""), form.get("Body", "")
+        sender = form.get("From") or form.get("MessagingServiceSid") or ""
+        if not to:
+            return _error(400, 21604, "A 'To' phone number is required.")
+        if not sender:
+            return _error(400, 21603, "A 'From' phone number is required.")
+        if not body:
+            return _error(400, 21602, "Message body is required.")
+        code = self.failing.get(to)
+        if not (to.startswith("+") and to[1:].isdigit()):
+            code = 21211
+        if code in REFUSED_CODES:
+            return _error(400, code, f"{REFUSED_CODES[code]}: {to}")
+        message = Accepted(
+            f"SM{next(self._sids):032x}",
+            to,
+            sender,
+            body,
+            segments(body)[1],
+            form.get("StatusCallback"),
+            arrived,
+        )
+        self.accepted.append(message)
+        return 201, {}, self._resource(message, form)
+
+    def _resource(self, message: Accepted, form: dict[str, str]) -> dict[str, Any]:
+        now = formatdate(usegmt=True)
+        service = form.get("MessagingServiceSid")
+        return {
+            "account_sid": self.ACCOUNT_SID,
+            "api_version": API_VERSION,
+            "body": message.body,
+            "date_created": now,
+            "date_sent": None,
+            "date_updated": now,
+            "direction": "outbound-api",
+            "error_code": None,
+            "error_message": None,
+            "from": form.get("From"),
+            "messaging_service_sid": service,
+            "num_media": "0",
+            "num_segments": str(message.segments),
+            "price": None,
+            "price_unit": "USD",
+            "sid": message.sid,
+            "status": "accepted" if service else "queued",
+            "subresource_uris": {},
+            "to": message.to,
+            "uri": f"/{API_VERSION}/Accounts/{self.ACCOUNT_SID}/Messages/{message.sid}.json",
+        }
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+        prefix = f"/{API_VERSION}/Accounts/"
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802 - the http.server API
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                path = self.path.partition("?")[0]
+                account, _, rest = path.removeprefix(prefix).partition("/")
+                if not path.startswith(prefix) or rest != "Messages.json":
+                    send_json(self, 404, {"code": 20404, "message": "Not Found", "status": 404})
+                    return
+                form = dict(parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True))
+                status, headers, body = fake.create(
+                    account, self.headers.get("Authorization", ""), form
+                )
+                if status == 201 and fake.losses.apply(self):
+                    return
+                send_json(self, status, body, headers)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        return Handler
+
+
+def _error(
+    status: int, code: int, message: str, headers: dict[str, str] | None = None
+) -> tuple[int, dict, dict]:
+    body = {
+        "code": code,
+        "message": message,
+        "more_info": f"https://www.twilio.com/docs/errors/{code}",
+        "status": status,
+    }
+    return status, headers or {}, body

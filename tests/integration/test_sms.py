@@ -1,0 +1,409 @@
+"""SMS end to end: the real twilio SDK against the local Twilio (ops/fake_twilio.py), clarion's
+real webhooks served by uvicorn (callbacks signed as Twilio signs), real PostgreSQL and Redis, the
+pipeline run in-process. Counted at the fake: messages it took, requests it throttled.
+
+Send → status callbacks → delivered / undelivered; STOP / START / HELP replies and the next
+notify; refusals that suppress the number (21211, 21610); forged callbacks (401, nothing written);
+duplicated and reordered callbacks (hypothesis); a 429 pausing the number; a long message's
+segments; the marketing SMS hours; a lost answer under each guarantee.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, time, timedelta
+from pathlib import Path
+from urllib.parse import urlencode
+from zoneinfo import ZoneInfo
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import text
+
+from adapters.sms import HELP_REPLY, budget_quota
+from db.engine import engine
+from ops.fake_slack import serving
+from ops.fake_twilio import FakeTwilio, sign
+from tasks import notify, register_recipient, runtime
+from tasks.deliver import deliver
+from tasks.route import route
+from tests.support.pipeline import (
+    configure,
+    count,
+    drain,
+    frozen_clock,
+    publishing_to_this_tests_broker,
+    rows,
+)
+from web.app import create_app
+
+pytestmark = pytest.mark.integration
+
+CATALOG = Path(__file__).parents[1] / "catalog_sms.yaml"
+ANA, BOB = "+4915112345678", "+4915100000002"
+Key = tuple[str, int]
+
+
+@dataclass
+class World:
+    fake: FakeTwilio
+    web: str
+
+    @property
+    def inbound_url(self) -> str:
+        return f"{self.web}/webhooks/twilio/inbound"
+
+
+@pytest.fixture
+def world(clarion_env, monkeypatch) -> Iterator[World]:
+    with FakeTwilio() as fake, serving(create_app()) as web:
+        configure(
+            monkeypatch,
+            catalog=CATALOG,
+            twilio_account_sid=FakeTwilio.ACCOUNT_SID,
+            twilio_auth_token=FakeTwilio.AUTH_TOKEN,
+            twilio_api_url=fake.url,
+            twilio_from=FakeTwilio.NUMBER,
+            public_url=web,
+            sms_segments_per_second=100,  # the budget is not what most tests here count
+            twilio_timeout=1,
+            send_timeout=3,
+        )
+        register_recipient("ana", timezone="Europe/Berlin", addresses={"sms": ANA})
+        register_recipient("bob", timezone="Europe/Berlin", addresses={"sms": BOB})
+        with publishing_to_this_tests_broker():
+            yield World(fake, web)
+
+
+def _route(user: str, type_key: str = "sms_receipt", event: str | None = None) -> Key | None:
+    request = notify(user, type_key, event_id=event or uuid.uuid4().hex)
+    assert route([user], [request.request_id]) == 1
+    drain("transactional"), drain("activation")
+    found = rows("SELECT user_id, id FROM deliveries WHERE request_id = :r", r=request.request_id)
+    return (found[0]["user_id"], found[0]["id"]) if found else None
+
+
+def _send(user: str, type_key: str = "sms_receipt") -> Key:
+    key = _route(user, type_key)
+    assert key is not None, "no delivery"
+    deliver([key[0]], [key[1]])
+    return key
+
+
+def _row(key: Key) -> dict:
+    [row] = rows(
+        "SELECT state, attempts, provider_message_id, last_error, maybe_sent_at FROM deliveries "
+        "WHERE user_id = :u AND id = :i",
+        u=key[0],
+        i=key[1],
+    )
+    return row
+
+
+def _due_now() -> None:
+    with engine().begin() as conn:
+        conn.execute(text("UPDATE deliveries SET not_before = now() WHERE state = 'pending'"))
+
+
+def _suppressions() -> list[tuple[str, str, str]]:
+    return [
+        (r["user_id"], r["address"], r["reason"])
+        for r in rows("SELECT user_id, address, reason FROM suppressions ORDER BY user_id")
+    ]
+
+
+def _last_decision(user: str) -> dict:
+    return rows(
+        "SELECT gate, outcome, reason, channel FROM decisions WHERE user_id = :u "
+        "AND channel = 'sms' ORDER BY id DESC",
+        u=user,
+    )[0]
+
+
+def _sid(key: Key) -> str:
+    return _row(key)["provider_message_id"]
+
+
+# --- send and receipts --------------------------------------------------------------------------------
+
+
+def test_a_message_is_sent_and_its_callbacks_mark_it_delivered(world):
+    key = _send("ana")
+    [message] = world.fake.messages()
+    assert _row(key)["state"] == "sent" and _sid(key) == message.sid
+    assert message.to == ANA and message.body == "Your order shipped."
+    assert message.status_callback == (
+        f"{world.web}/webhooks/twilio/status?{urlencode({'u': 'ana', 'd': key[1]})}"
+    )
+    assert world.fake.progress(message.sid) == [
+        ("queued", 204),
+        ("sent", 204),
+        ("delivered", 204),
+    ]
+    assert _row(key)["state"] == "delivered"
+    assert [
+        (r["event"], r["outcome"]) for r in rows("SELECT event, outcome FROM receipts ORDER BY id")
+    ] == [("accepted", "applied"), ("accepted", "repeated"), ("delivered", "applied")]
+
+
+def test_an_undelivered_message_ends_undelivered_with_its_error_code(world):
+    world.fake.fail_number(BOB, 30003)
+    key = _send("bob")
+    assert _row(key)["state"] == "sent"
+    assert [s for s, _ in world.fake.progress(_sid(key))] == ["queued", "sent", "undelivered"]
+    row = _row(key)
+    assert row["state"] == "undelivered" and "ErrorCode 30003" in row["last_error"]
+    assert _suppressions() == []  # an unreachable handset today is not a dead number
+
+
+# --- STOP / START / HELP ---------------------------------------------------------------------------------
+
+
+def test_stop_suppresses_the_number_start_lifts_it_and_help_changes_nothing(world):
+    status, answer = world.fake.inbound(world.inbound_url, ANA, " stop ")
+    assert status == 200 and "<Response />" in answer and "<Message>" not in answer
+    assert _suppressions() == [("ana", ANA, "stopped")]
+
+    assert _route("ana") is None  # the next notify: no delivery, a recorded reason
+    assert _last_decision("ana") == {
+        "gate": "suppression",
+        "outcome": "suppress",
+        "reason": "suppressed_address",
+        "channel": "sms",
+    }
+    before = {t: count(t) for t in ("suppressions", "deliveries", "decisions", "requests")}
+    status, answer = world.fake.inbound(world.inbound_url, ANA, "HELP")
+    assert status == 200 and f"<Message>{HELP_REPLY}</Message>" in answer
+    assert {t: count(t) for t in before} == before
+
+    assert world.fake.inbound(world.inbound_url, ANA, "Start")[0] == 200
+    assert _suppressions() == []
+    key = _send("ana")
+    assert _row(key)["state"] == "sent"
+    assert len(world.fake.messages()) == 1  # only the one sent after START
+
+
+def test_a_reply_that_is_not_a_keyword_changes_nothing(world):
+    assert world.fake.inbound(world.inbound_url, ANA, "stop sending me these please")[0] == 200
+    assert world.fake.inbound(world.inbound_url, "+4917000000000", "STOP")[0] == 200  # nobody's
+    assert _suppressions() == []
+
+
+@pytest.mark.parametrize(("code", "reason"), [(21211, "invalid_number"), (21610, "stopped")])
+def test_a_refused_number_fails_the_delivery_and_is_suppressed(world, code, reason):
+    world.fake.fail_number(BOB, code)
+    key = _send("bob")
+    row = _row(key)
+    assert row["state"] == "failed" and row["attempts"] == 1
+    assert _last_decision("bob")["reason"] == f"twilio_{code}"
+    assert _suppressions() == [("bob", BOB, reason)]
+    assert _route("bob") is None and _last_decision("bob")["reason"] == "suppressed_address"
+    assert len(world.fake.attempts) == 1 and world.fake.messages() == []
+    world.fake.inbound(world.inbound_url, BOB, "START")  # lifts a STOP, never a dead number
+    assert _suppressions() == ([] if reason == "stopped" else [("bob", BOB, reason)])
+
+
+# --- forged callbacks ---------------------------------------------------------------------------------------
+
+
+def _forgeries(url: str, params: dict[str, str]) -> list[dict]:
+    good = sign(FakeTwilio.AUTH_TOKEN, url, params)
+    body = urlencode(params)
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    return [
+        {"content": body, "headers": form},  # no signature
+        {"content": body, "headers": {**form, "X-Twilio-Signature": "bm9wZQ=="}},
+        {"content": body, "headers": {**form, "X-Twilio-Signature": sign("other", url, params)}},
+        {  # signed for another URL
+            "content": body,
+            "headers": {
+                **form,
+                "X-Twilio-Signature": sign(FakeTwilio.AUTH_TOKEN, url + "x", params),
+            },
+        },
+        {  # a changed parameter
+            "content": urlencode({**params, "MessageStatus": "undelivered", "Body": "START"}),
+            "headers": {**form, "X-Twilio-Signature": good},
+        },
+        {"content": b"\xff\xfe", "headers": {**form, "X-Twilio-Signature": good}},
+    ]
+
+
+def test_forged_callbacks_and_replies_get_401_and_change_nothing(world):
+    key = _send("ana")
+    world.fake.inbound(world.inbound_url, ANA, "STOP")
+    before = {t: count(t) for t in ("receipts", "suppressions", "deliveries", "decisions")}
+    status_url = f"{world.web}/webhooks/twilio/status?{urlencode({'u': 'ana', 'd': key[1]})}"
+    status = {"MessageSid": _sid(key), "MessageStatus": "delivered", "To": ANA}
+    reply = {"From": ANA, "Body": "START", "MessageSid": "SM1", "To": FakeTwilio.NUMBER}
+    for url, params in ((status_url, status), (world.inbound_url, reply)):
+        for forged in _forgeries(url, params):
+            assert httpx.post(url, **forged).status_code == 401
+    assert {t: count(t) for t in before} == before
+    assert _row(key)["state"] == "sent" and _suppressions() == [("ana", ANA, "stopped")]
+
+
+def test_a_signed_callback_with_bad_fields_is_400(world):
+    key = _send("ana")
+    base = f"{world.web}/webhooks/twilio/status"
+    cases = [
+        (f"{base}?u=ana&d={key[1]}", {"MessageStatus": "delivered"}),  # no MessageSid
+        (f"{base}?u=ana&d=x", {"MessageSid": _sid(key), "MessageStatus": "delivered"}),
+        (f"{base}?d={key[1]}", {"MessageSid": _sid(key), "MessageStatus": "delivered"}),
+        (f"{base}?u=ana&d={key[1]}", {"MessageSid": "SM 1", "MessageStatus": "delivered"}),
+    ]
+    for url, params in cases:
+        headers = {
+            "Content-Type": "application/x-www-form-urlencoded",
+            "X-Twilio-Signature": sign(FakeTwilio.AUTH_TOKEN, url, params),
+        }
+        answer = httpx.post(url, content=urlencode(params), headers=headers)
+        assert answer.status_code == 400, (url, params, answer.text)
+    assert count("receipts") == 0 and _row(key)["state"] == "sent"
+
+
+# --- duplicated and reordered callbacks -------------------------------------------------------------------
+
+LIVES = {  # Twilio's status sequences, and the state each must end in whatever the order
+    "delivered": (["queued", "sent", "delivered"], "delivered"),
+    "read": (["queued", "sent", "delivered", "read"], "read"),
+    "undelivered": (["queued", "sent", "undelivered"], "undelivered"),
+    "failed": (["queued", "failed"], "undelivered"),
+}
+
+
+@st.composite
+def deliveries(draw: st.DrawFn) -> tuple[list[str], str]:
+    statuses, final = LIVES[draw(st.sampled_from(sorted(LIVES)))]
+    repeated = statuses + draw(st.lists(st.sampled_from(statuses), max_size=4))
+    return draw(st.permutations(repeated)), final
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(life=deliveries())
+def test_duplicated_and_reordered_callbacks_leave_the_right_final_state(world, life):
+    statuses, final = life
+    key = _send("ana")
+    sid = _sid(key)
+    for status in statuses:
+        code = 30003 if status in ("undelivered", "failed") else None
+        assert world.fake.post_status(sid, status, error_code=code) == 204
+    assert _row(key)["state"] == final, statuses
+
+
+# --- the budget -------------------------------------------------------------------------------------------
+
+
+def test_a_429_pauses_the_number_for_every_worker_and_refunds_the_attempt(world):
+    world.fake.storm(1, retry_after=30)
+    key = _send("ana")
+    row = _row(key)
+    assert (
+        row["state"] == "pending" and row["attempts"] == 0 and "twilio_20429" in row["last_error"]
+    )
+    parts = runtime.collaborators()
+    quota = budget_quota(100)
+    assert 25 < (parts.limits.paused_for(quota, FakeTwilio.NUMBER) or 0) <= 30
+    _due_now()
+    deliver([key[0]], [key[1]])  # deferred again without asking Twilio
+    assert len(world.fake.attempts) == 1 and _row(key)["attempts"] == 0
+    assert "paused" in _row(key)["last_error"]
+
+
+def test_a_message_longer_than_the_budget_spends_it_and_pauses_for_the_rest(world, monkeypatch):
+    configure(monkeypatch, sms_segments_per_second=1)
+    with frozen_clock(datetime.now(UTC)):
+        key = _route("ana", "sms_receipt")
+        with engine().begin() as conn:  # a three-segment text
+            conn.execute(
+                text("UPDATE requests SET variables = :v WHERE user_id = 'ana'"),
+                {"v": '{"text": "' + "a" * 400 + '"}'},
+            )
+        assert key is not None
+        deliver([key[0]], [key[1]])
+        assert _row(key)["state"] == "sent"  # not refused for costing more than a second holds
+        [message] = world.fake.messages()
+        assert message.segments == 3
+        paused = runtime.collaborators().limits.paused_for(budget_quota(1), FakeTwilio.NUMBER)
+        assert paused is not None and 2.5 < paused <= 3.0
+        later = _route("bob")
+        assert later is not None
+        deliver([later[0]], [later[1]])
+        assert _row(later)["state"] == "pending" and _row(later)["attempts"] == 0
+        assert len(world.fake.messages()) == 1
+
+
+def test_a_worker_that_finds_the_budget_full_closes_it_a_little_past_its_window(world, monkeypatch):
+    configure(monkeypatch, sms_segments_per_second=1)
+    first, second, third = _route("ana"), _route("bob"), _route("ana")
+    assert first and second and third
+    deliver([first[0]], [first[1]])
+    assert _row(first)["state"] == "sent"
+    deliver([second[0]], [second[1]])  # the second's budget is spent: it closes the number
+    assert _row(second)["state"] == "pending" and "budget_full" in _row(second)["last_error"]
+    paused = runtime.collaborators().limits.paused_for(budget_quota(1), FakeTwilio.NUMBER)
+    assert paused is not None and 0.2 < paused <= 1.2  # the window's rest, and SETTLE
+    deliver([third[0]], [third[1]])
+    assert "paused" in _row(third)["last_error"] and len(world.fake.attempts) == 1
+
+
+# --- the marketing SMS hours ------------------------------------------------------------------------------
+
+
+def test_marketing_sms_waits_for_the_recipients_daytime(world):
+    register_recipient("cy", timezone="America/New_York", country="US", addresses={"sms": ANA})
+    zone = ZoneInfo("America/New_York")
+    tomorrow = (datetime.now(zone) + timedelta(days=1)).date()
+    night = datetime.combine(tomorrow, time(3, 0), zone)  # leases and claims run on the real
+    opens = datetime.combine(tomorrow, time(8, 0), zone)  # clock: the night is still to come
+    with frozen_clock(night.astimezone(UTC)):
+        key = _route("cy", "sms_promo")
+        assert key is not None
+        deliver([key[0]], [key[1]])
+        decision = _last_decision("cy")
+    assert (decision["outcome"], decision["reason"], decision["channel"]) == (
+        "defer",
+        "marketing_sms_hours",
+        "sms",
+    )
+    [held] = rows("SELECT state, not_before FROM deliveries WHERE user_id = 'cy'")
+    assert held == {"state": "pending", "not_before": opens}
+    assert world.fake.messages() == []  # not at 03:00
+    _due_now()  # 08:00 came
+    deliver([key[0]], [key[1]])
+    assert _row(key)["state"] == "sent" and len(world.fake.messages()) == 1
+
+
+# --- the third outcome ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loss", ["drop", "late", "5xx"])
+def test_a_lost_answer_holds_an_at_most_once_nudge(world, loss):
+    world.fake.losses.next(loss, delay=1.5)
+    key = _send("ana", "sms_nudge")
+    row = _row(key)
+    assert row["state"] == "unknown" and row["maybe_sent_at"] is not None
+    _due_now()
+    assert deliver([key[0]], [key[1]]) == 0
+    assert len(world.fake.messages()) == 1
+    assert [r["kind"] for r in rows("SELECT kind FROM incidents")] == ["outcome_unknown"]
+
+
+@pytest.mark.parametrize("loss", ["drop", "late", "5xx"])
+def test_a_lost_answer_resends_an_at_least_once_receipt_and_says_so(world, loss):
+    world.fake.losses.next(loss, delay=1.5)
+    key = _send("ana", "sms_receipt")
+    assert _row(key)["state"] == "pending"
+    _due_now()
+    assert deliver([key[0]], [key[1]]) == 1
+    assert len(world.fake.messages()) == 2  # Twilio cannot dedup: a possible duplicate ...
+    assert _row(key)["state"] == "sent" and _sid(key) == world.fake.messages()[1].sid
+    assert [r["kind"] for r in rows("SELECT kind FROM incidents")] == ["possible_duplicate"]
