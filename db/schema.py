@@ -343,3 +343,13 @@ interactions = Table(
         "outcome IN ('accepted', 'repeated', 'rejected')", name="interactions_outcome_check"
     ),
 )
+
+# Facts every process of a deployment must share (key "tzdata": the IANA release the migrating
+# process computed with). Not per recipient, so no user_id: a reference table when distributed.
+clarion_meta = Table(
+    "clarion_meta",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("value", Text, nullable=False),
+    _ts("updated_at", False),
+)
