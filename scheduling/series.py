@@ -120,7 +120,7 @@ def _missed(row: dict[str, Any], due: datetime, now: datetime, grace: timedelta)
     if armed is not None and due < armed:
         return (
             f"missed: due before the series was armed at {armed.isoformat(timespec='seconds')} "
-            f"(the anchor {row['anchor_local'].isoformat()} is in the past)"
+            f"(the anchor {row['anchor_local'].isoformat(timespec='minutes')} is in the past)"
         )
     if now - due > grace:
         return (
