@@ -7,16 +7,16 @@ a deployment moves to new tz rules on purpose.
 A small key/value table without user_id: like fatigue_counters it is not per recipient, and on a
 distributed database it is a reference table (a copy on every node).
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 """
 
 import tzdata
 from alembic import op
 from sqlalchemy import text
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 
 
 def upgrade() -> None:
