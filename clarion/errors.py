@@ -50,6 +50,29 @@ class UnknownRecipient(InvalidRequest):
         self.user_id = user_id
 
 
+class SeriesConflict(InvalidRequest):
+    """arm_series with a series key already armed with other options. Nothing was written: the
+    existing series is kept as it was, and the caller decides (cancel it and arm again, or pass
+    another series_key). `differences` maps each option to (armed, asked)."""
+
+    def __init__(
+        self, series_id: int, series_key: str, differences: dict[str, tuple[object, object]]
+    ) -> None:
+        shown = "; ".join(f"{k} {_shown(a)}, not {_shown(b)}" for k, (a, b) in differences.items())
+        super().__init__(
+            f"series {series_id} (key {series_key!r}) is already armed with {shown}: cancel it "
+            "and arm again, or pass another series_key"
+        )
+        self.series_id = series_id
+        self.series_key = series_key
+        self.differences = differences
+
+
+def _shown(value: object) -> str:
+    iso = getattr(value, "isoformat", None)
+    return repr(iso()) if callable(iso) else repr(value)
+
+
 class InvalidTimezone(InvalidField):
     def __init__(self, zone: str, field: str = "timezone") -> None:
         super().__init__(field, f"not an IANA time zone: {str(zone)[:80]!r}")

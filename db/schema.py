@@ -28,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0008"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0009"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -382,4 +382,14 @@ inbox_items = Table(
         postgresql_where=text("read_at IS NULL AND archived_at IS NULL"),
     ),
     Index("inbox_changes", "user_id", "rev"),
+)
+
+# Facts every process of a deployment must share (key "tzdata": the IANA release the migrating
+# process computed with). Not per recipient, so no user_id: a reference table when distributed.
+clarion_meta = Table(
+    "clarion_meta",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("value", Text, nullable=False),
+    _ts("updated_at", False),
 )

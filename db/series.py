@@ -19,22 +19,27 @@ _INSERT = text(
     RETURNING id
     """
 )
-_FIND = text("SELECT id FROM series WHERE user_id = :user_id AND series_key = :series_key")
+_FIND = text("SELECT * FROM series WHERE user_id = :user_id AND series_key = :series_key")
 
 
-def insert_series(conn: Connection, *, now: datetime, **fields: Any) -> tuple[int, bool]:
-    """Arm a series once per (user, series_key); returns (id, is_new)."""
+def insert_series(
+    conn: Connection, *, now: datetime, **fields: Any
+) -> tuple[int, dict[str, Any] | None]:
+    """Arm a series once per (user, series_key): (id, None) when new, else (id, the series armed
+    before under that key) for the caller to compare. A concurrent arm of the same key waits for
+    the first to commit and then finds it."""
     params = {**fields, "variables": json.dumps(fields["variables"]), "now": now}
     row = conn.execute(_INSERT, params).first()
     if row is not None:
-        return row[0], True
-    return conn.execute(_FIND, params).scalar_one(), False
+        return row[0], None
+    existing = dict(conn.execute(_FIND, params).mappings().one())
+    return existing["id"], existing
 
 
 _TAKE_DUE = text(
     """
     SELECT user_id, id, series_key, type_key, anchor_local, zone, every, max_count, until,
-           calendar_policy, variables, next_n, next_due_at
+           calendar_policy, variables, next_n, next_due_at, created_at
     FROM series WHERE state = 'active' AND next_due_at <= :now
     ORDER BY next_due_at LIMIT :limit FOR UPDATE SKIP LOCKED
     """
@@ -239,3 +244,28 @@ def snooze_occurrence(
         },
     ).first()
     return row[0] if row else None
+
+
+_DEFERRED = text(
+    """
+    SELECT r.user_id, r.type_key, r.occurrence_key FROM requests r
+    JOIN unnest(CAST(:users AS text[]), CAST(:types AS text[]), CAST(:occs AS text[]))
+        AS x(u, t, o) ON r.user_id = x.u AND r.type_key = x.t AND r.occurrence_key = x.o
+    WHERE r.state = 'deferred'
+    """
+)
+
+
+def deferred_occurrences(
+    conn: Connection, keys: Sequence[tuple[str, str, str]]
+) -> set[tuple[str, str, str]]:
+    """Which of these (user_id, type_key, occurrence_key) requests are held to be sent later: an
+    occurrence moved to a working day, a snoozed one."""
+    if not keys:
+        return set()
+    params = {
+        "users": [k[0] for k in keys],
+        "types": [k[1] for k in keys],
+        "occs": [k[2] for k in keys],
+    }
+    return {(u, t, o) for u, t, o in conn.execute(_DEFERRED, params)}

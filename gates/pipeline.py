@@ -13,15 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from catalog import NotificationType
 from catalog.model import Policy
 from gates import preferences
 from gates.quiet import outside_hours_until, parse_time, quiet_until
-from scheduling.zones import country_of
+from scheduling.zones import country_of, load_zone
 
 NOT_CAPPED = frozenset({"transactional", "security"})
 
@@ -274,11 +273,11 @@ def blocked_by_window(p: Plan, window: tuple[datetime, str]) -> Plan:
 
 def cap_buckets(recipient: Mapping[str, Any], now: datetime) -> list[tuple[str, str, datetime]]:
     """(scope, bucket, bucket end) for the recipient's local day and their organisation's hour."""
-    local = now.astimezone(ZoneInfo(recipient["timezone"]))
+    local = now.astimezone(load_zone(recipient["timezone"]))
     day_end = datetime.combine(local.date() + timedelta(days=1), time(0), tzinfo=local.tzinfo)
     buckets = [(f"user:{recipient['user_id']}", local.date().isoformat(), day_end)]
     if recipient.get("org_id"):
-        hour = now.astimezone(ZoneInfo("UTC")).replace(minute=0, second=0, microsecond=0)
+        hour = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
         buckets.append(
             (f"org:{recipient['org_id']}", hour.strftime("%Y-%m-%dT%H"), hour + timedelta(hours=1))
         )

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
+from scheduling.zones import load_zone
+
 
 def _at(day: date, at: time, zone: ZoneInfo, after: datetime) -> datetime:
     """The first instant after `after` showing `at` on `day` in `zone`.
@@ -25,7 +27,7 @@ def quiet_until(start: time | None, end: time | None, zone: str, now: datetime) 
     A window with start > end crosses midnight (22:00–07:00). start == end means no window."""
     if start is None or end is None or start == end:
         return None
-    tz = ZoneInfo(zone)
+    tz = load_zone(zone)
     local = now.astimezone(tz)
     t = local.time().replace(tzinfo=None)
     if start < end:

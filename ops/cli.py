@@ -21,10 +21,22 @@ def _services(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from db.engine import migrate
+    from clarion import clock
+    from db import meta
+    from db.engine import engine, migrate
+    from scheduling import zones
 
     migrate()
+    with engine().begin() as conn:  # this install's tz rules become the deployment's
+        changed, before = meta.put(conn, meta.TZDATA, zones.TZ_DATABASE, now=clock.now())
     print("database is at the latest revision")
+    if changed and before is not None:
+        print(
+            f"tz database is now {zones.describe()} (was {before}): restart every worker; those "
+            f"still on {before} refuse to start and fire no series"
+        )
+    else:
+        print(f"tz database: {zones.describe()}")
     return 0
 
 

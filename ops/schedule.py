@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from clarion import clock
 from clarion.errors import UnknownRecipient
@@ -16,20 +15,14 @@ from gates.apply import needs_address, snapshots
 from gates.pipeline import Snapshot, plan
 from gates.simulate import applied
 from ops.table import render
-from scheduling.series import Occurrence, preview
+from scheduling.series import describe, preview
+from scheduling.zones import load_zone
 from tasks import runtime
 from tasks.series import recipient_calendar, validate
 
 
 def _local(at: datetime, zone: str) -> str:
-    return at.astimezone(ZoneInfo(zone)).strftime("%a %Y-%m-%d %H:%M %Z")
-
-
-def _note(occ: Occurrence, due: datetime, zone: str) -> str:
-    """Why an occurrence is not sent as scheduled, or when a moved one sends instead."""
-    if occ.reason or occ.send_at is None or occ.send_at == due:
-        return occ.reason
-    return f"sends {_local(occ.send_at, zone)}"
+    return at.astimezone(load_zone(zone)).strftime("%a %Y-%m-%d %H:%M %Z")
 
 
 def arm_preview(user_id: str, type_key: str, *, occurrences: int = 10, **arm: Any) -> str:
@@ -37,14 +30,14 @@ def arm_preview(user_id: str, type_key: str, *, occurrences: int = 10, **arm: An
     with engine().connect() as conn:
         row = validate(conn, user_id, type_key, **arm)
     cal = recipient_calendar(row["recipient"])
-    start = datetime(1970, 1, 1, tzinfo=ZoneInfo("UTC"))
+    start = datetime(1970, 1, 1, tzinfo=UTC)
     rows = [
         (
             n,
             _local(due, row["zone"]),
             due.strftime("%Y-%m-%d %H:%M UTC"),
             occ.action,
-            _note(occ, due, row["zone"]),
+            describe(occ, row["zone"]),
         )
         for n, due, _, occ in preview(
             row, cal, start=start, end=datetime.max.replace(tzinfo=start.tzinfo), limit=occurrences
@@ -81,8 +74,8 @@ def _run(snapshot: Snapshot, events, *, evolve: bool):
     catalog = runtime.catalog()
     reachable = needs_address(runtime.adapters().values())
     for at, s, n, occ in events:
-        if occ.action == "skipped":
-            yield at, s, n, "skipped", occ.reason
+        if occ.action in ("skipped", "merged"):
+            yield at, s, n, occ.action, describe(occ, s["zone"])
             continue
         request = {
             "user_id": s["user_id"],
@@ -99,8 +92,8 @@ def _run(snapshot: Snapshot, events, *, evolve: bool):
             policy=catalog.policy,
             needs_address=reachable,
         )
-        why = "; ".join(f"{d.gate}: {d.reason}" for d in p.decisions if d.channel is None) or ""
-        yield at, s, n, p.outcome, why or occ.reason
+        why = "; ".join(f"{d.gate}: {d.reason}" for d in p.decisions if d.channel is None)
+        yield at, s, n, p.outcome, "; ".join(filter(None, (describe(occ, s["zone"]), why)))
         if evolve:
             snapshot = applied(snapshot, p, request)
 

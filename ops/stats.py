@@ -7,9 +7,10 @@ from typing import cast
 import kombu
 import redis as redis_lib
 
-from db import reports
+from db import meta, reports
 from db.engine import engine
 from ops.table import render
+from scheduling import zones
 
 QUEUES = ("transactional", "activation", "control")
 
@@ -39,6 +40,19 @@ def queue_depths(broker_url: str) -> list[tuple[str, int, int | str]]:
     return rows
 
 
+def tz_database(recorded: str | None) -> list[tuple[str, str]]:
+    """This install's tz release beside the deployment's (recorded at migration): they must match,
+    or this install's workers refuse to start."""
+    mine = zones.describe()
+    if recorded is None:
+        deployment = "none recorded: run `clarion migrate`"
+    elif recorded == zones.TZ_DATABASE:
+        deployment = f"{recorded} (the same)"
+    else:
+        deployment = f"{recorded} — DIFFERENT: workers of this install refuse to start"
+    return [("this install", mine), ("recorded in the database", deployment)]
+
+
 def report(database_url: str, redis_url: str, broker_url: str) -> str:
     with engine(database_url).connect() as conn:
         parts = [
@@ -54,6 +68,7 @@ def report(database_url: str, redis_url: str, broker_url: str) -> str:
                 "Not delivered, with the recorded reason",
             ),
             render(["kind", "count"], reports.incident_counts(conn), "Incidents"),
+            render(["", "release"], tz_database(meta.get(conn, meta.TZDATA)), "Time zone rules"),
         ]
     parts.append(
         render(

@@ -12,13 +12,15 @@ Where a calendar comes from (DESIGN.md invariant 7), in order:
 Public holidays (the package's `public` category, names in English where the package has them) come
 from the country (and subdivision) found in step 2, also when the workweek is explicit.
 
-Weekends are per country *and per date*: the `holidays` package (0.109 checked) decides
-`is_weekend(day)` per date, and models weekend changes over time — the UAE moved from Friday–Saturday
-to Saturday–Sunday on 2022-01-01, Kuwait from Thursday–Friday to Friday–Saturday on 2007-09-01, and
+Weekends are per country *and per date*: the `holidays` package (0.109 checked) decides the weekend
+per date, and models weekend changes over time — the UAE moved from Friday–Saturday to
+Saturday–Sunday on 2022-01-01, Kuwait from Thursday–Friday to Friday–Saturday on 2007-09-01, and
 Malaysia's weekend depends on the state. It also knows working days moved onto a weekend (Russia's
 "transferred" Saturdays); those count as working days only with the country's own weekend, not with an
-explicit workweek. So no weekend table is kept here; tests/unit/test_calendars.py pins the UAE change
-so that a holidays release that stopped modelling it fails a test rather than a recipient.
+explicit workweek. Its weekend data is cross-checked against CLDR's, and where the two disagree (or
+are both wrong, as for Nepal) the cited table in `scheduling.weekends` decides. tests/unit pins the
+UAE change and runs the cross-check over every country, so a release of either library that changes
+a weekend fails a test rather than a recipient.
 
 On a day that is both weekend and holiday the reason given is the weekend: it is the standing rule.
 """
@@ -31,12 +33,12 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from functools import lru_cache
 from typing import Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import holidays
 from holidays import HolidayBase
 
-from scheduling.zones import country_of_zone
+from scheduling.weekends import override_weekend
+from scheduling.zones import country_of_zone, load_zone
 
 DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 MON_FRI: frozenset[int] = frozenset(range(5))
@@ -136,8 +138,10 @@ def non_working_reason(cal: WorkCalendar, day: date) -> str | None:
     if cal.workweek is not None:
         if day.weekday() not in cal.workweek:
             return f"weekend (workweek setting: {_days_label(_off(cal.workweek))})"
-    elif book.is_weekend(day) and day not in getattr(book, "weekend_workdays", ()):
-        return f"weekend ({cal.country}: {_days_label(_country_weekend(book, day))})"
+    else:
+        weekend = _country_weekend(cal.country, book, day)
+        if day.weekday() in weekend and day not in getattr(book, "weekend_workdays", ()):
+            return f"weekend ({cal.country}: {_days_label(weekend)})"
     name = book.get(day)
     return f"holiday: {name}" if name else None
 
@@ -229,8 +233,11 @@ def _subdivision(country: str | None, subdivision: str | None) -> str | None:
     return None if _unsupported(country, code) else code
 
 
-def _country_weekend(book: HolidayBase, day: date) -> frozenset[int]:
-    # The per-date rule (UAE, Kuwait, Malaysian states); `weekend` alone is today's rule.
+def _country_weekend(country: str, book: HolidayBase, day: date) -> frozenset[int]:
+    """The country's weekend on `day`: the override table's where it has one, else the package's
+    per-date rule (UAE, Kuwait, Malaysian states); `weekend` alone is today's rule."""
+    if (table := override_weekend(country, day)) is not None:
+        return table
     rule = getattr(book, "_get_weekend", None)
     return frozenset(rule(day) if rule else book.weekend)
 
@@ -250,11 +257,3 @@ def _days_label(days: frozenset[int]) -> str:
                 DAY_NAMES[run[0]] if len(run) == 1 else f"{DAY_NAMES[run[0]]}–{DAY_NAMES[run[-1]]}"
             )
     return ", ".join(DAY_NAMES[d] for d in sorted(days))
-
-
-def load_zone(zone: str) -> ZoneInfo:
-    """The zone's rules; ValueError for a name that is not an IANA zone."""
-    try:
-        return ZoneInfo(zone)
-    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
-        raise ValueError(f"not an IANA time zone: {zone!r}") from exc

@@ -5,7 +5,8 @@ by path: `config_from_object("celeryconfig")` would take the first module of tha
 and a host app's own celeryconfig.py would silently replace clarion's (no lanes, no late acks).
 
 A worker refuses to start — one line on stderr, exit status 2, within seconds — unless the loaded
-config is clarion's, the broker answers and the catalog loads. Celery logs and swallows exceptions
+config is clarion's, the broker answers, the catalog loads and its tz database release is the one
+recorded in the database (scheduling/zones.py). Celery logs and swallows exceptions
 raised by signal handlers (celery #2738), so the refusal leaves the process with os._exit.
 """
 
@@ -95,6 +96,25 @@ def check_worker_start() -> None:
     from tasks import runtime
 
     runtime.check_catalog()  # every template renders for every channel, or the worker refuses
+    check_tz_database()
+
+
+def check_tz_database() -> None:
+    """This worker computes with the tz release recorded in the database (tasks.series): two
+    releases would give two due times for one series. A database that cannot be reached now is
+    not a refusal (the tick checks again before each batch, and refuses to fire)."""
+    from sqlalchemy.exc import DBAPIError
+
+    from db.engine import engine
+    from tasks.series import tz_database_problem
+
+    try:
+        with engine().connect() as conn:
+            problem = tz_database_problem(conn)
+    except DBAPIError:
+        return
+    if problem:
+        raise ConfigurationError(problem)
 
 
 def check_config(conf: object) -> None:

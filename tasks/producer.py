@@ -7,9 +7,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import time, timedelta
-from functools import lru_cache
 from typing import Any
-from zoneinfo import available_timezones
 
 import amqp.exceptions
 import kombu.exceptions
@@ -28,6 +26,7 @@ from clarion.errors import (
 )
 from db import ledger
 from db.engine import engine
+from scheduling.zones import zone_names
 from tasks import runtime
 from tasks.publish import ROUTE, publish
 
@@ -49,9 +48,8 @@ class Enqueued:
     new: bool  # False: this occurrence was requested before; nothing new was written
 
 
-@lru_cache(maxsize=1)
 def _zones() -> frozenset[str]:
-    return frozenset(available_timezones()) - {"Factory", "localtime", "posixrules"}
+    return zone_names()  # the pinned tzdata package's list, never the host's
 
 
 def validate_timezone(zone: str, field: str = "timezone") -> str:

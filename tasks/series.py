@@ -1,206 +1,38 @@
-"""Recurring series: arm, pause, resume, cancel, snooze one occurrence; and the tick step that
-turns due occurrences into requests."""
+"""Recurring series: pause, resume, cancel, snooze one occurrence; the tick step that turns due
+occurrences into requests; and the tz database check that keeps every worker on one tz release.
+Arming lives in tasks.arming (re-exported here)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
-from zoneinfo import ZoneInfo
 
 from sqlalchemy import Connection
 
 from clarion import clock, settings
 from clarion import validation as check
-from clarion.errors import (
-    InvalidField,
-    MissingVariables,
-    UnknownRecipient,
-    UnknownType,
-)
-from db import ledger
+from clarion.errors import InvalidField, UnknownType
+from db import ledger, meta
 from db import series as store
 from db.engine import engine
-from scheduling.calendars import WorkCalendar, calendar_for
+from scheduling import zones
 from scheduling.recurrence import due_at, first_due_after, parse_every
-from scheduling.series import plan_tick
+from scheduling.series import Occurrence, describe, plan_tick
 from tasks import runtime
-from tasks.producer import checked_connection, checked_variables
+from tasks.arming import (  # noqa: F401  (the series API in one place)
+    MAX_COUNT,
+    Armed,
+    arm_series,
+    recipient_calendar,
+    series_calendar,
+    validate,
+)
 
 log = logging.getLogger(__name__)
-POLICIES = ("skip", "next_working_day", "send")
-UNIT_DAYS = {"days": 1, "weeks": 7, "months": 31, "working_days": 1.4}
-MAX_INTERVAL_DAYS = 3660
 T = TypeVar("T")
-MAX_COUNT = 100_000  # occurrences in one series (a daily series for 270 years)
-
-
-@dataclass(frozen=True)
-class Armed:
-    series_id: int
-    new: bool
-    first_due_at: datetime
-
-
-def recipient_calendar(recipient: Mapping[str, Any]) -> WorkCalendar:
-    return calendar_for(
-        workweek=recipient.get("workweek"),
-        country=recipient.get("country"),
-        subdivision=recipient.get("subdivision"),
-        zone=recipient["timezone"],
-    )
-
-
-def _local_anchor(anchor: datetime | str, zone: str) -> datetime:
-    if isinstance(anchor, str):
-        check.text("anchor", anchor, max_bytes=64)
-        try:
-            anchor = datetime.fromisoformat(anchor)
-        except ValueError as exc:
-            raise InvalidField(
-                "anchor",
-                f"must be an ISO date-time like 2026-12-07T09:00, not {check.show(anchor)}",
-            ) from exc
-    if not isinstance(anchor, datetime):
-        raise InvalidField(
-            "anchor", f"must be a datetime or an ISO date-time text, not {check.show(anchor)}"
-        )
-    if anchor.tzinfo is not None:  # an instant: take its wall time in the recipient's zone
-        try:
-            anchor = (
-                check.aware_datetime("anchor", anchor)
-                .astimezone(ZoneInfo(zone))
-                .replace(tzinfo=None)
-            )
-        except (OverflowError, ValueError) as exc:
-            raise InvalidField("anchor", "is out of range in the recipient's time zone") from exc
-    return anchor.replace(microsecond=0)
-
-
-def _every(every: object) -> str:
-    every = check.text("every", every, max_bytes=32)
-    try:
-        interval = parse_every(every)
-    except ValueError as exc:
-        raise InvalidField("every", str(exc)) from exc
-    if interval.count * UNIT_DAYS[interval.unit] > MAX_INTERVAL_DAYS:
-        raise InvalidField("every", f"{every!r} is longer than ten years")
-    return every
-
-
-def validate(
-    conn: Connection,
-    user_id: str,
-    type_key: str,
-    *,
-    anchor: datetime | str,
-    every: str,
-    count: int | None,
-    until: datetime | None,
-    variables: Mapping[str, Any] | None,
-    calendar_policy: str,
-) -> dict[str, Any]:
-    """Check an arm request; returns the series row to write (and to preview in a dry run).
-    Everything but the recipient is checked before the first query."""
-    type_key = check.text("type_key", type_key, max_bytes=check.TYPE_KEY_BYTES)
-    ntype = runtime.catalog().get(type_key)
-    if ntype is None:
-        raise UnknownType(type_key)
-    user_id = check.text("user_id", user_id, max_bytes=check.USER_ID_BYTES)
-    variables = checked_variables(variables)
-    if missing := ntype.missing(variables):
-        raise MissingVariables(type_key, missing)
-    every = _every(every)
-    if not isinstance(calendar_policy, str) or calendar_policy not in POLICIES:
-        raise InvalidField(
-            "calendar_policy",
-            f"must be one of {', '.join(POLICIES)}, not {check.show(calendar_policy)}",
-        )
-    if count is not None:
-        check.positive_int("count", count, maximum=MAX_COUNT)
-    if until is not None:
-        check.aware_datetime("until", until)
-    if not isinstance(anchor, str | datetime):
-        raise InvalidField(
-            "anchor", f"must be a datetime or an ISO date-time text, not {check.show(anchor)}"
-        )
-    recipient = ledger.recipients(conn, [user_id]).get(user_id)
-    if recipient is None:
-        raise UnknownRecipient(user_id)
-    zone = recipient["timezone"]
-    local = _local_anchor(anchor, zone)
-    return {
-        "user_id": user_id,
-        "type_key": type_key,
-        "anchor_local": local,
-        "zone": zone,
-        "every": every,
-        "max_count": count,
-        "until": until,
-        "calendar_policy": calendar_policy,
-        "variables": variables,
-        "next_n": 0,
-        "recipient": recipient,
-    }
-
-
-def arm_series(
-    user_id: str,
-    type_key: str,
-    *,
-    anchor: datetime | str,
-    every: str,
-    count: int | None = None,
-    until: datetime | None = None,
-    variables: Mapping[str, Any] | None = None,
-    calendar_policy: str = "send",
-    series_key: str | None = None,
-    connection: Connection | None = None,
-) -> Armed:
-    """Arm a series: occurrence n is due at anchor + n × every in the recipient's zone.
-
-    `anchor` is a local wall time (naive) in the recipient's zone; arming the same series_key twice
-    changes nothing. An anchor in the past catches up without a burst (see scheduling.series)."""
-    series_key = check.optional_text("series_key", series_key, max_bytes=check.SERIES_KEY_BYTES)
-    connection = checked_connection(connection)
-
-    def write(conn: Connection) -> Armed:
-        row = validate(
-            conn,
-            user_id,
-            type_key,
-            anchor=anchor,
-            every=every,
-            count=count,
-            until=until,
-            variables=variables,
-            calendar_policy=calendar_policy,
-        )
-        row.pop("recipient")
-        key = series_key or f"{row['type_key']}:{row['anchor_local'].isoformat()}:{row['every']}"
-        try:
-            first = due_at(
-                row["anchor_local"], row["zone"], parse_every(row["every"]), 0, _cal(conn, row)
-            )
-        except (OverflowError, ValueError) as exc:
-            raise InvalidField("anchor", f"cannot be scheduled: {exc}") from exc
-        series_id, new = store.insert_series(
-            conn, series_key=key, next_due_at=first, now=clock.now(), **row
-        )
-        return Armed(series_id, new, first)
-
-    if connection is not None:
-        return write(connection)
-    with engine().begin() as conn:
-        return write(conn)
-
-
-def _cal(conn: Connection, row: dict[str, Any]) -> WorkCalendar | None:
-    if parse_every(row["every"]).unit != "working_days":
-        return None
-    return recipient_calendar(ledger.recipients(conn, [row["user_id"]])[row["user_id"]])
 
 
 def _in_transaction(connection: Connection | None, work: Callable[[Connection], T]) -> T:
@@ -229,7 +61,7 @@ def _transition(
             if row is None:
                 return False
             # resume from now on: occurrences that fell due while paused are not fired late
-            every, cal = parse_every(row["every"]), _cal(conn, row)
+            every, cal = parse_every(row["every"]), series_calendar(conn, row)
             next_n = max(
                 row["next_n"], first_due_after(row["anchor_local"], row["zone"], every, now, cal)
             )
@@ -314,7 +146,11 @@ def snooze_occurrence(
         if row is None or n < 0 or (row["max_count"] is not None and n >= row["max_count"]):
             return False
         own = due_at(
-            row["anchor_local"], row["zone"], parse_every(row["every"]), n, _cal(conn, row)
+            row["anchor_local"],
+            row["zone"],
+            parse_every(row["every"]),
+            n,
+            series_calendar(conn, row),
         )
         if row["until"] is not None and own > row["until"]:
             return False
@@ -341,16 +177,38 @@ def snooze_occurrence(
     return _in_transaction(connection, hold)
 
 
+def tz_database_problem(conn: Connection) -> str | None:
+    """Why this process must not compute times against this database, or None: the tz release
+    recorded at migration must be the one installed here (scheduling.zones)."""
+    recorded = meta.get(conn, meta.TZDATA)
+    if recorded == zones.TZ_DATABASE:
+        return None
+    if recorded is None:
+        return "the database records no tz database release: run `clarion migrate`"
+    return (
+        f"this install computes times with tz database {zones.describe()} but the database was "
+        f"migrated with {recorded}: install the tzdata release {recorded}, or run `clarion "
+        f"migrate` from this install to move the whole deployment to {zones.TZ_DATABASE}"
+    )
+
+
+_STATES = {"send": "pending", "moved": "deferred"}  # the rest are recorded resolved ("routed")
+
+
 def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> int:
-    """The tick step: record due occurrences as requests and advance each due series once."""
+    """The tick step: record due occurrences as requests and advance each due series once.
+
+    Fires nothing while this process's tz database differs from the deployment's (one error log
+    per tick): its due times would not be the ones every other worker computes."""
+    if problem := tz_database_problem(conn):
+        log.error(problem, extra={"action": "series_tz_database_mismatch"})
+        return 0
     due = store.take_due_series(conn, now=now, limit=limit)
     if not due:
         return 0
-    catalog = runtime.catalog()
     recipients = ledger.recipients(conn, {r["user_id"] for r in due})
     grace = timedelta(seconds=settings.get().series_grace)
-    rows: list[dict[str, Any]] = []
-    decisions: list[ledger.Decision] = []
+    planned: list[tuple[dict[str, Any], Occurrence]] = []
     advances: list[tuple[str, int, int, datetime | None, bool]] = []  # see store.advance_many
     for s in due:
         try:
@@ -363,42 +221,87 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
             )
             advances.append((s["user_id"], s["id"], s["next_n"], None, True))
             continue
-        ntype = catalog.get(s["type_key"])
-        for occ in tick.occurrences:
-            state = {"send": "pending", "moved": "deferred"}.get(occ.action, "routed")
-            rows.append(
-                {
-                    "user_id": s["user_id"],
-                    "type_key": s["type_key"],
-                    "occurrence_key": f"series:{s['id']}:{occ.n}",
-                    "lane": ntype.lane if ntype else "activation",
-                    "template_version": ntype.version if ntype else 0,
-                    "variables": s["variables"],
-                    "state": state,
-                    "due_at": occ.send_at
-                    if state == "deferred"
-                    else (now if state == "pending" else None),
-                    "_occ": occ,
-                }
-            )
+        planned += [(s, occ) for occ in tick.occurrences]
         advances.append((s["user_id"], s["id"], tick.next_n, tick.next_due_at, tick.ended))
+    planned = _confirm_merges(conn, planned)
     store.advance_many(conn, advances, now=now)
+    rows = [_request(s, occ, now) for s, occ in planned]
     created = store.insert_occurrences(conn, rows, now=now)
-    for r in rows:
-        occ = r["_occ"]
-        if r["occurrence_key"] in created and occ.action in ("missed", "skipped", "moved"):
-            gate = "schedule" if occ.action == "missed" else "calendar"
-            outcome = "defer" if occ.action == "moved" else "suppress"
-            reason = {"missed": "missed", "skipped": "non_working_day", "moved": "non_working_day"}[
-                occ.action
-            ]
-            detail = occ.reason + (
-                f"; sends {occ.send_at.isoformat()}" if occ.action == "moved" else ""
-            )
-            decisions.append(
-                ledger.Decision(
-                    r["user_id"], created[r["occurrence_key"]], gate, outcome, reason, detail
-                )
-            )
+    decisions = [
+        _decision(s, occ, created[key])
+        for (s, occ), key in ((p, r["occurrence_key"]) for p, r in zip(planned, rows, strict=True))
+        if key in created and occ.action != "send"
+    ]
     ledger.insert_decisions(conn, decisions, now=now)
     return len(due)
+
+
+def _occurrence_key(series_id: int, n: int) -> str:
+    return f"series:{series_id}:{n}"
+
+
+def _confirm_merges(
+    conn: Connection, planned: list[tuple[dict[str, Any], Occurrence]]
+) -> list[tuple[dict[str, Any], Occurrence]]:
+    """A merge into an occurrence moved by an earlier tick stands only if that one is still held
+    to be sent (it may have been missed while beat was down, or dropped): then it joins the
+    earliest of those still held, else it is sent itself, moved. A merge into that day's own
+    occurrence needs no check: that one is still in the future."""
+    wanted = [
+        (s["user_id"], s["type_key"], _occurrence_key(s["id"], j))
+        for s, occ in planned
+        if occ.merge_kind == "moved" and occ.merged_into is not None
+        for j in range(occ.merged_into, occ.n)
+    ]
+    held = store.deferred_occurrences(conn, wanted)
+    out = []
+    for s, occ in planned:
+        if occ.merge_kind == "moved" and occ.merged_into is not None:
+            into = next(
+                (
+                    j
+                    for j in range(occ.merged_into, occ.n)
+                    if (s["user_id"], s["type_key"], _occurrence_key(s["id"], j)) in held
+                ),
+                None,
+            )
+            occ = (
+                replace(occ, merged_into=into)
+                if into is not None
+                else replace(occ, action="moved", merged_into=None, merge_kind=None)
+            )
+        out.append((s, occ))
+    return out
+
+
+def _request(s: dict[str, Any], occ: Occurrence, now: datetime) -> dict[str, Any]:
+    ntype = runtime.catalog().get(s["type_key"])
+    state = _STATES.get(occ.action, "routed")
+    return {
+        "user_id": s["user_id"],
+        "type_key": s["type_key"],
+        "occurrence_key": _occurrence_key(s["id"], occ.n),
+        "lane": ntype.lane if ntype else "activation",
+        "template_version": ntype.version if ntype else 0,
+        "variables": s["variables"],
+        "state": state,
+        "due_at": {"pending": now, "deferred": occ.send_at}.get(state),
+    }
+
+
+_DECIDED = {  # action -> (gate, outcome, reason)
+    "missed": ("schedule", "suppress", "missed"),
+    "skipped": ("calendar", "suppress", "non_working_day"),
+    "moved": ("calendar", "defer", "non_working_day"),
+    "merged": ("calendar", "collapse", "merged"),
+}
+
+
+def _decision(s: dict[str, Any], occ: Occurrence, request_id: int) -> ledger.Decision:
+    """Why an occurrence was not sent as scheduled: missed, skipped, moved (from when to when),
+    or merged into another occurrence of the series (which one)."""
+    gate, outcome, reason = _DECIDED[occ.action]
+    detail = describe(occ, s["zone"])
+    if occ.action == "merged":
+        detail += f" (request {_occurrence_key(s['id'], occ.merged_into or 0)})"
+    return ledger.Decision(s["user_id"], request_id, gate, outcome, reason, detail)

@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import text
 
 from db.engine import engine
+from scheduling import zones
 from tasks import notify, register_recipient
 from tasks.preferences import set_preferences
 from tasks.route import route
@@ -522,10 +523,12 @@ def test_stats_prints_its_sections(cli):
         "Deliveries",
         "Not delivered, with the recorded reason",
         "Incidents",
+        "Time zone rules",
         "Work found already done (duplicates prevented)",
         "Broker queues",
     ]
     assert re.search(r"^activation\s+routed\s+1$", out, re.M), out
+    assert re.search(rf"^recorded in the database\s+{zones.TZ_DATABASE} \(the same\)$", out, re.M)
     assert re.search(r"^preferences\s+suppress\s+opted_out\s+1$", out, re.M), out
     # notify() published one route task to the activation lane and no worker runs here: the queue
     # shows it, whether or not its key exists yet (an empty Redis queue has none)
@@ -537,7 +540,9 @@ def test_migrate_on_a_migrated_database_succeeds_and_changes_nothing(cli):
     with engine().connect() as conn:
         revision = conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
     for _ in range(2):
-        assert ok(cli("migrate")) == "database is at the latest revision\n"
+        assert ok(cli("migrate")) == (
+            f"database is at the latest revision\ntz database: {zones.describe()}\n"
+        )
     with engine().connect() as conn:
         assert (
             conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == revision

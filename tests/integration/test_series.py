@@ -140,8 +140,13 @@ def test_beat_down_for_three_days_records_misses_and_sends_at_most_one(
     got = rows("SELECT occurrence_key, state FROM requests ORDER BY id")
     assert [state for _, state in got] == ["routed", "routed", "routed", "pending"]
     assert got[-1][0] == f"series:{armed.series_id}:3"
-    reasons = rows("SELECT reason FROM decisions ORDER BY request_id")
-    assert reasons == [("missed",)] * 3
+    reasons = rows("SELECT reason, detail FROM decisions ORDER BY request_id")
+    assert [r for r, _ in reasons] == ["missed"] * 3
+    assert [d.split(",")[0] for _, d in reasons] == [
+        "missed: the tick came 3 days after it was due",
+        "missed: the tick came 2 days after it was due",
+        "missed: the tick came 24 h after it was due",
+    ]  # beat was down: not the anchor's fault
     assert tick(now) == 0
 
 
@@ -152,9 +157,12 @@ def test_an_anchor_far_in_the_past_records_missed_and_no_burst(gates_catalog, vi
     states = rows("SELECT state, count(*) FROM requests GROUP BY 1")
     assert states == [("routed", 51)]  # 50 listed one by one, plus one row counting the rest
     assert rows("SELECT count(*) FROM requests WHERE state = 'pending'") == [(0,)]
-    assert rows("SELECT detail FROM decisions ORDER BY request_id LIMIT 1")[0][0].startswith(
-        "missed: beat"
-    )
+    details = [d for (d,) in rows("SELECT detail FROM decisions ORDER BY request_id")]
+    # the real cause is named: the anchor was in the past, not a late beat
+    assert details[0].startswith("missed: this row stands for occurrences 0..1020 (1021)")
+    assert "1021 due before the series was armed (the anchor is in the past)" in details[0]
+    assert all(d.startswith("missed: due before the series was armed") for d in details[1:])
+    assert not any("tick" in d and "late" in d for d in details)
 
 
 def test_an_opted_out_occurrence_does_not_end_the_series(gates_catalog, virtual_clock):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import date, datetime, timedelta
-from zoneinfo import available_timezones
 
 import pytest
 from hypothesis import given, settings
@@ -21,7 +20,7 @@ from scheduling.calendars import (
     working_days_between,
 )
 from scheduling.recurrence import Every, local_occurrence
-from scheduling.zones import country_of_zone
+from scheduling.zones import country_of_zone, zone_names
 
 
 def recipient(zone: str, *, workweek=None, country=None, subdivision=None) -> WorkCalendar:
@@ -152,7 +151,7 @@ def test_a_zone_without_a_country_with_a_workweek() -> None:
 
 
 def test_every_zone_gets_its_own_country_and_never_a_default() -> None:
-    for zone in sorted(available_timezones() - {"localtime"}):
+    for zone in sorted(zone_names()):  # the pinned tzdata package's zones, not the host's
         cal = recipient(zone)
         assert cal.country == country_of_zone(zone), zone
         assert cal.workweek is None
