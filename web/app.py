@@ -29,10 +29,10 @@ async def metrics(request: Request) -> Response:
 
 def create_app() -> Starlette:
     routes = [Route("/healthz", health), Route("/metrics", metrics)]
-    from web import slack, teams
+    from web import api, slack, teams
 
     routes += slack.routes() + teams.routes()
-    return Starlette(routes=routes)
+    return api.application(routes)  # FastAPI, a Starlette: the /v1 API, /openapi.json and /docs
 
 
 def is_loopback(host: str) -> bool:
