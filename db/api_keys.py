@@ -27,7 +27,9 @@ class ApiKey:
         return cls(**{**dict(row), "scopes": tuple(row["scopes"])})
 
 
-_COLUMNS = "id, prefix, name, secret_sha256, scopes, rate_limit, rate_window, created_at, revoked_at"
+_COLUMNS = (
+    "id, prefix, name, secret_sha256, scopes, rate_limit, rate_window, created_at, revoked_at"
+)
 
 _INSERT = text(
     f"""

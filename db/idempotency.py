@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+
 from sqlalchemy import Connection, text
 
 
@@ -102,5 +103,6 @@ def postpone(conn: Connection, keys: Iterable[tuple[str, int]], *, due_at: datet
     keys = list(keys)
     if keys:
         conn.execute(
-            _POSTPONE, {"users": [k[0] for k in keys], "ids": [k[1] for k in keys], "due_at": due_at}
+            _POSTPONE,
+            {"users": [k[0] for k in keys], "ids": [k[1] for k in keys], "due_at": due_at},
         )

@@ -15,7 +15,7 @@ dependencies that authenticate, so an anonymous caller could make us parse 5 MiB
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Security
@@ -80,7 +80,7 @@ def require(scope: str) -> Callable[..., ApiKey]:
     """A dependency: the caller's API key, holding `scope`, within its rate (or a refusal)."""
 
     def dependency(
-        request: Request, _: HTTPAuthorizationCredentials | None = Security(bearer)
+        request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
     ) -> ApiKey:
         record = authenticate(request.headers.get("authorization"), scope)
         limit(record, runtime.collaborators().limits.take)
@@ -99,11 +99,15 @@ async def read_json(request: Request, max_bytes: int) -> Any:
         raw = await read_body(request, max_bytes)
     except Refused as exc:
         code = "body_too_large" if exc.status == 413 else "invalid_header"
-        raise ApiError(exc.status, code, "body" if exc.status == 413 else "Content-Length", exc.reason) from exc
+        raise ApiError(
+            exc.status, code, "body" if exc.status == 413 else "Content-Length", exc.reason
+        ) from exc
     try:
         return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ApiError(400, "invalid_json", "body", f"is not UTF-8 JSON ({type(exc).__name__})") from exc
+        raise ApiError(
+            400, "invalid_json", "body", f"is not UTF-8 JSON ({type(exc).__name__})"
+        ) from exc
 
 
 def shaped(model: type[BaseModel], payload: Any) -> Any:
@@ -127,6 +131,10 @@ def _body_doc(model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
 
+EventsWrite = Annotated[ApiKey, Depends(require("events:write"))]
+RequestsRead = Annotated[ApiKey, Depends(require("requests:read"))]
+PreferencesRead = Annotated[ApiKey, Depends(require("preferences:read"))]
+PreferencesWrite = Annotated[ApiKey, Depends(require("preferences:write"))]
 IdempotencyKey = Annotated[
     str | None,
     Header(
@@ -144,11 +152,7 @@ IdempotencyKey = Annotated[
     openapi_extra=_body_doc(Event),
     summary="Request one notification (scope events:write)",
 )
-async def post_event(
-    request: Request,
-    idem: IdempotencyKey = None,
-    key: ApiKey = Depends(require("events:write")),
-) -> Response:
+async def post_event(request: Request, key: EventsWrite, idem: IdempotencyKey = None) -> Response:
     payload = await read_json(request, EVENT_BYTES)
     event = shaped(Event, payload)
     answer = await run_in_threadpool(
@@ -165,11 +169,7 @@ async def post_event(
     openapi_extra=_body_doc(Batch),
     summary="Request up to 500 notifications, all or none (scope events:write)",
 )
-async def post_events(
-    request: Request,
-    idem: IdempotencyKey = None,
-    key: ApiKey = Depends(require("events:write")),
-) -> Response:
+async def post_events(request: Request, key: EventsWrite, idem: IdempotencyKey = None) -> Response:
     payload = await read_json(request, BATCH_BYTES)
     batch = shaped(Batch, payload)
     answer = await run_in_threadpool(
@@ -198,7 +198,7 @@ def _not_found(user_id: str) -> ApiError:
 def get_request(
     request_id: Annotated[int, Path(ge=1, le=2**63 - 1)],
     user_id: Annotated[str, Query(description="The recipient: request ids are unique per user.")],
-    key: ApiKey = Depends(require("requests:read")),
+    key: RequestsRead,
 ) -> dict[str, Any]:
     user = _user(user_id)
     with engine().connect() as conn:
@@ -214,9 +214,7 @@ def get_request(
     responses=_refusals(404),
     summary="A recipient's settings and the resolved type × channel matrix (preferences:read)",
 )
-def get_user_preferences(
-    user_id: str, key: ApiKey = Depends(require("preferences:read"))
-) -> dict[str, Any]:
+def get_user_preferences(user_id: str, key: PreferencesRead) -> dict[str, Any]:
     user = _user(user_id)
     try:
         return get_preferences(user)
@@ -231,9 +229,7 @@ def get_user_preferences(
     openapi_extra=_body_doc(PreferencesPut),
     summary="Change settings; null removes one, settings not named are kept (preferences:write)",
 )
-async def put_user_preferences(
-    request: Request, user_id: str, key: ApiKey = Depends(require("preferences:write"))
-) -> Response:
+async def put_user_preferences(request: Request, user_id: str, key: PreferencesWrite) -> Response:
     user = _user(user_id)
     changes = shaped(PreferencesPut, await read_json(request, PREFERENCES_BYTES)).settings
     body = await run_in_threadpool(_set_preferences, user, changes)
@@ -283,13 +279,13 @@ def openapi(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
-def application(routes: list[BaseRoute]) -> FastAPI:
+def application(routes: Sequence[BaseRoute]) -> FastAPI:
     """The ASGI app: `routes` (Slack, Teams, /healthz) and the /v1 API, docs at /docs."""
     app = FastAPI(
         title="clarion",
         version="1",
         description="Notifications that cannot double-send. See README § HTTP API.",
-        routes=routes,
+        routes=list(routes),
         openapi_url="/openapi.json",
         docs_url="/docs",
         redoc_url=None,

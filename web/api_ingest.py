@@ -158,7 +158,11 @@ def ingest(
             }
             for e, r, lane in zip(events, results, lanes, strict=True)
         ]
-        fresh = [(a["user_id"], a["request_id"], a["lane"]) for a in accepted if a["new"]]
+        fresh = [
+            (e.user_id, r.request_id, str(lane))
+            for e, r, lane in zip(events, results, lanes, strict=True)
+            if r.new
+        ]
         stray = now + timedelta(seconds=settings.get().stray_after)
         idempotency.postpone(conn, [(u, i) for u, i, _ in fresh], due_at=stray)
         body = ascii_json({"items": accepted} if batch else accepted[0]).decode("ascii")

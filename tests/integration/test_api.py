@@ -145,8 +145,12 @@ def test_a_batch_is_written_together_and_published_per_lane(client, ann):
 
 def test_a_dedup_key_makes_two_events_one_request(client, ann):
     headers = bearer()
-    one = client.post("/v1/events", json=event(event_id="e1", dedup_key="order:A-1"), headers=headers)
-    two = client.post("/v1/events", json=event(event_id="e2", dedup_key="order:A-1"), headers=headers)
+    one = client.post(
+        "/v1/events", json=event(event_id="e1", dedup_key="order:A-1"), headers=headers
+    )
+    two = client.post(
+        "/v1/events", json=event(event_id="e2", dedup_key="order:A-1"), headers=headers
+    )
     assert (one.status_code, two.status_code) == (202, 202)
     assert one.json()["request_id"] == two.json()["request_id"]
     assert (one.json()["new"], two.json()["new"]) == (True, False)
@@ -194,7 +198,9 @@ def test_a_refused_event_names_its_field_and_writes_nothing(client, ann, body, f
     headers = bearer()
     before = written()
     sent = as_json(body)
-    answer = client.post("/v1/events", content=sent["content"], headers={**headers, **sent["headers"]})
+    answer = client.post(
+        "/v1/events", content=sent["content"], headers={**headers, **sent["headers"]}
+    )
     assert refused(answer, 422, field)["error"] == code
     assert written() == before and nothing_published()
 
@@ -227,12 +233,42 @@ def test_bodies_that_are_not_json_objects_are_refused_at_the_body(client, ann):
     headers = bearer()
     before = written()
     post = client.post
-    refused(post("/v1/events", content=b"{", headers={**headers, "Content-Type": "application/json"}), 400, "body")
-    refused(post("/v1/events", content=b"\xff", headers={**headers, "Content-Type": "application/json"}), 400, "body")
-    refused(post("/v1/events", content=b"[" * 100_000, headers={**headers, "Content-Type": "application/json"}), 400, "body")
+    refused(
+        post("/v1/events", content=b"{", headers={**headers, "Content-Type": "application/json"}),
+        400,
+        "body",
+    )
+    refused(
+        post(
+            "/v1/events", content=b"\xff", headers={**headers, "Content-Type": "application/json"}
+        ),
+        400,
+        "body",
+    )
+    refused(
+        post(
+            "/v1/events",
+            content=b"[" * 100_000,
+            headers={**headers, "Content-Type": "application/json"},
+        ),
+        400,
+        "body",
+    )
     refused(post("/v1/events", json=[1], headers=headers), 422, "body")
-    refused(post("/v1/events", content=b"x" * 300_000, headers={**headers, "Content-Type": "application/json"}), 413, "body")
-    refused(post("/v1/events", content=b"{}", headers={**headers, "Content-Type": "text/plain"}), 415, "Content-Type")
+    refused(
+        post(
+            "/v1/events",
+            content=b"x" * 300_000,
+            headers={**headers, "Content-Type": "application/json"},
+        ),
+        413,
+        "body",
+    )
+    refused(
+        post("/v1/events", content=b"{}", headers={**headers, "Content-Type": "text/plain"}),
+        415,
+        "Content-Type",
+    )
     refused(post("/v1/events", data={"event_id": "e1"}, headers=headers), 415, "Content-Type")
     assert written() == before and nothing_published()
 
@@ -267,7 +303,12 @@ def test_every_unauthenticated_request_is_a_401_before_its_body_is_read(client, 
         assert body["error"] == "unauthorized", name
     assert "revoked" in client.post("/v1/events", json=event(), headers=headers["revoked"]).text
     assert written() == before
-    assert client.post("/v1/events", json=event(), headers={"Authorization": f"Bearer {live}"}).status_code == 202
+    assert (
+        client.post(
+            "/v1/events", json=event(), headers={"Authorization": f"Bearer {live}"}
+        ).status_code
+        == 202
+    )
 
 
 def test_a_key_without_the_scope_is_a_403(client, ann):
@@ -275,10 +316,18 @@ def test_a_key_without_the_scope_is_a_403(client, ann):
     writer = bearer("events:write")
     before = written()
     refused(client.post("/v1/events", json=event(), headers=reader), 403, "Authorization")
-    refused(client.post("/v1/events/batch", json={"items": [event()]}, headers=reader), 403, "Authorization")
+    refused(
+        client.post("/v1/events/batch", json={"items": [event()]}, headers=reader),
+        403,
+        "Authorization",
+    )
     refused(client.get("/v1/requests/1?user_id=ann", headers=writer), 403, "Authorization")
     refused(client.get("/v1/users/ann/preferences", headers=writer), 403, "Authorization")
-    refused(client.put("/v1/users/ann/preferences", json={"settings": {}}, headers=reader), 403, "Authorization")
+    refused(
+        client.put("/v1/users/ann/preferences", json={"settings": {}}, headers=reader),
+        403,
+        "Authorization",
+    )
     assert written() == before
 
 
@@ -292,7 +341,11 @@ def test_keys_are_shown_once_and_stored_hashed(clarion_env, capsys):
     [stored] = rows("SELECT * FROM api_keys")
     assert stored["secret_sha256"] == hashlib.sha256(secret.encode()).hexdigest()
     assert secret not in str(stored) and secret.split("_")[2] not in str(stored)
-    assert (stored["scopes"], stored["rate_limit"], stored["rate_window"]) == (["events:write"], 50, 10)
+    assert (stored["scopes"], stored["rate_limit"], stored["rate_window"]) == (
+        ["events:write"],
+        50,
+        10,
+    )
     with pytest.raises(SystemExit):
         main(["keys", "list"])
     listed = capsys.readouterr().out
@@ -352,18 +405,40 @@ def test_a_request_report_has_its_decisions_and_deliveries(client, ann):
         "event:e1",
         "routed",
     )
-    stored = rows("SELECT channel, state, attempts FROM deliveries WHERE request_id = :r", r=request_id)
-    assert [{k: d[k] for k in ("channel", "state", "attempts")} for d in got["deliveries"]] == stored
+    stored = rows(
+        "SELECT channel, state, attempts FROM deliveries WHERE request_id = :r", r=request_id
+    )
+    assert [
+        {k: d[k] for k in ("channel", "state", "attempts")} for d in got["deliveries"]
+    ] == stored
     assert stored  # the report shows something that happened
-    decided = rows("SELECT gate, outcome, reason FROM decisions WHERE request_id = :r", r=request_id)
+    decided = rows(
+        "SELECT gate, outcome, reason FROM decisions WHERE request_id = :r", r=request_id
+    )
     assert [{k: d[k] for k in ("gate", "outcome", "reason")} for d in got["decisions"]] == decided
 
     register_recipient("bob", timezone="Europe/Berlin")
-    refused(client.get(f"/v1/requests/{request_id}", params={"user_id": "bob"}, headers=headers), 404, "request_id")
-    refused(client.get("/v1/requests/abc", params={"user_id": "ann"}, headers=headers), 422, "request_id")
-    refused(client.get(f"/v1/requests/{2**63}", params={"user_id": "ann"}, headers=headers), 422, "request_id")
+    refused(
+        client.get(f"/v1/requests/{request_id}", params={"user_id": "bob"}, headers=headers),
+        404,
+        "request_id",
+    )
+    refused(
+        client.get("/v1/requests/abc", params={"user_id": "ann"}, headers=headers),
+        422,
+        "request_id",
+    )
+    refused(
+        client.get(f"/v1/requests/{2**63}", params={"user_id": "ann"}, headers=headers),
+        422,
+        "request_id",
+    )
     refused(client.get(f"/v1/requests/{request_id}", headers=headers), 422, "user_id")
-    refused(client.get(f"/v1/requests/{request_id}", params={"user_id": "a\x00"}, headers=headers), 422, "user_id")
+    refused(
+        client.get(f"/v1/requests/{request_id}", params={"user_id": "a\x00"}, headers=headers),
+        422,
+        "user_id",
+    )
 
 
 def test_preferences_round_trip_through_the_preference_functions(client, ann):
@@ -381,7 +456,11 @@ def test_preferences_round_trip_through_the_preference_functions(client, ann):
     assert put.json()["settings"] == {"type:nudge": False}
     assert put.json()["types"]["nudge"]["webhook"]["enabled"] is False
     # settings not named are kept; null removes one
-    client.put("/v1/users/ann/preferences", json={"settings": {"category:activation/console": False}}, headers=headers)
+    client.put(
+        "/v1/users/ann/preferences",
+        json={"settings": {"category:activation/console": False}},
+        headers=headers,
+    )
     both = client.get("/v1/users/ann/preferences", headers=headers).json()["settings"]
     assert both == {"type:nudge": False, "category:activation/console": False}
     cleared = client.put(
@@ -404,10 +483,18 @@ def test_preferences_round_trip_through_the_preference_functions(client, ann):
             headers=headers,
         )
         refused(answer, 422, field)
-    refused(client.put("/v1/users/ann/preferences", json={"type:nudge": True}, headers=headers), 422, "settings")
+    refused(
+        client.put("/v1/users/ann/preferences", json={"type:nudge": True}, headers=headers),
+        422,
+        "settings",
+    )
     assert rows("SELECT * FROM preferences ORDER BY key") == before
     refused(client.get("/v1/users/zed/preferences", headers=headers), 404, "user_id")
-    refused(client.put("/v1/users/zed/preferences", json={"settings": {}}, headers=headers), 404, "user_id")
+    refused(
+        client.put("/v1/users/zed/preferences", json={"settings": {}}, headers=headers),
+        404,
+        "user_id",
+    )
 
 
 def test_a_user_id_with_a_slash_reaches_its_preferences(client, clarion_env):
@@ -437,13 +524,20 @@ def test_openapi_is_valid_and_lists_every_endpoint(client):
         "$ref": "#/components/schemas/Event"
     }
     assert set(doc["components"]["schemas"]["Event"]["properties"]) == {
-        "event_id", "user_id", "type", "variables", "dedup_key", "priority",
+        "event_id",
+        "user_id",
+        "type",
+        "variables",
+        "dedup_key",
+        "priority",
     }
     error = {"$ref": "#/components/schemas/Error"}
     for status in ("401", "403", "422", "429"):
         assert post["responses"][status]["content"]["application/json"]["schema"] == error
     assert doc["components"]["securitySchemes"]["ApiKey"] == {
-        "type": "http", "scheme": "bearer", "description": post and doc["components"]["securitySchemes"]["ApiKey"]["description"],
+        "type": "http",
+        "scheme": "bearer",
+        "description": post and doc["components"]["securitySchemes"]["ApiKey"]["description"],
     }
     docs = client.get("/docs")
     assert docs.status_code == 200 and "/openapi.json" in docs.text
