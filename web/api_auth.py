@@ -26,6 +26,7 @@ import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from adapters.ratelimit import Quota
 from clarion import clock
 from clarion.errors import InvalidRequest, ThrottledError
 from db import api_keys
@@ -140,8 +141,6 @@ def authenticate(header: str | None, scope: str) -> ApiKey:
 
 def limit(record: ApiKey, take: Callable[..., None]) -> None:
     """Spend one request from the key's budget, or 429 with Retry-After (whole seconds, ≥ 1)."""
-    from adapters.ratelimit import Quota
-
     quota = Quota(
         "api", ((record.rate_limit, float(record.rate_window)),), share=1.0, fail_open=True
     )
