@@ -291,7 +291,7 @@ def application(routes: Sequence[BaseRoute]) -> FastAPI:
         redoc_url=None,
     )
     app.include_router(router)
-    app.add_exception_handler(ApiError, api_error_handler)
+    app.add_exception_handler(ClarionError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]

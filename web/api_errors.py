@@ -154,8 +154,10 @@ class AsciiJSONResponse(JSONResponse):
 
 
 async def api_error_handler(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
-    return response(exc)
+    """Any ClarionError that reaches the app: an ApiError as it is, the rest through from_clarion
+    (e.g. an unmigrated database while checking a key: a 503 saying so, not a traceback)."""
+    assert isinstance(exc, ClarionError)
+    return response(from_clarion(exc))
 
 
 async def validation_handler(request: Request, exc: Exception) -> Response:
