@@ -76,6 +76,22 @@ def explain_rows(
     """A recipient's requests, newest first, each with its decisions and deliveries."""
     params = {"user_id": user_id, "type_key": type_key, "since": since, "limit": limit}
     requests = [dict(r) for r in conn.execute(_EXPLAIN_REQUESTS, params).mappings()]
+    return _with_history(conn, user_id, requests)
+
+
+_REQUEST = text(
+    "SELECT id, type_key, occurrence_key, state, created_at, routed_at, due_at FROM requests "
+    "WHERE user_id = :user_id AND id = :id"
+)
+
+
+def request_row(conn: Connection, user_id: str, request_id: int) -> dict | None:
+    """One request with its decisions, deliveries and receipts (explain_rows' shape), or None."""
+    found = conn.execute(_REQUEST, {"user_id": user_id, "id": request_id}).mappings().first()
+    return _with_history(conn, user_id, [dict(found)])[0] if found else None
+
+
+def _with_history(conn: Connection, user_id: str, requests: list[dict]) -> list[dict]:
     ids = [r["id"] for r in requests]
     by_id = {r["id"]: {**r, "decisions": [], "deliveries": []} for r in requests}
     for row in conn.execute(_EXPLAIN_DECISIONS, {"user_id": user_id, "ids": ids}).mappings():

@@ -1,6 +1,8 @@
 """Tables as SQLAlchemy Core objects, mirroring the Alembic migrations (a test compares the two).
 
-Every primary and unique key leads with user_id, so the tables can be distributed by user_id.
+Every primary and unique key of a per-recipient table leads with user_id, so the tables can be
+distributed by user_id. The HTTP API's tables (api_keys, api_idempotency) belong to producers, not
+recipients, and lead with the API key instead.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0009"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0010"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -392,4 +394,38 @@ clarion_meta = Table(
     Column("key", Text, primary_key=True),
     Column("value", Text, nullable=False),
     _ts("updated_at", False),
+)
+
+# --- the HTTP API (web/api*.py): not per recipient, see migration 0010 --------------------------
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("prefix", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("secret_sha256", Text, nullable=False),
+    Column("scopes", ARRAY(Text), nullable=False),
+    Column("rate_limit", Integer, nullable=False),
+    Column("rate_window", Integer, nullable=False),
+    _ts("created_at", False),
+    _ts("revoked_at"),
+    PrimaryKeyConstraint("id", name="api_keys_pkey"),
+    UniqueConstraint("prefix", name="api_keys_prefix_key"),
+    CheckConstraint("rate_limit > 0 AND rate_window > 0", name="api_keys_rate_check"),
+)
+
+api_idempotency = Table(
+    "api_idempotency",
+    metadata,
+    Column("api_key_id", BigInteger, nullable=False),
+    Column("key", Text, nullable=False),
+    Column("fingerprint", Text, nullable=False),
+    Column("status", SmallInteger),
+    Column("response", Text),
+    _ts("created_at", False),
+    _ts("expires_at", False),
+    PrimaryKeyConstraint("api_key_id", "key", name="api_idempotency_pkey"),
+    ForeignKeyConstraint(["api_key_id"], ["api_keys.id"], name="api_idempotency_api_key_fkey"),
+    Index("api_idempotency_expires", "expires_at"),
 )

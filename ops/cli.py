@@ -235,6 +235,37 @@ def _receiver(args: argparse.Namespace) -> int:
             return 0
 
 
+def _keys(args: argparse.Namespace) -> int:
+    from ops.table import render
+    from web import api_auth
+
+    if args.action == "create":
+        made = api_auth.create_key(args.name, args.scope or [], api_auth.parse_rate(args.rate))
+        print(made.secret)
+        print(
+            f"API key {made.record.prefix} ({made.record.name}): {', '.join(made.record.scopes)}; "
+            "shown once, only its hash is stored",
+            file=sys.stderr,
+        )
+    elif args.action == "revoke":
+        revoked = api_auth.revoke_key(args.prefix)
+        print(f"API key {revoked.prefix} ({revoked.name}) revoked")
+    else:
+        rows = [
+            (
+                k.prefix,
+                k.name,
+                " ".join(k.scopes),
+                f"{k.rate_limit}/{k.rate_window}s",
+                k.created_at.strftime("%Y-%m-%d %H:%M"),
+                k.revoked_at.strftime("%Y-%m-%d %H:%M") if k.revoked_at else "",
+            )
+            for k in api_auth.list_keys()
+        ]
+        print(render(["prefix", "name", "scopes", "rate", "created", "revoked"], rows, "API keys"))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="clarion", description="Notifications that cannot double-send."
@@ -357,6 +388,20 @@ def parser() -> argparse.ArgumentParser:
     si.add_argument("--user", required=True)
     si.add_argument("--days", type=int, default=365)
     si.set_defaults(fn=_simulate)
+    k = sub.add_parser("keys", help="create, list and revoke HTTP API keys")
+    ks = k.add_subparsers(dest="action", required=True)
+    kc = ks.add_parser("create", help="make a key; prints it once (only its hash is kept)")
+    kc.add_argument("--name", required=True, help="who uses it, e.g. billing-service")
+    kc.add_argument(
+        "--scope",
+        action="append",
+        help="events:write, requests:read, preferences:read, preferences:write (repeatable)",
+    )
+    kc.add_argument("--rate", default="100/s", help="requests per window: 100/s, 6000/m, 50/10s")
+    ks.add_parser("list", help="every key, live and revoked (never the secrets)")
+    kr = ks.add_parser("revoke", help="revoke a key: its next request is a 401")
+    kr.add_argument("prefix", help="the key's prefix (from keys list) or the whole key")
+    k.set_defaults(fn=_keys)
     r = sub.add_parser("receiver", help="a local webhook receiver that verifies and counts")
     r.add_argument("--port", type=int, default=8099)
     r.set_defaults(fn=_receiver)

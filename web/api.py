@@ -1,0 +1,298 @@
+"""The HTTP API under /v1 (FastAPI): ingest, request reports and preferences, with OpenAPI at
+/openapi.json and human docs at /docs.
+
+Why FastAPI rather than Starlette plus a schema library: it *is* a Starlette subclass (the Slack
+and Teams routes keep working unchanged), and it derives the OpenAPI document from the same
+pydantic models that check the bodies, so the docs cannot drift from what is enforced.
+
+Every door here checks in the same order, and stops at the first refusal: the API key (401/403),
+its rate (429), the Content-Type (415), the body's size (413), that it is JSON (400), its shape
+(422), then notify()'s own checks (422). Bodies are read by hand, after the key is checked, rather
+than declared as FastAPI body parameters: FastAPI parses a declared body *before* it runs the
+dependencies that authenticate, so an anonymous caller could make us parse 5 MiB of JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Security
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute
+
+from clarion import validation as check
+from clarion.errors import ClarionError, InvalidRequest, UnknownRecipient
+from db import reports
+from db.api_keys import ApiKey
+from db.engine import engine
+from tasks import runtime
+from tasks.preferences import get_preferences, parse_setting, set_preferences
+from web.api_auth import authenticate, limit
+from web.api_errors import (
+    ApiError,
+    AsciiJSONResponse,
+    api_error_handler,
+    from_clarion,
+    from_pydantic,
+    safe_field,
+    validation_handler,
+)
+from web.api_ingest import Answer, idempotency_key, ingest
+from web.api_models import (
+    Accepted,
+    Batch,
+    BatchAccepted,
+    Error,
+    Event,
+    Preferences,
+    PreferencesPut,
+    RequestReport,
+)
+from web.inbound import Refused, read_body
+
+EVENT_BYTES = 256 * 1024
+BATCH_BYTES = 5 * 1024 * 1024
+PREFERENCES_BYTES = 64 * 1024
+
+bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="ApiKey",
+    description="`Authorization: Bearer clk_…`, a key from `clarion keys create`.",
+)
+router = APIRouter(prefix="/v1", default_response_class=AsciiJSONResponse)
+
+
+def _refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {s: {"model": Error} for s in (401, 403, 422, 429, *statuses)}
+
+
+def require(scope: str) -> Callable[..., ApiKey]:
+    """A dependency: the caller's API key, holding `scope`, within its rate (or a refusal)."""
+
+    def dependency(
+        request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
+    ) -> ApiKey:
+        record = authenticate(request.headers.get("authorization"), scope)
+        limit(record, runtime.collaborators().limits.take)
+        return record
+
+    return dependency
+
+
+async def read_json(request: Request, max_bytes: int) -> Any:
+    """The body as JSON: application/json (UTF-8), at most max_bytes."""
+    media, _, params = (request.headers.get("content-type") or "").partition(";")
+    charset = params.strip().lower().replace(" ", "")
+    if media.strip().lower() != "application/json" or charset not in ("", "charset=utf-8"):
+        raise ApiError(415, "unsupported_media_type", "Content-Type", "send application/json")
+    try:
+        raw = await read_body(request, max_bytes)
+    except Refused as exc:
+        code = "body_too_large" if exc.status == 413 else "invalid_header"
+        raise ApiError(
+            exc.status, code, "body" if exc.status == 413 else "Content-Length", exc.reason
+        ) from exc
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ApiError(
+            400, "invalid_json", "body", f"is not UTF-8 JSON ({type(exc).__name__})"
+        ) from exc
+
+
+def shaped(model: type[BaseModel], payload: Any) -> Any:
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        raise from_pydantic(exc.errors(include_url=False, include_input=False)) from exc
+    except RecursionError as exc:
+        raise ApiError(422, "invalid_field", "body", "nests too deep") from exc
+
+
+def _answer(answer: Answer) -> Response:
+    headers = {"Idempotent-Replayed": "true"} if answer.replayed else {}
+    return Response(
+        answer.content, status_code=answer.status, headers=headers, media_type="application/json"
+    )
+
+
+def _body_doc(model: type[BaseModel]) -> dict[str, Any]:
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+EventsWrite = Annotated[ApiKey, Depends(require("events:write"))]
+RequestsRead = Annotated[ApiKey, Depends(require("requests:read"))]
+PreferencesRead = Annotated[ApiKey, Depends(require("preferences:read"))]
+PreferencesWrite = Annotated[ApiKey, Depends(require("preferences:write"))]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="Retry safely: the same key and body get the first answer again (24 h).",
+    ),
+]
+
+
+@router.post(
+    "/events",
+    status_code=202,
+    response_model=Accepted,
+    responses=_refusals(400, 413, 415),
+    openapi_extra=_body_doc(Event),
+    summary="Request one notification (scope events:write)",
+)
+async def post_event(request: Request, key: EventsWrite, idem: IdempotencyKey = None) -> Response:
+    payload = await read_json(request, EVENT_BYTES)
+    event = shaped(Event, payload)
+    answer = await run_in_threadpool(
+        ingest, key, idempotency_key(idem), request.url.path, payload, [event], batch=False
+    )
+    return _answer(answer)
+
+
+@router.post(
+    "/events/batch",
+    status_code=202,
+    response_model=BatchAccepted,
+    responses=_refusals(400, 413, 415),
+    openapi_extra=_body_doc(Batch),
+    summary="Request up to 500 notifications, all or none (scope events:write)",
+)
+async def post_events(request: Request, key: EventsWrite, idem: IdempotencyKey = None) -> Response:
+    payload = await read_json(request, BATCH_BYTES)
+    batch = shaped(Batch, payload)
+    answer = await run_in_threadpool(
+        ingest, key, idempotency_key(idem), request.url.path, payload, batch.items, batch=True
+    )
+    return _answer(answer)
+
+
+def _user(user_id: str) -> str:
+    try:
+        return check.text("user_id", user_id, max_bytes=check.USER_ID_BYTES)
+    except ClarionError as exc:
+        raise from_clarion(exc) from exc
+
+
+def _not_found(user_id: str) -> ApiError:
+    return ApiError(404, "unknown_recipient", "user_id", f"unknown recipient {user_id[:80]!r}")
+
+
+@router.get(
+    "/requests/{request_id}",
+    response_model=RequestReport,
+    responses=_refusals(404),
+    summary="A request, its decisions, deliveries and receipts (scope requests:read)",
+)
+def get_request(
+    request_id: Annotated[int, Path(ge=1, le=2**63 - 1)],
+    user_id: Annotated[str, Query(description="The recipient: request ids are unique per user.")],
+    key: RequestsRead,
+) -> dict[str, Any]:
+    user = _user(user_id)
+    with engine().connect() as conn:
+        found = reports.request_row(conn, user, request_id)
+    if found is None:
+        raise ApiError(404, "not_found", "request_id", f"no request {request_id} for this user_id")
+    return {"user_id": user, "type": found.pop("type_key"), **found}
+
+
+@router.get(
+    "/users/{user_id:path}/preferences",
+    response_model=Preferences,
+    responses=_refusals(404),
+    summary="A recipient's settings and the resolved type × channel matrix (preferences:read)",
+)
+def get_user_preferences(user_id: str, key: PreferencesRead) -> dict[str, Any]:
+    user = _user(user_id)
+    try:
+        return get_preferences(user)
+    except UnknownRecipient as exc:
+        raise _not_found(user) from exc
+
+
+@router.put(
+    "/users/{user_id:path}/preferences",
+    response_model=Preferences,
+    responses=_refusals(400, 404, 413, 415),
+    openapi_extra=_body_doc(PreferencesPut),
+    summary="Change settings; null removes one, settings not named are kept (preferences:write)",
+)
+async def put_user_preferences(request: Request, user_id: str, key: PreferencesWrite) -> Response:
+    user = _user(user_id)
+    changes = shaped(PreferencesPut, await read_json(request, PREFERENCES_BYTES)).settings
+    body = await run_in_threadpool(_set_preferences, user, changes)
+    return AsciiJSONResponse(Preferences.model_validate(body).model_dump(mode="json"))
+
+
+def _set_preferences(user: str, changes: dict[str, bool | None]) -> dict[str, Any]:
+    """Merge, not replace: a client that sends only what it changes must not re-subscribe the
+    recipient to everything it left out (a replacing PUT's failure mode sends unwanted mail)."""
+    for name, enabled in changes.items():
+        try:
+            parse_setting(name, enabled)
+        except InvalidRequest as exc:
+            raise ApiError(422, "invalid_field", safe_field(f"settings.{name}"), str(exc)) from exc
+    try:
+        set_preferences(user, changes)
+        return get_preferences(user)
+    except UnknownRecipient as exc:
+        raise _not_found(user) from exc
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Routing's 404/405 under /v1 in the API's shape; elsewhere FastAPI's default."""
+    assert isinstance(exc, StarletteHTTPException)
+    if not request.url.path.startswith("/v1/"):
+        return await http_exception_handler(request, exc)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "refused")
+    return AsciiJSONResponse(
+        {"error": code, "field": None, "reason": str(exc.detail)},
+        status_code=exc.status_code,
+        headers=getattr(exc, "headers", None),
+    )
+
+
+def openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, plus the request-body models it cannot see (bodies are read by hand)."""
+    if app.openapi_schema is None:
+        doc = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        for model in (Event, Batch, PreferencesPut):
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))
+            schemas[model.__name__] = schema
+        app.openapi_schema = doc
+    return app.openapi_schema
+
+
+def application(routes: Sequence[BaseRoute]) -> FastAPI:
+    """The ASGI app: `routes` (Slack, Teams, /healthz) and the /v1 API, docs at /docs."""
+    app = FastAPI(
+        title="clarion",
+        version="1",
+        description="Notifications that cannot double-send. See README § HTTP API.",
+        routes=list(routes),
+        openapi_url="/openapi.json",
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.include_router(router)
+    app.add_exception_handler(ClarionError, api_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,157 @@
+"""API keys: made, checked and rate-limited here; stored by db/api_keys.py.
+
+A key reads `clk_<prefix>_<secret>`: the prefix (12 hex digits) is public and names the key in
+`clarion keys list` and in logs; the secret is 32 random bytes. Only the SHA-256 of the whole key is
+stored, and it is shown once, when it is created.
+
+Why SHA-256 and not bcrypt/scrypt/argon2: those are slow on purpose so that a stolen table of
+*passwords* (a few dozen bits of entropy) cannot be guessed through. A 256-bit random secret cannot
+be guessed at any hashing speed, so slowness buys nothing — while it would cost ~100 ms of CPU on
+every API request, which is an easy way to take a 2-core web process down. (bcrypt also ignores
+everything past 72 bytes.)
+
+Scopes: `events:write` (POST /v1/events…), `requests:read` (GET /v1/requests/…),
+`preferences:read` and `preferences:write` (/v1/users/{user_id}/preferences). Other surfaces add
+theirs to SCOPES. Per-key rate limits spend one unit per HTTP request from the shared Redis
+budgets of adapters/ratelimit.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import re
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from adapters.ratelimit import Quota
+from clarion import clock
+from clarion.errors import InvalidRequest, ThrottledError
+from db import api_keys
+from db.api_keys import ApiKey
+from db.engine import engine
+from web.api_errors import ApiError
+
+SCOPES = ("events:write", "requests:read", "preferences:read", "preferences:write")
+KEY = re.compile(r"clk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
+DEFAULT_RATE = (100, 1)  # requests per seconds
+
+
+@dataclass(frozen=True)
+class NewKey:
+    """A key just created: `secret` is the only copy of the whole key there will ever be."""
+
+    secret: str
+    record: ApiKey
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode("ascii")).hexdigest()
+
+
+def generate() -> tuple[str, str]:
+    """(prefix, whole key) of a fresh key."""
+    prefix = secrets.token_hex(6)
+    return prefix, f"clk_{prefix}_{secrets.token_urlsafe(32)}"
+
+
+def checked_scopes(scopes: Iterable[str]) -> list[str]:
+    listed = sorted(set(scopes))
+    unknown = [s for s in listed if s not in SCOPES]
+    if not listed or unknown:
+        raise InvalidRequest(
+            f"unknown scope {', '.join(unknown)!s}; known: {', '.join(SCOPES)}"
+            if unknown
+            else f"give at least one scope: {', '.join(SCOPES)}"
+        )
+    return listed
+
+
+def parse_rate(value: str) -> tuple[int, int]:
+    """'100/s', '6000/m', '50/10s' → (amount, seconds)."""
+    match = re.fullmatch(r"([1-9][0-9]{0,8})/([1-9][0-9]{0,5})?(s|m|h)", value.strip())
+    if not match:
+        raise InvalidRequest(f"--rate takes AMOUNT/UNIT such as 100/s, 6000/m or 50/10s: {value!r}")
+    unit = {"s": 1, "m": 60, "h": 3600}[match.group(3)]
+    return int(match.group(1)), int(match.group(2) or 1) * unit
+
+
+def create_key(name: str, scopes: Iterable[str], rate: tuple[int, int] = DEFAULT_RATE) -> NewKey:
+    """Make and store a key; the returned secret is not stored anywhere."""
+    if not name.strip() or len(name) > 200 or "\x00" in name:
+        raise InvalidRequest("a key needs a name of 1 to 200 characters")
+    prefix, secret = generate()
+    with engine().begin() as conn:
+        record = api_keys.insert_key(
+            conn,
+            prefix=prefix,
+            name=name,
+            secret_sha256=digest(secret),
+            scopes=checked_scopes(scopes),
+            rate_limit=rate[0],
+            rate_window=rate[1],
+            now=clock.now(),
+        )
+    return NewKey(secret, record)
+
+
+def list_keys() -> list[ApiKey]:
+    with engine().connect() as conn:
+        return api_keys.all_keys(conn)
+
+
+def revoke_key(prefix: str) -> ApiKey:
+    """Revoke the key with this prefix (or the whole key); InvalidRequest if none is live."""
+    match = KEY.fullmatch(prefix)
+    prefix = match.group(1) if match else prefix
+    with engine().begin() as conn:
+        revoked = api_keys.revoke_key(conn, prefix, now=clock.now())
+    if revoked is None:
+        raise InvalidRequest(f"no live API key with prefix {prefix!r}")
+    return revoked
+
+
+def _unauthorized(reason: str) -> ApiError:
+    return ApiError(
+        401, "unauthorized", "Authorization", reason, headers={"WWW-Authenticate": "Bearer"}
+    )
+
+
+def authenticate(header: str | None, scope: str) -> ApiKey:
+    """The live key a `Bearer` header carries, holding `scope`; else 401 (no, unknown or revoked
+    key) or 403 (the key lacks the scope). The hash is compared in constant time."""
+    if not header:
+        raise _unauthorized("send Authorization: Bearer <API key>")
+    scheme, _, token = header.partition(" ")
+    match = KEY.fullmatch(token.strip()) if scheme.lower() == "bearer" else None
+    if match is None:
+        raise _unauthorized("not a clarion API key (Authorization: Bearer clk_…)")
+    with engine().connect() as conn:
+        record = api_keys.find_key(conn, match.group(1))
+    if record is None or not hmac.compare_digest(record.secret_sha256, digest(token.strip())):
+        raise _unauthorized("unknown API key")
+    if record.revoked_at is not None:
+        raise _unauthorized("this API key was revoked")
+    if scope not in record.scopes:
+        raise ApiError(403, "forbidden", "Authorization", f"this API key lacks the scope {scope}")
+    return record
+
+
+def limit(record: ApiKey, take: Callable[..., object]) -> None:
+    """Spend one request from the key's budget, or 429 with Retry-After (whole seconds, ≥ 1)."""
+    quota = Quota(
+        "api", ((record.rate_limit, float(record.rate_window)),), share=1.0, fail_open=True
+    )
+    try:
+        take(quota, f"api-key:{record.id}")
+    except ThrottledError as exc:
+        wait = max(1, math.ceil(exc.retry_after or record.rate_window))
+        raise ApiError(
+            429,
+            "rate_limited",
+            None,
+            f"over this key's rate of {record.rate_limit} per {record.rate_window}s",
+            headers={"Retry-After": str(wait)},
+        ) from exc

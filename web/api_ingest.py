@@ -1,0 +1,189 @@
+"""POST /v1/events: checked events → notify_many() in one transaction with the Idempotency-Key row,
+then the route task published after commit.
+
+Idempotency (Stripe's semantics and draft-ietf-httpapi-idempotency-key-header's):
+- keys are scoped per API key; a key is 1-255 printable ASCII characters;
+- the same key with the same request (method, path and body, compared as canonical JSON) gets the
+  first answer again, status and body, with `Idempotent-Replayed: true`;
+- the same key with a different request is a 422 naming `Idempotency-Key`;
+- a request refused for its content stores nothing (the transaction rolls back), so the caller can
+  correct it and retry under the same key;
+- a second request under a key whose first request is still running waits for it and then gets
+  its answer (the draft allows a 409 here; waiting gives the caller one answer instead of a retry
+  loop, and costs one blocked connection for as long as a notify_many() transaction takes);
+- rows are kept RETENTION (24 h): later, the key is free again. The request itself is still
+  recognised by its event_id/dedup_key forever (`new: false`): retention only bounds how long the
+  *identical answer* is replayed. Each idempotent request purges up to 100 expired rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from clarion import clock, settings
+from clarion import validation as check
+from clarion.errors import ClarionError, InvalidField, UnknownRecipient
+from db import idempotency
+from db.api_keys import ApiKey
+from db.engine import engine
+from tasks import notify_many, runtime
+from tasks.producer import BROKER_ERRORS
+from tasks.publish import ROUTE, publish
+from web.api_errors import ApiError, ascii_json, contract_field, from_clarion, item_index
+from web.api_models import Event
+
+log = logging.getLogger(__name__)
+
+RETENTION = timedelta(hours=24)
+MAX_IDEMPOTENCY_KEY = 255
+ACCEPTED = 202
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    content: str  # the JSON body, rendered once: a replay sends these very bytes
+    replayed: bool = False
+
+
+def idempotency_key(value: str | None) -> str | None:
+    """The header's value, checked: 1-255 printable ASCII characters."""
+    if value is None:
+        return None
+    if not 0 < len(value) <= MAX_IDEMPOTENCY_KEY or not all(" " <= c <= "~" for c in value):
+        raise ApiError(
+            400,
+            "invalid_header",
+            "Idempotency-Key",
+            f"must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters",
+        )
+    return value
+
+
+def fingerprint(method: str, path: str, payload: Any) -> str:
+    """What "the same request" means: method, path and the body as canonical JSON (key order and
+    whitespace do not matter; values do)."""
+    try:
+        body = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, "invalid_json", "body", "cannot be read as JSON") from exc
+    return hashlib.sha256(f"{method} {path}\n{body}".encode("ascii")).hexdigest()
+
+
+def notify_item(event: Event, prefix: str) -> dict[str, Any]:
+    """The notify_many() item for an event. With a dedup_key, the dedup key is the occurrence key
+    and event_id is only checked (as notify() would check it)."""
+    if event.dedup_key is not None:
+        try:
+            check.occurrence_key(event.event_id, None)
+        except InvalidField as exc:
+            raise from_clarion(exc, prefix) from exc
+    return {
+        "user_id": event.user_id,
+        "type_key": event.type,
+        "event_id": None if event.dedup_key is not None else event.event_id,
+        "occurrence_key": event.dedup_key,
+        "variables": event.variables,
+    }
+
+
+def check_priority(event: Event, prefix: str) -> str | None:
+    """The type's lane; a priority naming another lane is refused. Why refuse instead of ignore:
+    a producer that believes its campaign is urgent has a wrong idea of the type, and ignoring it
+    would hide that; obeying it would let any caller jump the transactional lane."""
+    ntype = runtime.catalog().get(event.type)
+    if ntype is None:
+        return None  # notify() names the unknown type
+    if event.priority is not None and event.priority != ntype.lane:
+        raise ApiError(
+            422,
+            "invalid_field",
+            contract_field("priority", prefix),
+            f"type {event.type!r} is in the {ntype.lane} lane (set by the catalog); "
+            f"send priority {ntype.lane!r} or leave it out",
+        )
+    return ntype.lane
+
+
+def _prefix(batch: bool, index: int | None) -> str:
+    return f"items[{index}]" if batch and index is not None else ""
+
+
+def _refusal(exc: ClarionError, events: list[Event], batch: bool) -> ApiError:
+    index = item_index(exc)
+    if index is None and isinstance(exc, UnknownRecipient):
+        index = next((i for i, e in enumerate(events) if e.user_id == exc.user_id), None)
+    return from_clarion(exc, _prefix(batch, index) or ("items" if batch else ""))
+
+
+def ingest(
+    key: ApiKey, idem: str | None, where: str, payload: Any, events: list[Event], *, batch: bool
+) -> Answer:
+    """Accept the events, all or none; replay the stored answer for a used Idempotency-Key."""
+    lanes = [check_priority(e, _prefix(batch, i)) for i, e in enumerate(events)]
+    items = [notify_item(e, _prefix(batch, i)) for i, e in enumerate(events)]
+    mark = fingerprint("POST", where, payload) if idem is not None else ""
+    now = clock.now()
+    with engine().begin() as conn:
+        if idem is not None:
+            stored = idempotency.claim(
+                conn, key.id, idem, fingerprint=mark, now=now, expires_at=now + RETENTION
+            )
+            if stored is not None:
+                if stored.fingerprint != mark:
+                    raise ApiError(
+                        422,
+                        "idempotency_mismatch",
+                        "Idempotency-Key",
+                        "this key was used for a different request; use a new key per request",
+                    )
+                return Answer(stored.status, stored.response, replayed=True)
+        try:
+            results = notify_many(items, connection=conn)
+        except ClarionError as exc:
+            raise _refusal(exc, events, batch) from exc
+        accepted = [
+            {
+                "request_id": r.request_id,
+                "user_id": e.user_id,
+                "type": e.type,
+                "event_id": e.event_id,
+                "lane": lane,
+                "new": r.new,
+            }
+            for e, r, lane in zip(events, results, lanes, strict=True)
+        ]
+        fresh = [
+            (e.user_id, r.request_id, str(lane))
+            for e, r, lane in zip(events, results, lanes, strict=True)
+            if r.new
+        ]
+        stray = now + timedelta(seconds=settings.get().stray_after)
+        idempotency.postpone(conn, [(u, i) for u, i, _ in fresh], due_at=stray)
+        body = ascii_json({"items": accepted} if batch else accepted[0]).decode("ascii")
+        if idem is not None:
+            idempotency.answer(conn, key.id, idem, status=ACCEPTED, response=body)
+            idempotency.purge(conn, now=now)
+    _publish(fresh)
+    return Answer(ACCEPTED, body)
+
+
+def _publish(keys: list[tuple[str, int, str]]) -> None:
+    """Wake the route task for the committed requests. A broker that is down only delays them:
+    their due_at is the stray window, and the beat tick publishes them then."""
+    if not keys:
+        return
+    try:
+        publish(ROUTE, keys, fail_fast=True)
+    except BROKER_ERRORS as exc:
+        log.warning(
+            "broker unavailable; %d request(s) will be published by the beat tick: %s",
+            len(keys),
+            exc,
+            extra={"action": "api_publish_failed", "requests": [k[1] for k in keys]},
+        )

@@ -1,0 +1,138 @@
+"""The shapes of the HTTP API, as pydantic models: the OpenAPI document is generated from them,
+and request bodies are checked against them for *shape* only (types, required and unknown members).
+What a value may contain (lengths, NUL, lone surrogates, template variables, known types and
+recipients) is checked by notify() and clarion.validation: one validation layer, the same for
+Python callers and HTTP callers."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_BATCH = 500
+Lane = Literal["transactional", "activation"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Event(Strict):
+    """One event for one recipient (the seed's request contract)."""
+
+    event_id: str = Field(
+        description="The producer's id of the event. Without dedup_key, a repeat of the same "
+        "(user_id, type, event_id) is recognised and creates nothing (`new: false`).",
+        examples=["order-1042-paid"],
+    )
+    user_id: str = Field(description="A registered recipient.", examples=["user-42"])
+    type: str = Field(description="A notification type of the catalog.", examples=["receipt"])
+    variables: dict[str, Any] | None = Field(
+        default=None,
+        description="Template variables: JSON values, at most 16 levels deep and 64 KiB.",
+        examples=[{"order": "A-1042"}],
+    )
+    dedup_key: str | None = Field(
+        default=None,
+        description="A semantic key that dedups across events: it replaces event_id as the "
+        "request's occurrence key, so two events with the same dedup_key (same user and type) "
+        "make one request. Keys starting with `series:` are reserved.",
+    )
+    priority: Lane | None = Field(
+        default=None,
+        description="The lane the caller expects. The lane is decided by the type's category in "
+        "the catalog, never by the caller: a priority that differs from it is refused (422).",
+    )
+
+
+class Batch(Strict):
+    """Up to 500 events, accepted all together or not at all."""
+
+    items: list[Event] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class Accepted(BaseModel):
+    request_id: int = Field(description="The request's id (unique per user_id).")
+    user_id: str
+    type: str
+    event_id: str
+    lane: Lane
+    new: bool = Field(description="False: this occurrence was requested before; nothing new.")
+
+
+class BatchAccepted(BaseModel):
+    items: list[Accepted]
+
+
+class Error(BaseModel):
+    """Every refusal has this shape."""
+
+    error: str = Field(description="A stable code, e.g. invalid_field, unauthorized.")
+    field: str | None = Field(
+        description="What to fix: a body member (`items[3].variables`), a header "
+        "(`Authorization`, `Idempotency-Key`), `body`, or null."
+    )
+    reason: str
+
+
+class Decision(BaseModel):
+    decided_at: datetime
+    gate: str
+    outcome: str
+    reason: str
+    channel: str | None
+    detail: str
+
+
+class Delivery(BaseModel):
+    channel: str
+    state: str
+    attempts: int
+    sent_at: datetime | None
+    platform: str | None
+    last_error: str | None
+    not_before: datetime | None
+
+
+class Receipt(BaseModel):
+    received_at: datetime
+    channel: str
+    event: str
+    outcome: str
+    detail: str
+
+
+class RequestReport(BaseModel):
+    """A request with its gate decisions, deliveries and receipts (`clarion explain` over HTTP)."""
+
+    id: int
+    user_id: str
+    type: str
+    occurrence_key: str
+    state: str
+    created_at: datetime
+    routed_at: datetime | None
+    due_at: datetime | None
+    decisions: list[Decision]
+    deliveries: list[Delivery]
+    receipts: list[Receipt]
+
+
+class PreferencesPut(Strict):
+    """Settings to change: `all`, `category:<name>` or `type:<key>`, optionally `/<channel>`,
+    each true, false or null (null removes the setting). Settings not named are kept."""
+
+    settings: dict[str, bool | None] = Field(
+        examples=[{"category:marketing": False, "type:weekly_digest/email": True}]
+    )
+
+
+class Preferences(BaseModel):
+    user_id: str
+    jurisdiction: str | None
+    settings: dict[str, bool]
+    types: dict[str, dict[str, dict[str, Any]]] = Field(
+        description="type → channel → the resolved answer: enabled, and the rule (source) that decided."
+    )
