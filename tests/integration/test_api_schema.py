@@ -16,13 +16,12 @@ import json
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
     status_code_conformance,
 )
-
-from schemathesis.core.failures import FailureGroup
 from starlette.applications import Starlette
 from starlette.responses import Response
 from starlette.routing import Route
@@ -30,7 +29,6 @@ from starlette.testclient import TestClient
 
 from tasks import register_recipient
 from tests.integration.test_api import _broker
-from tests.support.pipeline import count
 from web.api_auth import SCOPES, create_key
 from web.app import create_app
 
