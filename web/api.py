@@ -135,6 +135,7 @@ EventsWrite = Annotated[ApiKey, Depends(require("events:write"))]
 RequestsRead = Annotated[ApiKey, Depends(require("requests:read"))]
 PreferencesRead = Annotated[ApiKey, Depends(require("preferences:read"))]
 PreferencesWrite = Annotated[ApiKey, Depends(require("preferences:write"))]
+UserId = Annotated[str, Path(description="A registered recipient.", examples=["user-42"])]
 IdempotencyKey = Annotated[
     str | None,
     Header(
@@ -196,8 +197,11 @@ def _not_found(user_id: str) -> ApiError:
     summary="A request, its decisions, deliveries and receipts (scope requests:read)",
 )
 def get_request(
-    request_id: Annotated[int, Path(ge=1, le=2**63 - 1)],
-    user_id: Annotated[str, Query(description="The recipient: request ids are unique per user.")],
+    request_id: Annotated[int, Path(ge=1, le=2**63 - 1, examples=[1])],
+    user_id: Annotated[
+        str,
+        Query(description="The recipient: request ids are unique per user.", examples=["user-42"]),
+    ],
     key: RequestsRead,
 ) -> dict[str, Any]:
     user = _user(user_id)
@@ -214,7 +218,7 @@ def get_request(
     responses=_refusals(404),
     summary="A recipient's settings and the resolved type × channel matrix (preferences:read)",
 )
-def get_user_preferences(user_id: str, key: PreferencesRead) -> dict[str, Any]:
+def get_user_preferences(user_id: UserId, key: PreferencesRead) -> dict[str, Any]:
     user = _user(user_id)
     try:
         return get_preferences(user)
@@ -229,7 +233,9 @@ def get_user_preferences(user_id: str, key: PreferencesRead) -> dict[str, Any]:
     openapi_extra=_body_doc(PreferencesPut),
     summary="Change settings; null removes one, settings not named are kept (preferences:write)",
 )
-async def put_user_preferences(request: Request, user_id: str, key: PreferencesWrite) -> Response:
+async def put_user_preferences(
+    request: Request, user_id: UserId, key: PreferencesWrite
+) -> Response:
     user = _user(user_id)
     changes = shaped(PreferencesPut, await read_json(request, PREFERENCES_BYTES)).settings
     body = await run_in_threadpool(_set_preferences, user, changes)

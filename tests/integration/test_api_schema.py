@@ -2,12 +2,13 @@
 generated requests (valid ones and ones that break the schema) through the real ASGI app, real
 PostgreSQL and Redis and a real API key holding every scope.
 
-Four checks per answer: no 5xx; its status is one the document declares for that operation; its
+Five checks per answer: no 5xx; its status is one the document declares for that operation; its
 Content-Type is the declared one; its body matches the declared schema (the Error shape for every
-refusal). Deterministic and bounded: derandomize=True, max_examples per operation and phase.
+refusal); a request that breaks the schema is refused (4xx). Deterministic and bounded:
+derandomize=True, max_examples per operation and phase (~700 requests, ~20 s).
 
-The documented example recipient (`user-42`) is registered, so the examples phase also reaches
-the 202 and 200 answers, not only refusals."""
+The documented examples exist (recipient `user-42`, its request 1), so the examples phase also
+reaches the 202 and 200 answers and checks their bodies, not only refusals."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
+    negative_data_rejection,
     response_schema_conformance,
     status_code_conformance,
 )
@@ -27,7 +29,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from tasks import register_recipient
+from tasks import notify, register_recipient
 from tests.integration.test_api import _broker
 from web.api_auth import SCOPES, create_key
 from web.app import create_app
@@ -40,6 +42,7 @@ CHECKS = [
     status_code_conformance,
     content_type_conformance,
     response_schema_conformance,
+    negative_data_rejection,
 ]
 
 
@@ -54,12 +57,14 @@ def key(clarion_env) -> dict[str, str]:
     """A live key with every scope and a rate no generated run reaches; the documented example
     recipient registered."""
     register_recipient("user-42", timezone="Europe/Berlin", country="de")
+    made = notify("user-42", "receipt", event_id="seed", variables={"order": "A-1"})
+    assert made.request_id == 1  # the documented example request_id
     return {"Authorization": f"Bearer {create_key('schemathesis', SCOPES, (10**6, 1)).secret}"}
 
 
 @schema.parametrize()
 @settings(
-    max_examples=30,
+    max_examples=150,
     derandomize=True,
     database=None,
     deadline=None,
