@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import redis as redis_lib
 import urllib3
 from celery import shared_task
 from sqlalchemy import Connection
@@ -90,14 +91,18 @@ def evaluate() -> dict[str, list[str]]:
     """Measure, open and clear; then post what the webhook has not taken. Returns what changed."""
     s = settings.get()
     now = clock.now()
+    try:
+        window: dict[str, tuple[int, int]] | None = sendrate.window(now, s.alert_window)
+    except redis_lib.RedisError:  # no counts: the rate alerts stay as they are this time
+        log.warning("send rates unreadable", exc_info=True, extra={"action": "alert_no_rates"})
+        window = None
     with engine().begin() as conn:
-        open_rates = {a.subject for a in alerts.open_alerts(conn) if a.kind == RATE}
-        readings = rate_readings(
-            sendrate.window(now, s.alert_window),
-            open_rates,
-            share=s.alert_failure_share,
-            min_sends=s.alert_min_sends,
-        ) + stuck_readings(reports.oldest_due(conn, now), after=s.alert_stuck_after)
+        readings = stuck_readings(reports.oldest_due(conn, now), after=s.alert_stuck_after)
+        if window is not None:
+            open_rates = {a.subject for a in alerts.open_alerts(conn) if a.kind == RATE}
+            readings += rate_readings(
+                window, open_rates, share=s.alert_failure_share, min_sends=s.alert_min_sends
+            )
         changed = apply(conn, readings, now=now)
     if s.alert_webhook_url:
         post_pending(s.alert_webhook_url, s.webhook_secret, s.webhook_timeout, now=now)
