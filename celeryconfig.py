@@ -31,7 +31,10 @@ except ServicesUnavailable:
 
 task_queues = [Queue("transactional"), Queue("activation"), Queue("control")]
 task_default_queue = "control"
-task_routes = {"clarion.tick": {"queue": "control"}}  # route/deliver name their lane when published
+task_routes = {
+    "clarion.tick": {"queue": "control"},
+    "clarion.alerts": {"queue": "control"},
+}  # route/deliver name their lane when published
 
 task_serializer = "json"
 accept_content = ["json"]
@@ -64,6 +67,13 @@ beat_schedule = {
         "task": "clarion.tick",
         "schedule": timedelta(seconds=_settings.tick_interval),
         "options": {"queue": "control", "expires": max(1.0, _settings.tick_interval * 5)},
-    }
+    },
+    # Alerts (tasks/alerts.py): their own entry, not inside the tick, so the tick's second stays
+    # for publishing work; an evaluation missed (expired) is simply the next one's.
+    "alerts": {
+        "task": "clarion.alerts",
+        "schedule": timedelta(seconds=_settings.alert_interval),
+        "options": {"queue": "control", "expires": _settings.alert_interval},
+    },
 }
 beat_schedule_filename = str(_settings.home / "celerybeat-schedule")

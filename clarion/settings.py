@@ -28,6 +28,7 @@ SECRETS = frozenset(
         "teams_app_password",
         "sendgrid_api_key",
         "twilio_auth_token",
+        "flower_basic_auth",
     }
 )
 URLS = frozenset({"database_url", "redis_url", "broker_url"})  # their passwords are masked in repr
@@ -35,6 +36,10 @@ URLS = frozenset({"database_url", "redis_url", "broker_url"})  # their passwords
 
 def at_least(low: float) -> dict[str, Any]:
     return {"check": lambda v: v >= low, "rule": f">= {low:g}"}
+
+
+def share() -> dict[str, Any]:
+    return {"check": lambda v: 0 < v <= 1, "rule": "in (0, 1]"}
 
 
 def positive() -> dict[str, Any]:
@@ -139,6 +144,23 @@ class Settings:
     inbox_keep_days: int = field(default=90, metadata=at_least(1))
     inbox_heartbeat: float = field(default=15.0, metadata=positive())  # seconds between SSE pings
 
+    # --- alerts (tasks/alerts.py) and Flower ----------------------------------------------------
+    alert_interval: float = field(default=60.0, metadata=positive())  # seconds between evaluations
+    alert_window: float = field(
+        default=300.0, metadata=at_least(60)
+    )  # seconds of send outcomes a channel's failure share is taken over (whole minutes)
+    alert_failure_share: float = field(
+        default=0.5, metadata=share()
+    )  # failed or unknown sends / all sends in the window at which a channel's alert fires
+    alert_min_sends: int = field(
+        default=20, metadata=at_least(1)
+    )  # sends in the window below which a channel's share says nothing
+    alert_stuck_after: float = field(
+        default=300.0, metadata=positive()
+    )  # seconds the oldest due row may wait before the stuck-work alarm fires
+    alert_webhook_url: str | None = None  # each firing and clearing is POSTed here, signed
+    flower_basic_auth: str | None = None  # "user:password[,user2:password2]" for `clarion flower`
+
     faults: str = ""
     faults_dir: Path | None = None
 
@@ -208,7 +230,12 @@ def _check_field(f: Field, value: object) -> None:
 def _shown(name: str, value: object) -> str:
     if name in SECRETS and value:
         return "'***'"
-    if name in URLS | {"webhook_url", "slack_api_url", "smtp_url"} and isinstance(value, str):
+    if name in URLS | {
+        "webhook_url",
+        "alert_webhook_url",
+        "slack_api_url",
+        "smtp_url",
+    } and isinstance(value, str):
         return repr(mask_url(value))
     return repr(value)
 

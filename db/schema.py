@@ -27,10 +27,10 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0010"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0011"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -428,4 +428,38 @@ api_idempotency = Table(
     PrimaryKeyConstraint("api_key_id", "key", name="api_idempotency_pkey"),
     ForeignKeyConstraint(["api_key_id"], ["api_keys.id"], name="api_idempotency_api_key_fkey"),
     Index("api_idempotency_expires", "expires_at"),
+)
+
+# --- alerts (tasks/alerts.py): not per recipient, see migration 0011 ----------------------------
+
+ALERT_KINDS = ("send_rate_drop", "stuck_work")
+
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("subject", Text, nullable=False),
+    _ts("opened_at", False),
+    _ts("cleared_at"),
+    Column("value", DOUBLE_PRECISION, nullable=False),
+    Column("detail", Text, nullable=False, server_default=""),
+    _ts("open_posted_at"),
+    _ts("clear_posted_at"),
+    PrimaryKeyConstraint("id", name="alerts_pkey"),
+    CheckConstraint(_in("kind", ALERT_KINDS), name="alerts_kind_check"),
+    Index(
+        "alerts_open",
+        "kind",
+        "subject",
+        unique=True,
+        postgresql_where=text("cleared_at IS NULL"),
+    ),
+    Index(
+        "alerts_unposted",
+        "id",
+        postgresql_where=text(
+            "open_posted_at IS NULL OR (cleared_at IS NOT NULL AND clear_posted_at IS NULL)"
+        ),
+    ),
 )

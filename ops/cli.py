@@ -95,9 +95,20 @@ def _web(args: argparse.Namespace) -> int:
 
 
 def _flower(args: argparse.Namespace) -> int:
-    settings.get().urls()
-    command = launch.celery_command("flower", f"--port={args.port}")
-    os.execv(command[0], command)
+    from ops.flower import plan
+
+    s = settings.get()
+    s.urls()
+    chosen = plan(
+        args.address,
+        unauthenticated=args.unauthenticated,
+        configured=s.flower_basic_auth,
+        environ=os.environ,
+    )
+    if chosen.notice:
+        print(chosen.notice, file=sys.stderr, flush=True)
+    command = launch.celery_command("flower", f"--port={args.port}", f"--address={args.address}")
+    os.execve(command[0], command, {**os.environ, **chosen.env})
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -320,6 +331,13 @@ def parser() -> argparse.ArgumentParser:
     wb.set_defaults(fn=_web)
     fl = sub.add_parser("flower", help="run Flower on the clarion broker")
     fl.add_argument("--port", type=int, default=5555)
+    fl.add_argument("--address", default="127.0.0.1", help="interface to listen on")
+    fl.add_argument(
+        "--unauthenticated",
+        action="store_true",
+        help="no login (only with a loopback --address); default: CLARION_FLOWER_BASIC_AUTH, "
+        "or a login made up and printed",
+    )
     fl.set_defaults(fn=_flower)
     s = sub.add_parser("send", help="request one notification (try --dry-run first)")
     s.add_argument("type")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import cast
 
 import kombu
 import redis as redis_lib
 
-from db import meta, reports
+from clarion import clock
+from db import alerts, meta, reports
 from db.engine import engine
 from ops.table import render
 from scheduling import zones
@@ -53,6 +55,20 @@ def tz_database(recorded: str | None) -> list[tuple[str, str]]:
     return [("this install", mine), ("recorded in the database", deployment)]
 
 
+def alert_rows(conn) -> list[tuple]:
+    """Open alerts and those cleared in the last day, newest first."""
+    return [
+        (
+            a.kind,
+            a.subject,
+            a.opened_at.strftime("%Y-%m-%d %H:%M:%S"),
+            a.cleared_at.strftime("%Y-%m-%d %H:%M:%S") if a.cleared_at else "OPEN",
+            a.detail,
+        )
+        for a in alerts.recent(conn, since=clock.now() - timedelta(days=1))
+    ]
+
+
 def report(database_url: str, redis_url: str, broker_url: str) -> str:
     with engine(database_url).connect() as conn:
         parts = [
@@ -68,6 +84,11 @@ def report(database_url: str, redis_url: str, broker_url: str) -> str:
                 "Not delivered, with the recorded reason",
             ),
             render(["kind", "count"], reports.incident_counts(conn), "Incidents"),
+            render(
+                ["kind", "subject", "opened (UTC)", "cleared", "detail"],
+                alert_rows(conn),
+                "Alerts (open, and cleared in the last day)",
+            ),
             render(["", "release"], tz_database(meta.get(conn, meta.TZDATA)), "Time zone rules"),
         ]
     parts.append(

@@ -52,7 +52,7 @@ def load_config(path: Path = CONFIG_FILE) -> ModuleType:
     return module
 
 
-app = Celery("clarion", include=["tasks.route", "tasks.deliver", "tasks.tick"])
+app = Celery("clarion", include=["tasks.route", "tasks.deliver", "tasks.tick", "tasks.alerts"])
 app.config_from_object(load_config())
 
 

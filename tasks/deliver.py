@@ -34,7 +34,7 @@ from clarion.errors import (
 from db import claims
 from db.claims import ClaimedDelivery
 from db.engine import engine
-from tasks import runtime
+from tasks import runtime, sendrate
 from tasks.outcomes import (
     RowConnection,
     record_exhausted,
@@ -61,6 +61,13 @@ class Batch:
 @shared_task(name="clarion.deliver")
 def deliver(users: list[str], ids: list[int]) -> int:
     """Deliver a batch. Rows another worker holds, or that are done, are skipped by the claim."""
+    try:
+        return _deliver(users, ids)
+    finally:
+        sendrate.flush()  # the batch's outcomes, in one Redis round trip
+
+
+def _deliver(users: list[str], ids: list[int]) -> int:
     s = settings.get()
     batch = Batch(
         str(uuid.uuid4()),
@@ -259,10 +266,14 @@ def _send(
             db, row, batch, result, deadline=deadline, repeat_possible=repeat_possible
         )
     except UnknownSendError as error:
+        sendrate.note(row.channel, "unknown")
         settle_unknown(db, row, batch.token, error, adapter, batch.policy)
     except SendError as error:
+        if not isinstance(error, DeferredSendError):  # a full budget is not a failing provider
+            sendrate.note(row.channel, "failed")
         settle_failure(db, row, batch.token, error, batch.policy)
     except Exception as exc:  # raised once the request may have left: its outcome is unknown
+        sendrate.note(row.channel, "unknown")
         log.exception(
             "send ended in an error", extra={"action": "deliver_error", "delivery": row.key}
         )
@@ -334,6 +345,7 @@ def _record_sent(
             time.sleep(pause)
             pause = min(2.0, pause * 2)
     if won:
+        sendrate.note(row.channel, "sent")
         metrics.SENDS.labels(row.lane, row.channel, "sent").inc()
         metrics.EVENT_TO_SENT.labels(row.lane, row.channel).observe(
             max(0.0, (clock.now() - row.requested_at).total_seconds())
