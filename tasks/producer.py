@@ -229,15 +229,17 @@ def _enqueue(rows: list[ledger.NewRequest], connection: Connection | None) -> li
             conn, rows, now=now, due_at=now + timedelta(seconds=settings.get().stray_after)
         )
     faults.hit("notify.before_publish")
-    _publish_after_commit(
+    publish_after_commit(
         [(r.user_id, e.request_id, r.lane) for r, e in zip(rows, result, strict=True) if e.new]
     )
     return result
 
 
-def _publish_after_commit(keys: list[tuple[str, int, str]]) -> None:
-    """Wake the route task. The rows are committed (due_at = now + stray_after), so a broker that
+def publish_after_commit(keys: list[tuple[str, int, str]]) -> None:
+    """Wake the route task for committed requests (due_at = now + stray_after), so a broker that
     is down only delays them: the beat tick publishes them again. Never raise from here."""
+    if not keys:
+        return
     try:
         publish(ROUTE, keys, fail_fast=True)
     except BROKER_ERRORS as exc:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -32,12 +31,9 @@ from db import idempotency
 from db.api_keys import ApiKey
 from db.engine import engine
 from tasks import notify_many, runtime
-from tasks.producer import BROKER_ERRORS
-from tasks.publish import ROUTE, publish
+from tasks.producer import publish_after_commit
 from web.api_errors import ApiError, ascii_json, contract_field, from_clarion, item_index
 from web.api_models import Event
-
-log = logging.getLogger(__name__)
 
 RETENTION = timedelta(hours=24)
 MAX_IDEMPOTENCY_KEY = 255
@@ -169,21 +165,5 @@ def ingest(
         if idem is not None:
             idempotency.answer(conn, key.id, idem, status=ACCEPTED, response=body)
             idempotency.purge(conn, now=now)
-    _publish(fresh)
+    publish_after_commit(fresh)
     return Answer(ACCEPTED, body)
-
-
-def _publish(keys: list[tuple[str, int, str]]) -> None:
-    """Wake the route task for the committed requests. A broker that is down only delays them:
-    their due_at is the stray window, and the beat tick publishes them then."""
-    if not keys:
-        return
-    try:
-        publish(ROUTE, keys, fail_fast=True)
-    except BROKER_ERRORS as exc:
-        log.warning(
-            "broker unavailable; %d request(s) will be published by the beat tick: %s",
-            len(keys),
-            exc,
-            extra={"action": "api_publish_failed", "requests": [k[1] for k in keys]},
-        )

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
-from adapters.sms import HELP_REPLY, budget_quota
+from adapters.sms import HELP_REPLY, SETTLE, budget_quota
 from db.engine import engine
 from ops.fake_slack import serving
 from ops.fake_twilio import FakeTwilio, sign
@@ -350,7 +350,7 @@ def test_a_worker_that_finds_the_budget_full_closes_it_a_little_past_its_window(
     deliver([second[0]], [second[1]])  # the second's budget is spent: it closes the number
     assert _row(second)["state"] == "pending" and "budget_full" in _row(second)["last_error"]
     paused = runtime.collaborators().limits.paused_for(budget_quota(1), FakeTwilio.NUMBER)
-    assert paused is not None and 0.2 < paused <= 1.2  # the window's rest, and SETTLE
+    assert paused is not None and SETTLE < paused <= 1.0 + SETTLE  # the window's rest, and SETTLE
     deliver([third[0]], [third[1]])
     assert "paused" in _row(third)["last_error"] and len(world.fake.attempts) == 1
 
