@@ -162,8 +162,11 @@ def run(p: Providers, say: Callable[[str], None]) -> bool:
         )
     )
     say(f"  a spam report signed with another key: HTTP {forged} (nothing changed)")
+    refused = [s for s in statuses if not 200 <= s < 300]
+    if refused:
+        say(f"  clarion web refused a signed report: HTTP {refused}")
     return (
-        all(s == 200 for s in statuses)
+        not refused
         and forged == 401
         and rows[0][1] == "opened"
         and rows[1][1] == "bounced"

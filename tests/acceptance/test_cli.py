@@ -523,6 +523,7 @@ def test_stats_prints_its_sections(cli):
         "Deliveries",
         "Not delivered, with the recorded reason",
         "Incidents",
+        "Alerts (open, and cleared in the last day)",
         "Time zone rules",
         "Work found already done (duplicates prevented)",
         "Broker queues",
