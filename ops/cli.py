@@ -107,7 +107,10 @@ def _flower(args: argparse.Namespace) -> int:
     )
     if chosen.notice:
         print(chosen.notice, file=sys.stderr, flush=True)
-    command = launch.celery_command("flower", f"--port={args.port}", f"--address={args.address}")
+    extra = [f"--broker_api={args.broker_api}"] if args.broker_api else []
+    command = launch.celery_command(
+        "flower", f"--port={args.port}", f"--address={args.address}", *extra
+    )
     os.execve(command[0], command, {**os.environ, **chosen.env})
 
 
@@ -332,6 +335,11 @@ def parser() -> argparse.ArgumentParser:
     fl = sub.add_parser("flower", help="run Flower on the clarion broker")
     fl.add_argument("--port", type=int, default=5555)
     fl.add_argument("--address", default="127.0.0.1", help="interface to listen on")
+    fl.add_argument(
+        "--broker-api",
+        help="RabbitMQ's management API (http://user:pass@host:15672/api/): Flower reads "
+        "RabbitMQ queue depths only from it (Redis needs nothing)",
+    )
     fl.add_argument(
         "--unauthenticated",
         action="store_true",
