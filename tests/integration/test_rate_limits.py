@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 import uuid
 
+import kombu.pools
 import pytest
 import redis
 from redis.backoff import NoBackoff
@@ -99,9 +101,18 @@ def _hammer(url: str, prefix: str, start: float, out) -> None:
         except ThrottledError as full:
             time.sleep(min(full.retry_after or 0.01, 0.05))
     out.put(stamps)
+    out.close()
+    out.join_thread()
+    os._exit(0)  # no exit handlers: they would close broker connections shared with the parent
 
 
 def test_four_processes_share_one_budget_and_no_second_holds_more(clarion_env):
+    from tasks.app import app
+
+    # A forked child drops the AMQP connections it inherits, resetting the parent's (DESIGN §7):
+    # close them first, as tests/support/race.py does; the next publish reconnects.
+    kombu.pools.reset()
+    app._after_fork()
     prefix, start = f"test:{uuid.uuid4().hex}", time.time() + 0.5
     out: multiprocessing.Queue = multiprocessing.Queue()
     procs = [
