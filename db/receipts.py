@@ -260,20 +260,7 @@ def replay_early(
     send is still not recorded after EARLY_FOR becomes `stale`."""
     applied = 0
     for row in conn.execute(_EARLY, {"limit": limit}).all():
-        user_id, rid, delivery_id = row[0], row[1], row[2]
-        found, _ = _find(
-            conn,
-            Receipt(
-                channel=row[3],
-                event=row[4],
-                provider_message_id=row[5],
-                occurred_at=row[9],
-                user_id=user_id,
-                delivery_id=delivery_id,
-            ),
-        )
-        if found is None:
-            continue
+        user_id, rid = row[0], row[1]
         receipt = Receipt(
             channel=row[3],
             event=row[4],
@@ -283,8 +270,11 @@ def replay_early(
             event_id=row[7],
             detail=row[8],
             user_id=user_id,
-            delivery_id=delivery_id,
+            delivery_id=row[2],
         )
+        found, _ = _find(conn, receipt)
+        if found is None:
+            continue
         if found.state not in SENT:
             if now - row[10] > EARLY_FOR:
                 conn.execute(_SETTLE, {"outcome": "stale", "u": user_id, "id": rid})

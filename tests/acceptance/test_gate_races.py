@@ -8,7 +8,6 @@ the transactions overlapping, so losers meet the winner's uncommitted claim, not
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
@@ -78,31 +77,13 @@ def cluster(clarion_env, monkeypatch, tmp_path: Path) -> Iterator[Callable[[floa
             c.worker("activation-2", ["activation"], concurrency=2, env=faults)
             c.worker("control", ["control"], concurrency=1)
             c.beat()
-            _wait_ready(logs, 60)
+            c.wait_ready(WORKERS, 60)
             return receiver
 
         try:
             yield start
-        finally:  # stop them side by side: a warm shutdown takes seconds each
-            stoppers = [threading.Thread(target=p.stop) for p in c.processes.values()]
-            for t in stoppers:
-                t.start()
-            for t in stoppers:
-                t.join()
-
-
-def _wait_ready(logs: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready = {
-            n
-            for n in WORKERS
-            if any(" ready." in p.read_text(errors="replace") for p in logs.glob(f"{n}.*.log"))
-        }
-        if ready == set(WORKERS):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"workers not ready after {timeout} s: see {logs}")
+        finally:
+            c.stop_together()
 
 
 def _wait_routed_and_sent(requests: int, timeout: float) -> None:

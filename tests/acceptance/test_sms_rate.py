@@ -12,7 +12,6 @@ The full run (2,000 SMS, five to six minutes here) is `soak`; 150 run in the nor
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -60,28 +59,10 @@ def cluster(clarion_env, monkeypatch, tmp_path: Path) -> Iterator[FakeTwilio]:
         c.worker("control", ["control"], concurrency=1)
         c.beat()
         try:
-            _wait_ready(logs, 60)
+            c.wait_ready(WORKERS, 60)
             yield fake
-        finally:  # stop them side by side: a warm shutdown takes seconds each
-            stoppers = [threading.Thread(target=p.stop) for p in c.processes.values()]
-            for t in stoppers:
-                t.start()
-            for t in stoppers:
-                t.join()
-
-
-def _wait_ready(logs: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready = {
-            n
-            for n in WORKERS
-            if any(" ready." in p.read_text(errors="replace") for p in logs.glob(f"{n}.*.log"))
-        }
-        if ready == set(WORKERS):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"workers not ready after {timeout} s: see {logs}")
+        finally:
+            c.stop_together()
 
 
 @pytest.mark.parametrize(
