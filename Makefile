@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q -m 'not soak' tests
+	$(BIN)/pytest -q -n 2 -m 'not soak' tests
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
