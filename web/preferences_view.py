@@ -37,9 +37,10 @@ CHANNEL_NAMES = {
     "console": "Console",
 }
 LOCKED_NOTE = (
-    "Always sent: {category} messages cannot be turned off, not even by unsubscribing from "
-    "everything, because you need them to use your account safely."
+    "Always sent: {what} cannot be turned off, not even by unsubscribing from everything, "
+    "because you need them to use your account safely."
 )
+LOCKED_WHAT = {"transactional": "receipts and account messages", "security": "security messages"}
 CRITICAL_NOTE = "Urgent: sent even during your quiet hours."
 TITLE = "Your notification settings"
 INTRO = "Choose where you get each kind of notification. Changes apply to the next one we send."
@@ -85,7 +86,9 @@ def _title(key: str) -> str:
 
 def _note(ntype: NotificationType) -> str | None:
     if resolution.locked(ntype):
-        return LOCKED_NOTE.format(category=CATEGORY_TITLES[ntype.category][0].lower())
+        return LOCKED_NOTE.format(
+            what=LOCKED_WHAT.get(ntype.category, f"{ntype.category} messages")
+        )
     return CRITICAL_NOTE if ntype.critical else None
 
 
