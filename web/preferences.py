@@ -86,7 +86,6 @@ def _html(status: int, **values: Any) -> HTMLResponse:
     defaults: dict[str, Any] = {
         "groups": [],
         "saved": None,
-        "problem": None,
         "text": [],
         "token": "",
         "csrf": "",

@@ -45,7 +45,7 @@ def web(clarion_env, monkeypatch) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def browser() -> Iterator:
     if not CHROMIUM.exists():
         pytest.fail(
@@ -102,7 +102,7 @@ def contrast(fg: str, bg: str) -> float:
 
 
 def test_toggle_off_in_chromium_then_notify_is_opted_out(web, browser, tmp_path, vclock) -> None:
-    page = browser.new_page()
+    page = browser.new_context().new_page()  # a context of its own: no state shared between tests
     answer = page.goto(preferences_link("ann", ttl="1h"))
     assert answer is not None and answer.status == 200
     assert page.get_attribute("html", "lang") == "en"
@@ -161,7 +161,7 @@ def test_toggle_off_in_chromium_then_notify_is_opted_out(web, browser, tmp_path,
 def test_expired_and_tampered_links_get_a_clear_page_and_change_nothing(
     web, browser, tmp_path, vclock
 ) -> None:
-    page = browser.new_page()
+    page = browser.new_context().new_page()
     before = stored()
     expired = preferences_token("ann", ttl=60, now=MONDAY - timedelta(minutes=5))
     payload, _, mac = preferences_token("ann").partition(".")
