@@ -62,9 +62,10 @@ _EMBEDDED: list = []  # the embedded services this pytest process started (the x
 def pytest_configure(config: pytest.Config) -> None:
     """Start the embedded services once, in the controlling process, before xdist starts workers.
 
-    Workers inherit their addresses through CLARION_TEST_*; the controller stops them at the end,
-    so one worker finishing early cannot take them away from another."""
-    if hasattr(config, "workerinput") or os.environ.get("CLARION_TEST_DATABASE_URL"):
+    Workers inherit their addresses through TEST_CLARION_* (not CLARION_*: settings refuses an
+    unknown CLARION_ name); the controller stops them at the end, so one worker finishing early
+    cannot take them away from another."""
+    if hasattr(config, "workerinput") or os.environ.get("TEST_CLARION_DATABASE_URL"):
         return
     if os.environ.get("CLARION_DATABASE_URL") and os.environ.get("CLARION_REDIS_URL"):
         return
@@ -74,8 +75,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
     handle = ensure_running(ROOT / ".clarion" / "test")
     _EMBEDDED.append(handle)
-    os.environ["CLARION_TEST_DATABASE_URL"] = handle.database_url
-    os.environ["CLARION_TEST_REDIS_URL"] = handle.redis_url
+    os.environ["TEST_CLARION_DATABASE_URL"] = handle.database_url
+    os.environ["TEST_CLARION_REDIS_URL"] = handle.redis_url
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -104,8 +105,8 @@ def _redis_for_worker(url: str) -> str:
 def services() -> Iterator[Services]:
     from db.embedded import ensure_running
 
-    db_url = os.environ.get("CLARION_DATABASE_URL") or os.environ.get("CLARION_TEST_DATABASE_URL")
-    redis_url = os.environ.get("CLARION_REDIS_URL") or os.environ.get("CLARION_TEST_REDIS_URL")
+    db_url = os.environ.get("CLARION_DATABASE_URL") or os.environ.get("TEST_CLARION_DATABASE_URL")
+    redis_url = os.environ.get("CLARION_REDIS_URL") or os.environ.get("TEST_CLARION_REDIS_URL")
     handle = None
     if not (db_url and redis_url):  # a single test file run in a way pytest_configure did not see
         handle = ensure_running(ROOT / ".clarion" / "test")
