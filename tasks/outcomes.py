@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from adapters.base import Adapter
 from clarion import clock, metrics
 from clarion.errors import PermanentSendError, SendError
-from db import claims, ledger
+from db import claims, escalations, ledger
 from db.claims import ClaimedDelivery
 from db.engine import autocommit, engine
 from tasks import runtime
@@ -166,6 +166,9 @@ def _retry_or_fail(
             reason,
             f"{error}" + ("; an attempt may have reached the provider" if earlier else ""),
             now,
+        )
+        escalations.delivery_event(
+            tx, row.user_id, row.id, "failed", f"{row.channel}: {error}", now
         )
 
 
