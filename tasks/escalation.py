@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -189,83 +190,71 @@ def tick() -> int:
     return len(keys)
 
 
+@dataclass(frozen=True)
+class _Firing:
+    """A due step about to be requested."""
+
+    chain: store.Chain
+    step: int
+    spec: Mapping[str, Any]
+    next_due: datetime | None  # the following step's timer; None: this is the last step
+    row: ledger.NewRequest
+
+
 def fire_due(conn: Connection, *, now: datetime, limit: int = LIMIT) -> list[tuple[str, int, str]]:
     """Fire the next step of every due chain; the (user, request id, lane) of the new requests."""
     due = store.take_due(conn, now=now, limit=limit)
     if not due:
         return []
-    catalog = runtime.catalog()
     wanted = {c.user_id for c in due} | {str(c.steps[c.next_step - 2].get("user")) for c in due}
     people = ledger.recipients(conn, wanted)
-    rows: list[ledger.NewRequest] = []
-    fired: list[tuple[store.Chain, int]] = []
-    for chain in due:
-        step = chain.next_step
-        spec = chain.steps[step - 2]
-        last = step - 1 >= len(chain.steps)
-        next_due = (
-            None
-            if last
-            else timer(
-                now, chain.steps[step - 1]["after"], chain.working_hours, people.get(chain.user_id)
-            )
-        )
-        if spec.get("user") not in people:
-            _skip(conn, chain, spec, now, None if last else now)
-            continue
-        ntype = catalog.get(spec["type"])
-        rows.append(
-            ledger.NewRequest(
-                str(spec["user"]),
-                spec["type"],
-                occurrence_key(chain.id, step),
-                ntype.lane if ntype else "transactional",
-                ntype.version if ntype else 0,
-                chain.variables,
-            )
-        )
-        fired.append((chain, step))
-        store.advance(conn, chain.key, from_step=step, due_at=next_due, now=now)
-        _fired_decision(conn, chain, step, spec, next_due, now)
+    firing = [f for chain in due if (f := _step(conn, chain, people, now)) is not None]
     stray = now + timedelta(seconds=settings.get().stray_after)
-    created = ledger.insert_requests(conn, rows, now=now, due_at=stray)
-    made = [
-        (row, rid, new, chain, step)
-        for (row, (rid, new)), (chain, step) in zip(
-            zip(rows, created, strict=True), fired, strict=True
-        )
-    ]
+    created = ledger.insert_requests(conn, [f.row for f in firing], now=now, due_at=stray)
+    made = list(zip(firing, created, strict=True))
     store.link_requests(
         conn,
-        [(row.user_id, rid, chain.user_id, chain.id, step) for row, rid, _, chain, step in made],
+        [(f.row.user_id, rid, f.chain.user_id, f.chain.id, f.step) for f, (rid, _) in made],
     )
-    for row, rid, _, chain, step in made:
-        store.decide(
-            conn,
-            (row.user_id, rid),
-            "escalate",
-            "step_of_chain",
-            f"step {step} of {chain.user_id}'s {chain.type_key} (request {chain.request_id}, "
-            f"chain {chain.id})",
-            now,
-        )
-    log.info("escalated", extra={"action": "escalation_fired", "steps": len(rows)})
-    return [
-        (row.user_id, rid, row.lane) for row, (rid, new) in zip(rows, created, strict=True) if new
-    ]
+    for f, (rid, _) in made:
+        _fired_decisions(conn, f, rid, now)
+    log.info("escalated", extra={"action": "escalation_fired", "steps": len(made)})
+    return [(f.row.user_id, rid, f.row.lane) for f, (rid, new) in made if new]
 
 
-def _fired_decision(
-    conn: Connection,
-    chain: store.Chain,
-    step: int,
-    spec: Mapping[str, Any],
-    next_due: datetime | None,
-    now: datetime,
-) -> None:
-    origin = (chain.user_id, chain.request_id)
+def _step(
+    conn: Connection, chain: store.Chain, people: Mapping[str, Any], now: datetime
+) -> _Firing | None:
+    """Move the chain's timer past its due step; the step to request, or None if it is skipped."""
+    step = chain.next_step
+    spec = chain.steps[step - 2]
+    last = step - 1 >= len(chain.steps)
+    owner = people.get(chain.user_id)
+    next_due = (
+        None if last else timer(now, chain.steps[step - 1]["after"], chain.working_hours, owner)
+    )
+    if spec.get("user") not in people:
+        _skip(conn, chain, spec, now, None if last else now)
+        return None
+    store.advance(conn, chain.key, from_step=step, due_at=next_due, now=now)
+    ntype = runtime.catalog().get(spec["type"])
+    row = ledger.NewRequest(
+        str(spec["user"]),
+        spec["type"],
+        occurrence_key(chain.id, step),
+        ntype.lane if ntype else "transactional",
+        ntype.version if ntype else 0,
+        chain.variables,
+    )
+    return _Firing(chain, step, spec, next_due, row)
+
+
+def _fired_decisions(conn: Connection, f: _Firing, request_id: int, now: datetime) -> None:
+    """On the chain's first request: which step fired and why; on the step's own request: whose
+    chain it belongs to."""
+    chain, origin = f.chain, (f.chain.user_id, f.chain.request_id)
     why = (
-        f"{_wait_text(spec['after'], chain.working_hours)} without an acknowledgement"
+        f"{_wait_text(f.spec['after'], chain.working_hours)} without an acknowledgement"
         if chain.due_reason == "no_ack"
         else f"at once: {chain.due_detail}"
     )
@@ -274,18 +263,32 @@ def _fired_decision(
         origin,
         "escalate",
         chain.due_reason,
-        f"step {step} ({spec['type']} to {spec['user']}): {why}",
+        f"step {f.step} ({f.spec['type']} to {f.spec['user']}, request {request_id}): {why}"
+        + (f"; step {f.step + 1} due at {f.next_due.isoformat()}" if f.next_due else ""),
         now,
     )
-    if next_due is None:
-        store.decide(
-            conn,
-            origin,
-            "stop",
-            "chain_finished",
-            f"step {step} was the last; nothing further",
-            now,
-        )
+    store.decide(
+        conn,
+        (f.row.user_id, request_id),
+        "escalate",
+        "step_of_chain",
+        f"step {f.step} of {chain.user_id}'s {chain.type_key} (request {chain.request_id}, "
+        f"chain {chain.id})",
+        now,
+    )
+    if f.next_due is None:
+        _finished(conn, chain, f.step, now)
+
+
+def _finished(conn: Connection, chain: store.Chain, step: int, now: datetime) -> None:
+    store.decide(
+        conn,
+        (chain.user_id, chain.request_id),
+        "stop",
+        "chain_finished",
+        f"step {step} was the last; nothing further",
+        now,
+    )
 
 
 def _skip(
@@ -310,11 +313,4 @@ def _skip(
         now,
     )
     if next_due is None:
-        store.decide(
-            conn,
-            (chain.user_id, chain.request_id),
-            "stop",
-            "chain_finished",
-            f"step {step} was the last; nothing further",
-            now,
-        )
+        _finished(conn, chain, step, now)

@@ -22,6 +22,7 @@ from clarion import settings as clarion_settings
 from db import escalations
 from db.engine import engine
 from ops.explain import explain
+from ops.fake_fcm import FakeFcm
 from ops.fake_slack import FakeSlack, serving
 from ops.fake_twilio import FakeTwilio
 from ops.receiver import Receiver
@@ -208,7 +209,7 @@ def test_no_ack_step_two_at_five_minutes_and_step_three_ten_after(world):
         ("stop", "chain_finished"),
     ]
     assert _tick_at(world, T0 + timedelta(hours=2)) == 0
-    assert "step 3 (page_hook to sam): 10m without an acknowledgement" in explain("ana")
+    assert "step 3 (page_hook to sam, request 3): 10m without an acknowledgement" in explain("ana")
     assert "step 3 of ana's page" in explain("sam")
 
 
@@ -244,6 +245,24 @@ def test_an_undelivered_sms_escalates_to_the_second_recipient_at_once(world):
         ("escalate", "step_failed"),
         ("stop", "chain_finished"),
     ]
+
+
+def test_an_invalid_push_token_escalates_at_once(world, monkeypatch, tmp_path):
+    token = "fcm-phone-" + "a" * 24
+    with FakeFcm() as fcm:
+        configure(
+            monkeypatch,
+            fcm_service_account=fcm.write_service_account(tmp_path / "service-account.json"),
+            fcm_api_url=fcm.url,
+        )
+        register_recipient("ana", timezone="UTC", addresses={"push": [f"fcm:{token}"]})
+        fcm.unregister(token)  # FCM answers 404 UNREGISTERED: the only device is gone
+        request_id, [key] = _page("page_push")
+        assert fcm.attempts == {token: 1} and fcm.per_token() == {}
+    assert rows("SELECT state FROM deliveries WHERE id = :i", i=key[1])[0]["state"] == "failed"
+    assert _tick_at(world, T0) == 1
+    assert world.hooks() == 1  # the secondary, at once
+    assert ("hurry", "step_failed") in _decisions(request_id)
 
 
 def test_a_step_suppressed_by_a_gate_escalates_at_once(world):
