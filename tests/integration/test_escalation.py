@@ -275,6 +275,27 @@ def test_a_step_suppressed_by_a_gate_escalates_at_once(world):
     assert ("hurry", "step_not_delivered") in _decisions(request_id)
 
 
+def test_quiet_hours_hold_a_non_critical_step_but_not_the_chain(world):
+    register_recipient(
+        "ana",
+        timezone="UTC",
+        addresses={"slack": "U1", "sms": ANA_PHONE},
+        quiet_hours=("11:00", "13:00"),
+    )
+    request_id, _ = _page("page_gentle")
+    assert world.slack_posts() == 1  # critical: through quiet hours
+    assert _tick_at(world, T0 + timedelta(minutes=5)) == 1
+    assert world.sms() == 0  # not critical: deferred to 13:00
+    assert _tick_at(world, T0 + timedelta(minutes=10)) == 1  # the chain kept its time
+    assert world.hooks() == 1
+    assert _decisions(request_id)[:3] == [
+        ("wait", "no_ack"),
+        ("escalate", "no_ack"),
+        ("wait", "step_deferred"),
+    ]
+    assert "is held until 2026-12-01T13:00:00+00:00; step 3 stays due at" in explain("ana")
+
+
 def test_working_hours_timers_wait_over_the_weekend(world):
     register_recipient(
         "bea", timezone="Europe/Berlin", country="DE", addresses={"webhook": "https://h.example/b"}
