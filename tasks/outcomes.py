@@ -204,6 +204,9 @@ def record_exhausted(conn: Connection, rows: Sequence[dict[str, Any]], *, now: d
     """Decisions for rows failed at the claim because their attempts were used up."""
     for r in rows:
         metrics.SENDS.labels(r["lane"], r["channel"], "failed").inc()
+        escalations.delivery_event(
+            conn, r["user_id"], r["id"], "failed", f"{r['channel']}: retries_exhausted", now
+        )
     ledger.insert_decisions(
         conn,
         [
