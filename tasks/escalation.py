@@ -129,7 +129,7 @@ def _start(
             now,
         )
         return
-    variables = request["variables"] or {}
+    variables = {**ntype.defaults, **(request["variables"] or {})}
     steps: list[dict[str, Any]] = [
         {
             "type": s.type_key,
@@ -237,14 +237,15 @@ def _step(
         _skip(conn, chain, spec, now, None if last else now)
         return None
     store.advance(conn, chain.key, from_step=step, due_at=next_due, now=now)
-    ntype = runtime.catalog().get(spec["type"])
+    catalog = runtime.catalog()
+    ntype, own = catalog.get(spec["type"]), catalog.get(chain.type_key)
     row = ledger.NewRequest(
         str(spec["user"]),
         spec["type"],
         occurrence_key(chain.id, step),
         ntype.lane if ntype else "transactional",
         ntype.version if ntype else 0,
-        chain.variables,
+        {**(own.defaults if own else {}), **chain.variables},  # a step may need a defaulted one
     )
     return _Firing(chain, step, spec, next_due, row)
 

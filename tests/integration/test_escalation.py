@@ -296,6 +296,20 @@ def test_quiet_hours_hold_a_non_critical_step_but_not_the_chain(world):
     assert "is held until 2026-12-01T13:00:00+00:00; step 3 stays due at" in explain("ana")
 
 
+def test_a_defaulted_variable_names_the_second_recipient_and_reaches_the_step(world):
+    register_recipient("ana", timezone="UTC", addresses={"webhook": "https://hooks.example/a"})
+    request_id, _ = _page("page_default_to")
+    assert _tick_at(world, T0 + timedelta(minutes=1)) == 1
+    [step] = rows(
+        "SELECT user_id, variables FROM requests WHERE occurrence_key LIKE 'escalation:%'"
+    )
+    assert (
+        step["user_id"] == "sam" and step["variables"]["runbook"] == "https://runbooks.example/db"
+    )
+    assert world.hooks() == 2  # ana's page, then sam's, rendered with the defaulted runbook
+    assert rows("SELECT state FROM deliveries WHERE user_id = 'sam'")[0]["state"] == "sent"
+
+
 def test_working_hours_timers_wait_over_the_weekend(world):
     register_recipient(
         "bea", timezone="Europe/Berlin", country="DE", addresses={"webhook": "https://h.example/b"}
