@@ -324,6 +324,27 @@ def _acknowledge(conn: Connection, chain: Locked, what: str, now: datetime) -> s
     return "ack_after_finish"
 
 
+def _not_hurried(conn: Connection, chain: Locked, what: str, now: datetime) -> str | None:
+    """Why a failure escalates nothing: the chain has no step left, or is already past this one.
+    (After an ack, nothing is recorded: the ack's own decision says why.)"""
+    origin = (chain.chain_user, chain.origin_request)
+    if chain.state == "finished":
+        decide(conn, origin, "stop", "no_further_step", f"{what}; the chain has no step left", now)
+        return "no_further_step"
+    if chain.state == "waiting":
+        decide(
+            conn,
+            origin,
+            "wait",
+            "step_superseded",
+            f"{what}; the chain is already waiting on step {chain.next_step} (due at "
+            f"{chain.due_at.isoformat() if chain.due_at else '?'})",
+            now,
+        )
+        return "step_superseded"
+    return None
+
+
 def hurry(
     conn: Connection,
     chain: Locked,
@@ -338,7 +359,7 @@ def hurry(
     (with live_on = the step's request) only when none of its deliveries is still alive."""
     origin = (chain.chain_user, chain.origin_request)
     if chain.state != "waiting" or chain.step != chain.next_step - 1:
-        return None  # acked, finished, or a failure of a step the chain has moved past
+        return _not_hurried(conn, chain, what, now)
     if live_on is not None:
         live = conn.execute(
             _LIVE, {"u": live_on[0], "r": live_on[1], "live": list(LIVE_STATES)}

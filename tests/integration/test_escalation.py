@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from adapters.base import Receipt
 from clarion import settings as clarion_settings
 from db import escalations
 from db.engine import engine
@@ -31,6 +32,7 @@ from tasks.deliver import deliver
 from tasks.escalation import fire_due
 from tasks.inbox import feed, mark
 from tasks.interactions import handle_click
+from tasks.receipts import ingest
 from tasks.route import route
 from tasks.tick import _tick
 from tests.support.pipeline import (
@@ -209,6 +211,10 @@ def test_no_ack_step_two_at_five_minutes_and_step_three_ten_after(world):
         ("stop", "chain_finished"),
     ]
     assert _tick_at(world, T0 + timedelta(hours=2)) == 0
+    [hook] = rows("SELECT provider_message_id FROM deliveries WHERE user_id = 'sam'")
+    failed = Receipt("webhook", "failed", hook["provider_message_id"], T0 + timedelta(hours=2))
+    assert ingest([failed]) == {"applied": 1}  # the last step failed: nothing is left to fire
+    assert _decisions(request_id)[-1] == ("stop", "no_further_step")
     assert "step 3 (page_hook to sam, request 3): 10m without an acknowledgement" in explain("ana")
     assert "step 3 of ana's page" in explain("sam")
 
