@@ -1,5 +1,5 @@
 """The demo's escalation part (Gridwatch): three pages on Slack, each with the chain Slack → no
-ack in 3 s → SMS (the local Twilio) → no ack in 3 s → the secondary's webhook (the local
+ack in 3 s → SMS (the local Twilio) → no ack in 10 s → the secondary's webhook (the local
 receiver), run by the real workers and beat:
 
 - one acknowledged at once through clarion's real /slack/events: nothing more is sent;
@@ -76,7 +76,7 @@ def _wait(check: Callable[[], bool], timeout: float) -> bool:
 def run(p: Providers, receiver: Receiver, say: Callable[[str], None]) -> bool:
     from tasks import notify, register_recipient
 
-    say("\nescalation: page on Slack → no ack in 3 s → SMS → no ack in 3 s → the secondary")
+    say("\nescalation: page on Slack → no ack in 3 s → SMS → no ack in 10 s → the secondary")
     register_recipient(
         SECONDARY, timezone="UTC", addresses={"webhook": "https://oncall.example/sam"}
     )
@@ -108,7 +108,7 @@ def run(p: Providers, receiver: Receiver, say: Callable[[str], None]) -> bool:
             all((c := _chain(u)) and c["state"] in ("acked", "finished") for u, *_ in PAGES)
             and receiver.arrivals.total - hooks_before >= 2
         ),
-        20,
+        40,
     )
     time.sleep(1.0)  # one more tick: nothing further may fire
     rows = []
