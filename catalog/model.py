@@ -14,6 +14,7 @@ import yaml
 from jinja2 import TemplateSyntaxError, meta
 from jinja2.exceptions import SecurityError, TemplateAssertionError, UndefinedError
 
+from catalog.escalation import Escalation, check_escalations, parse_escalation
 from catalog.sandbox import Sample
 from catalog.sandbox import env as _env
 from catalog.sandbox import render as _render
@@ -119,6 +120,7 @@ class NotificationType:
     config: dict[str, dict[str, Any]] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     samples: dict[str, Any] = field(default_factory=dict)  # for every version without its own
+    escalation: Escalation | None = None  # steps after this one when nobody acknowledges it
 
     @property
     def version(self) -> int:
@@ -349,6 +351,9 @@ def _build_type(key: str, spec: Any) -> NotificationType:
         config=dict(spec.get("config") or {}),
         options=options,
         samples=_samples(spec.get("samples"), "type", fail),
+        escalation=parse_escalation(
+            key, spec.get("escalation"), set(required) | set(defaults), fail
+        ),
     )
     check_renders(ntype)
     return ntype
@@ -473,6 +478,7 @@ class Catalog:
                 ]:
                     _channel_name(channel, f"type {ntype.key!r} channels", CatalogError)
                 check_renders(ntype)
+            check_escalations(self.types, CatalogError)
         except CatalogError as exc:
             raise CatalogError(f"{self.source}: {exc}") from (exc.__cause__ or exc)
         return self
@@ -489,6 +495,7 @@ class Catalog:
             if not isinstance(types, dict) or not types:
                 raise CatalogError("needs a non-empty 'types' mapping")
             built = {str(key): _build_type(str(key), spec) for key, spec in types.items()}
+            check_escalations(built, CatalogError)
             return cls(built, source, _policy(data.get("policy"), built))
         except CatalogError as exc:  # the same error with the file named; keep the original cause
             raise CatalogError(f"{source}: {exc}") from (exc.__cause__ or exc)

@@ -19,7 +19,7 @@ from sqlalchemy import make_url, text
 
 from clarion import settings
 from clarion.errors import ClarionError
-from ops import demo_chat, demo_receipts, launch
+from ops import demo_chat, demo_escalation, demo_receipts, launch
 from ops.fake_slack import FakeSlack
 from ops.receiver import Receiver
 from ops.table import render
@@ -262,10 +262,11 @@ def _play(url, redis_url, receiver, processes, home, env, started, slack, provid
     _summary(url, redis_url, receiver, len(items), len(repeats))
     chat = demo_chat.run(slack, say)
     receipts = demo_receipts.run(providers, say)
+    escalated = demo_escalation.run(providers, receiver, say)
     say(
         f"finished in {time.monotonic() - started:.1f} s" + ("" if done else " (timed out waiting)")
     )
-    return 0 if done and chat and receipts else 1
+    return 0 if done and chat and receipts and escalated else 1
 
 
 def _summary(url: str, redis_url: str, receiver: Receiver, requested: int, repeated: int) -> None:

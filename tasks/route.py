@@ -16,7 +16,7 @@ from db import ledger
 from db.engine import engine
 from gates.apply import apply, needs_address, snapshots
 from gates.pipeline import Snapshot, plan
-from tasks import runtime
+from tasks import escalation, runtime
 from tasks.publish import DELIVER, publish
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,7 @@ def _route(users: list[str], ids: list[int]) -> int:
             final = apply(
                 conn, request, ntype, planned, snapshot=snapshot, catalog=catalog, now=now
             )
+            escalation.routed(conn, request, ntype, final, snapshot.recipient, catalog, now)
             decisions += [
                 ledger.Decision(
                     request["user_id"],
