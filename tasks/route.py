@@ -17,6 +17,7 @@ from db.engine import engine
 from gates.apply import apply, needs_address, snapshots
 from gates.pipeline import Snapshot, plan
 from tasks import runtime
+from tasks.flush import close_windows
 from tasks.publish import DELIVER, publish
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ def _route(users: list[str], ids: list[int]) -> int:
     deliveries: list[ledger.NewDelivery] = []
     decisions: list[ledger.Decision] = []
     with engine().begin() as conn:
+        close_windows(conn, zip(users, ids, strict=True), catalog, now=now)
         requests = _known_types(
             conn, ledger.resolve_requests(conn, zip(users, ids, strict=True), now=now), catalog, now
         )
