@@ -7,7 +7,8 @@ Answers the next calls as told (`answer(mode, times)`), then `ok`:
 - 5xx: 529 overloaded_error (the API's error body)
 - refusal: 200 with stop_reason "refusal" and no text
 - garbage: 200 with a body that is not JSON
-Every call is counted by the mode it got (`fake.calls`), with the x-api-key it carried.
+Every call is counted by the mode it got (`fake.calls`), with the API key it carried (x-api-key or
+a bearer token: SDK versions differ).
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ def _handler(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
                 send_json(self, 404, {"type": "error", "error": {"type": "not_found_error"}})
                 return
             body = json.loads(raw or b"{}")
-            mode = fake.take(body, self.headers.get("x-api-key", ""))
+            bearer = self.headers.get("authorization", "").removeprefix("Bearer ")
+            key = self.headers.get("x-api-key") or bearer  # the SDK sends one or the other
+            mode = fake.take(body, key)
             model = str(body.get("model", ""))
             if mode == "stall":
                 time.sleep(fake.stall_seconds)
