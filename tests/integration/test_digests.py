@@ -8,6 +8,7 @@ the digest. The summariser's failures give the fallback line, within its timeout
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -242,3 +243,93 @@ def test_notify_of_a_digested_type_checks_its_variables_as_any_type(receiver, vc
     with pytest.raises(ClarionError, match="seller"):
         notify("ivy", "seller_replied", event_id=fresh_event(), variables={})
     assert digest_requests("ivy") == []
+
+
+def _blocked_on_a_lock(query_like: str, deadline: float = 10.0) -> bool:
+    """Is another backend waiting on a lock while running a statement like `query_like`?"""
+    stop = time.monotonic() + deadline
+    while time.monotonic() < stop:
+        waiting = rows(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE :q",
+            q=query_like,
+        )[0][0]
+        if waiting:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_an_item_meeting_an_uncommitted_close_waits_and_opens_the_next_window(receiver, vclock):
+    """Hold the flush's transaction open after it closed the window: the item's join waits on
+    the window's row, then (the close committed) finds it closed and opens the next window."""
+    from db.engine import engine
+    from tasks import runtime
+    from tasks.flush import close_windows
+
+    register_recipient("kit", timezone="UTC")
+    [first] = _replies("kit", ["ann"])
+    old = digested_into("kit", first)
+    vclock.set(T0 + timedelta(hours=1))
+    tick()
+    joined: list[int] = []
+    with engine().connect() as held:
+        tx = held.begin()
+        assert close_windows(held, [("kit", old)], runtime.catalog(), now=vclock.now) == 1
+        worker = threading.Thread(target=lambda: joined.extend(_replies("kit", ["bob"])))
+        worker.start()
+        assert _blocked_on_a_lock("%INSERT INTO digests%")
+        tx.commit()
+    worker.join(30)
+    assert digested_into("kit", joined[0]) not in (None, old)
+    assert [i["request_id"] for i in digest_requests("kit")[0]["variables"]["items"]] == [first]
+
+
+def test_a_close_meeting_an_uncommitted_item_waits_and_carries_it(receiver, vclock):
+    """The other order: the item joined but has not committed; the close waits on the row, then
+    returns the item with the others."""
+    from db import digests as digest_rows
+    from db.engine import engine
+
+    register_recipient("lin", timezone="UTC")
+    [first] = _replies("lin", ["ann"])
+    old = digested_into("lin", first)
+    vclock.set(T0 + timedelta(hours=1))
+    tick()
+    with engine().connect() as held:
+        tx = held.begin()
+        late = notify("lin", "seller_replied", event_id="late", variables={"seller": "bob"})
+        joined = digest_rows.join(
+            held,
+            "lin",
+            digest_type="replies_digest",
+            digest_key="",
+            lane="activation",
+            version=1,
+            item={"seller": "bob", "request_id": late.request_id},
+            max_items=10,
+            due_at=T0 + timedelta(hours=2),
+            now=vclock.now,
+        )
+        assert joined.request_id == old and not joined.opened
+        flushed: list[int] = []
+        worker = threading.Thread(target=lambda: flushed.append(route(["lin"], [old])))
+        worker.start()
+        assert _blocked_on_a_lock("%UPDATE digests d SET state = 'closed'%")
+        tx.commit()
+    worker.join(30)
+    assert flushed == [1]
+    items = digest_requests("lin")[0]["variables"]["items"]
+    assert [i["request_id"] for i in items] == [first, late.request_id]
+
+
+def test_the_dry_run_shows_the_digest_step_and_writes_nothing(receiver, vclock):
+    from tasks.planning import preview
+
+    register_recipient("max", timezone="UTC")
+    before = rows("SELECT (SELECT count(*) FROM digests), (SELECT count(*) FROM requests)")
+    planned = preview("max", "seller_replied", event_id="e1", variables={"seller": "ann"})
+    assert planned.outcome == "digest"
+    assert [(s.gate, s.reason) for s in planned.decisions] == [("digest", "digested")]
+    assert "replies_digest digest" in planned.decisions[0].detail
+    assert rows("SELECT (SELECT count(*) FROM digests), (SELECT count(*) FROM requests)") == before
