@@ -18,6 +18,7 @@ from sqlalchemy import Connection
 
 from catalog import Catalog
 from catalog.digest import DigestSpec, render_fallback
+from clarion.errors import ConfigurationError
 from db import digests
 from db.ledger import Key
 from tasks.summarise import SummaryRequest, resolve, summary_line
@@ -79,5 +80,15 @@ def digest_variables(window: digests.Closed, spec: DigestSpec) -> dict[str, Any]
         spec.summary_timeout,
         spec.model,
     )
-    line, source = summary_line(resolve(spec.summariser), request)
+    try:
+        summariser = resolve(spec.summariser)
+    except ConfigurationError:  # a digest is not held back by its summary line
+        log.warning(
+            "summariser %r unavailable",
+            spec.summariser,
+            exc_info=True,
+            extra={"action": "digest_summariser_unavailable", "summariser": spec.summariser},
+        )
+        return {**context, "summary": fallback, "summary_source": "unavailable"}
+    line, source = summary_line(summariser, request)
     return {**context, "summary": line, "summary_source": source}

@@ -173,3 +173,14 @@ def test_the_fallback_line_is_deterministic_and_survives_bad_items():
     assert render_fallback(spec, {"count": 1, "items": [{"seller": "a"}]}) == "['a']"
     # an item without the attribute: the default line
     assert render_fallback(spec, {"count": 3, "items": [{}]}) == "3 new updates"
+
+
+def test_a_summariser_that_does_not_load_gives_the_fallback():
+    from db.digests import Closed
+    from tasks.flush import digest_variables
+
+    window = Closed("u", 1, 2, "replies", "", datetime(2026, 12, 7, tzinfo=UTC), [{"at": "t"}])
+    spec = DigestSpec(type="replies", summariser="no_such_module:summarise")
+    variables = digest_variables(window, spec)
+    assert (variables["summary"], variables["summary_source"]) == ("1 new update", "unavailable")
+    assert variables["count"] == 1 and variables["first_at"] == "t"
