@@ -4,8 +4,13 @@ Joining is one upsert on the partial unique index of open windows: concurrent it
 (recipient, digest type, key) meet there, and the database puts each in exactly one window. The
 window's digest request is created with it (deferred until the window's due time, so the beat tick
 finds it like any deferred request). Closing is a conditional update (`state IN ('open', 'full')`)
-made by the route of that request: an item that waited on the row lock either got in before the
-close (and is in the items the close returns) or finds no open window and opens the next one.
+made by the route that has just resolved that request (so only one route closes it): an item and
+the close meet on the window's row lock; the item either got in first (and is in the items the
+close returns) or finds no open window and opens the next one.
+
+Lock order: a route holds the digest request's row (resolve-once), then the window's. An item holds
+the window's row and never waits for the request's: making a full window's request due now skips a
+request row that is locked, since whoever holds it is routing or taking that request already.
 """
 
 from __future__ import annotations
@@ -74,8 +79,13 @@ _OPEN_REQUEST = text(
 )
 _LINK = text("UPDATE digests SET request_id = :request_id WHERE user_id = :user_id AND id = :id")
 _FLUSH_NOW = text(
-    "UPDATE requests SET due_at = :now WHERE user_id = :user_id AND id = :id "
-    "AND state = 'deferred' AND due_at > :now"
+    """
+    UPDATE requests r SET due_at = :now
+    FROM (SELECT user_id, id FROM requests
+          WHERE user_id = :user_id AND id = :id AND state = 'deferred' AND due_at > :now
+          FOR UPDATE SKIP LOCKED) k
+    WHERE r.user_id = k.user_id AND r.id = k.id
+    """
 )
 
 
@@ -130,8 +140,6 @@ _CLOSE = text(
     UPDATE digests d SET state = 'closed', closed_at = :now
     FROM {KEY_PAIRS}
     WHERE d.user_id = k.user_id AND d.request_id = k.id AND d.state IN ('open', 'full')
-      AND EXISTS (SELECT 1 FROM requests r
-                  WHERE r.user_id = d.user_id AND r.id = d.request_id AND r.state = 'pending')
     RETURNING d.user_id, d.id AS digest_id, d.request_id, d.digest_type, d.digest_key,
               d.opened_at, d.items
     """
@@ -139,7 +147,7 @@ _CLOSE = text(
 
 
 def close(conn: Connection, keys: Iterable[Key], *, now: datetime) -> list[Closed]:
-    """Close the windows whose digest requests are among `keys` and about to be routed (pending);
+    """Close the windows of the digest requests `keys` (resolved by the caller's transaction);
     returns each with its items. A window closed already (by an earlier route) is not returned."""
     params = {**key_params(keys), "now": now}
     if not params["ids"]:
@@ -148,8 +156,7 @@ def close(conn: Connection, keys: Iterable[Key], *, now: datetime) -> list[Close
 
 
 _STORE = text(
-    "UPDATE requests SET variables = CAST(:variables AS jsonb) "
-    "WHERE user_id = :user_id AND id = :id AND state = 'pending'"
+    "UPDATE requests SET variables = CAST(:variables AS jsonb) WHERE user_id = :user_id AND id = :id"
 )
 
 

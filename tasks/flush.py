@@ -1,16 +1,14 @@
-"""Flushing digests: the route of a digest request first closes its window and fills it in.
+"""Flushing digests: the route that resolved a digest request closes its window and fills it in.
 
-Called at the start of the route transaction, before resolve-once, so the lock order is the one an
-item joining the window takes (the window row, then the digest request row): an item and the flush
-meeting on one window wait for each other rather than deadlock. Of two routes of one digest
-request, one closes the window; the other finds it closed and, after the first commits, the
-request routed. The summary line is made here, within the summariser's deadline.
+Called in the route transaction right after resolve-once, so of two routes of one digest request
+only the one that resolved it closes the window (db/digests.py has the lock order). The items,
+count and summary line are written on the request, and handed to the planner in the request's
+row. The summary line is made here, within the summariser's deadline.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -20,19 +18,25 @@ from catalog import Catalog
 from catalog.digest import DigestSpec, render_fallback
 from clarion.errors import ConfigurationError
 from db import digests
-from db.ledger import Key
 from tasks.summarise import SummaryRequest, resolve, summary_line
 
 log = logging.getLogger(__name__)
 
 
-def close_windows(conn: Connection, keys: Iterable[Key], catalog: Catalog, *, now: datetime) -> int:
-    """Close the digest windows of the digest requests among `keys` and write each one's variables
-    (items, count, summary) on its request. Returns how many windows were closed."""
-    closed = digests.close(conn, keys, now=now)
+def close_windows(
+    conn: Connection, resolved: list[dict[str, Any]], catalog: Catalog, *, now: datetime
+) -> int:
+    """Close the windows of the digest requests among `resolved` (just resolved in this
+    transaction) and write each one's variables (items, count, summary) on its request row and in
+    `resolved`. Returns how many windows were closed."""
+    by_key = {
+        (r["user_id"], r["id"]): r for r in resolved if r["occurrence_key"].startswith("digest:")
+    }
+    closed = digests.close(conn, by_key, now=now) if by_key else []
     for window in closed:
         variables = digest_variables(window, spec_for(catalog, window))
         digests.store_variables(conn, (window.user_id, window.request_id), variables)
+        by_key[(window.user_id, window.request_id)]["variables"] = variables
         log.info(
             "digest closed",
             extra={

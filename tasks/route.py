@@ -77,10 +77,9 @@ def _route(users: list[str], ids: list[int]) -> int:
     deliveries: list[ledger.NewDelivery] = []
     decisions: list[ledger.Decision] = []
     with engine().begin() as conn:
-        close_windows(conn, zip(users, ids, strict=True), catalog, now=now)
-        requests = _known_types(
-            conn, ledger.resolve_requests(conn, zip(users, ids, strict=True), now=now), catalog, now
-        )
+        resolved = ledger.resolve_requests(conn, zip(users, ids, strict=True), now=now)
+        close_windows(conn, resolved, catalog, now=now)  # a digest request's items, if any
+        requests = _known_types(conn, resolved, catalog, now)
         recipients = ledger.recipients(conn, (r["user_id"] for r in requests))
         snaps = snapshots(conn, recipients, now=now)
         for request in requests:

@@ -261,8 +261,10 @@ def _blocked_on_a_lock(query_like: str, deadline: float = 10.0) -> bool:
 
 
 def test_an_item_meeting_an_uncommitted_close_waits_and_opens_the_next_window(receiver, vclock):
-    """Hold the flush's transaction open after it closed the window: the item's join waits on
+    """Hold the flush's transaction open after it resolved the digest request and closed its
+    window: the item's join waits on
     the window's row, then (the close committed) finds it closed and opens the next window."""
+    from db import ledger
     from db.engine import engine
     from tasks import runtime
     from tasks.flush import close_windows
@@ -275,7 +277,8 @@ def test_an_item_meeting_an_uncommitted_close_waits_and_opens_the_next_window(re
     joined: list[int] = []
     with engine().connect() as held:
         tx = held.begin()
-        assert close_windows(held, [("kit", old)], runtime.catalog(), now=vclock.now) == 1
+        resolved = ledger.resolve_requests(held, [("kit", old)], now=vclock.now)
+        assert close_windows(held, resolved, runtime.catalog(), now=vclock.now) == 1
         worker = threading.Thread(target=lambda: joined.extend(_replies("kit", ["bob"])))
         worker.start()
         assert _blocked_on_a_lock("%INSERT INTO digests%")
