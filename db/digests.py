@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from clarion.errors import ClarionError
 from db.ledger import KEY_PAIRS, Key, key_params
 
 
@@ -74,6 +75,7 @@ _OPEN_REQUEST = text(
     INSERT INTO requests (user_id, type_key, occurrence_key, lane, template_version, variables,
                           state, due_at, created_at)
     VALUES (:user_id, :type_key, :occ, :lane, :version, '{}'::jsonb, 'deferred', :due_at, :now)
+    ON CONFLICT (user_id, type_key, occurrence_key) DO NOTHING
     RETURNING id
     """
 )
@@ -117,18 +119,24 @@ def join(
     digest_id, request_id, count, state, window_due = row
     opened = request_id is None
     if opened:
-        request_id = conn.execute(
-            _OPEN_REQUEST,
-            {
-                "user_id": user_id,
-                "type_key": digest_type,
-                "occ": f"digest:{digest_id}",
-                "lane": lane,
-                "version": version,
-                "due_at": now if state == "full" else window_due,
-                "now": now,
-            },
-        ).scalar_one()
+        request_id = None
+        for attempt in range(10):  # a producer may have taken `digest:<id>` as its own key
+            request_id = conn.execute(
+                _OPEN_REQUEST,
+                {
+                    "user_id": user_id,
+                    "type_key": digest_type,
+                    "occ": f"digest:{digest_id}" + (f"+{attempt}" if attempt else ""),
+                    "lane": lane,
+                    "version": version,
+                    "due_at": now if state == "full" else window_due,
+                    "now": now,
+                },
+            ).scalar()
+            if request_id is not None:
+                break
+        if request_id is None:
+            raise ClarionError(f"no free occurrence key for digest {digest_id} of {user_id!r}")
         conn.execute(_LINK, {"user_id": user_id, "id": digest_id, "request_id": request_id})
     elif state == "full":
         conn.execute(_FLUSH_NOW, {"user_id": user_id, "id": request_id, "now": now})

@@ -336,3 +336,15 @@ def test_the_dry_run_shows_the_digest_step_and_writes_nothing(receiver, vclock):
     assert [(s.gate, s.reason) for s in planned.decisions] == [("digest", "digested")]
     assert "replies_digest digest" in planned.decisions[0].detail
     assert rows("SELECT (SELECT count(*) FROM digests), (SELECT count(*) FROM requests)") == before
+
+
+def test_a_producer_holding_the_digest_occurrence_key_does_not_stop_the_digest(receiver, vclock):
+    register_recipient("ned", timezone="UTC")
+    variables = {"count": 0, "items": [], "summary": "mine"}
+    next_id = rows("SELECT coalesce(max(id), 0) + 1 FROM digests")[0][0]
+    notify("ned", "replies_digest", occurrence_key=f"digest:{next_id}", variables=variables)
+    [item] = _replies("ned", ["ann"])
+    own, digest = digest_requests("ned")
+    assert digested_into("ned", item) == digest["id"] != own["id"]
+    key = rows("SELECT occurrence_key FROM requests WHERE id = :d", d=digest["id"])[0][0]
+    assert key == f"digest:{next_id}+1"
