@@ -30,7 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0012"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0013"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -515,4 +515,34 @@ alerts = Table(
             "open_posted_at IS NULL OR (cleared_at IS NOT NULL AND clear_posted_at IS NULL)"
         ),
     ),
+)
+
+DIGEST_STATES = ("open", "full", "closed")
+
+digests = Table(
+    "digests",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("digest_type", Text, nullable=False),
+    Column("digest_key", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    _ts("opened_at", False),
+    _ts("due_at", False),
+    _ts("closed_at"),
+    Column("max_items", Integer, nullable=False),
+    Column("count", Integer, nullable=False),
+    Column("items", JSONB, nullable=False),
+    Column("request_id", BigInteger),
+    PrimaryKeyConstraint("user_id", "id", name="digests_pkey"),
+    CheckConstraint(_in("state", DIGEST_STATES), name="digests_state_check"),
+    Index(
+        "digests_open",
+        "user_id",
+        "digest_type",
+        "digest_key",
+        unique=True,
+        postgresql_where=text("state = 'open'"),
+    ),
+    Index("digests_request", "user_id", "request_id"),
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -15,8 +16,18 @@ from sqlalchemy import Connection
 
 from catalog import Catalog, NotificationType
 from clarion.errors import ClarionError, ConfigurationError
-from db import gating, inbox
-from gates.pipeline import Fold, Plan, Snapshot, blocked_by_window, cap_buckets, collapsed, folded
+from db import digests, gating, inbox
+from gates.pipeline import (
+    DigestJoin,
+    Fold,
+    Plan,
+    Snapshot,
+    Step,
+    blocked_by_window,
+    cap_buckets,
+    collapsed,
+    folded,
+)
 
 
 def snapshots(
@@ -83,7 +94,50 @@ def apply(
         inbox.fold_follower(conn, request["user_id"], key=plan.join_collapse, now=now)
     if plan.fold is not None:
         _fold(conn, request, plan.fold, catalog, now)
+    if plan.digest is not None:
+        plan = _join_digest(conn, request, plan, plan.digest, catalog, now)
     return plan
+
+
+def _join_digest(
+    conn: Connection,
+    request: Mapping[str, Any],
+    plan: Plan,
+    join: DigestJoin,
+    catalog: Catalog,
+    now: datetime,
+) -> Plan:
+    """Buffer the request; its decision names the digest request it will be sent in."""
+    target = catalog.get(join.digest_type)
+    if target is None:  # Catalog.from_dict refuses this; a catalog built in Python may not
+        raise ConfigurationError(f"digest type {join.digest_type!r} is not in the catalog")
+    item = {
+        **request["variables"],
+        "request_id": request["id"],
+        "type_key": request["type_key"],
+        "at": now.isoformat(),
+    }
+    joined = digests.join(
+        conn,
+        request["user_id"],
+        digest_type=target.key,
+        digest_key=join.key,
+        lane=target.lane,
+        version=target.version,
+        item=item,
+        max_items=join.max_items,
+        due_at=join.due_at,
+        now=now,
+    )
+    closes = "now (max_items reached)" if joined.state == "full" else joined.due_at.isoformat()
+    detail = (
+        f"digested into request {joined.request_id} ({join.digest_type}, key {join.key!r}, "
+        f"item {joined.count} of at most {join.max_items}, closes {closes})"
+    )
+    steps = tuple(
+        Step(s.gate, s.outcome, s.reason, detail) if s.gate == "digest" else s for s in plan.steps
+    )
+    return replace(plan, steps=steps)
 
 
 def _fold(

@@ -2,7 +2,11 @@
 
 Order: (resolve-once happens before planning, in the route task's conditional update)
   per channel:  reachability → suppression list → preferences → one platform
-  per request:  quiet hours → marketing SMS hours → activation window → fatigue caps → collapse
+  per request:  digest → quiet hours → marketing SMS hours → activation window → fatigue caps
+                → collapse
+
+A digested type stops at `digest`: its request joins a window, and the digest request made of the
+window goes through every gate itself (quiet hours, the window, caps apply to the digest, once).
 
 Gates that need an atomic claim (window, caps, collapse) plan the claim here; `gates.apply`
 makes it in PostgreSQL and, if another worker won the race since the snapshot, turns the plan
@@ -20,6 +24,7 @@ from catalog import NotificationType
 from catalog.model import Policy
 from gates import preferences
 from gates.quiet import outside_hours_until, parse_time, quiet_until
+from scheduling.digests import window_due
 from scheduling.zones import country_of, load_zone
 
 NOT_CAPPED = frozenset({"transactional", "security"})
@@ -30,7 +35,7 @@ class Step:
     """One gate's verdict: shown gate by gate by --dry-run and explain; non-allows are recorded."""
 
     gate: str
-    outcome: str  # allow | suppress | defer | fold | collapse
+    outcome: str  # allow | suppress | defer | fold | collapse | digest
     reason: str
     detail: str = ""
     channel: str | None = None
@@ -73,6 +78,16 @@ class Fold:
 
 
 @dataclass(frozen=True)
+class DigestJoin:
+    """Buffer this request into the recipient's open window of `digest_type` (or open one)."""
+
+    digest_type: str
+    key: str
+    due_at: datetime  # when a window opened now would close
+    max_items: int
+
+
+@dataclass(frozen=True)
 class Plan:
     steps: tuple[Step, ...] = ()
     channels: tuple[tuple[str, datetime | None], ...] = ()  # (channel, not before)
@@ -82,6 +97,7 @@ class Plan:
     fold: Fold | None = None
     collapse: tuple[str, datetime] | None = None  # claim leadership of (key, until)
     join_collapse: str | None = None  # count this request on the open group with that key
+    digest: DigestJoin | None = None
     on_window: str = "skip"
 
     @property
@@ -142,11 +158,33 @@ def plan(
     if not channels:
         return Plan(tuple(b.steps))
     result = Plan(tuple(b.steps), on_window=ntype.options.get("on_window", "skip"))
+    if ntype.digest is not None:
+        return digested(result, ntype, request, recipient, now)
     for gate in (_quiet_hours, _marketing_sms_hours, _activation_window, _fatigue_caps, _collapse):
         result, channels = gate(result, channels, request, ntype, snapshot, now, policy)
         if not channels or result.defer_until is not None:
             return replace(result, channels=())
     return replace(result, channels=tuple(channels))
+
+
+def digested(
+    p: Plan,
+    ntype: NotificationType,
+    request: Mapping[str, Any],
+    recipient: Mapping[str, Any],
+    now: datetime,
+) -> Plan:
+    """The plan for a request of a digested type: join the window (gates.apply names its request)."""
+    spec = ntype.digest
+    assert spec is not None
+    key = ntype.digest_key(request["variables"])
+    due = window_due(now, recipient["timezone"], every=spec.every, daily=spec.daily)
+    detail = f"into the open {spec.type} digest (key {key!r}), or one closing {due.isoformat()}"
+    return replace(
+        _step(p, "digest", "digest", "digested", detail),
+        digest=DigestJoin(spec.type, key, due, spec.max_items),
+        channels=(),
+    )
 
 
 def suppressed(channel: str, address: str, listed: Mapping[tuple[str, str], str]) -> str | None:
