@@ -3,8 +3,9 @@
 A follower (gating.join_collapse) upserts its leader's row in `collapse_refreshes` with the
 group's count and lowers `due_at`. The update job (tasks.refresh) takes due rows under a lease on
 PostgreSQL's clock, reads the leaders' deliveries, sets their messages to the count of that
-moment, then finishes the row: nothing more owed, the closing update at the window's end, or (the
-window closed and its last count shown) the row is deleted.
+moment, then finishes the row: nothing more owed, or the closing update at the window's end. A
+finished row keeps the group's count (db.interactions re-renders an answered leader with it) for
+RETAIN after its window; then `forget_finished` deletes it.
 """
 
 from __future__ import annotations
@@ -112,19 +113,29 @@ _FINISH = text(
     WHERE user_id = :user_id AND leader_id = :leader_id
     """
 )
-_FORGET = text(
-    "DELETE FROM collapse_refreshes WHERE user_id = :user_id AND leader_id = :leader_id "
-    "AND due_at IS NULL AND lease_until IS NULL AND count <= shown AND window_until <= :now"
-)
 
 
 def finish(conn: Connection, owed: OwedRefresh, *, now: datetime) -> None:
     """The leader's messages show `owed.count`. Followers that came since keep their due time;
-    else, while the window is open, one closing update is owed at its end; once it has closed
-    and its last count is shown, the row goes."""
+    else, while the window is open, one closing update is owed at its end; else nothing."""
     params = {"user_id": owed.user_id, "leader_id": owed.leader_id, "count": owed.count, "now": now}
     conn.execute(_FINISH, params)
-    conn.execute(_FORGET, params)
+
+
+_FORGET = text(
+    """
+    DELETE FROM collapse_refreshes r USING (
+        SELECT user_id, leader_id FROM collapse_refreshes
+        WHERE due_at IS NULL AND window_until < :before LIMIT :limit FOR UPDATE SKIP LOCKED
+    ) done
+    WHERE r.user_id = done.user_id AND r.leader_id = done.leader_id
+    """
+)
+
+
+def forget_finished(conn: Connection, *, before: datetime, limit: int) -> int:
+    """Delete up to `limit` finished rows whose window ended before `before`."""
+    return conn.execute(_FORGET, {"before": before, "limit": limit}).rowcount
 
 
 _AGAIN = text(

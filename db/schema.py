@@ -311,6 +311,7 @@ collapse_refreshes = Table(
     _ts("lease_until"),
     PrimaryKeyConstraint("user_id", "leader_id", name="collapse_refreshes_pkey"),
     Index("collapse_refreshes_due", "due_at", postgresql_where=text("due_at IS NOT NULL")),
+    Index("collapse_refreshes_done", "window_until", postgresql_where=text("due_at IS NULL")),
 )
 
 SERIES_STATES = ("active", "paused", "ended", "cancelled")

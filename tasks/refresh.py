@@ -45,6 +45,7 @@ BATCH = 50  # rows per run
 LEASE = 120.0  # seconds a run holds its rows (PostgreSQL's clock)
 RETRY = timedelta(seconds=60)  # a row taken by a run that died is due again this much later
 GIVE_UP = timedelta(hours=1)  # after the window's end, a row that cannot be finished is dropped
+RETAIN = timedelta(days=1)  # a finished row keeps its group's count this long after its window
 UPDATABLE = frozenset({"sent", "delivered", "opened", "read", "clicked", "answered"})
 NOT_YET = frozenset({"pending", "claimed", "unknown"})  # the leader may still be sent
 
@@ -84,6 +85,9 @@ def refresh_due(*, limit: int = BATCH) -> int:
                 refresh.finish(conn, row, now=now)
             else:
                 refresh.again(conn, row, at=outcome.again_at)
+    if len(owed) < limit:  # a quiet run: tidy up finished rows
+        with engine().begin() as conn:
+            refresh.forget_finished(conn, before=now - RETAIN, limit=limit)
     if updated:
         runtime.count("collapse_updates", updated)
     return updated

@@ -7,9 +7,10 @@ botframework-connector against local stand-ins, the pipeline run in-process on a
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from slack_sdk import WebClient
 
 from adapters.base import ButtonValue
 from adapters.teams import ConversationRef
@@ -31,6 +32,7 @@ from tests.support.pipeline import (
     publishing_to_this_tests_broker,
     rows,
 )
+from web.slack import show_answer
 
 pytestmark = pytest.mark.integration
 
@@ -107,7 +109,7 @@ def test_followers_update_the_leaders_slack_message_to_the_running_count(env, fa
     env.now = START.replace(minute=1)  # 10:01:00, the window's end: the closing update
     assert refresh_due() == 1
     assert title(post.update_texts[-1]) == CLOSED.format(n=5)
-    assert count("collapse_refreshes") == 0  # the final count is shown: nothing left to do
+    assert count("collapse_refreshes", "due_at IS NOT NULL") == 0  # the final count is shown
     env.advance(30)
     assert refresh_due() == 0
     assert len(fake.called("chat.update")) == 2 and len(fake.posts()) == 1
@@ -145,7 +147,7 @@ def test_an_update_waits_for_the_leader_to_be_sent(env, fake):
     assert title(post.update_texts[-1]) == OPEN.format(n=2)
 
 
-def test_an_answered_leader_keeps_its_answer_while_its_count_moves_on(env, fake):
+def test_an_answered_leader_keeps_its_answer_and_its_count(env, fake):
     register_recipient("ana", timezone="Europe/Berlin", addresses={"slack": "U1"})
     alert("ana", 0)
     deliver_pending()
@@ -159,6 +161,28 @@ def test_an_answered_leader_keeps_its_answer_while_its_count_moves_on(env, fake)
     [post] = fake.posts()
     assert title(post.update_texts[-1]) == OPEN.format(n=2)
     assert post.updates[-1][-1]["elements"][0]["text"] == "Answered: Acknowledge"
+    env.now = START.replace(minute=1)
+    assert refresh_due() == 1  # closing
+    client = WebClient(token=FakeSlack.TOKEN, base_url=fake.api_url)
+    again = handle_click("slack", "U1", ButtonValue("ana", delivery["id"], "ack").encode())
+    assert again.outcome == "repeated" and show_answer(client, again)  # as /slack/events does
+    assert title(post.update_texts[-1]) == CLOSED.format(n=2)  # not "1 host"
+
+
+def test_finished_rows_are_kept_a_day_after_their_window_then_deleted(env, fake):
+    register_recipient("ana", timezone="Europe/Berlin", addresses={"slack": "U1"})
+    alert("ana", 0)
+    deliver_pending()
+    env.advance(1)
+    alert("ana", 1)
+    env.now = START.replace(minute=1)
+    assert refresh_due() == 1
+    assert rows("SELECT count, shown, due_at FROM collapse_refreshes") == [
+        {"count": 2, "shown": 2, "due_at": None}
+    ]
+    env.now = START + timedelta(days=1, minutes=1, seconds=1)
+    assert refresh_due() == 0
+    assert count("collapse_refreshes") == 0
 
 
 def test_updates_keep_to_the_workspace_chat_update_budget(env, fake, monkeypatch):
@@ -219,4 +243,4 @@ def test_an_in_app_item_counts_in_place_and_needs_no_update_job(env):
     assert refresh_due() == 0  # the in-app channel has no `update`: nothing is called
     env.now = START.replace(minute=1)
     assert refresh_due() == 0
-    assert count("collapse_refreshes") == 0
+    assert count("collapse_refreshes", "due_at IS NOT NULL") == 0

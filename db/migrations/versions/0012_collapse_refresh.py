@@ -4,8 +4,9 @@ One row per leader that has followers (created by the first follower, in its rou
 transaction). `count` is the group's size so far, `shown` what the leader's message says; a row
 with `due_at` set owes the leader's message an update from then on. Followers only lower
 `due_at` (LEAST), so a storm of followers is coalesced into one update per spacing; the update
-job (tasks/refresh.py) takes due rows under a lease, sets the messages to the count of that
-moment, and deletes the row once the window has closed and the last count is shown.
+job (tasks/refresh.py) takes due rows under a lease and sets the messages to the count of that
+moment. A finished row is kept a day after its window (an answer shown later re-renders the
+leader with its count: db/interactions), then deleted by the job.
 
 Revision ID: 0012
 Revises: 0011
@@ -29,6 +30,7 @@ CREATE TABLE collapse_refreshes (
     CONSTRAINT collapse_refreshes_pkey PRIMARY KEY (user_id, leader_id)
 );
 CREATE INDEX collapse_refreshes_due ON collapse_refreshes (due_at) WHERE due_at IS NOT NULL;
+CREATE INDEX collapse_refreshes_done ON collapse_refreshes (window_until) WHERE due_at IS NULL;
 """
 
 
