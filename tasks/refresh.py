@@ -3,7 +3,8 @@
 A follower's decision stays `collapsed into <leader>`; routing it also owes the leader's message
 an update (db.refresh, a row with a due time, no Celery ETA). This job, a beat entry on the
 control lane, takes the due rows and, for every delivery of the leader that was sent on a channel
-that can update in place (`Channel.update`: Slack chat.update, a Teams card refresh), re-renders
+that can update in place (`Channel.update`: Slack chat.update, a Teams card refresh, the in-app
+item's title and body — its count is raised by the router itself), re-renders
 the leader's template with `collapsed_count` (the group so far, the leader included) and
 `collapse_open`, and sets the message to it.
 
@@ -17,8 +18,7 @@ count of that moment, so waiting coalesces further instead of queueing calls.
 
 At least once, on purpose. An update sets the whole message to the count at that moment; sending
 it twice, or after a crash (the row's lease on PostgreSQL's clock runs out and it is taken again),
-shows the same or a newer count. No ledger of updates is needed. In-app items are not updated
-here: their count is kept in the routing transaction itself (db.inbox.fold_follower).
+shows the same or a newer count. No ledger of updates is needed.
 """
 
 from __future__ import annotations

@@ -12,10 +12,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from slack_sdk import WebClient
 
-from adapters.base import ButtonValue
+from adapters.base import ButtonValue, Message
 from adapters.teams import ConversationRef
+from clarion.errors import PermanentSendError
 from ops.fake_slack import FakeSlack
-from tasks import notify, register_recipient
+from tasks import notify, register_recipient, runtime
 from tasks.deliver import deliver
 from tasks.inbox import feed
 from tasks.interactions import handle_click
@@ -230,7 +231,7 @@ def test_a_teams_leader_card_is_refreshed_in_its_conversation(env, connector):
     assert update.card.get("actions")  # the buttons stay
 
 
-def test_an_in_app_item_counts_in_place_and_needs_no_update_job(env):
+def test_an_in_app_item_counts_in_place_and_its_text_follows(env):
     register_recipient("ivy", timezone="UTC")
     alert("ivy", 0, "cpu_alert_inbox")
     assert deliver_pending() == 1
@@ -239,8 +240,24 @@ def test_an_in_app_item_counts_in_place_and_needs_no_update_job(env):
         alert("ivy", n, "cpu_alert_inbox")
     [item] = feed("ivy").items
     assert (item.count, item.to_json()["more"]) == (4, 3)  # counted in the routing transaction
+    assert item.title == "CRITICAL: CPU alerts on 1 host"
+    rev = item.rev
     env.now = START.replace(second=21)
-    assert refresh_due() == 0  # the in-app channel has no `update`: nothing is called
+    assert refresh_due() == 1
+    [item] = feed("ivy").items
+    assert (item.title, item.count) == (OPEN.format(n=4), 4)
+    assert item.rev > rev  # a change an open stream is sent (`updated`)
     env.now = START.replace(minute=1)
-    assert refresh_due() == 0
+    assert refresh_due() == 1
+    assert feed("ivy").items[0].title == CLOSED.format(n=4)
     assert count("collapse_refreshes", "due_at IS NOT NULL") == 0
+
+
+def test_the_in_app_update_refuses_an_item_it_does_not_have(env):
+    register_recipient("ivy", timezone="UTC")
+    adapter = runtime.adapters()["in_app"]
+    message = Message(1, "ivy", "cpu_alert_inbox", "o", "in_app", {"title": "t", "body": "b"})
+    with pytest.raises(PermanentSendError, match="no_item"):
+        adapter.update(message, "987654")
+    with pytest.raises(PermanentSendError, match="bad_message_id"):
+        adapter.update(message, "D1:1.0001")

@@ -84,8 +84,12 @@ def test_a_follower_collapses_even_when_the_organisation_cap_is_spent():
     assert leader.outcome == "fold"  # a new group's leader is a new notification: over the cap
 
 
+class Bare(Channel):
+    channel = "bare"
+
+
 def test_which_channels_update_in_place():
-    assert can_update(SlackAdapter) and can_update(TeamsAdapter)
-    assert not can_update(InAppAdapter) and not can_update(WebhookAdapter)
-    with pytest.raises(NotImplementedError, match="cannot update"):
-        Channel.update(InAppAdapter(store=None), None, "1")  # type: ignore[arg-type]
+    assert can_update(SlackAdapter) and can_update(TeamsAdapter) and can_update(InAppAdapter)
+    assert not can_update(WebhookAdapter) and not can_update(Bare())
+    with pytest.raises(NotImplementedError, match="channel 'bare' cannot update"):
+        Bare().update(None, "1")  # type: ignore[arg-type]
