@@ -33,7 +33,7 @@ from adapters.base import Message, can_update
 from catalog import NotificationType
 from catalog.model import DEFAULT_UPDATE_SECONDS
 from clarion import clock
-from clarion.errors import PermanentSendError, SendError, ThrottledError
+from clarion.errors import PermanentSendError, ThrottledError
 from db import refresh
 from db.engine import engine
 from db.refresh import LeaderDelivery, OwedRefresh
@@ -121,7 +121,7 @@ def _refresh(row: OwedRefresh, deliveries: list[LeaderDelivery], now: datetime) 
                 error,
                 extra={"action": "collapse_update_refused", "delivery": delivery.id},
             )
-        except (SendError, Exception):  # transient, or a bug: tried again after the spacing
+        except Exception:  # a transient SendError, or a bug: tried again after the spacing
             log.exception(
                 "collapse update failed",
                 extra={"action": "collapse_update_failed", "delivery": delivery.id},
