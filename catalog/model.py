@@ -38,13 +38,19 @@ CHANNELS = frozenset({"console", "webhook", "slack", "teams", "email", "sms", "p
 
 # Per-type gate options: window_exempt (neither blocked by nor opening the activation window),
 # on_window (skip | defer when blocked), critical (bypasses quiet hours and fatigue caps),
-# default (on | off when the recipient has said nothing), collapse ({key, window_seconds}),
+# default (on | off when the recipient has said nothing), collapse ({key, window_seconds,
+# update_seconds}: followers update the leader's message in place, at most once per update_seconds),
 # delivery (at_most_once | at_least_once: what a send with an unknown outcome may do; see GUARANTEE),
 # digest (buffer into a digest type's request: catalog/digest.py).
 TYPE_OPTIONS = frozenset(
     {"window_exempt", "on_window", "critical", "default", "collapse", "delivery", "digest"}
 )
 GUARANTEES = ("at_most_once", "at_least_once")
+# What a collapse type's templates may use besides its own variables: the group's size so far
+# (the leader included) and whether its window is still open. The first send renders these
+# defaults; tasks.refresh re-renders the leader's message with the live values.
+COLLAPSE_VARIABLES = {"collapsed_count": 1, "collapse_open": False}
+DEFAULT_UPDATE_SECONDS = 10.0
 # "Never twice" is the promise of a nudge; a receipt or a security code must arrive.
 GUARANTEE = {
     "transactional": "at_least_once",
@@ -169,6 +175,12 @@ class NotificationType:
             return ""
         source = spec.key
         return _render(_compiled(self.key, 0, "", "digest", source), {**self.defaults, **variables})
+
+    @property
+    def collapse_update_seconds(self) -> float:
+        """Seconds between two in-place updates of a collapse leader's message."""
+        spec = self.options.get("collapse") or {}
+        return float(spec.get("update_seconds", DEFAULT_UPDATE_SECONDS))
 
     def missing(self, variables: dict[str, Any]) -> list[str]:
         return [name for name in self.required if name not in variables]
@@ -324,6 +336,8 @@ def _build_type(key: str, spec: Any) -> NotificationType:
     defaults = spec.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise fail("defaults must be a mapping")
+    if isinstance(spec.get("options"), dict) and spec["options"].get("collapse") is not None:
+        defaults = {**COLLAPSE_VARIABLES, **defaults}
     for template in templates.values():
         used = _variables_used(key, template, channels)
         undeclared = used - set(required) - set(defaults)
@@ -355,6 +369,10 @@ def _build_type(key: str, spec: Any) -> NotificationType:
             raise fail(f"options.collapse.key: {_render_problem(exc)}") from exc
         if used - set(required) - set(defaults):
             raise fail("options.collapse.key may only use required or defaulted variables")
+        for name in ("window_seconds", "update_seconds"):
+            seconds = collapse.get(name, 1)
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+                raise fail(f"options.collapse.{name} must be a positive number of seconds")
     _check_digest(options, required, defaults, fail)
     ntype = NotificationType(
         key=key,

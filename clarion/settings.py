@@ -94,6 +94,9 @@ class Settings:
     slack_token: str | None = None  # bot token; the slack channel exists when it is set
     slack_api_url: str = "https://slack.com/api/"
     slack_signing_secret: str | None = None
+    slack_updates_per_minute: int = field(
+        default=50, metadata=at_least(1)
+    )  # chat.update calls per minute per workspace (Tier 3; clarion spends 90%)
     teams_app_id: str | None = (
         None  # the teams channel exists when it is set ("none": no auth, local only)
     )

@@ -30,7 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0013"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0014"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -295,6 +295,23 @@ collapse_groups = Table(
     _ts("window_until", False),
     Column("count", Integer, nullable=False),
     PrimaryKeyConstraint("user_id", "collapse_key", name="collapse_groups_pkey"),
+)
+
+# Updates owed to a collapse group's leading message (migration 0012, tasks/refresh.py).
+collapse_refreshes = Table(
+    "collapse_refreshes",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("leader_id", BigInteger, nullable=False),
+    Column("collapse_key", Text, nullable=False),
+    Column("count", Integer, nullable=False),
+    Column("shown", Integer, nullable=False, server_default="1"),
+    _ts("window_until", False),
+    _ts("due_at"),
+    _ts("lease_until"),
+    PrimaryKeyConstraint("user_id", "leader_id", name="collapse_refreshes_pkey"),
+    Index("collapse_refreshes_due", "due_at", postgresql_where=text("due_at IS NOT NULL")),
+    Index("collapse_refreshes_done", "window_until", postgresql_where=text("due_at IS NULL")),
 )
 
 SERIES_STATES = ("active", "paused", "ended", "cancelled")

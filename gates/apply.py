@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection
@@ -89,7 +89,14 @@ def apply(
     if plan.defer_until is not None:
         gating.defer_request(conn, key, until=plan.defer_until)
     if plan.join_collapse is not None:
-        gating.join_collapse(conn, request["user_id"], key=plan.join_collapse, now=now)
+        spacing = ntype.collapse_update_seconds if ntype else 0.0
+        gating.join_collapse(
+            conn,
+            request["user_id"],
+            key=plan.join_collapse,
+            now=now,
+            refresh_at=now + timedelta(seconds=spacing),  # the leader's message, updated in place
+        )
         # the leader's in-app item counts it too, under the group row lock just taken
         inbox.fold_follower(conn, request["user_id"], key=plan.join_collapse, now=now)
     if plan.fold is not None:
@@ -188,6 +195,16 @@ def _claim(
         )
         if holder is not None:
             return blocked_by_window(plan, holder)
+    # Collapse before caps: a request that finds a leader (one routed in this same batch, say)
+    # is a follower and spends no cap; a leader that then finds the cap spent is folded, and the
+    # savepoint takes its leadership back.
+    if plan.collapse is not None:
+        key, until = plan.collapse
+        leader, group_until, count = gating.claim_collapse(
+            conn, user, key=key, request_id=request["id"], now=now, until=until
+        )
+        if leader != request["id"]:
+            return collapsed(plan, key, (leader, group_until, count - 1))
     for cap in plan.caps:
         if not gating.claim_cap(
             conn, scope=cap.scope, bucket=cap.bucket, limit=cap.limit, expires_at=cap.expires_at
@@ -203,13 +220,6 @@ def _claim(
                 catalog.policy,
                 f"{cap.scope} reached {cap.limit} in {cap.bucket}",
             )
-    if plan.collapse is not None:
-        key, until = plan.collapse
-        leader, group_until, count = gating.claim_collapse(
-            conn, user, key=key, request_id=request["id"], now=now, until=until
-        )
-        if leader != request["id"]:
-            return collapsed(plan, key, (leader, group_until, count - 1))
     return plan
 
 

@@ -325,6 +325,8 @@ def cap_buckets(recipient: Mapping[str, Any], now: datetime) -> list[tuple[str, 
 def _fatigue_caps(p: Plan, channels, request, ntype, snapshot, now, policy):
     if ntype.category in NOT_CAPPED or ntype.critical or ntype.key == policy.summary_type:
         return p, channels
+    if _open_group(request, ntype, snapshot, now) is not None:
+        return p, channels  # a follower adds no notification: it is counted on its leader
     limits = {"user": policy.per_user_per_day, "org": policy.per_org_per_hour}
     claims = []
     for scope, bucket, ends in cap_buckets(snapshot.recipient, now):
@@ -364,14 +366,22 @@ def folded(
     )
 
 
+def _open_group(request, ntype, snapshot, now) -> tuple[str, tuple[int, datetime, int]] | None:
+    """(key, group) of the open collapse group this request would follow, or None."""
+    key = ntype.collapse_key(request["variables"])
+    group = snapshot.collapses.get(key) if key is not None else None
+    if key is None or group is None or group[1] <= now or group[0] == request.get("id"):
+        return None
+    return key, group
+
+
 def _collapse(p: Plan, channels, request, ntype, snapshot, now, policy):
     key = ntype.collapse_key(request["variables"])
     if key is None:
         return p, channels
     seconds = float(ntype.options["collapse"].get("window_seconds", 120))
-    group = snapshot.collapses.get(key)
-    if group is not None and group[1] > now and group[0] != request.get("id"):
-        return collapsed(p, key, group), []
+    if (follows := _open_group(request, ntype, snapshot, now)) is not None:
+        return collapsed(p, *follows), []
     until = now + timedelta(seconds=seconds)
     return replace(
         _step(p, "collapse", "allow", "leads_group", f"key {key!r} until {until.isoformat()}"),
