@@ -34,6 +34,7 @@ task_default_queue = "control"
 task_routes = {
     "clarion.tick": {"queue": "control"},
     "clarion.alerts": {"queue": "control"},
+    "clarion.retention": {"queue": "control"},
 }  # route/deliver name their lane when published
 
 task_serializer = "json"
@@ -74,6 +75,12 @@ beat_schedule = {
         "task": "clarion.alerts",
         "schedule": timedelta(seconds=_settings.alert_interval),
         "options": {"queue": "control", "expires": _settings.alert_interval},
+    },
+    # Retention (tasks/retention.py): hourly, in bounded batches; a run missed is the next one's.
+    "retention": {
+        "task": "clarion.retention",
+        "schedule": timedelta(hours=1),
+        "options": {"queue": "control", "expires": 3600},
     },
 }
 beat_schedule_filename = str(_settings.home / "celerybeat-schedule")

@@ -228,9 +228,11 @@ def breakdown(url: str, *, now: datetime, limit: int) -> dict[str, tuple[float, 
         (ledger, "recipients", "ledger.recipients (1 query)"),
         (tseries, "recipient_calendar", "recipient_calendar (per series)"),
         (tseries, "plan_tick", "plan_tick (per series, pure)"),
-        (store, "advance_many", "advance_many (one UPDATE for the batch)"),
-        (store, "insert_occurrences", "insert_occurrences (1 INSERT)"),
-        (ledger, "insert_decisions", "insert_decisions (1 INSERT)"),
+        (
+            store,
+            "fire_occurrences",
+            "fire_occurrences (advance + requests + decisions, 1 statement)",
+        ),
     ]
     originals = []
     for module, attr, label in targets:

