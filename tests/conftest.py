@@ -61,6 +61,12 @@ def services() -> Iterator[Services]:
         handle.stop()
 
 
+def partitions_under_test() -> int | None:
+    """CLARION_TEST_PARTITIONS=N: tests migrate to the layout hash-partitioned into N (db/partitioning.py)."""
+    parts = os.environ.get("CLARION_TEST_PARTITIONS")
+    return int(parts) if parts else None
+
+
 @pytest.fixture(scope="session")
 def template_database(services: Services) -> Iterator[str]:
     from db.engine import migrate, one_off_engine
@@ -70,9 +76,7 @@ def template_database(services: Services) -> Iterator[str]:
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    # CLARION_TEST_PARTITIONS=N: every test runs on the hash-partitioned layout (db/partitioning.py)
-    parts = os.environ.get("CLARION_TEST_PARTITIONS")
-    migrate(_with_database(services.database_url, name), partitions=int(parts) if parts else None)
+    migrate(_with_database(services.database_url, name), partitions=partitions_under_test())
     yield name
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

@@ -30,7 +30,7 @@ from ops import launch
 from ops.fake_slack import FakeSlack
 from ops.receiver import Receiver
 from tasks import notify_many, register_recipient
-from tests.conftest import WEBHOOK_SECRET, reset_process_state
+from tests.conftest import WEBHOOK_SECRET, partitions_under_test, reset_process_state
 from tests.support.cluster import counts, wait_settled
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.chaos]
@@ -127,7 +127,7 @@ def own_services(
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("CLARION_FAULTS", raising=False)
     reset_process_state()
-    migrate(url)
+    migrate(url, partitions=partitions_under_test())
     try:
         yield env, postgres, redis_server
     finally:
