@@ -267,7 +267,7 @@ def _convert(name: str, kind: type | str, raw: str):
     try:
         if kind in (float, "float"):
             return float(raw)
-        if kind in (int, "int"):
+        if kind in (int, "int", "int | None"):
             return int(raw)
         if "Path" in str(kind):
             return Path(raw)
