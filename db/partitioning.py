@@ -79,6 +79,16 @@ _INDEXES = text(
       AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)
     """
 )
+_CHILD_INDEXES = text(
+    """
+    SELECT c.relname, p.relname, part.relname FROM pg_inherits i
+    JOIN pg_class c ON c.oid = i.inhrelid
+    JOIN pg_class p ON p.oid = i.inhparent AND p.relkind = 'I'
+    JOIN pg_index x ON x.indexrelid = c.oid
+    JOIN pg_class part ON part.oid = x.indrelid
+    JOIN pg_inherits pi ON pi.inhrelid = part.oid AND pi.inhparent = CAST(:t AS regclass)
+    """
+)
 _IDENTITY = text(
     "SELECT attname FROM pg_attribute WHERE attrelid = CAST(:t AS regclass) AND attidentity <> ''"
 )
@@ -148,6 +158,11 @@ def _rebuild(conn: Connection, table: str, partitions: int) -> None:
         conn.execute(text(definition))
     for source, name, definition in inbound:
         conn.execute(text(f'ALTER TABLE {source} ADD CONSTRAINT "{name}" {definition}'))
+    for child, parent, partition in conn.execute(_CHILD_INDEXES, {"t": table}):
+        # "deliveries_one_send_p0", not "deliveries_p0_user_id_type_key_occurrence_key_channel_idx":
+        # a violation names the partition's index, and should still say which rule it broke
+        suffix = partition.removeprefix(f"{table}_")
+        conn.execute(text(f'ALTER INDEX {SCHEMA}."{child}" RENAME TO "{parent}_{suffix}"'))
 
 
 def _sequence(conn: Connection, table: str, column: str) -> str:
