@@ -123,11 +123,13 @@ def own_services(
         "CLARION_WEBHOOK_SECRET": WEBHOOK_SECRET,
         **FAST,
     }
+    parts = partitions_under_test()
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("CLARION_FAULTS", raising=False)
+    monkeypatch.delenv("CLARION_TEST_PARTITIONS", raising=False)  # not a setting: refused as one
     reset_process_state()
-    migrate(url, partitions=partitions_under_test())
+    migrate(url, partitions=parts)
     try:
         yield env, postgres, redis_server
     finally:
