@@ -35,6 +35,7 @@ task_routes = {
     "clarion.tick": {"queue": "control"},
     "clarion.alerts": {"queue": "control"},
     "clarion.refresh_collapsed": {"queue": "control"},
+    "clarion.retention": {"queue": "control"},
 }  # route/deliver name their lane when published
 
 task_serializer = "json"
@@ -82,6 +83,12 @@ beat_schedule = {
         "task": "clarion.refresh_collapsed",
         "schedule": timedelta(seconds=_settings.tick_interval),
         "options": {"queue": "control", "expires": max(1.0, _settings.tick_interval * 5)},
+    },
+    # Retention (tasks/retention.py): hourly, in bounded batches; a run missed is the next one's.
+    "retention": {
+        "task": "clarion.retention",
+        "schedule": timedelta(hours=1),
+        "options": {"queue": "control", "expires": 3600},
     },
 }
 beat_schedule_filename = str(_settings.home / "celerybeat-schedule")

@@ -169,6 +169,17 @@ class Settings:
     alert_webhook_url: str | None = None  # each firing and clearing is POSTed here, signed
     flower_basic_auth: str | None = None  # "user:password[,user2:password2]" for `clarion flower`
 
+    # --- scale (db/partitioning.py, tasks/retention.py) ---------------------------------------
+    partitions: int | None = field(
+        default=None, metadata=at_least(2)
+    )  # `clarion migrate` hash-partitions the per-recipient tables by user_id into this many
+    retention_days: int = field(
+        default=90, metadata=at_least(1)
+    )  # finished requests, deliveries, decisions… older than this are removed by the beat job
+    retention_batch: int = field(
+        default=5000, metadata=at_least(1)
+    )  # rows of one table removed per statement (each in its own short transaction)
+
     faults: str = ""
     faults_dir: Path | None = None
 
@@ -264,7 +275,7 @@ def _convert(name: str, kind: type | str, raw: str):
     try:
         if kind in (float, "float"):
             return float(raw)
-        if kind in (int, "int"):
+        if kind in (int, "int", "int | None"):
             return int(raw)
         if "Path" in str(kind):
             return Path(raw)

@@ -11,6 +11,7 @@ from sqlalchemy.pool import NullPool
 
 from clarion import settings
 from clarion.errors import ConfigurationError
+from db import partitioning
 from db.schema import SCHEMA_REVISION
 
 _engines: dict[tuple[int, str], Engine] = {}
@@ -88,8 +89,16 @@ def one_off_engine(url: str) -> Engine:
     return create_engine(normalise_url(url), poolclass=NullPool, isolation_level="AUTOCOMMIT")
 
 
-def migrate(url: str | None = None, revision: str = "head", *, down: bool = False) -> None:
-    """Bring the database up (or, with down=True, down) to `revision` with Alembic."""
+def migrate(
+    url: str | None = None,
+    revision: str = "head",
+    *,
+    down: bool = False,
+    partitions: int | None = None,
+) -> list[str]:
+    """Bring the database up (or, with down=True, down) to `revision` with Alembic; then, with
+    `partitions` (default CLARION_PARTITIONS) and going up, hash-partition the per-recipient tables
+    by user_id (db/partitioning.py) in the same transaction. The tables partitioned now."""
     from alembic import command
     from alembic.config import Config
 
@@ -99,4 +108,7 @@ def migrate(url: str | None = None, revision: str = "head", *, down: bool = Fals
     with eng.begin() as connection:
         config.attributes["connection"] = connection
         (command.downgrade if down else command.upgrade)(config, revision)
+        parts = partitions if partitions is not None else settings.get().partitions
+        done = [] if down or not parts else partitioning.apply(connection, parts)
     eng.dispose()
+    return done

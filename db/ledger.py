@@ -213,7 +213,10 @@ def unresolve_requests(conn: Connection, keys: Iterable[Key], *, due_at: datetim
 def due_statement(table: str, also_set: str = "") -> TextClause:
     """The tick's take of one lane's due rows of `table` (requests or deliveries): each is pushed
     :again seconds on, doubling with every round it makes without progress (up to :cap); rows
-    another tick holds are skipped."""
+    another tick holds are skipped. The rows are found again by (tableoid, ctid), which the lock
+    pins: a TID lookup per row in the right partition, where a join on (user_id, id) over a
+    hash-partitioned table is costed as a probe of every partition and may become a hash join
+    over all of them."""
     return text(
         f"""
         UPDATE {table} t
@@ -221,9 +224,9 @@ def due_statement(table: str, also_set: str = "") -> TextClause:
             due_at = CAST(:now AS timestamptz)
                      + make_interval(secs => least(:cap, :again * power(2, least(t.rounds, 16)))),
             rounds = least(t.rounds + 1, 1000)
-        FROM (SELECT user_id, id FROM {table} WHERE lane = :lane AND due_at <= :now
+        FROM (SELECT tableoid, ctid FROM {table} WHERE lane = :lane AND due_at <= :now
               ORDER BY due_at LIMIT :limit FOR UPDATE SKIP LOCKED) k
-        WHERE t.user_id = k.user_id AND t.id = k.id
+        WHERE t.tableoid = k.tableoid AND t.ctid = k.ctid
         RETURNING t.user_id, t.id, t.lane
         """
     )

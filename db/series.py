@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 from sqlalchemy import Connection, text
 
 _INSERT = text(
@@ -38,8 +41,8 @@ def insert_series(
 
 _TAKE_DUE = text(
     """
-    SELECT user_id, id, series_key, type_key, anchor_local, zone, every, max_count, until,
-           calendar_policy, variables, next_n, next_due_at, created_at
+    SELECT user_id, id, type_key, anchor_local, zone, every, max_count, until, calendar_policy,
+           next_n, next_due_at, created_at
     FROM series WHERE state = 'active' AND next_due_at <= :now
     ORDER BY next_due_at LIMIT :limit FOR UPDATE SKIP LOCKED
     """
@@ -47,38 +50,136 @@ _TAKE_DUE = text(
 
 
 def take_due_series(conn: Connection, *, now: datetime, limit: int) -> list[dict[str, Any]]:
-    """Due active series, locked for this transaction; another ticker skips them (no double fire)."""
-    return [dict(r) for r in conn.execute(_TAKE_DUE, {"now": now, "limit": limit}).mappings()]
+    """Due active series, locked for this transaction; another ticker skips them (no double fire).
+
+    Without `variables`: fire_occurrences copies them from the series row in SQL, so the tick
+    never decodes and re-encodes one JSON document per series."""
+    result = conn.execute(_TAKE_DUE, {"now": now, "limit": limit})
+    keys = tuple(result.keys())
+    return [dict(zip(keys, row, strict=True)) for row in result]
 
 
-_ADVANCE_MANY = text(
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def micros(at: datetime | None) -> int | None:
+    """An instant as whole microseconds since the epoch: psycopg dumps a bigint[] many times faster
+    than a timestamptz[], and the SQL turns it back exactly (`_AT`)."""
+    return None if at is None else (at - _EPOCH) // _MICROSECOND
+
+
+_AT = "(timestamptz 'epoch' + {} * interval '1 microsecond')"
+
+
+@dataclass(frozen=True)
+class Advance:
+    """Where one due series goes after this tick (state 'ended' when `ended`)."""
+
+    user_id: str
+    series_id: int
+    next_n: int
+    next_due_at: datetime | None
+    ended: bool
+
+
+@dataclass(frozen=True)
+class NewOccurrence:
+    """One occurrence request to record (pending, deferred, or routed when not sent), and, when it
+    is not sent as scheduled, the decision saying why (gate, outcome, reason, detail)."""
+
+    user_id: str
+    series_id: int
+    occurrence_key: str
+    lane: str
+    template_version: int
+    state: str
+    due_at: datetime | None
+    decision: tuple[str, str, str, str] | None = None
+
+
+# Sent through psycopg itself (pipelined, see `pipelined`): psycopg placeholders.
+_FIRE = f"""
+    WITH adv AS (
+        UPDATE series s SET next_n = x.n, next_due_at = {_AT.format("x.due")},
+            state = CASE WHEN x.ended THEN 'ended' ELSE s.state END, updated_at = %(now)s
+        FROM unnest(CAST(%(users)s AS text[]), CAST(%(ids)s AS bigint[]), CAST(%(ns)s AS int[]),
+                    CAST(%(dues)s AS bigint[]), CAST(%(ended)s AS boolean[])) AS x(u, i, n, due, ended)
+        WHERE s.user_id = x.u AND s.id = x.i AND s.state = 'active'
+        RETURNING s.user_id, s.id, s.type_key, s.variables
+    ), occ AS (
+        SELECT * FROM unnest(CAST(%(o_users)s AS text[]), CAST(%(o_ids)s AS bigint[]),
+            CAST(%(o_keys)s AS text[]), CAST(%(o_lanes)s AS text[]), CAST(%(o_versions)s AS int[]),
+            CAST(%(o_states)s AS text[]), CAST(%(o_dues)s AS bigint[]), CAST(%(o_gates)s AS text[]),
+            CAST(%(o_outcomes)s AS text[]), CAST(%(o_reasons)s AS text[]), CAST(%(o_details)s AS text[]))
+            AS o(u, i, k, lane, version, state, due, gate, outcome, reason, detail)
+    ), ins AS (
+        INSERT INTO requests (user_id, type_key, occurrence_key, lane, template_version, variables,
+                              state, due_at, created_at, routed_at)
+        SELECT o.u, adv.type_key, o.k, o.lane, o.version, adv.variables, o.state,
+               {_AT.format("o.due")}, %(now)s, CASE WHEN o.state = 'routed' THEN %(now)s END
+        FROM occ o JOIN adv ON adv.user_id = o.u AND adv.id = o.i
+        ON CONFLICT (user_id, type_key, occurrence_key) DO NOTHING
+        RETURNING user_id, occurrence_key, id
+    )
+    INSERT INTO decisions (user_id, request_id, gate, outcome, reason, detail, decided_at)
+    SELECT ins.user_id, ins.id, o.gate, o.outcome, o.reason, o.detail, %(now)s
+    FROM ins JOIN occ o ON o.u = ins.user_id AND o.k = ins.occurrence_key
+    WHERE o.gate IS NOT NULL
     """
-    UPDATE series s SET next_n = x.n, next_due_at = x.due,
-        state = CASE WHEN x.ended THEN 'ended' ELSE s.state END, updated_at = :now
-    FROM unnest(CAST(:users AS text[]), CAST(:ids AS bigint[]), CAST(:ns AS int[]),
-                CAST(:dues AS timestamptz[]), CAST(:ended AS boolean[])) AS x(u, i, n, due, ended)
-    WHERE s.user_id = x.u AND s.id = x.i AND s.state = 'active'
-    """
-)
 
 
-def advance_many(
-    conn: Connection, rows: list[tuple[str, int, int, datetime | None, bool]], *, now: datetime
+def fire_occurrences(
+    conn: Connection,
+    advances: Sequence[Advance],
+    occurrences: Sequence[NewOccurrence],
+    *,
+    now: datetime,
 ) -> None:
-    """Move many series on in one statement: (user_id, id, next_n, next_due_at, ended) each; a series
-    no longer active (cancelled or paused meanwhile) is left alone."""
-    if rows:
-        conn.execute(
-            _ADVANCE_MANY,
-            {
-                "users": [r[0] for r in rows],
-                "ids": [r[1] for r in rows],
-                "ns": [r[2] for r in rows],
-                "dues": [r[3] for r in rows],
-                "ended": [r[4] for r in rows],
-                "now": now,
+    """The tick's writes for its due series, in one statement: advance each series still active
+    (one cancelled or paused meanwhile is left alone, and fires nothing), record its occurrences
+    once each (variables copied from the series row; one created before, by a second beat or a
+    snooze, is left as it is), and the decisions of those created now that are not sent as
+    scheduled."""
+    if not advances:
+        return
+    _raw(conn).execute(
+        _FIRE,
+        {
+            "users": [a.user_id for a in advances],
+            "ids": [a.series_id for a in advances],
+            "ns": [a.next_n for a in advances],
+            "dues": [micros(a.next_due_at) for a in advances],
+            "ended": [a.ended for a in advances],
+            "o_users": [o.user_id for o in occurrences],
+            "o_ids": [o.series_id for o in occurrences],
+            "o_keys": [o.occurrence_key for o in occurrences],
+            "o_lanes": [o.lane for o in occurrences],
+            "o_versions": [o.template_version for o in occurrences],
+            "o_states": [o.state for o in occurrences],
+            "o_dues": [micros(o.due_at) for o in occurrences],
+            **{
+                f"o_{name}s": [o.decision[i] if o.decision else None for o in occurrences]
+                for i, name in enumerate(("gate", "outcome", "reason", "detail"))
             },
-        )
+            "now": now,
+        },
+    )
+
+
+def _raw(conn: Connection) -> psycopg.Connection[Any]:
+    raw = conn.connection.dbapi_connection
+    assert isinstance(raw, psycopg.Connection)
+    return raw
+
+
+@contextmanager
+def pipelined(conn: Connection) -> Iterator[None]:
+    """fire_occurrences inside does not wait for the server: the tick plans the next batch of
+    due series while PostgreSQL writes the last one (psycopg pipeline mode; an error surfaces by
+    the end of the block at the latest, and the caller's transaction rolls back as usual)."""
+    with _raw(conn).pipeline():
+        yield
 
 
 _SET_STATE = text(
@@ -166,43 +267,6 @@ def series_of(conn: Connection, user_id: str) -> list[dict[str, Any]]:
     return [dict(r) for r in conn.execute(_OF_USER, {"user_id": user_id}).mappings()]
 
 
-_INSERT_OCCURRENCES = text(
-    """
-    INSERT INTO requests (user_id, type_key, occurrence_key, lane, template_version, variables,
-                          state, due_at, created_at, routed_at)
-    SELECT u, t, o, l, v, CAST(vars AS jsonb), s, d, :now, CASE WHEN s = 'routed' THEN :now END
-    FROM unnest(CAST(:users AS text[]), CAST(:types AS text[]), CAST(:occs AS text[]),
-                CAST(:lanes AS text[]), CAST(:versions AS int[]), CAST(:vars AS text[]),
-                CAST(:states AS text[]), CAST(:dues AS timestamptz[])) AS x(u, t, o, l, v, vars, s, d)
-    ON CONFLICT (user_id, type_key, occurrence_key) DO NOTHING
-    RETURNING occurrence_key, id
-    """
-)
-
-
-def insert_occurrences(
-    conn: Connection, rows: Sequence[dict[str, Any]], *, now: datetime
-) -> dict[str, int]:
-    """Create occurrence requests (pending, deferred, or routed for missed/skipped ones), once each.
-
-    Returns occurrence_key → request id for those created now; an occurrence created before (by a
-    second beat, or a snooze) is left as it is."""
-    if not rows:
-        return {}
-    cols = {
-        "users": "user_id",
-        "types": "type_key",
-        "occs": "occurrence_key",
-        "lanes": "lane",
-        "versions": "template_version",
-        "states": "state",
-        "dues": "due_at",
-    }
-    params = {name: [r[col] for r in rows] for name, col in cols.items()}
-    params["vars"] = [json.dumps(r["variables"]) for r in rows]
-    return {occ: id_ for occ, id_ in conn.execute(_INSERT_OCCURRENCES, {**params, "now": now})}
-
-
 _SNOOZE = text(
     """
     INSERT INTO requests AS r (user_id, type_key, occurrence_key, lane, template_version, variables,
@@ -246,21 +310,20 @@ def snooze_occurrence(
     return row[0] if row else None
 
 
-_DEFERRED = text(
-    """
+_DEFERRED = """
     SELECT r.user_id, r.type_key, r.occurrence_key FROM requests r
-    JOIN unnest(CAST(:users AS text[]), CAST(:types AS text[]), CAST(:occs AS text[]))
+    JOIN unnest(CAST(%(users)s AS text[]), CAST(%(types)s AS text[]), CAST(%(occs)s AS text[]))
         AS x(u, t, o) ON r.user_id = x.u AND r.type_key = x.t AND r.occurrence_key = x.o
     WHERE r.state = 'deferred'
     """
-)
 
 
 def deferred_occurrences(
     conn: Connection, keys: Sequence[tuple[str, str, str]]
 ) -> set[tuple[str, str, str]]:
     """Which of these (user_id, type_key, occurrence_key) requests are held to be sent later: an
-    occurrence moved to a working day, a snoozed one."""
+    occurrence moved to a working day, a snoozed one. Through psycopg itself, so that it also
+    runs inside `pipelined` (psycopg syncs the pipeline to fetch it)."""
     if not keys:
         return set()
     params = {
@@ -268,4 +331,4 @@ def deferred_occurrences(
         "types": [k[1] for k in keys],
         "occs": [k[2] for k in keys],
     }
-    return {(u, t, o) for u, t, o in conn.execute(_DEFERRED, params)}
+    return {(u, t, o) for u, t, o in _raw(conn).execute(_DEFERRED, params).fetchall()}

@@ -26,7 +26,9 @@ def _migrate(args: argparse.Namespace) -> int:
     from db.engine import engine, migrate
     from scheduling import zones
 
-    migrate()
+    partitioned = migrate(partitions=args.partitions)
+    if partitioned:
+        print(f"hash-partitioned by user_id: {', '.join(partitioned)}")
     with engine().begin() as conn:  # this install's tz rules become the deployment's
         changed, before = meta.put(conn, meta.TZDATA, zones.TZ_DATABASE, now=clock.now())
     print("database is at the latest revision")
@@ -298,7 +300,15 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("services", help="run embedded PostgreSQL and Redis until Ctrl-C").set_defaults(
         fn=_services
     )
-    sub.add_parser("migrate", help="bring the database schema up to date").set_defaults(fn=_migrate)
+    mig = sub.add_parser("migrate", help="bring the database schema up to date")
+    mig.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="hash-partition the per-recipient tables by user_id into N partitions (the shape "
+        "Citus distributes); default CLARION_PARTITIONS; running it again changes nothing",
+    )
+    mig.set_defaults(fn=_migrate)
     w = sub.add_parser("worker", help="run a Celery worker for one or more lanes")
     w.add_argument(
         "--lane",

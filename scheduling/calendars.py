@@ -84,8 +84,16 @@ def calendar_for(
     Raises ValueError for an unknown zone or a malformed workweek. A country or subdivision the
     holidays package does not know is left out (and `source` says so) rather than raised: this runs
     on every tick, and one recipient's odd setting must not stop it."""
+    return _calendar_for(
+        None if workweek is None else frozenset(workweek), country, subdivision, zone
+    )
+
+
+@lru_cache(maxsize=4096)  # pure; a tick asks once per due series, for a few dozen distinct settings
+def _calendar_for(
+    week: frozenset[int] | None, country: str | None, subdivision: str | None, zone: str
+) -> WorkCalendar:
     load_zone(zone)
-    week = None if workweek is None else frozenset(workweek)
     code, origin, notes = _country(country, zone)
     subdiv = _subdivision(code, subdivision)
     if subdivision and code and subdiv is None:
@@ -126,6 +134,7 @@ def is_working_day(cal: WorkCalendar, day: date) -> bool:
     return non_working_reason(cal, day) is None
 
 
+@lru_cache(maxsize=65536)  # pure (the calendar's `source` takes no part in equality)
 def non_working_reason(cal: WorkCalendar, day: date) -> str | None:
     """Why `day` is not a working day ("weekend (IL: Fri–Sat)", "holiday: Yom Kippur"); None if it is."""
     if cal.country is None:

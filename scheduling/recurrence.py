@@ -29,6 +29,7 @@ import calendar as _gregorian
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Final, Literal, get_args
 
 from scheduling.calendars import WorkCalendar, add_working_days, load_zone, working_days_between
@@ -66,14 +67,20 @@ class Every:
 
 def parse_every(text: str) -> Every:
     """Read "1d", "2w", "1mo", "3wd" (working days), "daily", "weekly" or "monthly"."""
-    key = text.strip().lower() if isinstance(text, str) else ""
-    match = _TEXT.fullmatch(_WORDS.get(key, key))
-    if match is None:
+    every = _parse_every(text) if isinstance(text, str) else None
+    if every is None:
         raise ValueError(
             f"cannot read the interval {text!r}: write a count and a unit — d (days), w (weeks), "
             "mo (months) or wd (working days), e.g. 1d, 2w, 1mo, 3wd — or daily, weekly, monthly"
         )
-    return Every(int(match[1]), _BY_SUFFIX[match[2]])
+    return every
+
+
+@lru_cache(maxsize=1024)  # every tick reads the same few intervals, once or twice per due series
+def _parse_every(text: str) -> Every | None:
+    key = text.strip().lower()
+    match = _TEXT.fullmatch(_WORDS.get(key, key))
+    return None if match is None else Every(int(match[1]), _BY_SUFFIX[match[2]])
 
 
 def local_occurrence(
@@ -107,10 +114,11 @@ def to_utc(local: datetime, zone: str) -> datetime:
     return local.replace(tzinfo=load_zone(zone), fold=0).astimezone(UTC)
 
 
+@lru_cache(maxsize=16384)  # a tick asks for the same (series, n) up to six times (plan_tick)
 def due_at(
     anchor_local: datetime, zone: str, every: Every, n: int, calendar: WorkCalendar | None = None
 ) -> datetime:
-    """When occurrence n is due, in UTC."""
+    """When occurrence n is due, in UTC. Pure, so memoised: every argument is immutable."""
     return to_utc(local_occurrence(anchor_local, every, n, calendar), zone)
 
 

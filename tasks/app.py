@@ -54,7 +54,14 @@ def load_config(path: Path = CONFIG_FILE) -> ModuleType:
 
 app = Celery(
     "clarion",
-    include=["tasks.route", "tasks.deliver", "tasks.tick", "tasks.alerts", "tasks.refresh"],
+    include=[
+        "tasks.route",
+        "tasks.deliver",
+        "tasks.tick",
+        "tasks.alerts",
+        "tasks.refresh",
+        "tasks.retention",
+    ],
 )
 app.config_from_object(load_config())
 

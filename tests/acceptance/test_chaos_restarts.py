@@ -30,7 +30,7 @@ from ops import launch
 from ops.fake_slack import FakeSlack
 from ops.receiver import Receiver
 from tasks import notify_many, register_recipient
-from tests.conftest import WEBHOOK_SECRET, reset_process_state
+from tests.conftest import WEBHOOK_SECRET, partitions_under_test, reset_process_state
 from tests.support.cluster import counts, wait_settled
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.chaos]
@@ -123,11 +123,12 @@ def own_services(
         "CLARION_WEBHOOK_SECRET": WEBHOOK_SECRET,
         **FAST,
     }
+    parts = partitions_under_test()
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("CLARION_FAULTS", raising=False)
     reset_process_state()
-    migrate(url)
+    migrate(url, partitions=parts)
     try:
         yield env, postgres, redis_server
     finally:

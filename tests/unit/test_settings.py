@@ -28,6 +28,8 @@ from clarion.settings import EMBEDDED_FILE, Settings, from_env, read_embedded
         ({"CLARION_HOME": "/tmp/clarion-home"}, "home", Path("/tmp/clarion-home")),
         ({"CLARION_CATALOG": "cat.yaml"}, "catalog", Path("cat.yaml")),
         ({"CLARION_FAULTS_DIR": "/tmp/f"}, "faults_dir", Path("/tmp/f")),
+        ({"CLARION_PARTITIONS": "4"}, "partitions", 4),
+        ({"CLARION_RETENTION_DAYS": "30"}, "retention_days", 30),
         (
             {"CLARION_DATABASE_URL": "postgresql://x/y", "CLARION_WEBHOOK_SECRET": "s3"},
             "database_url",

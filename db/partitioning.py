@@ -1,0 +1,178 @@
+"""Hash partitioning by user_id: the per-recipient tables as PostgreSQL declarative partitions.
+
+The same shape Citus distributes (a table split by a hash of user_id, every unique index holding
+user_id), on stock PostgreSQL, so the schema's readiness for it is tested, not claimed. It is a
+layout, not an Alembic revision: `clarion migrate --partitions N` (or CLARION_PARTITIONS=N)
+upgrades to head first and then rebuilds each plain table of PARTITIONED as a partitioned one, in
+the same transaction. That way the revisions stay one linear chain that runs on either layout
+(PostgreSQL carries ADD COLUMN and CREATE INDEX on a partitioned table down to its partitions), and a
+table a later revision adds to PARTITIONED is partitioned by the next `migrate --partitions N`.
+Running it again changes nothing; a database partitioned with another N is refused.
+
+Each rebuild keeps names: columns (LIKE, with defaults, identity, CHECKs), the primary key and
+unique constraints, the other indexes, the foreign keys out of the table and into it, and the
+identity sequence's position. The partitions live in the schema `clarion_partitions`, out of the
+way of `public` (where the schema check compares tables with db/schema.py). Rows are copied: fine
+for a new or small deployment; a large one would partition by pg_dump/restore or logical
+replication, and a Citus one calls create_distributed_table instead (README "Beyond one machine").
+
+Not partitioned: tables not per recipient (clarion_meta, api_keys, api_idempotency, alerts, all
+small), and fatigue_counters: an org's cap is one counter shared by all the org's users, and split
+by a user-derived partition it would admit up to the cap in every partition (README "Beyond one
+machine" says what to do with it on Citus).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection, text
+
+from clarion.errors import ConfigurationError
+
+SCHEMA = "clarion_partitions"
+PARTITIONED = (
+    "recipients",
+    "requests",
+    "deliveries",
+    "decisions",
+    "receipts",
+    "incidents",
+    "preferences",
+    "suppressions",
+    "activation_windows",
+    "collapse_groups",
+    "series",
+    "interactions",
+    "inbox_items",
+    "escalations",
+    "escalation_requests",
+    "digests",
+    "collapse_refreshes",
+)
+MAX_PARTITIONS = 256
+
+_COUNT = text(
+    """
+    SELECT c.relname, count(i.inhrelid) FROM pg_class c
+    JOIN pg_namespace s ON s.oid = c.relnamespace AND s.nspname = current_schema()
+    LEFT JOIN pg_inherits i ON i.inhparent = c.oid
+    WHERE c.relname = ANY(CAST(:tables AS text[])) AND c.relkind IN ('r', 'p')
+    GROUP BY c.relname, c.relkind HAVING c.relkind = 'p'
+    """
+)
+_EXISTING = text(
+    "SELECT relname FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace "
+    "WHERE s.nspname = current_schema() AND relkind = 'r' AND relname = ANY(CAST(:tables AS text[]))"
+)
+_OWN_CONSTRAINTS = text(
+    """
+    SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint
+    WHERE conrelid = CAST(:t AS regclass) AND contype IN ('p', 'u', 'f', 'x') AND conparentid = 0
+    ORDER BY contype = 'f', conname
+    """
+)
+_INBOUND = text(
+    """
+    SELECT CAST(conrelid AS regclass)::text, conname, pg_get_constraintdef(oid) FROM pg_constraint
+    WHERE confrelid = CAST(:t AS regclass) AND conrelid <> confrelid AND contype = 'f'
+      AND conparentid = 0
+    """
+)
+_INDEXES = text(
+    """
+    SELECT pg_get_indexdef(i.indexrelid) FROM pg_index i
+    WHERE i.indrelid = CAST(:t AS regclass)
+      AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)
+    """
+)
+_CHILD_INDEXES = text(
+    """
+    SELECT c.relname, p.relname, part.relname FROM pg_inherits i
+    JOIN pg_class c ON c.oid = i.inhrelid
+    JOIN pg_class p ON p.oid = i.inhparent AND p.relkind = 'I'
+    JOIN pg_index x ON x.indexrelid = c.oid
+    JOIN pg_class part ON part.oid = x.indrelid
+    JOIN pg_inherits pi ON pi.inhrelid = part.oid AND pi.inhparent = CAST(:t AS regclass)
+    """
+)
+_IDENTITY = text(
+    "SELECT attname FROM pg_attribute WHERE attrelid = CAST(:t AS regclass) AND attidentity <> ''"
+)
+
+
+def partition_counts(conn: Connection) -> dict[str, int]:
+    """Each table of PARTITIONED that is partitioned, with its number of partitions."""
+    return {r[0]: int(r[1]) for r in conn.execute(_COUNT, {"tables": list(PARTITIONED)})}
+
+
+def apply(conn: Connection, partitions: int) -> list[str]:
+    """Hash-partition every plain table of PARTITIONED by user_id into `partitions` parts; the
+    names of the tables rebuilt now (none when all already are). Inside the caller's transaction."""
+    if not 2 <= partitions <= MAX_PARTITIONS:
+        raise ConfigurationError(f"partitions must be from 2 to {MAX_PARTITIONS}, not {partitions}")
+    other = {t: n for t, n in partition_counts(conn).items() if n != partitions}
+    if other:
+        raise ConfigurationError(
+            f"the database is already partitioned with {sorted(set(other.values()))} partitions "
+            f"({', '.join(sorted(other))}), not {partitions}: repartitioning is not supported"
+        )
+    plain = {r[0] for r in conn.execute(_EXISTING, {"tables": list(PARTITIONED)})}
+    todo = [t for t in PARTITIONED if t in plain]
+    if todo:
+        conn.execute(text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
+    for table in todo:
+        _rebuild(conn, table, partitions)
+    return todo
+
+
+def _rebuild(conn: Connection, table: str, partitions: int) -> None:
+    params = {"t": table}
+    own = conn.execute(_OWN_CONSTRAINTS, params).all()
+    inbound = conn.execute(_INBOUND, params).all()
+    indexes = [r[0] for r in conn.execute(_INDEXES, params)]
+    identity = [r[0] for r in conn.execute(_IDENTITY, params)]
+    positions = {
+        col: conn.execute(
+            text(f"SELECT last_value, is_called FROM {_sequence(conn, table, col)}")
+        ).one()
+        for col in identity
+    }
+    old = f"{table}__plain"
+    conn.execute(text(f'ALTER TABLE "{table}" RENAME TO "{old}"'))
+    conn.execute(
+        text(
+            f'CREATE TABLE "{table}" (LIKE "{old}" INCLUDING DEFAULTS INCLUDING IDENTITY '
+            "INCLUDING CONSTRAINTS INCLUDING STORAGE INCLUDING COMMENTS) PARTITION BY HASH (user_id)"
+        )
+    )
+    for i in range(partitions):
+        conn.execute(
+            text(
+                f'CREATE TABLE {SCHEMA}."{table}_p{i}" PARTITION OF "{table}" '
+                f"FOR VALUES WITH (MODULUS {partitions}, REMAINDER {i})"
+            )
+        )
+    conn.execute(text(f'INSERT INTO "{table}" OVERRIDING SYSTEM VALUE SELECT * FROM "{old}"'))
+    for col, (last, called) in positions.items():
+        conn.execute(
+            text(f'ALTER TABLE "{table}" ALTER COLUMN "{col}" RESTART WITH {last + int(called)}')
+        )
+    conn.execute(text(f'DROP TABLE "{old}" CASCADE'))  # its indexes and inbound keys with it
+    for name, definition in own:
+        conn.execute(text(f'ALTER TABLE "{table}" ADD CONSTRAINT "{name}" {definition}'))
+    for definition in indexes:
+        conn.execute(text(definition))
+    for source, name, definition in inbound:
+        conn.execute(text(f'ALTER TABLE {source} ADD CONSTRAINT "{name}" {definition}'))
+    for child, parent, partition in conn.execute(_CHILD_INDEXES, {"t": table}):
+        # "deliveries_one_send_p0", not "deliveries_p0_user_id_type_key_occurrence_key_channel_idx":
+        # a violation names the partition's index, and should still say which rule it broke
+        suffix = partition.removeprefix(f"{table}_")
+        conn.execute(text(f'ALTER INDEX {SCHEMA}."{child}" RENAME TO "{parent}_{suffix}"'))
+
+
+def _sequence(conn: Connection, table: str, column: str) -> str:
+    return str(
+        conn.execute(
+            text("SELECT pg_get_serial_sequence(:t, :c)"), {"t": table, "c": column}
+        ).scalar_one()
+    )
