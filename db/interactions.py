@@ -10,7 +10,7 @@ from sqlalchemy import Connection, text
 _TARGET = text(
     """
     SELECT d.user_id, d.id, d.state, d.channel, d.platform, d.type_key, d.occurrence_key, d.answer,
-           d.provider_message_id, r.template_version, r.variables, rc.addresses
+           d.provider_message_id, r.template_version, r.variables, r.locale, rc.addresses
     FROM deliveries d
     JOIN requests r ON r.user_id = d.user_id AND r.id = d.request_id
     JOIN recipients rc ON rc.user_id = d.user_id
