@@ -461,6 +461,18 @@ def _variables_used(
     return used
 
 
+def _check_locale_keys(ntype: NotificationType) -> None:
+    """A Python-built version's locale keys: canonical tags, none the default locale."""
+    for version, template in sorted(ntype.templates.items()):
+        for tag in template.locales:
+            if _locales.normalise(tag) != tag or tag == ntype.default_locale:
+                raise CatalogError(
+                    f"type {ntype.key!r} v{version} locales: {tag!r} must be a canonical tag "
+                    f"({_locales.normalise(tag)!r}) other than the default locale "
+                    f"{ntype.default_locale!r}"
+                )
+
+
 def check_renders(ntype: NotificationType) -> None:
     """Render every field of every version for every channel it targets, with the sample variables,
     in the delivery sandbox: a template that cannot render fails here, not in every delivery."""
@@ -570,6 +582,7 @@ class Catalog:
                     *(c for t in ntype.templates.values() for c in t.channels_overridden()),
                 ]:
                     _channel_name(channel, f"type {ntype.key!r} channels", CatalogError)
+                _check_locale_keys(ntype)
                 check_renders(ntype)
         except CatalogError as exc:
             raise CatalogError(f"{self.source}: {exc}") from (exc.__cause__ or exc)

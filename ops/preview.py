@@ -305,11 +305,12 @@ def _push(message: Message, s: Settings) -> Built:
         "apns": json.loads(apns.payload(message)),
         "collapse_id": collapse,
     }
+    sizes = f"FCM {len(_compact(request['fcm']))} B, APNs {len(apns.payload(message))} B"
     return request, [
         ("title", title),
         ("body", body),
         ("collapse id", collapse),
-        ("apns payload", _compact(request["apns"])),
+        ("payloads", f"{sizes} (--json shows them)"),
     ]
 
 
