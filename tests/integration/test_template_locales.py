@@ -12,8 +12,12 @@ import pytest
 import yaml
 from sqlalchemy import text
 
+from catalog.model import EXAMPLES
+from clarion import settings
 from db.engine import engine
-from tasks import notify, register_recipient
+from ops.fake_twilio import FakeTwilio
+from ops.preview import for_recipient
+from tasks import notify, register_recipient, runtime
 from tasks.deliver import deliver
 from tasks.route import route
 from tests.support.endpoint import Endpoint
@@ -127,3 +131,55 @@ def test_every_request_insert_pins_the_recipients_locale(endpoint):
     with engine().begin() as conn:
         assert conn.execute(unnamed, {"occ": "x:1"}).scalar_one() == "de-AT"
         assert conn.execute(named, {"occ": "x:2"}).scalar_one() == "fr"
+
+
+def test_the_sms_twilio_takes_is_what_preview_shows_in_the_recipients_locale(
+    clarion_env, monkeypatch
+):
+    """The demo's order_delayed over the real twilio SDK to the local Twilio: the body in each
+    recipient's locale, and the fake's own segment count and encoding equal to the preview's."""
+
+    with FakeTwilio() as fake, publishing_to_this_tests_broker():
+        configure(
+            monkeypatch,
+            catalog=EXAMPLES / "demo.yaml",
+            twilio_account_sid=FakeTwilio.ACCOUNT_SID,
+            twilio_auth_token=FakeTwilio.AUTH_TOKEN,
+            twilio_api_url=fake.url,
+            twilio_from=FakeTwilio.NUMBER,
+            sms_segments_per_second=100,
+        )
+        numbers = {"es": "+34600000001", "de-AT": "+43660000002", "en-GB": "+447700900003"}
+        variables = {"first_name": "Ana", "order_number": "B-7", "new_date": "2026-12-11"}
+        keys = []
+        for locale, number in numbers.items():
+            user = f"u-{locale}"
+            register_recipient(
+                user, timezone="Europe/Madrid", locale=locale, addresses={"sms": number}
+            )
+            made = notify(user, "order_delayed", event_id="e1", variables=variables)
+            assert route([user], [made.request_id]) == 1
+            [row] = rows(
+                "SELECT user_id, id FROM deliveries WHERE request_id = :r", r=made.request_id
+            )
+            keys.append((row["user_id"], row["id"]))
+        drain("transactional")
+        assert deliver([k[0] for k in keys], [k[1] for k in keys]) == 3
+
+        ntype = runtime.catalog().get("order_delayed")
+        for locale, number in numbers.items():
+            [taken] = fake.messages(number)
+            recipient = {"user_id": f"u-{locale}", "locale": locale, "addresses": {"sms": number}}
+            [shown] = for_recipient(
+                ntype, recipient, ["sms"], variables, settings.get(), occurrence_key="event:e1"
+            )
+            assert (taken.body, taken.segments) == (
+                shown.request["body"],
+                shown.request["segments"],
+            )
+        assert fake.messages(numbers["es"])[0].body == (
+            "Tu pedido B-7 se retrasa: llegará el 2026-12-11."
+        )
+        assert fake.messages(numbers["de-AT"])[0].body.startswith("Bestellung B-7 verspätet sich")
+        assert fake.messages(numbers["en-GB"])[0].body.startswith("Order B-7 is delayed")
+        assert len(fake.messages()) == 3
