@@ -10,7 +10,8 @@ import pytest
 from catalog import Catalog
 from clarion.errors import InvalidRequest, UnknownType
 from clarion.settings import Settings
-from ops.preview import BUILDERS, preview, readable
+from ops.preview import preview, readable
+from ops.preview_channels import BUILDERS
 
 CHANNELS = ["console", "webhook", "slack", "teams", "email", "sms", "push", "in_app"]
 CATALOG = Catalog.from_dict(
