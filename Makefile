@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit integration acceptance chaos soak lint bench clean
+.PHONY: demo test unit integration acceptance chaos soak lint bench clean browser
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "clarion needs Python 3.11 or 3.12 on PATH"; exit 1; }
@@ -16,19 +16,30 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	@touch $(STAMP)
 
+# The preferences page's browser test drives Debian's Chromium through Playwright (never a browser
+# that Playwright downloads): installed here when missing, so a clean machine needs no hand step.
+CHROMIUM := /usr/bin/chromium
+APT_GET := DEBIAN_FRONTEND=noninteractive apt-get -y -q -o DPkg::Lock::Timeout=600
+
+browser:
+	@test -x $(CHROMIUM) || { \
+	  echo "installing Debian's chromium (the preferences-page browser test needs $(CHROMIUM))"; \
+	  $(APT_GET) install chromium >/dev/null || { $(APT_GET) update >/dev/null && $(APT_GET) install chromium >/dev/null; }; \
+	  test -x $(CHROMIUM) || { echo "could not install chromium with apt-get (root and Debian's package lists are needed): tests/integration/test_preferences_browser.py fails without $(CHROMIUM)"; exit 1; }; }
+
 demo: $(STAMP)
 	$(BIN)/clarion demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q -m 'not soak' tests
+	$(BIN)/pytest -q -n 2 -m 'not soak' tests
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
-integration: $(STAMP)
+integration: $(STAMP) browser
 	$(BIN)/pytest -q tests/integration
 
 acceptance: $(STAMP)

@@ -34,6 +34,7 @@ task_default_queue = "control"
 task_routes = {
     "clarion.tick": {"queue": "control"},
     "clarion.alerts": {"queue": "control"},
+    "clarion.refresh_collapsed": {"queue": "control"},
 }  # route/deliver name their lane when published
 
 task_serializer = "json"
@@ -74,6 +75,13 @@ beat_schedule = {
         "task": "clarion.alerts",
         "schedule": timedelta(seconds=_settings.alert_interval),
         "options": {"queue": "control", "expires": _settings.alert_interval},
+    },
+    # Collapse in place (tasks/refresh.py): the updates owed to collapse leaders' messages are
+    # rows with due times; this entry sends those that are due (a missed run is the next one's).
+    "collapse-refresh": {
+        "task": "clarion.refresh_collapsed",
+        "schedule": timedelta(seconds=_settings.tick_interval),
+        "options": {"queue": "control", "expires": max(1.0, _settings.tick_interval * 5)},
     },
 }
 beat_schedule_filename = str(_settings.home / "celerybeat-schedule")

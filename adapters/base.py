@@ -172,10 +172,14 @@ class Adapter(Protocol):
 
 
 class ChatAdapter(Adapter, Protocol):
-    """Channels with buttons (Slack, Teams) also update a sent message in place, and may find a
-    message an earlier, crashed attempt already posted."""
+    """Channels with buttons (Slack, Teams) also update a sent message in place (see
+    `Channel.update`), and may find a message an earlier, crashed attempt already posted."""
 
-    def update(self, message: Message, provider_message_id: str, answered: str | None) -> None:
+    updates_in_place: bool
+
+    def update(
+        self, message: Message, provider_message_id: str, answered: str | None = None
+    ) -> None:
         """Re-render the sent message; `answered` is the catalog label of the recorded answer."""
         ...
 
@@ -280,11 +284,17 @@ class Channel(Generic[Req, Resp]):
       request cannot have left) or UnknownSendError (it may have).
     - `from_response(message, response)`: pure; a SendResult, or the SendError to raise.
 
-    `send` strings them together; a channel overrides a step, not `send`."""
+    `send` strings them together; a channel overrides a step, not `send`.
+
+    Optional capability, `update(message, provider_message_id, answered=None)`: re-render a
+    message this channel sent, in place (Slack chat.update, a Teams card refresh). A channel that
+    implements it sets `updates_in_place = True`; tasks.refresh then keeps a collapse leader's
+    message showing its group's running count. Without it the channel keeps what it sent."""
 
     channel: str
     needs_address: bool = True
     dedups_by_key: bool = False
+    updates_in_place: bool = False
     limits: RateLimits | None = None
 
     def to_request(self, message: Message) -> Req:
@@ -299,6 +309,15 @@ class Channel(Generic[Req, Resp]):
     def from_response(self, message: Message, response: Resp) -> SendResult:
         raise NotImplementedError
 
+    def update(
+        self, message: Message, provider_message_id: str, answered: str | None = None
+    ) -> None:
+        """Set the sent message `provider_message_id` (as the send recorded it) to `message`'s
+        content, with the catalog label `answered` in place of its buttons if answered. Raises
+        SendErrors as `send` does (ThrottledError: the channel's budget says wait). An update
+        sets the whole message, so repeating one is harmless (at-least-once is fine)."""
+        raise NotImplementedError(f"channel {self.channel!r} cannot update a sent message")
+
     def send(self, message: Message) -> SendResult:
         request = self.to_request(message)
         spend = self.budget(message, request)
@@ -306,3 +325,10 @@ class Channel(Generic[Req, Resp]):
             quota, key, cost = spend
             self.limits.take(quota, key, cost=cost, lane=message.lane)
         return self.from_response(message, self.call(request))
+
+
+def can_update(adapter: object) -> bool:
+    """Whether the adapter implements the in-place `update` capability (Channel.update)."""
+    return bool(getattr(adapter, "updates_in_place", False)) and callable(
+        getattr(adapter, "update", None)
+    )

@@ -59,6 +59,11 @@ class InboxStore(Protocol):
         """Store the item (notifying open streams) or find it; raises StoreFailed."""
         ...
 
+    def retitle(self, request: InboxRequest, item_id: int) -> bool:
+        """Set the stored item's title and body to the request's (notifying open streams);
+        False if there is no such item. Raises StoreFailed."""
+        ...
+
 
 def to_request(message: Message) -> InboxRequest:
     """The pure part: the item for one message. `title` and `body` are the rendered content;
@@ -100,6 +105,7 @@ class InAppAdapter(Channel[InboxRequest, Stored]):
     channel = "in_app"
     needs_address = False  # the inbox is the user's own
     dedups_by_key = True  # one item per delivery: storing it again finds the first
+    updates_in_place = True  # the item's title and body (its count is kept by the router)
 
     def __init__(self, store: InboxStore) -> None:
         self.store = store
@@ -121,3 +127,17 @@ class InAppAdapter(Channel[InboxRequest, Stored]):
 
     def from_response(self, message: Message, response: Stored) -> SendResult:
         return from_response(response)
+
+    def update(
+        self, message: Message, provider_message_id: str, answered: str | None = None
+    ) -> None:
+        """Re-render the stored item's title and body (`provider_message_id` is its id). The
+        answer is not shown in the text: the item's buttons carry it."""
+        if not provider_message_id.isdigit():
+            raise PermanentSendError("bad_message_id", f"not an item id: {provider_message_id!r}")
+        try:
+            found = self.store.retitle(self.to_request(message), int(provider_message_id))
+        except StoreFailed as exc:  # an update is safe to repeat: retried either way
+            raise TransientSendError("store_failed", str(exc)[:200]) from exc
+        if not found:
+            raise PermanentSendError("no_item", f"no inbox item {provider_message_id}")

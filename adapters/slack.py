@@ -57,6 +57,9 @@ DEFAULT_PAUSE = 30.0  # seconds, when a 429 comes without Retry-After
 # Per workspace. Slack's chat.postMessage limit is about one message per second per channel with
 # bursts, and "several hundred a minute" per workspace; a 429 pauses every worker (Retry-After).
 SLACK_QUOTA = Quota("slack", ((1200, 60.0),), share=1.0, fail_open=True)
+# chat.update is a Tier 3 method: about 50 calls a minute per workspace. In-place updates (a
+# collapse group's count) are cosmetic, so a full or unreadable budget waits (fails closed).
+SLACK_UPDATES_PER_MINUTE = 50
 HISTORY_LIMIT = 15  # conversations.history's page cap for non-Marketplace apps
 HISTORY_MARGIN = timedelta(minutes=5)  # clock differences between PostgreSQL and Slack
 HISTORY_PAGES = 4  # conversations.history calls one reconciliation may make
@@ -262,10 +265,16 @@ def update_message(
     return True
 
 
+def update_quota(per_minute: int = SLACK_UPDATES_PER_MINUTE) -> Quota:
+    """The workspace's chat.update budget (clarion spends 90% of it)."""
+    return Quota("slack_update", ((per_minute, 60.0),))
+
+
 class SlackAdapter:
     channel = "slack"
     needs_address = True  # the recipient's Slack user id
     dedups_by_key = False  # no idempotency key: an unknown send is reconciled through metadata
+    updates_in_place = True  # chat.update
 
     def __init__(
         self,
@@ -275,12 +284,14 @@ class SlackAdapter:
         limits: RateLimits | None = None,
         suppressions: Suppressions | None = None,
         quota: Quota = SLACK_QUOTA,
+        updates: Quota | None = None,
     ) -> None:
         self.client = client
         self.workspace = workspace  # the budget key: a hash of the bot token
         self.limits = limits
         self.suppressions = suppressions
         self.quota = quota
+        self.updates = updates or update_quota()
         self._dms: dict[
             str, str
         ] = {}  # user id -> DM channel id (stable; saves conversations.open)
@@ -300,6 +311,7 @@ class SlackAdapter:
             workspace=s.slack_token or "",
             limits=parts.limits,
             suppressions=parts.suppressions,
+            updates=update_quota(s.slack_updates_per_minute),
         )
 
     def send(self, message: Message) -> SendResult:
@@ -323,10 +335,30 @@ class SlackAdapter:
         if self.limits is not None:
             self.limits.take(self.quota, self.workspace, lane=message.lane)
 
-    def update(self, message: Message, provider_message_id: str, answered: str | None) -> None:
-        """Show the recorded answer in place of the buttons."""
-        if answered is not None:
-            update_message(self.client, message, provider_message_id, answered)
+    def update(
+        self, message: Message, provider_message_id: str, answered: str | None = None
+    ) -> None:
+        """chat.update the sent message to `message`'s content: with the recorded answer in place
+        of the buttons, or with its buttons (a collapse leader showing its running count). Spends
+        the workspace's chat.update budget first; a 429 pauses that budget for every worker.
+        Raises SendErrors (PermanentSendError for a message Slack no longer has)."""
+        ref = parse_ref(provider_message_id)
+        if ref is None:
+            raise PermanentSendError(
+                "bad_message_id", f"not a Slack message: {provider_message_id!r}"
+            )
+        if self.limits is not None:
+            self.limits.take(self.updates, self.workspace, lane=message.lane)
+        blocks = answered_blocks(message, answered) if answered else to_blocks(message)
+        try:
+            with slack_errors():
+                self.client.chat_update(
+                    channel=ref[0], ts=ref[1], text=fallback_text(message), blocks=blocks
+                )
+        except ThrottledError as error:
+            if self.limits is not None:
+                self.limits.pause(self.updates, self.workspace, error.retry_after or DEFAULT_PAUSE)
+            raise
 
     def reconcile(self, message: Message, since: datetime) -> SendResult | None:
         """Look for this delivery's message (by its metadata) among what the DM received since the

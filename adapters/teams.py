@@ -394,6 +394,7 @@ class TeamsAdapter:
     channel = "teams"
     needs_address = True
     dedups_by_key = False
+    updates_in_place = True  # update_activity, within the conversation's budget
 
     def __init__(
         self,
@@ -441,8 +442,12 @@ class TeamsAdapter:
             else None,
         )
 
-    def update(self, message: Message, provider_message_id: str, answered: str | None) -> None:
-        """Replace the sent card: answered (with the catalog label) or as first sent."""
+    def update(
+        self, message: Message, provider_message_id: str, answered: str | None = None
+    ) -> None:
+        """Replace the sent card: answered (with the catalog label), or with its buttons and the
+        content re-rendered (a collapse leader's running count). Spends the conversation's
+        budget like a send; raises SendErrors."""
         ids = split_message_id(provider_message_id)
         if ids is None:
             raise PermanentSendError(

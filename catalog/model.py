@@ -15,6 +15,8 @@ from jinja2 import TemplateSyntaxError, meta
 from jinja2.exceptions import SecurityError, TemplateAssertionError, UndefinedError
 
 from catalog import locales as _locales
+from catalog.digest import DIGEST_VARIABLES, DigestSpec, parse_digest
+from catalog.escalation import Escalation, check_escalations, parse_escalation
 from catalog.sandbox import Sample
 from catalog.sandbox import env as _env
 from catalog.sandbox import render as _render
@@ -37,12 +39,19 @@ CHANNELS = frozenset({"console", "webhook", "slack", "teams", "email", "sms", "p
 
 # Per-type gate options: window_exempt (neither blocked by nor opening the activation window),
 # on_window (skip | defer when blocked), critical (bypasses quiet hours and fatigue caps),
-# default (on | off when the recipient has said nothing), collapse ({key, window_seconds}),
-# delivery (at_most_once | at_least_once: what a send with an unknown outcome may do; see GUARANTEE).
+# default (on | off when the recipient has said nothing), collapse ({key, window_seconds,
+# update_seconds}: followers update the leader's message in place, at most once per update_seconds),
+# delivery (at_most_once | at_least_once: what a send with an unknown outcome may do; see GUARANTEE),
+# digest (buffer into a digest type's request: catalog/digest.py).
 TYPE_OPTIONS = frozenset(
-    {"window_exempt", "on_window", "critical", "default", "collapse", "delivery"}
+    {"window_exempt", "on_window", "critical", "default", "collapse", "delivery", "digest"}
 )
 GUARANTEES = ("at_most_once", "at_least_once")
+# What a collapse type's templates may use besides its own variables: the group's size so far
+# (the leader included) and whether its window is still open. The first send renders these
+# defaults; tasks.refresh re-renders the leader's message with the live values.
+COLLAPSE_VARIABLES = {"collapsed_count": 1, "collapse_open": False}
+DEFAULT_UPDATE_SECONDS = 10.0
 # "Never twice" is the promise of a nudge; a receipt or a security code must arrive.
 GUARANTEE = {
     "transactional": "at_least_once",
@@ -163,6 +172,7 @@ class NotificationType:
     options: dict[str, Any] = field(default_factory=dict)
     samples: dict[str, Any] = field(default_factory=dict)  # for every version without its own
     default_locale: str = _locales.DEFAULT  # the locale of the versions' own fields
+    escalation: Escalation | None = None  # steps after this one when nobody acknowledges it
 
     @property
     def version(self) -> int:
@@ -195,6 +205,26 @@ class NotificationType:
         return _render(
             _compiled(self.key, 0, "", "collapse", str(spec["key"])), {**self.defaults, **variables}
         )
+
+    @cached_property
+    def digest(self) -> DigestSpec | None:
+        """The digest this type's requests are buffered into (options.digest), or None."""
+        raw = self.options.get("digest")
+        return None if raw is None else parse_digest(raw)
+
+    def digest_key(self, variables: dict[str, Any]) -> str:
+        """Which of the recipient's digests of the target type a request joins (options.digest.key)."""
+        spec = self.digest
+        if spec is None or not spec.key:
+            return ""
+        source = spec.key
+        return _render(_compiled(self.key, 0, "", "digest", source), {**self.defaults, **variables})
+
+    @property
+    def collapse_update_seconds(self) -> float:
+        """Seconds between two in-place updates of a collapse leader's message."""
+        spec = self.options.get("collapse") or {}
+        return float(spec.get("update_seconds", DEFAULT_UPDATE_SECONDS))
 
     def missing(self, variables: dict[str, Any]) -> list[str]:
         return [name for name in self.required if name not in variables]
@@ -390,6 +420,8 @@ def _build_type(key: str, spec: Any, default_locale: str = _locales.DEFAULT) -> 
     defaults = spec.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise fail("defaults must be a mapping")
+    if isinstance(spec.get("options"), dict) and spec["options"].get("collapse") is not None:
+        defaults = {**COLLAPSE_VARIABLES, **defaults}
     for template in templates.values():
         used = _variables_used(key, template, channels, default_locale)
         undeclared = used - set(required) - set(defaults)
@@ -421,6 +453,11 @@ def _build_type(key: str, spec: Any, default_locale: str = _locales.DEFAULT) -> 
             raise fail(f"options.collapse.key: {_render_problem(exc)}") from exc
         if used - set(required) - set(defaults):
             raise fail("options.collapse.key may only use required or defaulted variables")
+        for name in ("window_seconds", "update_seconds"):
+            seconds = collapse.get(name, 1)
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+                raise fail(f"options.collapse.{name} must be a positive number of seconds")
+    _check_digest(options, required, defaults, fail)
     ntype = NotificationType(
         key=key,
         category=category,
@@ -434,9 +471,55 @@ def _build_type(key: str, spec: Any, default_locale: str = _locales.DEFAULT) -> 
         options=options,
         samples=_samples(spec.get("samples"), "type", fail),
         default_locale=default_locale,
+        escalation=parse_escalation(
+            key, spec.get("escalation"), set(required) | set(defaults), fail
+        ),
     )
     check_renders(ntype)
     return ntype
+
+
+def _check_digest(options: dict, required: tuple[str, ...], defaults: dict, fail) -> None:
+    """options.digest parses, and its key template uses only required or defaulted variables."""
+    if "digest" not in options:
+        return
+    try:
+        spec = parse_digest(options["digest"])
+        used = meta.find_undeclared_variables(_env.parse(spec.key))
+        fallback_uses = meta.find_undeclared_variables(_env.parse(spec.fallback))
+    except TemplateSyntaxError as exc:
+        raise fail(f"options.digest: {_render_problem(exc)}") from exc
+    except ValueError as exc:
+        raise fail(str(exc)) from exc
+    if used - set(required) - set(defaults):
+        raise fail("options.digest.key may only use required or defaulted variables")
+    if fallback_uses - set(DIGEST_VARIABLES):
+        raise fail(
+            f"options.digest.fallback may use only {', '.join(DIGEST_VARIABLES)}, "
+            f"not {', '.join(sorted(fallback_uses - set(DIGEST_VARIABLES)))}"
+        )
+
+
+def _check_digest_targets(types: dict[str, NotificationType]) -> None:
+    """Each options.digest.type names a category-digest type that is not itself digested, whose
+    templates use only the digest's variables (a digest request carries nothing else)."""
+    for ntype in types.values():
+        spec = ntype.digest
+        if spec is None:
+            continue
+        target = types.get(spec.type)
+        where = f"type {ntype.key!r}: options.digest.type {spec.type!r}"
+        if target is None:
+            raise CatalogError(f"{where} is not a type")
+        if target.category != "digest" or target.digest is not None:
+            raise CatalogError(f"{where} must be a category 'digest' type without a digest itself")
+        extra = set().union(*(t.variables() for t in target.templates.values()))
+        extra -= set(DIGEST_VARIABLES) | set(target.defaults)
+        if extra:
+            raise CatalogError(
+                f"{where} uses {', '.join(sorted(extra))}; a digest carries only "
+                f"{', '.join(DIGEST_VARIABLES)}"
+            )
 
 
 def _where(type_key: str, version: int, channel: str, name: str, locale: str | None) -> str:
@@ -584,6 +667,8 @@ class Catalog:
                     _channel_name(channel, f"type {ntype.key!r} channels", CatalogError)
                 _check_locale_keys(ntype)
                 check_renders(ntype)
+            check_escalations(self.types, CatalogError)
+            _check_digest_targets(self.types)
         except CatalogError as exc:
             raise CatalogError(f"{self.source}: {exc}") from (exc.__cause__ or exc)
         return self
@@ -601,6 +686,8 @@ class Catalog:
                 raise CatalogError("needs a non-empty 'types' mapping")
             default = _default_locale(data.get("locale", _locales.DEFAULT))
             built = {str(key): _build_type(str(key), spec, default) for key, spec in types.items()}
+            check_escalations(built, CatalogError)
+            _check_digest_targets(built)
             return cls(built, source, _policy(data.get("policy"), built), default)
         except CatalogError as exc:  # the same error with the file named; keep the original cause
             raise CatalogError(f"{source}: {exc}") from (exc.__cause__ or exc)

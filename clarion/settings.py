@@ -29,6 +29,7 @@ SECRETS = frozenset(
         "sendgrid_api_key",
         "twilio_auth_token",
         "flower_basic_auth",
+        "link_secret",
     }
 )
 URLS = frozenset({"database_url", "redis_url", "broker_url"})  # their passwords are masked in repr
@@ -93,13 +94,20 @@ class Settings:
     slack_token: str | None = None  # bot token; the slack channel exists when it is set
     slack_api_url: str = "https://slack.com/api/"
     slack_signing_secret: str | None = None
+    slack_updates_per_minute: int = field(
+        default=50, metadata=at_least(1)
+    )  # chat.update calls per minute per workspace (Tier 3; clarion spends 90%)
     teams_app_id: str | None = (
         None  # the teams channel exists when it is set ("none": no auth, local only)
     )
     teams_app_password: str | None = None
     teams_tenant_id: str | None = None
-    # where providers reach clarion web (status callbacks, one-click unsubscribe links)
+    # where providers reach clarion web (status callbacks, one-click unsubscribe links) and where
+    # recipients open their preferences page (`clarion link`)
     public_url: str = "http://127.0.0.1:8000"
+    # HMAC key of the signed preferences links (clarion/links.py); unset: a key derived from
+    # CLARION_WEBHOOK_SECRET (itself refused as the public development secret with a database URL)
+    link_secret: str | None = None
 
     # --- email ---------------------------------------------------------------------------------
     # smtp://host:port, smtp+starttls://user:pass@host:587 or smtps://user:pass@host:465
@@ -292,6 +300,12 @@ def from_env(environ: dict[str, str] | os._Environ = os.environ) -> Settings:
         raise ConfigurationError(
             "CLARION_DATABASE_URL is set but CLARION_WEBHOOK_SECRET is not (or is the public development "
             f"secret {DEV_WEBHOOK_SECRET!r}): set CLARION_WEBHOOK_SECRET to a secret of your own"
+        )
+    if values.get("database_url") and values.get("link_secret") == DEV_WEBHOOK_SECRET:
+        raise ConfigurationError(
+            "CLARION_DATABASE_URL is set and CLARION_LINK_SECRET is the public development secret "
+            f"{DEV_WEBHOOK_SECRET!r}: set a secret of your own, or unset it to derive one from "
+            "CLARION_WEBHOOK_SECRET"
         )
     return Settings(**values)
 

@@ -36,7 +36,7 @@ DEFAULT_MAX_DEPTH = (
 )
 DEFAULT_MAX_BYTES = 64 * 1024  # variables encoded as compact JSON
 MAX_INT = 2**63  # JSON integers must fit in 64 bits; bigger numbers travel as strings
-RESERVED_PREFIXES = ("series:",)  # occurrence keys only series write
+RESERVED_PREFIXES = ("series:", "escalation:")  # occurrence keys only series / chains write
 
 CHANNEL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 LOCALE = re.compile(r"[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8})*")
@@ -334,7 +334,8 @@ def quiet_hours(value: object, field: str = "quiet_hours") -> tuple[time | None,
 
 def occurrence_key(event_id: object, occurrence_key: object) -> str:
     """The request's occurrence key: `event:<event_id>`, or an explicit occurrence key that does
-    not start with a reserved prefix (`series:` keys are written by series only)."""
+    not start with a reserved prefix (`series:` and `escalation:` keys are written by series and
+    escalation chains only)."""
     if (event_id is None) == (occurrence_key is None):
         raise InvalidOccurrence("give exactly one of event_id or occurrence_key")
     try:
@@ -346,8 +347,10 @@ def occurrence_key(event_id: object, occurrence_key: object) -> str:
     except InvalidField as exc:
         raise InvalidOccurrence(exc.reason, exc.field) from exc
     if key.startswith(RESERVED_PREFIXES):
+        prefix = next(p for p in RESERVED_PREFIXES if key.startswith(p))
         raise InvalidOccurrence(
-            f"keys starting with {RESERVED_PREFIXES[0]!r} are reserved for series"
+            f"keys starting with {prefix!r} are reserved for "
+            + ("series" if prefix == "series:" else "escalation chains")
         )
     return key
 

@@ -133,14 +133,30 @@ def claim_collapse(
 
 
 _JOIN_COLLAPSE = text(
-    "UPDATE collapse_groups SET count = count + 1 "
-    "WHERE user_id = :user_id AND collapse_key = :key AND window_until > :now"
+    """
+    WITH g AS (
+        UPDATE collapse_groups SET count = count + 1
+        WHERE user_id = :user_id AND collapse_key = :key AND window_until > :now
+        RETURNING user_id, collapse_key, leader_id, window_until, count
+    )
+    INSERT INTO collapse_refreshes AS r (user_id, leader_id, collapse_key, count, window_until, due_at)
+    SELECT user_id, leader_id, collapse_key, count, window_until, CAST(:due AS timestamptz) FROM g
+    ON CONFLICT (user_id, leader_id) DO UPDATE SET
+        count = GREATEST(r.count, excluded.count), due_at = LEAST(r.due_at, excluded.due_at)
+    """
 )
 
 
-def join_collapse(conn: Connection, user_id: str, *, key: str, now: datetime) -> None:
-    """Count a collapsed follower on its group (the leader's "and N more")."""
-    conn.execute(_JOIN_COLLAPSE, {"user_id": user_id, "key": key, "now": now})
+def join_collapse(
+    conn: Connection, user_id: str, *, key: str, now: datetime, refresh_at: datetime | None = None
+) -> None:
+    """Count a collapsed follower on its group (the leader's "and N more"), and owe the leader's
+    message an update no later than `refresh_at` (default: now). Followers only bring the update
+    forward, never push it back, so many followers make one update (tasks.refresh)."""
+    conn.execute(
+        _JOIN_COLLAPSE,
+        {"user_id": user_id, "key": key, "now": now, "due": refresh_at or now},
+    )
 
 
 _DEFER = text(

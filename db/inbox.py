@@ -191,6 +191,31 @@ def fold_follower(conn: Connection, user_id: str, *, key: str, now: datetime) ->
     return item_id
 
 
+_RETITLE = text(
+    f"""
+    UPDATE inbox_items SET title = :title, body = :body, updated_at = :now,
+        rev = nextval('inbox_revisions'), wxid = {_XID}
+    WHERE user_id = :u AND id = :id AND (title <> :title OR body <> :body)
+    RETURNING id
+    """
+)
+
+
+_EXISTS = text("SELECT true FROM inbox_items WHERE user_id = :u AND id = :id")
+
+
+def retitle_item(
+    conn: Connection, user_id: str, item_id: int, *, title: str, body: str, now: datetime
+) -> bool | None:
+    """Set an item's title and body (a collapse leader re-rendered with its group's count) and
+    notify open streams: True; False if it says that already; None if there is no such item."""
+    params = {"u": user_id, "id": item_id, "title": title, "body": body, "now": now}
+    if conn.execute(_RETITLE, params).scalar() is not None:
+        _notify(conn, user_id, item_id)
+        return True
+    return False if conn.execute(_EXISTS, params).scalar() else None
+
+
 # --- the feed -------------------------------------------------------------------------------------
 
 

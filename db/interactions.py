@@ -7,10 +7,19 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+# A collapse leader's variables carry its group's count (db.refresh), so the message an answer
+# re-renders keeps showing it.
 _TARGET = text(
     """
     SELECT d.user_id, d.id, d.state, d.channel, d.platform, d.type_key, d.occurrence_key, d.answer,
-           d.provider_message_id, r.template_version, r.variables, r.locale, rc.addresses
+           d.provider_message_id, r.template_version,
+           r.variables || COALESCE(
+               (SELECT jsonb_build_object('collapsed_count', c.count,
+                                          'collapse_open', c.due_at IS NOT NULL)
+                FROM collapse_refreshes c
+                WHERE c.user_id = d.user_id AND c.leader_id = d.request_id),
+               '{}'::jsonb) AS variables,
+           r.locale, rc.addresses
     FROM deliveries d
     JOIN requests r ON r.user_id = d.user_id AND r.id = d.request_id
     JOIN recipients rc ON rc.user_id = d.user_id

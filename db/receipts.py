@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, text
 
 from adapters.base import Keyword, Receipt
-from db import gating
+from db import escalations, gating
 
 # event → (state it moves to, states it may leave); None: recorded, no state change
 MOVES: dict[str, tuple[str, tuple[str, ...]] | None] = {
@@ -171,6 +171,9 @@ def _apply(
     )
     _consequences(conn, found, receipt, now, first=not seen, category_of=category_of)
     if changed:
+        escalations.delivery_event(
+            conn, found.user_id, found.id, receipt.event, receipt.detail, now
+        )
         return "applied"
     if seen:
         return "repeated"

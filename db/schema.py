@@ -30,7 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0012"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0015"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -299,6 +299,23 @@ collapse_groups = Table(
     PrimaryKeyConstraint("user_id", "collapse_key", name="collapse_groups_pkey"),
 )
 
+# Updates owed to a collapse group's leading message (migration 0012, tasks/refresh.py).
+collapse_refreshes = Table(
+    "collapse_refreshes",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("leader_id", BigInteger, nullable=False),
+    Column("collapse_key", Text, nullable=False),
+    Column("count", Integer, nullable=False),
+    Column("shown", Integer, nullable=False, server_default="1"),
+    _ts("window_until", False),
+    _ts("due_at"),
+    _ts("lease_until"),
+    PrimaryKeyConstraint("user_id", "leader_id", name="collapse_refreshes_pkey"),
+    Index("collapse_refreshes_due", "due_at", postgresql_where=text("due_at IS NOT NULL")),
+    Index("collapse_refreshes_done", "window_until", postgresql_where=text("due_at IS NULL")),
+)
+
 SERIES_STATES = ("active", "paused", "ended", "cancelled")
 CALENDAR_POLICIES = ("skip", "next_working_day", "send")
 
@@ -388,6 +405,59 @@ inbox_items = Table(
     Index("inbox_changes", "user_id", "rev"),
 )
 
+ESCALATION_STATES = ("waiting", "acked", "finished")
+
+# One row per chain (tasks/escalation.py): the timer of its next step, which an acknowledgement,
+# the step firing and a confirmed failure each change by a conditional update of this row.
+escalations = Table(
+    "escalations",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("request_id", BigInteger, nullable=False),
+    Column("type_key", Text, nullable=False),
+    Column("steps", JSONB, nullable=False),
+    Column("working_hours", Text),
+    Column("next_step", SmallInteger, nullable=False),
+    _ts("due_at"),
+    Column("due_reason", Text, nullable=False, server_default="no_ack"),
+    Column("due_detail", Text, nullable=False, server_default=""),
+    Column("state", Text, nullable=False, server_default="waiting"),
+    _ts("acked_at"),
+    Column("acked_by", Text),
+    _ts("created_at", False),
+    _ts("updated_at", False),
+    PrimaryKeyConstraint("user_id", "id", name="escalations_pkey"),
+    UniqueConstraint("user_id", "request_id", name="escalations_request_key"),
+    ForeignKeyConstraint(
+        ["user_id", "request_id"],
+        ["requests.user_id", "requests.id"],
+        name="escalations_request_fkey",
+    ),
+    CheckConstraint(_in("state", ESCALATION_STATES), name="escalations_state_check"),
+    CheckConstraint(
+        "state <> 'waiting' OR due_at IS NOT NULL", name="escalations_due_when_waiting"
+    ),
+    Index("escalations_due", "due_at", postgresql_where=text("state = 'waiting'")),
+)
+
+# Which chain (and step) a request belongs to; keyed by the request's own user.
+escalation_requests = Table(
+    "escalation_requests",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("request_id", BigInteger, nullable=False),
+    Column("chain_user", Text, nullable=False),
+    Column("chain_id", BigInteger, nullable=False),
+    Column("step", SmallInteger, nullable=False),
+    PrimaryKeyConstraint("user_id", "request_id", name="escalation_requests_pkey"),
+    ForeignKeyConstraint(
+        ["user_id", "request_id"],
+        ["requests.user_id", "requests.id"],
+        name="escalation_requests_request_fkey",
+    ),
+)
+
 # Facts every process of a deployment must share (key "tzdata": the IANA release the migrating
 # process computed with). Not per recipient, so no user_id: a reference table when distributed.
 clarion_meta = Table(
@@ -464,4 +534,34 @@ alerts = Table(
             "open_posted_at IS NULL OR (cleared_at IS NOT NULL AND clear_posted_at IS NULL)"
         ),
     ),
+)
+
+DIGEST_STATES = ("open", "full", "closed")
+
+digests = Table(
+    "digests",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("digest_type", Text, nullable=False),
+    Column("digest_key", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    _ts("opened_at", False),
+    _ts("due_at", False),
+    _ts("closed_at"),
+    Column("max_items", Integer, nullable=False),
+    Column("count", Integer, nullable=False),
+    Column("items", JSONB, nullable=False),
+    Column("request_id", BigInteger),
+    PrimaryKeyConstraint("user_id", "id", name="digests_pkey"),
+    CheckConstraint(_in("state", DIGEST_STATES), name="digests_state_check"),
+    Index(
+        "digests_open",
+        "user_id",
+        "digest_type",
+        "digest_key",
+        unique=True,
+        postgresql_where=text("state = 'open'"),
+    ),
+    Index("digests_request", "user_id", "request_id"),
 )

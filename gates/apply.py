@@ -8,15 +8,26 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection
 
 from catalog import Catalog, NotificationType
 from clarion.errors import ClarionError, ConfigurationError
-from db import gating, inbox
-from gates.pipeline import Fold, Plan, Snapshot, blocked_by_window, cap_buckets, collapsed, folded
+from db import digests, gating, inbox
+from gates.pipeline import (
+    DigestJoin,
+    Fold,
+    Plan,
+    Snapshot,
+    Step,
+    blocked_by_window,
+    cap_buckets,
+    collapsed,
+    folded,
+)
 
 
 def snapshots(
@@ -78,12 +89,62 @@ def apply(
     if plan.defer_until is not None:
         gating.defer_request(conn, key, until=plan.defer_until)
     if plan.join_collapse is not None:
-        gating.join_collapse(conn, request["user_id"], key=plan.join_collapse, now=now)
+        spacing = ntype.collapse_update_seconds if ntype else 0.0
+        gating.join_collapse(
+            conn,
+            request["user_id"],
+            key=plan.join_collapse,
+            now=now,
+            refresh_at=now + timedelta(seconds=spacing),  # the leader's message, updated in place
+        )
         # the leader's in-app item counts it too, under the group row lock just taken
         inbox.fold_follower(conn, request["user_id"], key=plan.join_collapse, now=now)
     if plan.fold is not None:
         _fold(conn, request, plan.fold, catalog, now)
+    if plan.digest is not None:
+        plan = _join_digest(conn, request, plan, plan.digest, catalog, now)
     return plan
+
+
+def _join_digest(
+    conn: Connection,
+    request: Mapping[str, Any],
+    plan: Plan,
+    join: DigestJoin,
+    catalog: Catalog,
+    now: datetime,
+) -> Plan:
+    """Buffer the request; its decision names the digest request it will be sent in."""
+    target = catalog.get(join.digest_type)
+    if target is None:  # Catalog.from_dict refuses this; a catalog built in Python may not
+        raise ConfigurationError(f"digest type {join.digest_type!r} is not in the catalog")
+    item = {
+        **request["variables"],
+        "request_id": request["id"],
+        "type_key": request["type_key"],
+        "at": now.isoformat(),
+    }
+    joined = digests.join(
+        conn,
+        request["user_id"],
+        digest_type=target.key,
+        digest_key=join.key,
+        lane=target.lane,
+        version=target.version,
+        item=item,
+        max_items=join.max_items,
+        due_at=join.due_at,
+        now=now,
+    )
+    closes = "now (max_items reached)" if joined.state == "full" else joined.due_at.isoformat()
+    detail = (
+        f"digested into request {joined.request_id} ({join.digest_type}, key {join.key!r}, "
+        f"item {joined.count} of at most {join.max_items}, closes {closes})"
+    )
+    steps = tuple(
+        Step(s.gate, s.outcome, s.reason, detail) if s.gate == "digest" else s for s in plan.steps
+    )
+    return replace(plan, steps=steps)
 
 
 def _fold(
@@ -134,6 +195,16 @@ def _claim(
         )
         if holder is not None:
             return blocked_by_window(plan, holder)
+    # Collapse before caps: a request that finds a leader (one routed in this same batch, say)
+    # is a follower and spends no cap; a leader that then finds the cap spent is folded, and the
+    # savepoint takes its leadership back.
+    if plan.collapse is not None:
+        key, until = plan.collapse
+        leader, group_until, count = gating.claim_collapse(
+            conn, user, key=key, request_id=request["id"], now=now, until=until
+        )
+        if leader != request["id"]:
+            return collapsed(plan, key, (leader, group_until, count - 1))
     for cap in plan.caps:
         if not gating.claim_cap(
             conn, scope=cap.scope, bucket=cap.bucket, limit=cap.limit, expires_at=cap.expires_at
@@ -149,13 +220,6 @@ def _claim(
                 catalog.policy,
                 f"{cap.scope} reached {cap.limit} in {cap.bucket}",
             )
-    if plan.collapse is not None:
-        key, until = plan.collapse
-        leader, group_until, count = gating.claim_collapse(
-            conn, user, key=key, request_id=request["id"], now=now, until=until
-        )
-        if leader != request["id"]:
-            return collapsed(plan, key, (leader, group_until, count - 1))
     return plan
 
 

@@ -2,7 +2,11 @@
 
 Order: (resolve-once happens before planning, in the route task's conditional update)
   per channel:  reachability → suppression list → preferences → one platform
-  per request:  quiet hours → marketing SMS hours → activation window → fatigue caps → collapse
+  per request:  digest → quiet hours → marketing SMS hours → activation window → fatigue caps
+                → collapse
+
+A digested type stops at `digest`: its request joins a window, and the digest request made of the
+window goes through every gate itself (quiet hours, the window, caps apply to the digest, once).
 
 Gates that need an atomic claim (window, caps, collapse) plan the claim here; `gates.apply`
 makes it in PostgreSQL and, if another worker won the race since the snapshot, turns the plan
@@ -20,6 +24,7 @@ from catalog import NotificationType
 from catalog.model import Policy
 from gates import preferences
 from gates.quiet import outside_hours_until, parse_time, quiet_until
+from scheduling.digests import window_due
 from scheduling.zones import country_of, load_zone
 
 NOT_CAPPED = frozenset({"transactional", "security"})
@@ -30,7 +35,7 @@ class Step:
     """One gate's verdict: shown gate by gate by --dry-run and explain; non-allows are recorded."""
 
     gate: str
-    outcome: str  # allow | suppress | defer | fold | collapse
+    outcome: str  # allow | suppress | defer | fold | collapse | digest
     reason: str
     detail: str = ""
     channel: str | None = None
@@ -73,6 +78,16 @@ class Fold:
 
 
 @dataclass(frozen=True)
+class DigestJoin:
+    """Buffer this request into the recipient's open window of `digest_type` (or open one)."""
+
+    digest_type: str
+    key: str
+    due_at: datetime  # when a window opened now would close
+    max_items: int
+
+
+@dataclass(frozen=True)
 class Plan:
     steps: tuple[Step, ...] = ()
     channels: tuple[tuple[str, datetime | None], ...] = ()  # (channel, not before)
@@ -82,6 +97,7 @@ class Plan:
     fold: Fold | None = None
     collapse: tuple[str, datetime] | None = None  # claim leadership of (key, until)
     join_collapse: str | None = None  # count this request on the open group with that key
+    digest: DigestJoin | None = None
     on_window: str = "skip"
 
     @property
@@ -142,11 +158,33 @@ def plan(
     if not channels:
         return Plan(tuple(b.steps))
     result = Plan(tuple(b.steps), on_window=ntype.options.get("on_window", "skip"))
+    if ntype.digest is not None:
+        return digested(result, ntype, request, recipient, now)
     for gate in (_quiet_hours, _marketing_sms_hours, _activation_window, _fatigue_caps, _collapse):
         result, channels = gate(result, channels, request, ntype, snapshot, now, policy)
         if not channels or result.defer_until is not None:
             return replace(result, channels=())
     return replace(result, channels=tuple(channels))
+
+
+def digested(
+    p: Plan,
+    ntype: NotificationType,
+    request: Mapping[str, Any],
+    recipient: Mapping[str, Any],
+    now: datetime,
+) -> Plan:
+    """The plan for a request of a digested type: join the window (gates.apply names its request)."""
+    spec = ntype.digest
+    assert spec is not None
+    key = ntype.digest_key(request["variables"])
+    due = window_due(now, recipient["timezone"], every=spec.every, daily=spec.daily)
+    detail = f"into the open {spec.type} digest (key {key!r}), or one closing {due.isoformat()}"
+    return replace(
+        _step(p, "digest", "digest", "digested", detail),
+        digest=DigestJoin(spec.type, key, due, spec.max_items),
+        channels=(),
+    )
 
 
 def suppressed(channel: str, address: str, listed: Mapping[tuple[str, str], str]) -> str | None:
@@ -287,6 +325,8 @@ def cap_buckets(recipient: Mapping[str, Any], now: datetime) -> list[tuple[str, 
 def _fatigue_caps(p: Plan, channels, request, ntype, snapshot, now, policy):
     if ntype.category in NOT_CAPPED or ntype.critical or ntype.key == policy.summary_type:
         return p, channels
+    if _open_group(request, ntype, snapshot, now) is not None:
+        return p, channels  # a follower adds no notification: it is counted on its leader
     limits = {"user": policy.per_user_per_day, "org": policy.per_org_per_hour}
     claims = []
     for scope, bucket, ends in cap_buckets(snapshot.recipient, now):
@@ -326,14 +366,22 @@ def folded(
     )
 
 
+def _open_group(request, ntype, snapshot, now) -> tuple[str, tuple[int, datetime, int]] | None:
+    """(key, group) of the open collapse group this request would follow, or None."""
+    key = ntype.collapse_key(request["variables"])
+    group = snapshot.collapses.get(key) if key is not None else None
+    if key is None or group is None or group[1] <= now or group[0] == request.get("id"):
+        return None
+    return key, group
+
+
 def _collapse(p: Plan, channels, request, ntype, snapshot, now, policy):
     key = ntype.collapse_key(request["variables"])
     if key is None:
         return p, channels
     seconds = float(ntype.options["collapse"].get("window_seconds", 120))
-    group = snapshot.collapses.get(key)
-    if group is not None and group[1] > now and group[0] != request.get("id"):
-        return collapsed(p, key, group), []
+    if (follows := _open_group(request, ntype, snapshot, now)) is not None:
+        return collapsed(p, *follows), []
     until = now + timedelta(seconds=seconds)
     return replace(
         _step(p, "collapse", "allow", "leads_group", f"key {key!r} until {until.isoformat()}"),

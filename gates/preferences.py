@@ -38,11 +38,17 @@ def category_default(category: str, country: str | None) -> Resolution:
     return Resolution(True, "category default")
 
 
+def locked(ntype: NotificationType) -> bool:
+    """Does `ntype` deliver whatever the recipient says (rule 1)? The preferences page shows these
+    as fixed; the API refuses to turn them off."""
+    return ntype.category in LOCKED_CATEGORIES
+
+
 def resolve(
     ntype: NotificationType, channel: str, preferences: Iterable[Preference], country: str | None
 ) -> Resolution:
     """Whether `ntype` may go to this recipient on `channel`, and which rule said so."""
-    if ntype.category in LOCKED_CATEGORIES:
+    if locked(ntype):
         return Resolution(True, f"locked ({ntype.category})")
     table = {(scope, key, ch): enabled for scope, key, ch, enabled in preferences}
     for scope, key in (("type", ntype.key), ("category", ntype.category), ("all", "*")):

@@ -270,6 +270,13 @@ def _receiver(args: argparse.Namespace) -> int:
             return 0
 
 
+def _link(args: argparse.Namespace) -> int:
+    from tasks import preferences_link
+
+    print(preferences_link(args.user, ttl=args.ttl))
+    return 0
+
+
 def _keys(args: argparse.Namespace) -> int:
     from ops.table import render
     from web import api_auth
@@ -447,6 +454,10 @@ def parser() -> argparse.ArgumentParser:
     si.add_argument("--user", required=True)
     si.add_argument("--days", type=int, default=365)
     si.set_defaults(fn=_simulate)
+    ln = sub.add_parser("link", help="print a signed link to a recipient's preferences page")
+    ln.add_argument("--user", required=True)
+    ln.add_argument("--ttl", default="7d", help="how long it works: 30m, 12h, 7d, 2w (default 7d)")
+    ln.set_defaults(fn=_link)
     k = sub.add_parser("keys", help="create, list and revoke HTTP API keys")
     ks = k.add_subparsers(dest="action", required=True)
     kc = ks.add_parser("create", help="make a key; prints it once (only its hash is kept)")

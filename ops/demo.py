@@ -19,7 +19,7 @@ from sqlalchemy import make_url, text
 
 from clarion import settings
 from clarion.errors import ClarionError
-from ops import demo_chat, demo_receipts, launch
+from ops import demo_chat, demo_digest, demo_escalation, demo_receipts, launch
 from ops.fake_slack import FakeSlack
 from ops.receiver import Receiver
 from ops.table import render
@@ -210,6 +210,7 @@ def _play(url, redis_url, receiver, processes, home, env, started, slack, provid
     say(f"requesting {len(items)} notifications (notify_many, in batches of 100)")
     for start in range(0, len(items), 100):
         notify_many(items[start : start + 100])
+    demo_digest.send(say)
 
     say("bad input fails loudly at notify() and writes nothing:")
     for call in (
@@ -255,17 +256,20 @@ def _play(url, redis_url, receiver, processes, home, env, started, slack, provid
                 (i["user_id"], i["type_key"], i.get("event_id") or i.get("occurrence_key"))
                 for i in items
             }
-        ),
+        )
+        + len(demo_digest.REPLIES),
         timeout=45,
     )
+    digest = demo_digest.wait(url, say)
     time.sleep(1.0)  # let the re-published messages drain so the counters are complete
     _summary(url, redis_url, receiver, len(items), len(repeats))
     chat = demo_chat.run(slack, say)
     receipts = demo_receipts.run(providers, say)
+    escalated = demo_escalation.run(providers, receiver, say)
     say(
         f"finished in {time.monotonic() - started:.1f} s" + ("" if done else " (timed out waiting)")
     )
-    return 0 if done and chat and receipts else 1
+    return 0 if done and chat and receipts and escalated and digest else 1
 
 
 def _summary(url: str, redis_url: str, receiver: Receiver, requested: int, repeated: int) -> None:
@@ -305,6 +309,7 @@ def _summary(url: str, redis_url: str, receiver: Receiver, requested: int, repea
             count.get("deliver_skipped_not_claimable", 0),
         ),
         *((f"incident: {kind}", n) for kind, n in incidents),
+        *demo_digest.rows(url),
         ("webhook receiver: arrivals", a.total),
         ("webhook receiver: distinct idempotency keys", a.unique),
         ("webhook receiver: repeats it dropped by idempotency key", a.repeats),

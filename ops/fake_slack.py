@@ -8,7 +8,9 @@ messages with their metadata, updates, ephemeral replies and published Home view
 Methods: auth.test, conversations.open, chat.postMessage, chat.update, chat.postEphemeral,
 conversations.history (metadata only with include_all_metadata), views.publish.
 Failures on demand: `fail(method, error, status=200, retry_after=None, times=1)` and
-`deactivate(user)` (conversations.open then answers user_disabled). Lost answers on demand:
+`deactivate(user)` (conversations.open then answers user_disabled). Rate limits on demand:
+`limit("chat.update", 50, 60.0)` answers 429 `ratelimited` with Retry-After to calls past 50 in
+any 60 s (on the fake's `now` clock), as Slack's Tier 3 does; `throttled(method)` counts them. Lost answers on demand:
 `losses.next("drop" | "late" | "5xx", match="chat.postMessage")` performs the call (the message is
 posted) and then loses its answer, as a timeout or a dropped connection does.
 
@@ -64,6 +66,7 @@ class Posted:
     blocks: list[dict]
     metadata: dict | None
     updates: list[list[dict]] = field(default_factory=list)  # blocks of each chat.update, in order
+    update_texts: list[str] = field(default_factory=list)  # text of each chat.update, in order
 
 
 def _truthy(value: Any) -> bool:
@@ -95,6 +98,8 @@ class FakeSlack(LocalServer):
         self.deactivated: set[str] = set()
         self.failures: dict[str, list[Failure]] = {}
         self.losses = AnswerLoss()
+        self.limits: dict[str, tuple[int, float]] = {}  # method -> (calls, per seconds)
+        self._recent: dict[str, list[float]] = {}  # method -> times of its accepted calls
         self._counter = itertools.count(1)
         self.lock = threading.Lock()
         super().__init__(self._handler())
@@ -121,6 +126,16 @@ class FakeSlack(LocalServer):
         """Answer the next `times` calls of `method` with this error (429 + Retry-After, say)."""
         with self.lock:
             self.failures.setdefault(method, []).append(Failure(error, status, retry_after, times))
+
+    def limit(self, method: str, calls: int, seconds: float) -> None:
+        """Answer 429 ratelimited to calls of `method` past `calls` in any `seconds`."""
+        with self.lock:
+            self.limits[method] = (calls, seconds)
+
+    def throttled(self, method: str) -> int:
+        """How many calls of `method` were answered 429."""
+        with self.lock:
+            return sum(1 for c in self.calls if c.method == method and c.status == 429)
 
     def deactivate(self, user: str) -> None:
         with self.lock:
@@ -172,6 +187,14 @@ class FakeSlack(LocalServer):
             return failure.status, headers, {"ok": False, "error": failure.error}
         if token != self.TOKEN:
             return 200, {}, {"ok": False, "error": "invalid_auth" if token else "not_authed"}
+        if method in self.limits:
+            calls, seconds = self.limits[method]
+            now = self.now()
+            recent = [t for t in self._recent.get(method, []) if t > now - seconds]
+            if len(recent) >= calls:
+                wait = max(1, int(recent[0] + seconds - now + 1))
+                return 429, {"Retry-After": str(wait)}, {"ok": False, "error": "ratelimited"}
+            self._recent[method] = [*recent, now]
         handler = getattr(self, "_" + method.replace(".", "_"), None)
         if handler is None:
             return 200, {}, {"ok": False, "error": "unknown_method"}
@@ -231,6 +254,7 @@ class FakeSlack(LocalServer):
         posted.blocks = params.get("blocks") or posted.blocks
         posted.text = params.get("text", posted.text)
         posted.updates.append(posted.blocks)
+        posted.update_texts.append(posted.text)
         return {"ok": True, "channel": posted.channel, "ts": posted.ts, "text": posted.text}
 
     def _chat_postEphemeral(self, params: dict) -> dict:  # noqa: N802 - the Slack method name

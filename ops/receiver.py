@@ -27,6 +27,7 @@ class Arrivals:
     deliveries: dict[str, int | None] = field(
         default_factory=dict
     )  # idempotency key -> delivery id
+    contents: dict[str, dict] = field(default_factory=dict)  # idempotency key -> first content
     rejected: int = 0
     fail_next: int = 0  # answer this many of the next requests with 503 (nothing is taken)
     # lose the answer to a request that *was* taken (counted): `losses.next("drop" | "late" | "5xx")`
@@ -42,6 +43,7 @@ class Arrivals:
             self.by_key[key] += 1
             self.occurrences.setdefault(occurrence, set()).add(key)
             self.deliveries[key] = payload.get("delivery_id")
+            self.contents.setdefault(key, payload.get("content") or {})
             return self.by_key[key] == 1
 
     def take_failure(self) -> bool:

@@ -52,7 +52,10 @@ def load_config(path: Path = CONFIG_FILE) -> ModuleType:
     return module
 
 
-app = Celery("clarion", include=["tasks.route", "tasks.deliver", "tasks.tick", "tasks.alerts"])
+app = Celery(
+    "clarion",
+    include=["tasks.route", "tasks.deliver", "tasks.tick", "tasks.alerts", "tasks.refresh"],
+)
 app.config_from_object(load_config())
 
 

@@ -132,3 +132,18 @@ class LedgerInbox:
                 conn.close()
             except Exception:  # a dead connection may not even close cleanly
                 log.debug("inbox connection not closed cleanly", exc_info=True)
+
+    def retitle(self, request: InboxRequest, item_id: int) -> bool:
+        try:
+            with engine().begin() as conn:
+                changed = inbox.retitle_item(
+                    conn,
+                    request.user_id,
+                    item_id,
+                    title=request.title,
+                    body=request.body,
+                    now=clock.now(),
+                )
+            return changed is not None
+        except DBAPIError as exc:
+            raise StoreFailed(f"not updated: {exc}", committing=True) from exc

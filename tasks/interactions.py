@@ -18,6 +18,7 @@ from sqlalchemy import Connection
 from adapters.base import ButtonValue, decode_value
 from catalog import Button
 from clarion import clock
+from db import escalations
 from db import interactions as store
 from db import series as series_store
 from db.engine import engine
@@ -63,8 +64,16 @@ def handle_click(platform: str, platform_user: str, raw_value: object) -> Click:
     try:
         with engine().begin() as conn:
             click = _judge(conn, platform, str(platform_user), value, now)
-            if click.changed:
+            if click.changed and value is not None:
                 click = _follow_up(conn, click, now)
+                escalations.delivery_event(
+                    conn,
+                    value.user_id,
+                    value.delivery_id,
+                    "answered",
+                    f"{platform} answer {click.answer!r}",
+                    now,
+                )
             _record(conn, platform, str(platform_user), value, click, raw_text, now)
     except Exception:  # an outage must not reach the chat client as an error; it is logged
         log.exception(

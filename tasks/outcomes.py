@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from adapters.base import Adapter
 from clarion import clock, metrics
 from clarion.errors import PermanentSendError, SendError
-from db import claims, ledger
+from db import claims, escalations, ledger
 from db.claims import ClaimedDelivery
 from db.engine import autocommit, engine
 from tasks import runtime
@@ -167,6 +167,9 @@ def _retry_or_fail(
             f"{error}" + ("; an attempt may have reached the provider" if earlier else ""),
             now,
         )
+        escalations.delivery_event(
+            tx, row.user_id, row.id, "failed", f"{row.channel}: {error}", now
+        )
 
 
 def _decide(
@@ -201,6 +204,9 @@ def record_exhausted(conn: Connection, rows: Sequence[dict[str, Any]], *, now: d
     """Decisions for rows failed at the claim because their attempts were used up."""
     for r in rows:
         metrics.SENDS.labels(r["lane"], r["channel"], "failed").inc()
+        escalations.delivery_event(
+            conn, r["user_id"], r["id"], "failed", f"{r['channel']}: retries_exhausted", now
+        )
     ledger.insert_decisions(
         conn,
         [

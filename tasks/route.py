@@ -16,7 +16,8 @@ from db import ledger
 from db.engine import engine
 from gates.apply import apply, needs_address, snapshots
 from gates.pipeline import Snapshot, plan
-from tasks import runtime
+from tasks import escalation, runtime
+from tasks.flush import close_windows
 from tasks.publish import DELIVER, publish
 
 log = logging.getLogger(__name__)
@@ -76,9 +77,9 @@ def _route(users: list[str], ids: list[int]) -> int:
     deliveries: list[ledger.NewDelivery] = []
     decisions: list[ledger.Decision] = []
     with engine().begin() as conn:
-        requests = _known_types(
-            conn, ledger.resolve_requests(conn, zip(users, ids, strict=True), now=now), catalog, now
-        )
+        resolved = ledger.resolve_requests(conn, zip(users, ids, strict=True), now=now)
+        close_windows(conn, resolved, catalog, now=now)  # a digest request's items, if any
+        requests = _known_types(conn, resolved, catalog, now)
         recipients = ledger.recipients(conn, (r["user_id"] for r in requests))
         snaps = snapshots(conn, recipients, now=now)
         for request in requests:
@@ -90,6 +91,7 @@ def _route(users: list[str], ids: list[int]) -> int:
             final = apply(
                 conn, request, ntype, planned, snapshot=snapshot, catalog=catalog, now=now
             )
+            escalation.routed(conn, request, ntype, final, snapshot.recipient, catalog, now)
             decisions += [
                 ledger.Decision(
                     request["user_id"],

@@ -20,6 +20,7 @@ from celery import shared_task
 from clarion import clock, metrics, settings
 from db import claims, ledger
 from db.engine import engine
+from tasks import escalation
 from tasks.publish import DELIVER, ROUTE, publish
 from tasks.receipts import replay_early
 from tasks.series import fire_due_series
@@ -71,4 +72,5 @@ def _tick() -> dict[str, int]:
         taken["requests"] += len(requests)
         taken["deliveries"] += len(deliveries)
     taken["receipts"] = replay_early()
+    taken["escalations"] = escalation.tick()
     return taken

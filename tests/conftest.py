@@ -12,14 +12,24 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
 from sqlalchemy import make_url, text
 
-import clarion.metrics  # noqa: F401 - before any prometheus_client import: it chooses prometheus_client's multiprocess folder
-
 ROOT = Path(__file__).resolve().parents[1]
+# Under pytest-xdist (`make test` runs `-n 2`) each worker process counts metrics in its own folder:
+# the acceptance metrics test compares one scrape with another, and a neighbour's workers would
+# otherwise add their sends to the same files.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+os.environ.setdefault(
+    "PROMETHEUS_MULTIPROC_DIR",
+    str(ROOT / ".clarion" / f"metrics-test{'-' + WORKER if WORKER else ''}"),
+)
+
+import clarion.metrics  # noqa: E402, F401 - before any prometheus_client import: it chooses prometheus_client's multiprocess folder
+
 CATALOG = Path(__file__).parent / "catalog.yaml"
 # With CLARION_DATABASE_URL set, the public development secret is refused (clarion/settings.py).
 WEBHOOK_SECRET = "clarion-test-secret"
@@ -46,16 +56,68 @@ def _with_database(url: str, name: str) -> str:
     return make_url(url).set(database=name).render_as_string(hide_password=False)
 
 
+_EMBEDDED: list = []  # the embedded services this pytest process started (the xdist controller)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the embedded services once, in the controlling process, before xdist starts workers.
+
+    Workers inherit their addresses through TEST_CLARION_* (not CLARION_*: settings refuses an
+    unknown CLARION_ name); the controller stops them at the end, so one worker finishing early
+    cannot take them away from another."""
+    if hasattr(config, "workerinput") or os.environ.get("TEST_CLARION_DATABASE_URL"):
+        return
+    if os.environ.get("CLARION_DATABASE_URL") and os.environ.get("CLARION_REDIS_URL"):
+        return
+    if not _needs_services(config):
+        return
+    from db.embedded import ensure_running
+
+    handle = ensure_running(ROOT / ".clarion" / "test")
+    _EMBEDDED.append(handle)
+    os.environ["TEST_CLARION_DATABASE_URL"] = handle.database_url
+    os.environ["TEST_CLARION_REDIS_URL"] = handle.redis_url
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _EMBEDDED:
+        _EMBEDDED.pop().stop()
+
+
+def _needs_services(config: pytest.Config) -> bool:
+    """False for a run of tests/unit alone (no service is needed: don't start any)."""
+    args = [a for a in config.args if not a.startswith("-")] or [str(ROOT / "tests")]
+    return any("unit" not in Path(a).parts for a in args)
+
+
+def _redis_for_worker(url: str) -> str:
+    """xdist worker gwN uses the Redis database after the configured one by N (mod 16): every test
+    flushes its Redis database, and the broker's queues live there too."""
+    if not WORKER:
+        return url
+    parts = urlsplit(url)
+    base = int(parts.path.strip("/") or 0)
+    index = (base + int(WORKER.removeprefix("gw"))) % 16
+    return urlunsplit(parts._replace(path=f"/{index}"))
+
+
 @pytest.fixture(scope="session")
 def services() -> Iterator[Services]:
     from db.embedded import ensure_running
 
-    db_url, redis_url = os.environ.get("CLARION_DATABASE_URL"), os.environ.get("CLARION_REDIS_URL")
+    db_url = os.environ.get("CLARION_DATABASE_URL") or os.environ.get("TEST_CLARION_DATABASE_URL")
+    redis_url = os.environ.get("CLARION_REDIS_URL") or os.environ.get("TEST_CLARION_REDIS_URL")
     handle = None
-    if not (db_url and redis_url):
+    if not (db_url and redis_url):  # a single test file run in a way pytest_configure did not see
         handle = ensure_running(ROOT / ".clarion" / "test")
         db_url, redis_url = handle.database_url, handle.redis_url
-    yield Services(db_url, redis_url, os.environ.get("CLARION_BROKER_URL") or redis_url)
+    redis_url = _redis_for_worker(redis_url)
+    broker = os.environ.get("CLARION_BROKER_URL")
+    if broker and WORKER and not broker.startswith("redis"):
+        raise pytest.UsageError(
+            "a shared non-Redis broker cannot be split between xdist workers: run with -n 0"
+        )
+    yield Services(db_url, redis_url, _redis_for_worker(broker) if broker else redis_url)
     if handle is not None:
         handle.stop()
 

@@ -29,10 +29,10 @@ async def metrics(request: Request) -> Response:
 
 def create_app() -> Starlette:
     routes = [Route("/healthz", health), Route("/metrics", metrics)]
-    from web import api, email, inbox, slack, sms, teams
+    from web import api, email, inbox, preferences, slack, sms, teams
 
     routes += slack.routes() + teams.routes() + email.routes() + inbox.routes()
-    routes += sms.routes()
+    routes += sms.routes() + preferences.routes()
     return api.application(routes)  # FastAPI, a Starlette: the /v1 API, /openapi.json and /docs
 
 

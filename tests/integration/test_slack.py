@@ -423,7 +423,7 @@ def test_a_deactivated_user_fails_and_is_suppressed_for_the_next_nudge(ana, fake
     assert fake.posts() == [] and len(fake.called("conversations.open")) == 1
 
 
-def test_the_adapter_updates_a_sent_message_in_place_and_a_failed_update_raises_nothing(ana, fake):
+def test_the_adapter_updates_a_sent_message_in_place_and_a_failed_update_raises(ana, fake):
     key = _nudge(ana)
     assert _deliver(key) == 1
     ref = _delivery(key)["provider_message_id"]
@@ -432,10 +432,19 @@ def test_the_adapter_updates_a_sent_message_in_place_and_a_failed_update_raises_
     adapter = runtime.adapters()["slack"]
     adapter.update(message, ref, "Raise quality")
     assert [_context_text(u) for u in fake.posts()[0].updates] == [["Answered: Raise quality"]]
+    adapter.update(message, ref)  # no answer: as first sent, buttons and all (collapse in place)
+    assert fake.posts()[0].updates[-1] == to_blocks(message)
     fake.fail("chat.update", "message_not_found")
-    adapter.update(message, ref, "Grow my team")  # logged, not raised
-    adapter.update(message, "not-a-ref", "Grow my team")
-    assert len(fake.posts()[0].updates) == 1
+    with pytest.raises(PermanentSendError, match="message_not_found"):
+        adapter.update(message, ref, "Grow my team")
+    with pytest.raises(PermanentSendError, match="bad_message_id"):
+        adapter.update(message, "not-a-ref", "Grow my team")
+    fake.fail("chat.update", "ratelimited", status=429, retry_after=30)
+    with pytest.raises(ThrottledError):
+        adapter.update(message, ref, "Grow my team")
+    with pytest.raises(ThrottledError, match="paused"):  # every worker waits the 429 out
+        adapter.update(message, ref, "Grow my team")
+    assert len(fake.posts()[0].updates) == 2
 
 
 # --- reconciliation after a takeover -----------------------------------------------------------------------

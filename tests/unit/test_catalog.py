@@ -165,6 +165,11 @@ def test_from_yaml_missing_file(tmp_path: Path) -> None:
                 "order_shipped",
                 "login_code",
                 "order_delayed",
+                "oncall_page",
+                "oncall_sms",
+                "oncall_secondary",
+                "seller_replied",
+                "replies_digest",
             },
         ),
         (TESTS / "catalog.yaml", {"receipt", "security_code", "nudge", "two_channels", "emailed"}),
@@ -177,7 +182,8 @@ def test_shipped_catalogs_load(path: Path, keys: set[str]) -> None:
     for ntype in catalog.types.values():
         assert ntype.category in CATEGORIES
         assert ntype.lane == DEFAULT_LANE[ntype.category]
-        variables = {name: f"<{name}>" for name in ntype.required}
+        # text for every required variable, but a digest's items as its declared samples
+        variables = {**{name: f"<{name}>" for name in ntype.required}, **ntype.samples}
         for channel in ntype.channels:
             rendered = ntype.render(ntype.version, channel, variables)
             assert rendered and all(isinstance(v, str) for v in rendered.values())

@@ -5,14 +5,14 @@ A BEFORE INSERT trigger fills it from the recipient row when the statement does 
 request insert, present and future — notify, series, the fatigue summary, digests — pins it
 without naming it). Existing requests take their recipient's current locale.
 
-Revision ID: 0012
-Revises: 0011
+Revision ID: 0015
+Revises: 0014
 """
 
 from alembic import op
 
-revision = "0012"
-down_revision = "0011"
+revision = "0015"
+down_revision = "0014"
 
 UPGRADE = """
 ALTER TABLE requests ADD COLUMN locale text;

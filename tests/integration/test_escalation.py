@@ -1,0 +1,456 @@
+"""Escalation chains end to end (issue 11 item 5, Gridwatch): a page on Slack (the local Slack),
+no ack in 5 min → SMS (the local Twilio, its status callbacks through clarion's real webhook) →
+no ack in 10 min → a second recipient's webhook (the local receiver). Real PostgreSQL and Redis,
+the pipeline in-process, time from an injected clock; every send counted at the receiving server.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from adapters.base import Receipt
+from clarion import settings as clarion_settings
+from db import escalations
+from db.engine import engine
+from ops.explain import explain
+from ops.fake_fcm import FakeFcm
+from ops.fake_slack import FakeSlack, serving
+from ops.fake_twilio import FakeTwilio
+from ops.receiver import Receiver
+from tasks import notify, register_recipient
+from tasks.deliver import deliver
+from tasks.escalation import fire_due
+from tasks.inbox import feed, mark
+from tasks.interactions import handle_click
+from tasks.receipts import ingest
+from tasks.route import route
+from tasks.tick import _tick
+from tests.support.pipeline import (
+    Clock,
+    configure,
+    drain,
+    frozen_clock,
+    publishing_to_this_tests_broker,
+    rows,
+)
+from tests.support.race import race
+from web.app import create_app
+
+pytestmark = pytest.mark.integration
+
+CATALOG = Path(__file__).parents[1] / "catalog_escalation.yaml"
+ANA_PHONE, DEAD_PHONE = "+4915112345678", "+4915100000009"
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)  # a Tuesday
+Key = tuple[str, int]
+
+
+@dataclass
+class World:
+    slack: FakeSlack
+    twilio: FakeTwilio
+    receiver: Receiver
+    clock: Clock
+
+    def sms(self) -> int:
+        return len(self.twilio.messages())
+
+    def hooks(self) -> int:
+        return self.receiver.arrivals.total
+
+    def slack_posts(self) -> int:
+        return len(self.slack.posts())
+
+
+@pytest.fixture
+def world(clarion_env, monkeypatch) -> Iterator[World]:
+    secret = clarion_settings.get().webhook_secret
+    with (
+        FakeSlack() as slack,
+        FakeTwilio() as twilio,
+        Receiver(secret) as receiver,
+        serving(create_app()) as web,
+    ):
+        configure(
+            monkeypatch,
+            catalog=CATALOG,
+            slack_token=FakeSlack.TOKEN,
+            slack_api_url=slack.api_url,
+            twilio_account_sid=FakeTwilio.ACCOUNT_SID,
+            twilio_auth_token=FakeTwilio.AUTH_TOKEN,
+            twilio_api_url=twilio.url,
+            twilio_from=FakeTwilio.NUMBER,
+            public_url=web,
+            sms_segments_per_second=100,
+            webhook_url=receiver.url,
+        )
+        register_recipient("ana", timezone="UTC", addresses={"slack": "U1", "sms": ANA_PHONE})
+        register_recipient("sam", timezone="UTC", addresses={"webhook": "https://hooks.example/s"})
+        with publishing_to_this_tests_broker(), frozen_clock(T0) as clk:
+            yield World(slack, twilio, receiver, clk)
+
+
+def _send_request(user: str, request_id: int) -> list[Key]:
+    """Route one request and deliver what it created through the real tasks."""
+    route([user], [request_id])
+    drain("transactional"), drain("activation")
+    keys = [
+        (r["user_id"], r["id"])
+        for r in rows(
+            "SELECT user_id, id FROM deliveries WHERE user_id = :u AND request_id = :r",
+            u=user,
+            r=request_id,
+        )
+    ]
+    for key in keys:
+        deliver([key[0]], [key[1]])
+    return keys
+
+
+def _page(type_key: str = "page", user: str = "ana", **variables) -> tuple[int, list[Key]]:
+    request = notify(
+        user,
+        type_key,
+        event_id=uuid.uuid4().hex,
+        variables={"host": "db-1", "secondary": "sam", **variables},
+    )
+    return request.request_id, _send_request(user, request.request_id)
+
+
+def _tick_at(world: World, at: datetime) -> int:
+    """The real beat tick at `at`; the escalation steps it published are routed and delivered."""
+    world.clock.now = at
+    fired = _tick()["escalations"]
+    for name, users, ids in drain("transactional") + drain("activation"):
+        if name == "clarion.route":
+            for user, request_id in zip(users, ids, strict=True):
+                _send_request(user, request_id)
+    return fired
+
+
+def _chain(request_id: int) -> dict:
+    [row] = rows(
+        "SELECT state, next_step, due_at, acked_by FROM escalations WHERE request_id = :r",
+        r=request_id,
+    )
+    return row
+
+
+def _decisions(request_id: int) -> list[tuple[str, str]]:
+    return [
+        (r["outcome"], r["reason"])
+        for r in rows(
+            "SELECT outcome, reason FROM decisions WHERE request_id = :r AND gate = 'escalation' "
+            "ORDER BY id",
+            r=request_id,
+        )
+    ]
+
+
+def _click(key: Key, answer: str = "ack", slack_user: str = "U1"):
+    value = json.dumps({"u": key[0], "d": key[1], "a": answer}, separators=(",", ":"))
+    return handle_click("slack", slack_user, value)
+
+
+def _step_requests() -> list[dict]:
+    return rows(
+        "SELECT user_id, type_key, occurrence_key FROM requests "
+        "WHERE occurrence_key LIKE 'escalation:%' ORDER BY id"
+    )
+
+
+# --- the must-shows ---------------------------------------------------------------------------
+
+
+def test_acked_at_step_one_nothing_more_is_sent(world):
+    request_id, [key] = _page()
+    assert world.slack_posts() == 1
+    assert _chain(request_id)["state"] == "waiting"
+    assert _click(key).outcome == "accepted"
+    assert _chain(request_id)["state"] == "acked"
+    for minutes in (5, 15, 60, 24 * 60):
+        assert _tick_at(world, T0 + timedelta(minutes=minutes)) == 0
+    assert (world.slack_posts(), world.sms(), world.hooks()) == (1, 0, 0)  # at the receivers
+    assert _step_requests() == []
+    assert _decisions(request_id) == [("wait", "no_ack"), ("stop", "acked")]
+    shown = explain("ana")
+    assert (
+        "acknowledged: answered on delivery" in shown and "step 2 and later are not sent" in shown
+    )
+
+
+def test_no_ack_step_two_at_five_minutes_and_step_three_ten_after(world):
+    request_id, _ = _page()
+    assert _tick_at(world, T0 + timedelta(minutes=4, seconds=59)) == 0
+    assert world.sms() == 0
+    assert _tick_at(world, T0 + timedelta(minutes=5)) == 1
+    [sms] = world.twilio.messages()
+    assert sms.to == ANA_PHONE and "db-1 is down" in sms.body
+    assert _tick_at(world, T0 + timedelta(minutes=14, seconds=59)) == 0
+    assert world.hooks() == 0
+    assert _tick_at(world, T0 + timedelta(minutes=15)) == 1
+    assert (world.slack_posts(), world.sms(), world.hooks()) == (1, 1, 1)
+    assert [(r["user_id"], r["type_key"]) for r in _step_requests()] == [
+        ("ana", "page_sms"),
+        ("sam", "page_hook"),
+    ]
+    assert _chain(request_id)["state"] == "finished"
+    assert _decisions(request_id) == [
+        ("wait", "no_ack"),
+        ("escalate", "no_ack"),
+        ("escalate", "no_ack"),
+        ("stop", "chain_finished"),
+    ]
+    assert _tick_at(world, T0 + timedelta(hours=2)) == 0
+    [hook] = rows("SELECT provider_message_id FROM deliveries WHERE user_id = 'sam'")
+    failed = Receipt("webhook", "failed", hook["provider_message_id"], T0 + timedelta(hours=2))
+    assert ingest([failed]) == {"applied": 1}  # the last step failed: nothing is left to fire
+    assert _decisions(request_id)[-1] == ("stop", "no_further_step")
+    assert "step 3 (page_hook to sam, request 3): 10m without an acknowledgement" in explain("ana")
+    assert "step 3 of ana's page" in explain("sam")
+
+
+def test_a_failed_chat_send_escalates_at_once(world):
+    world.slack.deactivate("U1")  # conversations.open answers user_disabled: a permanent failure
+    request_id, [key] = _page()
+    assert rows("SELECT state FROM deliveries WHERE id = :i", i=key[1])[0]["state"] == "failed"
+    assert _chain(request_id)["due_at"] == T0  # brought forward from 12:05
+    assert _tick_at(world, T0) == 1
+    assert world.sms() == 1  # at once, not at 12:05
+    assert ("hurry", "step_failed") in _decisions(request_id)
+    assert ("escalate", "step_failed") in _decisions(request_id)
+
+
+def test_an_undelivered_sms_escalates_to_the_second_recipient_at_once(world):
+    register_recipient("ana", timezone="UTC", addresses={"slack": "U1", "sms": DEAD_PHONE})
+    world.twilio.fail_number(DEAD_PHONE, 30003)  # its status callback says undelivered
+    request_id, _ = _page()
+    assert _tick_at(world, T0 + timedelta(minutes=5)) == 1
+    [sms] = world.twilio.messages()
+    assert [status for status, _ in world.twilio.progress(sms.sid)] == [
+        "queued",
+        "sent",
+        "undelivered",
+    ]  # signed status callbacks through clarion's Twilio webhook
+    sms_row = rows("SELECT state FROM deliveries WHERE channel = 'sms'")[0]
+    assert sms_row["state"] == "undelivered"
+    assert _chain(request_id)["due_at"] == T0 + timedelta(minutes=5)  # not 12:15
+    assert _tick_at(world, T0 + timedelta(minutes=5)) == 1
+    assert world.hooks() == 1
+    assert _decisions(request_id)[-3:] == [
+        ("hurry", "step_failed"),
+        ("escalate", "step_failed"),
+        ("stop", "chain_finished"),
+    ]
+
+
+def test_an_invalid_push_token_escalates_at_once(world, monkeypatch, tmp_path):
+    token = "fcm-phone-" + "a" * 24
+    with FakeFcm() as fcm:
+        configure(
+            monkeypatch,
+            fcm_service_account=fcm.write_service_account(tmp_path / "service-account.json"),
+            fcm_api_url=fcm.url,
+        )
+        register_recipient("ana", timezone="UTC", addresses={"push": [f"fcm:{token}"]})
+        fcm.unregister(token)  # FCM answers 404 UNREGISTERED: the only device is gone
+        request_id, [key] = _page("page_push")
+        assert fcm.attempts == {token: 1} and fcm.per_token() == {}
+    assert rows("SELECT state FROM deliveries WHERE id = :i", i=key[1])[0]["state"] == "failed"
+    assert _tick_at(world, T0) == 1
+    assert world.hooks() == 1  # the secondary, at once
+    assert ("hurry", "step_failed") in _decisions(request_id)
+
+
+def test_a_step_suppressed_by_a_gate_escalates_at_once(world):
+    register_recipient("ana", timezone="UTC", addresses={"slack": "U1"})  # no phone number
+    request_id, _ = _page()
+    assert _tick_at(world, T0 + timedelta(minutes=5)) == 1  # step 2: routed to no channel
+    assert world.sms() == 0
+    assert _tick_at(world, T0 + timedelta(minutes=5)) == 1  # so step 3 is due at once
+    assert world.hooks() == 1
+    assert ("hurry", "step_not_delivered") in _decisions(request_id)
+
+
+def test_quiet_hours_hold_a_non_critical_step_but_not_the_chain(world):
+    register_recipient(
+        "ana",
+        timezone="UTC",
+        addresses={"slack": "U1", "sms": ANA_PHONE},
+        quiet_hours=("11:00", "13:00"),
+    )
+    request_id, _ = _page("page_gentle")
+    assert world.slack_posts() == 1  # critical: through quiet hours
+    assert _tick_at(world, T0 + timedelta(minutes=5)) == 1
+    assert world.sms() == 0  # not critical: deferred to 13:00
+    assert _tick_at(world, T0 + timedelta(minutes=10)) == 1  # the chain kept its time
+    assert world.hooks() == 1
+    assert _decisions(request_id)[:3] == [
+        ("wait", "no_ack"),
+        ("escalate", "no_ack"),
+        ("wait", "step_deferred"),
+    ]
+    assert "is held until 2026-12-01T13:00:00+00:00; step 3 stays due at" in explain("ana")
+
+
+def test_a_defaulted_variable_names_the_second_recipient_and_reaches_the_step(world):
+    register_recipient("ana", timezone="UTC", addresses={"webhook": "https://hooks.example/a"})
+    request_id, _ = _page("page_default_to")
+    assert _tick_at(world, T0 + timedelta(minutes=1)) == 1
+    [step] = rows(
+        "SELECT user_id, variables FROM requests WHERE occurrence_key LIKE 'escalation:%'"
+    )
+    assert (
+        step["user_id"] == "sam" and step["variables"]["runbook"] == "https://runbooks.example/db"
+    )
+    assert world.hooks() == 2  # ana's page, then sam's, rendered with the defaulted runbook
+    assert rows("SELECT state FROM deliveries WHERE user_id = 'sam'")[0]["state"] == "sent"
+
+
+def test_working_hours_timers_wait_over_the_weekend(world):
+    register_recipient(
+        "bea", timezone="Europe/Berlin", country="DE", addresses={"webhook": "https://h.example/b"}
+    )
+    friday = datetime(2026, 12, 4, 15, 55, tzinfo=UTC)  # 16:55 in Berlin
+    world.clock.now = friday
+    request_id, _ = _page("page_workday", user="bea")
+    monday = datetime(2026, 12, 7, 8, 5, tzinfo=UTC)  # 5 minutes on Friday, 5 on Monday 09:00
+    assert _chain(request_id)["due_at"] == monday
+    assert world.hooks() == 1  # step 1
+    for at in (
+        friday + timedelta(minutes=10),
+        friday + timedelta(days=1),
+        monday - timedelta(seconds=1),
+    ):
+        assert _tick_at(world, at) == 0
+    assert _tick_at(world, monday) == 1
+    assert world.hooks() == 2
+    assert "10m of working time (09:00-17:00 on working days)" in explain("bea")
+
+
+def test_an_in_app_read_acknowledges(world):
+    request_id, _ = _page("page_inapp")
+    [item] = feed("ana").items
+    assert mark("ana", [item.id], "read") == [item.id]
+    assert _chain(request_id)["state"] == "acked"
+    assert _tick_at(world, T0 + timedelta(minutes=30)) == 0
+    assert world.hooks() == 0
+    assert _decisions(request_id) == [("wait", "no_ack"), ("stop", "acked")]
+
+
+# --- the ack racing the escalation ------------------------------------------------------------
+#
+# "Exactly one outcome": for a chain whose step 2 is due when an acknowledgement arrives, either
+# (a) the ack commits first: step 2 is never requested, or (b) step 2 fires first (one request,
+# one message at the receiver) and the ack then stops step 3 and later. Never step 2 twice, never
+# a step requested after the ack committed, never an ack lost (the chain always ends `acked`).
+
+
+def _fire(at: datetime) -> int:
+    with engine().begin() as conn:
+        return len(fire_due(conn, now=at))
+
+
+def _visible_due(at: datetime) -> int:
+    with engine().connect() as conn:
+        return conn.execute(
+            text("SELECT count(*) FROM escalations WHERE state = 'waiting' AND due_at <= :at"),
+            {"at": at},
+        ).scalar_one()
+
+
+def _tick_in_child(at: datetime) -> tuple[int, int]:
+    """(chains it saw due without locking, steps it fired) — a beat worker's tick."""
+    return _visible_due(at), _fire(at)
+
+
+def _waiting_on_locks() -> int:
+    with engine().connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            )
+        ).scalar_one()
+
+
+def test_an_ack_holding_the_chain_makes_a_racing_tick_skip_it_and_nothing_fires(world):
+    request_id, [key] = _page()
+    due = T0 + timedelta(minutes=5)
+    with engine().connect() as acking:  # the ack, written but not committed
+        assert escalations.delivery_event(acking, *key, "answered", "slack answer 'ack'", T0) == (
+            "acked"
+        )
+        [(seen, fired)] = race(1, _tick_in_child, lambda i: (due,))
+        assert (seen, fired) == (1, 0)  # it saw the chain due, and skipped the locked row
+        acking.commit()
+    assert _tick_at(world, due) == 0
+    assert (world.sms(), world.hooks()) == (0, 0)
+    assert _chain(request_id)["state"] == "acked"
+
+
+def test_a_step_firing_holds_the_chain_and_the_racing_ack_waits_then_stops_the_rest(world):
+    request_id, [key] = _page()
+    due = T0 + timedelta(minutes=5)
+    waited: list[int] = []
+    with engine().connect() as ticking:
+        keys = fire_due(ticking, now=due)  # step 2 requested, not committed
+
+        def commit_once_the_ack_waits() -> None:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and _waiting_on_locks() < 1:
+                time.sleep(0.01)
+            waited.append(_waiting_on_locks())
+            ticking.commit()
+
+        releaser = threading.Thread(target=commit_once_the_ack_waits)
+        releaser.start()
+        try:
+            [click] = race(1, lambda k: _click(k).outcome, lambda i: (key,))
+        finally:
+            releaser.join()
+    assert waited == [1], "the ack never queued behind the firing step's lock"
+    assert click == "accepted"
+    for user, rid, _lane in keys:
+        _send_request(user, rid)
+    assert _chain(request_id)["state"] == "acked" and _chain(request_id)["next_step"] == 3
+    for minutes in (15, 60):
+        assert _tick_at(world, T0 + timedelta(minutes=minutes)) == 0
+    assert (world.sms(), world.hooks()) == (1, 0)  # step 2 once; step 3 never
+    assert _decisions(request_id) == [("wait", "no_ack"), ("escalate", "no_ack"), ("stop", "acked")]
+
+
+def _ack_or_tick(role: int, key: Key, at: datetime) -> str:
+    if role == 0:
+        return _click(key).outcome
+    return f"fired {_fire(at)}"
+
+
+def test_an_ack_and_a_tick_racing_in_two_processes_have_exactly_one_outcome(world):
+    due = T0 + timedelta(minutes=5)
+    outcomes = []
+    for _ in range(6):
+        request_id, [key] = _page()
+        results = race(2, _ack_or_tick, lambda i, k=key: (i, k, due))
+        assert sorted(results)[0] == "accepted"
+        steps = rows(
+            "SELECT count(*) AS n FROM escalation_requests l JOIN escalations e "
+            "ON e.user_id = l.chain_user AND e.id = l.chain_id "
+            "WHERE e.request_id = :r AND l.step = 2",
+            r=request_id,
+        )[0]["n"]
+        chain = _chain(request_id)
+        assert chain["state"] == "acked"
+        assert (steps, chain["next_step"]) in ((0, 2), (1, 3)), (steps, chain)
+        outcomes.append("ack first" if steps == 0 else "step 2 first")
+    assert _fire(T0 + timedelta(hours=1)) == 0  # nothing of any chain fires later
+    assert len(_step_requests()) == outcomes.count("step 2 first")
