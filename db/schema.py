@@ -105,7 +105,7 @@ requests = Table(
     Column("lane", Text, nullable=False),
     Column("template_version", Integer, nullable=False),
     Column("variables", JSONB, nullable=False),
-    # the recipient's locale at insert (trigger requests_pin_locale, migration 0012): pinned
+    # the recipient's locale at insert (trigger requests_pin_locale, migration 0015): pinned
     Column("locale", Text),
     Column("state", Text, nullable=False, server_default="pending"),
     _ts("due_at"),

@@ -1,5 +1,5 @@
 """A recipient's locale picks the strings a delivery is rendered in, counted at the receiving
-server; the locale is pinned on the request (migration 0012), so neither a catalog edit nor the
+server; the locale is pinned on the request (migration 0015), so neither a catalog edit nor the
 recipient changing their locale changes what a request already made renders."""
 
 from __future__ import annotations
