@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from catalog import Button
+from catalog import Button, NotificationType
 
 if TYPE_CHECKING:
     import redis as redis_lib
@@ -91,6 +91,40 @@ class Message:
 
     def button_value(self, button: Button) -> str:
         return ButtonValue(self.user_id, self.delivery_id, button.key).encode()
+
+    @classmethod
+    def for_type(
+        cls,
+        ntype: NotificationType,
+        version: int,
+        channel: str,
+        content: dict[str, str],
+        variables: dict[str, Any],
+        *,
+        delivery_id: int,
+        user_id: str,
+        occurrence_key: str,
+        attempt: int = 1,
+        address: str | None = None,
+        lane: str | None = None,
+    ) -> Message:
+        """The message for rendered `content` of a type's pinned version: what the deliver task
+        hands the adapter, and what `clarion preview` shows (one place, so they cannot differ)."""
+        return cls(
+            delivery_id=delivery_id,
+            user_id=user_id,
+            type_key=ntype.key,
+            occurrence_key=occurrence_key,
+            channel=channel,
+            content=content,
+            attempt=attempt,
+            config=ntype.config.get(channel, {}),
+            address=address,
+            buttons=ntype.templates[version].buttons,
+            lane=lane or ntype.lane,
+            category=ntype.category,
+            collapse_key=ntype.collapse_key(variables),
+        )
 
     @property
     def idempotency_key(self) -> str:

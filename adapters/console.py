@@ -6,11 +6,13 @@ import sys
 from typing import TextIO
 
 from adapters.base import Message, SendResult
+from adapters.escape import plain_text
 
 
 def to_line(message: Message) -> str:
-    title = message.content.get("title", "")
-    body = message.content.get("body", "")
+    """One printed line; plain text (no terminal escape sequences or bidi overrides)."""
+    title = plain_text(message.content.get("title", ""))
+    body = plain_text(message.content.get("body", ""))
     return f"[console] to {message.user_id} ({message.type_key}): {title} — {body}"
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from adapters.base import Channel, Collaborators, Message, SendResult
+from adapters.escape import plain_text
 from clarion.errors import PermanentSendError, TransientSendError, UnknownSendError
 
 MAX_TITLE = 1000
@@ -68,7 +69,8 @@ def to_request(message: Message) -> InboxRequest:
     """The pure part: the item for one message. `title` and `body` are the rendered content;
     the other rendered fields and what a page needs to link it go in `data`."""
     content = dict(message.content)
-    title, body = content.pop("title", ""), content.pop("body", "")
+    # plain text (adapters.escape.plain_text): a feed client shows it as text, never as markup
+    title, body = plain_text(content.pop("title", "")), plain_text(content.pop("body", ""))
     if not (title or body):
         raise PermanentSendError("empty", f"type {message.type_key} renders no title or body")
     if len(title) > MAX_TITLE or len(body) > MAX_BODY:

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Protocol
 import httpx
 
 from adapters.base import Channel, Collaborators, Message, SendResult, Suppressions
+from adapters.escape import plain_text
 from adapters.ratelimit import Quota, RateLimits
 from clarion.errors import (
     ConfigurationError,
@@ -135,8 +136,9 @@ def web_topic(collapse: str) -> str:
 
 
 def title_and_body(message: Message) -> tuple[str, str]:
-    title = message.content.get("title", "").strip()
-    body = (message.content.get("body") or message.content.get("text") or "").strip()
+    """The notification's title and body as plain text (adapters.escape.plain_text)."""
+    title = plain_text(message.content.get("title", "")).strip()
+    body = plain_text(message.content.get("body") or message.content.get("text") or "").strip()
     return title or message.type_key, body
 
 

@@ -143,6 +143,17 @@ def fallback_text(message: Message) -> str:
     )
 
 
+def post_args(message: Message) -> dict[str, Any]:
+    """What `send` gives chat.postMessage, but the DM channel (the provider request)."""
+    return {
+        "text": fallback_text(message),
+        "blocks": to_blocks(message),
+        "metadata": metadata(message),
+        "unfurl_links": False,
+        "unfurl_media": False,
+    }
+
+
 def metadata(message: Message) -> dict[str, Any]:
     """Message metadata: how reconciliation recognises this delivery's message later."""
     return {
@@ -310,14 +321,7 @@ class SlackAdapter:
             with slack_errors():
                 channel = self._dm(message)
             with slack_errors(posting=True):
-                posted = self.client.chat_postMessage(
-                    channel=channel,
-                    text=fallback_text(message),
-                    blocks=to_blocks(message),
-                    metadata=metadata(message),
-                    unfurl_links=False,
-                    unfurl_media=False,
-                )
+                posted = self.client.chat_postMessage(channel=channel, **post_args(message))
         except SendError as error:
             self._failed(message, error, pause=True)
             raise

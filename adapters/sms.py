@@ -52,6 +52,7 @@ from adapters.base import (
     Suppressions,
     clean_provider_id,
 )
+from adapters.escape import plain_text
 from adapters.ratelimit import Quota, RateLimits, scope
 from clarion.errors import (
     ConfigurationError,
@@ -117,13 +118,14 @@ def segments(text: str) -> tuple[str, int]:
 
 
 def body_of(message: Message) -> str:
-    """The SMS text: the content's `text`, else title and body on two lines; at most MAX_BODY."""
+    """The SMS text: the content's `text`, else title and body on two lines, as plain text
+    (adapters.escape.plain_text: no control characters or bidi overrides); at most MAX_BODY."""
     text = message.content.get("text") or "\n".join(
         p.strip()
         for p in (message.content.get("title"), message.content.get("body"))
         if p and p.strip()
     )
-    text = text.strip()
+    text = plain_text(text).strip()
     if len(text) > MAX_BODY:
         text = text[: MAX_BODY - len(ELLIPSIS)] + ELLIPSIS
     return text

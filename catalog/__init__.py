@@ -1,5 +1,21 @@
 """The catalog: notification types, categories, versioned templates. Imports nothing of ours."""
 
-from catalog.model import CATEGORIES, Button, Catalog, CatalogError, NotificationType, Template
+from catalog.model import (
+    CATEGORIES,
+    Button,
+    Catalog,
+    CatalogError,
+    NotificationType,
+    Strings,
+    Template,
+)
 
-__all__ = ["CATEGORIES", "Button", "Catalog", "CatalogError", "NotificationType", "Template"]
+__all__ = [
+    "CATEGORIES",
+    "Button",
+    "Catalog",
+    "CatalogError",
+    "NotificationType",
+    "Strings",
+    "Template",
+]

@@ -14,6 +14,7 @@ import yaml
 from jinja2 import TemplateSyntaxError, meta
 from jinja2.exceptions import SecurityError, TemplateAssertionError, UndefinedError
 
+from catalog import locales as _locales
 from catalog.digest import DIGEST_VARIABLES, DigestSpec, parse_digest
 from catalog.escalation import Escalation, check_escalations, parse_escalation
 from catalog.sandbox import Sample
@@ -81,8 +82,17 @@ class Button:
 
 
 @dataclass(frozen=True)
+class Strings:
+    """One locale's text of a version: fields for every channel, and per-channel overrides."""
+
+    fields: dict[str, str] = field(default_factory=dict)
+    per_channel: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Template:
-    """One version of a type's content: default fields plus per-channel overrides, and buttons."""
+    """One version of a type's content: default fields plus per-channel overrides (in the
+    catalog's default locale), other locales' strings, buttons and sample variables."""
 
     version: int
     fields: dict[str, str]
@@ -91,27 +101,60 @@ class Template:
     samples: dict[str, Any] = field(
         default_factory=dict
     )  # variables the load-time check renders with
+    locales: dict[str, Strings] = field(default_factory=dict)  # canonical tag -> its strings
 
     def button(self, key: str) -> Button | None:
         return next((b for b in self.buttons if b.key == key), None)
 
-    def sources(self, channel: str) -> dict[str, str]:
-        return {**self.fields, **self.per_channel.get(channel, {})}
+    def locale_for(self, locale: str | None, default: str = _locales.DEFAULT) -> str:
+        """The locale this version renders for a recipient's `locale`: the first of its fallback
+        chain (`de-AT → de → default`) that the version has strings for."""
+        return next(tag for tag in _locales.chain(locale, default) if self._has(tag, default))
+
+    def _has(self, tag: str, default: str) -> bool:
+        return tag == default or tag in self.locales
+
+    def sources(
+        self, channel: str, locale: str | None = None, default: str = _locales.DEFAULT
+    ) -> dict[str, str]:
+        """Field name -> template source for `channel` in `locale`. Each field comes from the
+        most specific locale of the chain that has it (a channel override before that locale's
+        own field), so a partly translated locale falls back field by field."""
+        layers = [
+            self.locales[tag] if tag != default else Strings(self.fields, self.per_channel)
+            for tag in _locales.chain(locale, default)
+            if self._has(tag, default)
+        ]
+        out: dict[str, str] = {}
+        for strings in reversed(layers):  # least specific first; later layers win
+            out.update(strings.fields)
+            out.update(strings.per_channel.get(channel, {}))
+        return out
+
+    def _all_strings(self) -> list[Strings]:
+        return [Strings(self.fields, self.per_channel), *self.locales.values()]
 
     def variables(self) -> set[str]:
         names: set[str] = set()
-        for source in [self.fields, *self.per_channel.values()]:
-            for text in source.values():
-                names |= meta.find_undeclared_variables(_env.parse(text))
+        for strings in self._all_strings():
+            for source in [strings.fields, *strings.per_channel.values()]:
+                for text in source.values():
+                    names |= meta.find_undeclared_variables(_env.parse(text))
         return names
 
-    def targets(self, channels: tuple[str, ...]) -> list[tuple[str, str, str]]:
-        """(channel, field, source) for every field this version renders on `channels` (the type's)
-        and on the channels it has overrides for."""
+    def channels_overridden(self) -> set[str]:
+        return {c for strings in self._all_strings() for c in strings.per_channel}
+
+    def targets(
+        self, channels: tuple[str, ...], default: str = _locales.DEFAULT
+    ) -> list[tuple[str, str, str, str]]:
+        """(locale, channel, field, source) for every field this version renders, in every locale
+        it has, on `channels` (the type's) and on the channels it has overrides for."""
         return [
-            (channel, name, source)
-            for channel in sorted(set(channels) | set(self.per_channel))
-            for name, source in self.sources(channel).items()
+            (tag, channel, name, source)
+            for tag in [default, *sorted(self.locales)]
+            for channel in sorted(set(channels) | self.channels_overridden())
+            for name, source in self.sources(channel, tag, default).items()
         ]
 
 
@@ -128,6 +171,7 @@ class NotificationType:
     config: dict[str, dict[str, Any]] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     samples: dict[str, Any] = field(default_factory=dict)  # for every version without its own
+    default_locale: str = _locales.DEFAULT  # the locale of the versions' own fields
     escalation: Escalation | None = None  # steps after this one when nobody acknowledges it
 
     @property
@@ -185,14 +229,25 @@ class NotificationType:
     def missing(self, variables: dict[str, Any]) -> list[str]:
         return [name for name in self.required if name not in variables]
 
-    def render(self, version: int, channel: str, variables: dict[str, Any]) -> dict[str, str]:
-        """Render every field of the pinned version for `channel` in the sandbox."""
+    def render(
+        self,
+        version: int,
+        channel: str,
+        variables: dict[str, Any],
+        locale: str | None = None,
+    ) -> dict[str, str]:
+        """Render every field of the pinned version for `channel` in the sandbox, in the
+        recipient's `locale` through its fallback chain (None: the catalog's default locale)."""
         template = self.templates[version]
         context = {**self.defaults, **variables}
         return {
             name: _render(_compiled(self.key, version, channel, name, source), context)
-            for name, source in template.sources(channel).items()
+            for name, source in template.sources(channel, locale, self.default_locale).items()
         }
+
+    def locale_for(self, version: int, locale: str | None) -> str:
+        """The locale version `version` renders in for a recipient whose locale is `locale`."""
+        return self.templates[version].locale_for(locale, self.default_locale)
 
     def sample_variables(self, version: int) -> dict[str, Any]:
         """What the load-time check renders version `version` with: the declared samples (of the
@@ -234,7 +289,7 @@ def _fields(value: Any, what: str, fail) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
-def _templates(raw_list: Any, fail) -> dict[int, Template]:
+def _templates(raw_list: Any, fail, default_locale: str) -> dict[int, Template]:
     if not isinstance(raw_list, list) or not raw_list:
         raise fail("needs a list of templates, each with a version")
     templates: dict[int, Template] = {}
@@ -247,24 +302,53 @@ def _templates(raw_list: Any, fail) -> dict[int, Template]:
             raise fail("every template needs a positive integer version")
         if version in templates:
             raise fail(f"template version {version} is defined twice")
-        per_channel = raw.pop("channels", None) or {}
-        if not isinstance(per_channel, dict):
-            raise fail(f"template v{version}: channels must map a channel to its fields")
-        buttons = _buttons(raw.pop("buttons", None), f"template v{version}", fail)
-        samples = _samples(raw.pop("samples", None), f"template v{version}", fail)
-        for channel in per_channel:
-            _channel_name(channel, f"template v{version} channels", fail)
+        what = f"template v{version}"
+        buttons = _buttons(raw.pop("buttons", None), what, fail)
+        samples = _samples(raw.pop("samples", None), what, fail)
+        variants = _locale_variants(raw.pop("locales", None), what, fail, default_locale)
+        strings = _strings(raw, what, fail)
         templates[version] = Template(
-            version,
-            _fields(raw, f"template v{version}", fail),
-            {
-                str(c): _fields(f, f"template v{version} channel {c}", fail)
-                for c, f in per_channel.items()
-            },
-            buttons,
-            samples,
+            version, strings.fields, strings.per_channel, buttons, samples, variants
         )
     return templates
+
+
+def _strings(raw: dict[str, Any], what: str, fail) -> Strings:
+    """Fields and a `channels:` mapping of per-channel overrides (one locale's text)."""
+    raw = dict(raw)
+    per_channel = raw.pop("channels", None) or {}
+    if not isinstance(per_channel, dict):
+        raise fail(f"{what}: channels must map a channel to its fields")
+    for channel in per_channel:
+        _channel_name(channel, f"{what} channels", fail)
+    return Strings(
+        _fields(raw, what, fail),
+        {str(c): _fields(f, f"{what} channel {c}", fail) for c, f in per_channel.items()},
+    )
+
+
+def _locale_variants(raw: Any, what: str, fail, default_locale: str) -> dict[str, Strings]:
+    """`locales:` of a version: tag -> fields (and channels), keyed by the canonical tag."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise fail(f"{what}: locales must map a locale tag (such as 'de-AT') to its fields")
+    variants: dict[str, Strings] = {}
+    for tag, spec in raw.items():
+        canonical = _locales.normalise(tag)
+        if canonical is None:
+            raise fail(f"{what} locales: {tag!r} is not a language tag such as 'de' or 'de-AT'")
+        if canonical == default_locale:
+            raise fail(
+                f"{what} locales: {tag!r} is the catalog's default locale, whose text is the "
+                "version's own fields"
+            )
+        if canonical in variants:
+            raise fail(f"{what} locales: {tag!r} is given twice (as {canonical!r})")
+        if not isinstance(spec, dict):
+            raise fail(f"{what} locale {tag}: must be a mapping of field name to text")
+        variants[canonical] = _strings(spec, f"{what} locale {canonical}", fail)
+    return variants
 
 
 def _channel_name(name: Any, what: str, fail) -> str:
@@ -314,7 +398,7 @@ def _buttons(raw: Any, what: str, fail) -> tuple[Button, ...]:
     return tuple(buttons)
 
 
-def _build_type(key: str, spec: Any) -> NotificationType:
+def _build_type(key: str, spec: Any, default_locale: str = _locales.DEFAULT) -> NotificationType:
     def fail(message: str) -> CatalogError:
         return CatalogError(f"type {key!r}: {message}")
 
@@ -331,7 +415,7 @@ def _build_type(key: str, spec: Any) -> NotificationType:
         raise fail("needs at least one channel")
     for channel in channels:
         _channel_name(channel, "channels", fail)
-    templates = _templates(spec.get("templates"), fail)
+    templates = _templates(spec.get("templates"), fail, default_locale)
     required = _names(spec.get("required"), "required", fail)
     defaults = spec.get("defaults") or {}
     if not isinstance(defaults, dict):
@@ -339,7 +423,7 @@ def _build_type(key: str, spec: Any) -> NotificationType:
     if isinstance(spec.get("options"), dict) and spec["options"].get("collapse") is not None:
         defaults = {**COLLAPSE_VARIABLES, **defaults}
     for template in templates.values():
-        used = _variables_used(key, template, channels)
+        used = _variables_used(key, template, channels, default_locale)
         undeclared = used - set(required) - set(defaults)
         if undeclared:
             raise fail(
@@ -386,6 +470,7 @@ def _build_type(key: str, spec: Any) -> NotificationType:
         config=dict(spec.get("config") or {}),
         options=options,
         samples=_samples(spec.get("samples"), "type", fail),
+        default_locale=default_locale,
         escalation=parse_escalation(
             key, spec.get("escalation"), set(required) | set(defaults), fail
         ),
@@ -437,21 +522,38 @@ def _check_digest_targets(types: dict[str, NotificationType]) -> None:
             )
 
 
-def _where(type_key: str, version: int, channel: str, name: str) -> str:
-    return f"type {type_key!r} v{version} channel {channel!r} field {name!r}"
+def _where(type_key: str, version: int, channel: str, name: str, locale: str | None) -> str:
+    """Where a field is; `locale` only for a locale variant (None: the version's own fields)."""
+    at = f" locale {locale!r}" if locale else ""
+    return f"type {type_key!r} v{version}{at} channel {channel!r} field {name!r}"
 
 
-def _variables_used(type_key: str, template: Template, channels: tuple[str, ...]) -> set[str]:
-    """The variables the version's fields use; a field that does not compile is a CatalogError."""
+def _variables_used(
+    type_key: str, template: Template, channels: tuple[str, ...], default_locale: str
+) -> set[str]:
+    """The variables the version's fields use (in every locale); a field that does not compile
+    is a CatalogError."""
     used: set[str] = set()
-    for channel, name, source in template.targets(channels):
+    for locale, channel, name, source in template.targets(channels, default_locale):
         try:
             used |= meta.find_undeclared_variables(_env.parse(source))
         except TemplateSyntaxError as exc:  # also TemplateAssertionError: an unknown filter or test
-            raise CatalogError(
-                f"{_where(type_key, template.version, channel, name)}: {_render_problem(exc)}"
-            ) from exc
+            variant = None if locale == default_locale else locale
+            where = _where(type_key, template.version, channel, name, variant)
+            raise CatalogError(f"{where}: {_render_problem(exc)}") from exc
     return used
+
+
+def _check_locale_keys(ntype: NotificationType) -> None:
+    """A Python-built version's locale keys: canonical tags, none the default locale."""
+    for version, template in sorted(ntype.templates.items()):
+        for tag in template.locales:
+            if _locales.normalise(tag) != tag or tag == ntype.default_locale:
+                raise CatalogError(
+                    f"type {ntype.key!r} v{version} locales: {tag!r} must be a canonical tag "
+                    f"({_locales.normalise(tag)!r}) other than the default locale "
+                    f"{ntype.default_locale!r}"
+                )
 
 
 def check_renders(ntype: NotificationType) -> None:
@@ -459,13 +561,13 @@ def check_renders(ntype: NotificationType) -> None:
     in the delivery sandbox: a template that cannot render fails here, not in every delivery."""
     for version, template in sorted(ntype.templates.items()):
         context = ntype.sample_variables(version)
-        for channel, name, source in template.targets(ntype.channels):
+        for locale, channel, name, source in template.targets(ntype.channels, ntype.default_locale):
             try:
                 _render(_compiled(ntype.key, version, channel, name, source), context)
             except Exception as exc:  # whatever a template can raise; the message says which
-                raise CatalogError(
-                    f"{_where(ntype.key, version, channel, name)}: {_render_problem(exc)}"
-                ) from exc
+                variant = None if locale == ntype.default_locale else locale
+                where = _where(ntype.key, version, channel, name, variant)
+                raise CatalogError(f"{where}: {_render_problem(exc)}") from exc
         if ntype.options.get("collapse"):
             try:
                 ntype.collapse_key(context)
@@ -528,6 +630,13 @@ def _policy(raw: Any, types: dict[str, NotificationType]) -> Policy:
     return policy
 
 
+def _default_locale(raw: Any) -> str:
+    canonical = _locales.normalise(raw)
+    if canonical is None:
+        raise CatalogError(f"locale must be a language tag such as 'en' or 'de-AT', not {raw!r}")
+    return canonical
+
+
 def _opt_int(value: Any) -> int | None:
     if value is None:
         return None
@@ -541,6 +650,7 @@ class Catalog:
     types: dict[str, NotificationType]
     source: str = "<python>"
     policy: Policy = field(default_factory=Policy)
+    locale: str = _locales.DEFAULT  # the default locale: of the versions' own fields, and last
 
     def get(self, type_key: str) -> NotificationType | None:
         return self.types.get(type_key)
@@ -552,9 +662,10 @@ class Catalog:
             for ntype in self.types.values():
                 for channel in [
                     *ntype.channels,
-                    *(c for t in ntype.templates.values() for c in t.per_channel),
+                    *(c for t in ntype.templates.values() for c in t.channels_overridden()),
                 ]:
                     _channel_name(channel, f"type {ntype.key!r} channels", CatalogError)
+                _check_locale_keys(ntype)
                 check_renders(ntype)
             check_escalations(self.types, CatalogError)
             _check_digest_targets(self.types)
@@ -573,10 +684,11 @@ class Catalog:
             types = data.get("types") if isinstance(data, dict) else None
             if not isinstance(types, dict) or not types:
                 raise CatalogError("needs a non-empty 'types' mapping")
-            built = {str(key): _build_type(str(key), spec) for key, spec in types.items()}
+            default = _default_locale(data.get("locale", _locales.DEFAULT))
+            built = {str(key): _build_type(str(key), spec, default) for key, spec in types.items()}
             check_escalations(built, CatalogError)
             _check_digest_targets(built)
-            return cls(built, source, _policy(data.get("policy"), built))
+            return cls(built, source, _policy(data.get("policy"), built), default)
         except CatalogError as exc:  # the same error with the file named; keep the original cause
             raise CatalogError(f"{source}: {exc}") from (exc.__cause__ or exc)
 

@@ -58,6 +58,7 @@ class ClaimedDelivery:
     last_error: str | None
     template_version: int
     variables: dict[str, Any]
+    locale: str | None  # the recipient's locale, pinned on the request when it was made
     addresses: dict[str, Any]
     requested_at: datetime
     lease_left: float  # seconds, on PostgreSQL's clock, when the claim was made
@@ -91,7 +92,7 @@ _CLAIM = text(
            OR (d.state = 'claimed' AND d.lease_until < clock_timestamp()))
     RETURNING d.user_id, d.id, d.request_id, d.type_key, d.occurrence_key, d.channel, d.lane,
               d.attempts, d.taken_over, d.maybe_sent_at, d.last_error, r.template_version,
-              r.variables, rc.addresses, r.created_at AS requested_at,
+              r.variables, r.locale, rc.addresses, r.created_at AS requested_at,
               extract(epoch FROM d.lease_until - clock_timestamp())::float8 AS lease_left
     """
 )

@@ -19,7 +19,7 @@ _TARGET = text(
                 FROM collapse_refreshes c
                 WHERE c.user_id = d.user_id AND c.leader_id = d.request_id),
                '{}'::jsonb) AS variables,
-           rc.addresses
+           r.locale, rc.addresses
     FROM deliveries d
     JOIN requests r ON r.user_id = d.user_id AND r.id = d.request_id
     JOIN recipients rc ON rc.user_id = d.user_id

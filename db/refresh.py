@@ -49,6 +49,7 @@ class LeaderDelivery:
     variables: dict[str, Any]
     lane: str
     addresses: dict[str, Any]
+    locale: str | None = None  # pinned on the request (migration 0015)
 
 
 _TAKE = text(
@@ -81,7 +82,8 @@ def take_due(
 _LEADERS = text(
     """
     SELECT d.user_id, d.request_id, d.id, d.channel, d.state, d.provider_message_id, d.answer,
-           q.type_key, q.occurrence_key, q.template_version, q.variables, q.lane, r.addresses
+           q.type_key, q.occurrence_key, q.template_version, q.variables, q.lane, r.addresses,
+           q.locale
     FROM unnest(CAST(:users AS text[]), CAST(:ids AS bigint[])) AS k(user_id, request_id)
     JOIN deliveries d ON d.user_id = k.user_id AND d.request_id = k.request_id
     JOIN requests q ON q.user_id = d.user_id AND q.id = d.request_id

@@ -149,13 +149,34 @@ def _send(args: argparse.Namespace) -> int:
         occurrence["event_id"] = f"cli:{uuid.uuid4()}"
     if args.dry_run:
         from ops.explain import plan_table
+        from ops.preview import dry_run_renderings
 
-        print(plan_table(preview(args.user, args.type, variables=variables, **occurrence)))
+        plan = preview(args.user, args.type, variables=variables, **occurrence)
+        print(plan_table(plan))
+        shown = dry_run_renderings(args.user, args.type, plan, variables, **occurrence)
+        if shown:
+            print("\nwhat the recipient would get:\n\n" + shown)
         return 0
     result = notify(args.user, args.type, variables=variables, **occurrence)
     print(
         f"request {result.request_id} "
         + ("enqueued" if result.new else "already existed; nothing new")
+    )
+    return 0
+
+
+def _preview(args: argparse.Namespace) -> int:
+    from ops.preview import run
+
+    print(
+        run(
+            args.type,
+            version=args.version,
+            channel=args.channel,
+            locale=args.locale,
+            variables=_parse_vars(args.var),
+            json_out=args.json,
+        )
     )
     return 0
 
@@ -376,6 +397,18 @@ def parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="print the plan gate by gate; write nothing"
     )
     s.set_defaults(fn=_send)
+    pv = sub.add_parser(
+        "preview", help="render a type exactly as a recipient would get it (writes nothing)"
+    )
+    pv.add_argument("type")
+    pv.add_argument("--version", type=int, help="template version (default: the latest)")
+    pv.add_argument("--channel", help="one channel (default: every channel of the type)")
+    pv.add_argument("--locale", help="the recipient's locale, e.g. de-AT (default: the catalog's)")
+    pv.add_argument(
+        "--var", action="append", metavar="NAME=VALUE", help="over the version's samples"
+    )
+    pv.add_argument("--json", action="store_true", help="the renderings and requests as JSON")
+    pv.set_defaults(fn=_preview)
     e = sub.add_parser("explain", help="why did (or didn't) a recipient get something")
     e.add_argument("--user", required=True)
     e.add_argument("--type")

@@ -167,23 +167,21 @@ def _prepare(row: ClaimedDelivery, batch: Batch) -> tuple[Adapter, Message]:
             row, batch, "template_missing", f"{row.type_key} v{version} is not in the catalog"
         )
     try:
-        content = ntype.render(version, row.channel, row.variables)
+        content = ntype.render(version, row.channel, row.variables, row.locale)
     except Exception as exc:  # a sandbox or undefined variable: retrying cannot fix the content
         raise PermanentSendError("render_failed", _describe(exc)) from exc
-    return adapter, Message(
+    return adapter, Message.for_type(
+        ntype,
+        version,
+        row.channel,
+        content,
+        row.variables,
         delivery_id=row.id,
         user_id=row.user_id,
-        type_key=row.type_key,
         occurrence_key=row.occurrence_key,
-        channel=row.channel,
-        content=content,
         attempt=row.attempts,
-        config=ntype.config.get(row.channel, {}),
         address=(row.addresses or {}).get(row.channel),
-        buttons=ntype.templates[version].buttons,
         lane=row.lane,
-        category=ntype.category,
-        collapse_key=ntype.collapse_key(row.variables),
     )
 
 

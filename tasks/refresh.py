@@ -152,7 +152,7 @@ def _message(
         type_key=ntype.key,
         occurrence_key=delivery.occurrence_key,
         channel=delivery.channel,
-        content=ntype.render(version, delivery.channel, variables),
+        content=ntype.render(version, delivery.channel, variables, delivery.locale),
         address=delivery.addresses.get(delivery.channel),
         config=ntype.config.get(delivery.channel, {}),
         buttons=template.buttons,

@@ -119,7 +119,7 @@ def message_for(target: dict[str, Any]) -> Message | None:
         type_key=ntype.key,
         occurrence_key=target["occurrence_key"],
         channel="slack",
-        content=ntype.render(version, "slack", target.get("variables") or {}),
+        content=ntype.render(version, "slack", target.get("variables") or {}, target.get("locale")),
         address=(target.get("addresses") or {}).get("slack"),
         buttons=ntype.templates[version].buttons,
     )

@@ -313,7 +313,7 @@ def _answered(click: Click) -> dict | None:
         type_key=target["type_key"],
         occurrence_key=target["occurrence_key"],
         channel="teams",
-        content=ntype.render(version, "teams", target["variables"] or {}),
+        content=ntype.render(version, "teams", target["variables"] or {}, target.get("locale")),
         buttons=ntype.templates[version].buttons,
     )
     return answered_card(message, click.label)

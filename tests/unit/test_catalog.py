@@ -164,6 +164,7 @@ def test_from_yaml_missing_file(tmp_path: Path) -> None:
                 "goal_prompt",
                 "order_shipped",
                 "login_code",
+                "order_delayed",
                 "oncall_page",
                 "oncall_sms",
                 "oncall_secondary",
@@ -197,7 +198,7 @@ def test_demo_catalog_contents() -> None:
         "title": "Still with us, Ada?",
         "body": "Your plan has been quiet for 7 days. Ten minutes today keeps it moving.",
     }
-    assert catalog.channels == frozenset({"webhook", "console", "slack", "email", "sms"})
+    assert catalog.channels == frozenset({"webhook", "console", "slack", "email", "sms", "push"})
     assert catalog.get("nope") is None
 
 
