@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -205,8 +204,26 @@ def _items() -> list[dict]:
     return items
 
 
+def _sent() -> int:
+    return counts("SELECT count(*) FROM deliveries WHERE state = 'sent'")
+
+
 def _sent_over_time(progress: list[tuple[str, int]], label: str) -> None:
-    progress.append((label, counts("SELECT count(*) FROM deliveries WHERE state = 'sent'")))
+    progress.append((label, _sent()))
+
+
+def _wait_for_sends(*, above: int, what: str, timeout: float = 90) -> None:
+    """Until more than `above` deliveries are sent (a database that is still coming back counts
+    as not yet)."""
+
+    def moved() -> bool:
+        try:
+            return _sent() > above
+        except Exception:  # the database restart cuts connections: ask again
+            engine().dispose()
+            return False
+
+    assert launch.wait_until(moved, timeout, 0.2), f"nothing was sent {what} within {timeout} s"
 
 
 def test_kills_a_broker_restart_and_a_database_restart_lose_nothing_and_post_nothing_twice(
@@ -247,15 +264,17 @@ def test_kills_a_broker_restart_and_a_database_restart_lose_nothing_and_post_not
             chaos_thread.start()
             for start in range(0, len(items), 250):
                 notify_many(items[start : start + 250])
-            time.sleep(2)
+            # Each fault waits for the pipeline to be moving, not for a fixed time: on a loaded
+            # machine the workers may take seconds to send their first message.
+            _wait_for_sends(above=0, what="before the broker restart")
             _sent_over_time(progress, "at the broker restart")
             redis_server.restart()  # the broker forgets every queued message
-            time.sleep(3)
+            _wait_for_sends(above=progress[-1][1], what="after the broker restart")
             _sent_over_time(progress, "at the database restart")
             _restart_postgres(postgres)  # every open connection is cut
             engine().dispose()
-            time.sleep(3)
-            _sent_over_time(progress, "three seconds later")
+            _wait_for_sends(above=progress[-1][1], what="after the database restart")
+            _sent_over_time(progress, "after the database restart")
             settled = wait_settled(300, expect_sent=len(items))
             stop.set()
             chaos_thread.join()
