@@ -77,13 +77,6 @@ beat_schedule = {
         "schedule": timedelta(seconds=_settings.alert_interval),
         "options": {"queue": "control", "expires": _settings.alert_interval},
     },
-    # Collapse in place (tasks/refresh.py): the updates owed to collapse leaders' messages are
-    # rows with due times; this entry sends those that are due (a missed run is the next one's).
-    "collapse-refresh": {
-        "task": "clarion.refresh_collapsed",
-        "schedule": timedelta(seconds=_settings.tick_interval),
-        "options": {"queue": "control", "expires": max(1.0, _settings.tick_interval * 5)},
-    },
     # Retention (tasks/retention.py): hourly, in bounded batches; a run missed is the next one's.
     "retention": {
         "task": "clarion.retention",

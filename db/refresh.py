@@ -52,6 +52,22 @@ class LeaderDelivery:
     locale: str | None = None  # pinned on the request (migration 0015)
 
 
+_ANY_DUE = text(
+    """
+    SELECT EXISTS (
+        SELECT 1 FROM collapse_refreshes
+        WHERE due_at IS NOT NULL AND due_at <= :now
+          AND (lease_until IS NULL OR lease_until <= clock_timestamp())
+    )
+    """
+)
+
+
+def any_due(conn: Connection, *, now: datetime) -> bool:
+    """Is an update owed to some collapse leader's message now (the tick asks each second)?"""
+    return bool(conn.execute(_ANY_DUE, {"now": now}).scalar())
+
+
 _TAKE = text(
     """
     UPDATE collapse_refreshes r

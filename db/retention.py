@@ -67,6 +67,10 @@ STATEMENTS: dict[str, tuple[TextClause, str]] = {
     "inbox_items": (_by("inbox_items", "created_at < :horizon"), "inbox"),
     "alerts": (_by("alerts", "cleared_at IS NOT NULL AND cleared_at < :horizon"), "keep"),
     "collapse_groups": (_by("collapse_groups", "window_until < :horizon"), "keep"),
+    "collapse_refreshes": (
+        _by("collapse_refreshes", "due_at IS NULL AND window_until < :horizon"),
+        "keep",
+    ),
     "activation_windows": (_by("activation_windows", "until < :horizon"), "keep"),
     "fatigue_counters": (_by("fatigue_counters", "expires_at < :horizon"), "now"),
     "api_idempotency": (_by("api_idempotency", "expires_at < :horizon"), "now"),

@@ -1,9 +1,9 @@
 """Collapse in place: keep a collapse leader's message showing its group's running count.
 
 A follower's decision stays `collapsed into <leader>`; routing it also owes the leader's message
-an update (db.refresh, a row with a due time, no Celery ETA). This job, a beat entry on the
-control lane, takes the due rows and, for every delivery of the leader that was sent on a channel
-that can update in place (`Channel.update`: Slack chat.update, a Teams card refresh, the in-app
+an update (db.refresh, a row with a due time, no Celery ETA). This job — a task on the control
+lane that the beat tick publishes when a row is due — takes the due rows and, for every delivery
+of the leader that was sent on a channel that can update in place (`Channel.update`: Slack chat.update, a Teams card refresh, the in-app
 item's title and body — its count is raised by the router itself), re-renders
 the leader's template with `collapsed_count` (the group so far, the leader included) and
 `collapse_open`, and sets the message to it.
@@ -58,10 +58,21 @@ class Outcome:
     again_at: datetime | None
 
 
+# No task events, like the tick that publishes it: while a storm lasts it runs every second.
 @shared_task(name="clarion.refresh_collapsed", send_events=False)
 def refresh_collapsed() -> int:
-    """Beat entry: send the updates that are due; returns how many messages were updated."""
+    """Send the updates that are due; returns how many messages were updated."""
     return refresh_due()
+
+
+def publish_if_due(now: datetime, *, expires: float) -> int:
+    """The tick's step: publish one refresh run (control queue) when an update is owed now, so
+    a quiet system runs none; two runs at once only split the rows (SKIP LOCKED). 1 if published."""
+    with engine().connect() as conn:
+        if not refresh.any_due(conn, now=now):
+            return 0
+    refresh_collapsed.apply_async(queue="control", expires=expires)
+    return 1
 
 
 def refresh_due(*, limit: int = BATCH) -> int:

@@ -20,7 +20,7 @@ from celery import shared_task
 from clarion import clock, metrics, settings
 from db import claims, ledger
 from db.engine import engine
-from tasks import escalation
+from tasks import escalation, refresh
 from tasks.publish import DELIVER, ROUTE, publish
 from tasks.receipts import replay_early
 from tasks.series import fire_due_series
@@ -73,4 +73,5 @@ def _tick() -> dict[str, int]:
         taken["deliveries"] += len(deliveries)
     taken["receipts"] = replay_early()
     taken["escalations"] = escalation.tick()
+    taken["refreshes"] = refresh.publish_if_due(now, expires=max(1.0, s.tick_interval * 5))
     return taken

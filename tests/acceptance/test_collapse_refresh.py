@@ -1,4 +1,5 @@
-"""Collapse in place with real processes: beat's `collapse-refresh` entry and a worker keep a
+"""Collapse in place with real processes: the beat tick (which publishes the refresh job when an
+update is due) and a worker keep a
 collapse leader's Slack message showing its group's count, then close it, on the wall clock
 (a 3 s window, updates at most every 1 s), against the local Slack."""
 
