@@ -1009,7 +1009,12 @@ class Bench:
         barrier = ctx.Barrier(k + 1)
         loop_cpu = ctx.Array("d", k)
         procs = [
-            ctx.Process(target=module.work, daemon=True, args=args(w, barrier, loop_cpu, i))
+            ctx.Process(
+                target=module.work,
+                daemon=True,
+                args=(*args, w, barrier, loop_cpu, i),
+                kwargs=extra or {},
+            )
             for i, w in enumerate(work)
         ]
         self.cleanup.add(_stop_multiprocessing, procs)
