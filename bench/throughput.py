@@ -135,6 +135,12 @@ def _libpq(url: str) -> str:
 
 def _wait_for_workers(app, names: list[str], processes: list, timeout: float = 90) -> None:
     """Until every named worker answers a ping (its pool is up and it consumes)."""
+    import kombu.pools
+
+    # Fresh connections: in a second round, pooled ones left by the other app's phase (both apps
+    # share kombu's pools) never saw the pidbox replies, and the ping timed out.
+    kombu.pools.reset()
+    app._after_fork()
     deadline = time.monotonic() + timeout
     missing = set(names)
     while time.monotonic() < deadline:

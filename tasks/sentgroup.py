@@ -71,8 +71,9 @@ class SentGroup:
         self._db = RowConnection()
 
     def add(self, sent: Sent) -> None:
-        """Queue one send's record. Returns at once, unless this send filled the group: then
-        after the flush that records it, so that no more than `rows` sends wait unrecorded."""
+        """Queue one send's record. Returns at once, unless `rows` sends now wait unrecorded
+        (pending, or in the flush being written): then only after the flush that records this
+        one, so a sending thread never runs ahead of the bound."""
         with self._cond:
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -83,12 +84,16 @@ class SentGroup:
                 self._oldest = time.monotonic()
             self._pending.append(sent)
             self._added += 1
-            if len(self._pending) < self.rows:
+            if self._unrecorded() < self.rows:
                 return
             self._cond.notify_all()
             mine = self._added
             while self._done < mine and self._thread.is_alive():
                 self._cond.wait(1.0)
+
+    def _unrecorded(self) -> int:
+        """Accepted sends not yet through a flush: pending, and the group being written."""
+        return self._added - self._done
 
     def close(self) -> int:
         """Flush what is pending and stop the flusher; returns the sends recorded as ours."""
@@ -117,7 +122,7 @@ class SentGroup:
             while True:
                 if self._pending:
                     left = self._oldest + self.wait - time.monotonic()
-                    if self._closed or len(self._pending) >= self.rows or left <= 0:
+                    if self._closed or self._unrecorded() >= self.rows or left <= 0:
                         group, self._pending = self._pending, []
                         return group
                     self._cond.wait(left)
