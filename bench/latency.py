@@ -221,11 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--backlog", type=int, default=100_000, help="activation nudges (100k)")
     parser.add_argument("--burst", type=int, default=3000, help="receipts in the max-rate burst")
-    parser.add_argument("--idle-rate", type=float, default=20.0, help="receipts/s idle (20)")
+    parser.add_argument("--idle-rate", type=float, default=10.0, help="receipts/s idle (10)")
     parser.add_argument("--seconds", type=float, default=15.0, help="seconds per paced phase")
     parser.add_argument("--recipients", type=int, default=1000)
     parser.add_argument(
-        "--tick", type=float, default=0.05, help="seconds between a paced producer's calls (0.05)"
+        "--tick", type=float, default=0.1, help="seconds between a paced producer's calls (0.1)"
     )
     parser.add_argument(
         "--activation-nice",
