@@ -116,6 +116,12 @@ def error_for(exc: urllib3.exceptions.HTTPError) -> TransientSendError | Unknown
     return UnknownSendError("no_answer", str(exc)[:200])
 
 
+def pool_manager() -> urllib3.PoolManager:
+    """Connections kept alive per receiving host (up to 8 each, one per sending thread), no
+    retries (a repeat is the ledger's decision, never the HTTP client's)."""
+    return urllib3.PoolManager(num_pools=16, maxsize=8, retries=False)
+
+
 @dataclass(frozen=True)
 class WebhookRequest:
     url: str
@@ -146,14 +152,16 @@ class WebhookAdapter(Channel[WebhookRequest, WebhookResponse]):
         default_url: str | None = None,
         limits: RateLimits | None = None,
         quota: Quota | None = None,
+        http: urllib3.PoolManager | None = None,
     ) -> None:
+        """`http`: the process's connection pool (tasks.runtime hands one in, so every send to
+        a host reuses its kept-alive connections); by default one of its own."""
         self.secret = secret
         self.default_url = default_url
         self.limits = limits
         self.quota = quota  # CLARION_WEBHOOK_RATE: per receiving host
-        self.pool = urllib3.PoolManager(
-            num_pools=16, maxsize=8, retries=False, timeout=urllib3.Timeout(total=timeout)
-        )
+        self.timeout = urllib3.Timeout(total=timeout)
+        self.pool = http or pool_manager()
 
     def to_request(self, message: Message) -> WebhookRequest:
         url = message.config.get("url") or self.default_url
@@ -172,7 +180,11 @@ class WebhookAdapter(Channel[WebhookRequest, WebhookResponse]):
     def call(self, request: WebhookRequest) -> WebhookResponse:
         try:
             response = self.pool.request(
-                "POST", request.url, body=request.body, headers=request.headers
+                "POST",
+                request.url,
+                body=request.body,
+                headers=request.headers,
+                timeout=self.timeout,
             )
         except urllib3.exceptions.LocationValueError as exc:
             raise PermanentSendError("bad_url", str(exc)) from exc

@@ -49,16 +49,7 @@ def work(
         key = idempotency_key(user_id, TYPE_KEY, occurrence_key, CHANNEL)
         if conn.execute("SELECT 1 FROM naive_sent WHERE key = %s", (key,)).fetchone() is not None:
             continue
-        message = Message(
-            delivery_id=0,
-            user_id=user_id,
-            type_key=TYPE_KEY,
-            occurrence_key=occurrence_key,
-            channel=CHANNEL,
-            content={"title": f"Receipt {order}", "body": f"Thanks for order {order}."},
-        )
-        headers, body = to_request(message, secret, time.time())
-        response = http.request("POST", url, body=body, headers=headers)
+        response = post(http, url, secret, user_id, occurrence_key, order)
         if response.status >= 500:
             continue  # a real sender would retry later; the receiver never fails here
         conn.execute(
@@ -68,3 +59,19 @@ def work(
     if cpu is not None:
         cpu[slot] = time.process_time() - start
     conn.close()
+
+
+def post(
+    http: urllib3.PoolManager, url: str, secret: str, user_id: str, occurrence_key: str, order: int
+) -> urllib3.BaseHTTPResponse:
+    """The webhook POST clarion's adapter would make for this occurrence (the same signed body)."""
+    message = Message(
+        delivery_id=0,
+        user_id=user_id,
+        type_key=TYPE_KEY,
+        occurrence_key=occurrence_key,
+        channel=CHANNEL,
+        content={"title": f"Receipt {order}", "body": f"Thanks for order {order}."},
+    )
+    headers, body = to_request(message, secret, time.time())
+    return http.request("POST", url, body=body, headers=headers)

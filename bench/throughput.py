@@ -1,8 +1,8 @@
-"""Throughput: clarion end to end against raw Celery and a naive sender, measured in one run.
+"""Throughput: clarion end to end against raw Celery, a naive sender and the seed's design, in one run.
 
     cd /work/main && .venv/bin/python bench/throughput.py [--n 5000] [--workers 2] [--concurrency 2]
 
-Three phases on the same broker, with the same number of worker processes and pool size:
+Four phases on the same broker, with the same number of worker processes and pool size:
 
   raw celery  N no-op tasks, one message each (`.delay()`), consumed by `celery worker` processes
               of a tiny separate app (bench/noop.py) with clarion's reliability settings; each
@@ -15,6 +15,11 @@ Three phases on the same broker, with the same number of worker processes and po
   naive       workers x concurrency processes doing "SELECT 1 ...; if absent: POST; INSERT"
               (no unique constraint) over the same N occurrences, each handed to two processes
               (a redelivered message / duplicated event), into a second Receiver.
+  seed        the design clarion's seed describes (bench/seed.py): the same processes and copies,
+              but Redis SET NX with a 24 h TTL before each POST and a unique constraint on the
+              sent table as backstop; its own Redis (no persistence) is restarted when half the
+              occurrences arrived. `--seed-lag L` hands out each second copy L items later (a
+              redelivery after a visibility timeout) instead of at the same time.
 
 Services: CLARION_DATABASE_URL / CLARION_REDIS_URL (and CLARION_BROKER_URL) when set, else the
 embedded PostgreSQL + Redis in .clarion/bench (started here, and stopped at the end if started
@@ -130,6 +135,12 @@ def _libpq(url: str) -> str:
 
 def _wait_for_workers(app, names: list[str], processes: list, timeout: float = 90) -> None:
     """Until every named worker answers a ping (its pool is up and it consumes)."""
+    import kombu.pools
+
+    # Fresh connections: in a second round, pooled ones left by the other app's phase (both apps
+    # share kombu's pools) never saw the pidbox replies, and the ping timed out.
+    kombu.pools.reset()
+    app._after_fork()
     deadline = time.monotonic() + timeout
     missing = set(names)
     while time.monotonic() < deadline:
@@ -894,48 +905,131 @@ class Bench:
             )
         return lines
 
-    # (c) naive
+    # (c) naive and (d) the seed's design: baselines of processes that check, then send
 
     def naive(self, receiver) -> Result:
-        import psycopg
-
         from bench import naive
 
-        a = self.args
-        k = a.workers * a.concurrency
         say(
-            f"\n(c) naive: {k} processes, SELECT-then-POST-then-INSERT (no unique constraint), "
-            f"{a.n} occurrences each handed to 2 processes ({2 * a.n} work items)"
+            f"\n(c) naive: {self._k()} processes, SELECT-then-POST-then-INSERT (no unique "
+            f"constraint), {self.args.n} occurrences each handed to 2 processes "
+            f"({2 * self.args.n} work items)"
         )
         conninfo = _libpq(self.db_url)
+        return self._baseline(
+            receiver,
+            key="naive",
+            name="naive check-then-send",
+            module=naive,
+            table="naive_sent",
+            args=(conninfo, receiver.url, self.secret),
+        )
+
+    def seed(self, receiver) -> Result:
+        from bench import seed
+
+        a = self.args
+        say(
+            f"\n(d) seed design: {self._k()} processes, Redis SET NX (24 h TTL) before each POST, "
+            f"unique constraint as backstop, {a.n} occurrences each handed to 2 processes "
+            f"(the second copy {a.seed_lag} items later); the Redis is restarted (no persistence) "
+            "when half have arrived"
+        )
+        server = seed.RedisServer(self.logs / f"r{self.round}-seed-redis")
+        server.start()
+        self.cleanup.add(server.stop)
+        conninfo = _libpq(self.db_url)
+        ctx = multiprocessing.get_context("spawn")
+        caught = ctx.Array("i", self._k())
+        restarts: list[float] = []
+
+        def restart(arrived: int) -> None:
+            if not restarts and arrived >= a.n // 2:
+                restarts.append(server.restart())
+
+        result = self._baseline(
+            receiver,
+            key="seed",
+            name="seed: SET NX + constraint",
+            module=seed,
+            table="seed_sent",
+            args=(conninfo, server.url, receiver.url, self.secret),
+            extra={"caught": caught},
+            lag=a.seed_lag,
+            during=restart,
+            ctx=ctx,
+        )
+        server.stop()
+        result.notes.append(
+            f"Redis restarted once ({restarts[0]:.2f}s away)"
+            if restarts
+            else "Redis was not restarted (the phase ended first)"
+        )
+        result.notes.append(
+            f"the unique constraint refused {sum(caught[:])} inserts: each after its POST "
+            "(the backstop records a duplicate, it cannot stop it)"
+        )
+        return result
+
+    def _k(self) -> int:
+        return self.args.workers * self.args.concurrency
+
+    def _baseline(
+        self,
+        receiver,
+        *,
+        key: str,
+        name: str,
+        module,
+        table: str,
+        args: tuple,
+        extra: dict | None = None,
+        lag: int = 0,
+        during: Callable[[int], None] | None = None,
+        ctx=None,
+    ) -> Result:
+        """k processes of `module.work` over the N occurrences, each occurrence handed to two
+        of them (a redelivered message, a duplicated event): the second copy `lag` items after
+        the first (0: at the same time). `module.work` is called with `args`, then its work
+        items, the start barrier and its CPU slot, and `extra` as keywords; `during(arrived)` is
+        called while the phase runs."""
+        import psycopg
+
+        a = self.args
+        k = self._k()
+        conninfo = _libpq(self.db_url)
         with psycopg.connect(conninfo, autocommit=True) as conn:
-            conn.execute("DROP TABLE IF EXISTS naive_sent")
-            conn.execute(naive.SCHEMA)
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+            conn.execute(module.SCHEMA)
         users = [f"u{self.tag}-{i}" for i in range(min(a.recipients, a.n))]
         work: list[list[tuple[str, str, int]]] = [[] for _ in range(k)]
-        for j in range(a.n):
-            item = (users[j % len(users)], f"event:{self.tag}-{j}", j)
-            work[j % k].append(item)
-            work[(j + 1) % k if k > 1 else 0].append(item)  # the second copy, on another process
+        items = [(users[j % len(users)], f"event:{self.tag}-{j}", j) for j in range(a.n)]
+        for t in range(a.n + lag):
+            if t < a.n:
+                work[t % k].append(items[t])
+            if 0 <= t - lag < a.n:  # the second copy, on another process
+                j = t - lag
+                work[(j + 1) % k if k > 1 else 0].append(items[j])
 
-        ctx = multiprocessing.get_context("spawn")  # children share no sockets or threads with us
+        ctx = ctx or multiprocessing.get_context("spawn")  # children share no sockets with us
         barrier = ctx.Barrier(k + 1)
         loop_cpu = ctx.Array("d", k)
         procs = [
             ctx.Process(
-                target=naive.work,
+                target=module.work,
                 daemon=True,
-                args=(conninfo, receiver.url, self.secret, w, barrier, loop_cpu, i),
+                args=(*args, w, barrier, loop_cpu, i),
+                kwargs=extra or {},
             )
             for i, w in enumerate(work)
         ]
         self.cleanup.add(_stop_multiprocessing, procs)
         for p in procs:
             p.start()
-        profiler = self.profiler("naive", [p.pid for p in procs])
+        profiler = self.profiler(key, [p.pid for p in procs])
         barrier.wait(timeout=120)
         meter = CpuMeter({"postgres": self.pg_pids, "redis": self.redis_pids})
-        progress = Progress("naive")
+        progress = Progress(key)
         arrivals = receiver.arrivals
         t0 = time.perf_counter()
         deadline = t0 + a.timeout
@@ -950,11 +1044,13 @@ class Bench:
             )
             if not running:
                 break
+            if during is not None:
+                during(unique)
             time.sleep(0.02)
         elapsed = time.perf_counter() - t0
         _stop_multiprocessing(procs)
         cpu = meter.stop(
-            elapsed, max(arrivals.unique, 1), extra={"naive processes": sum(loop_cpu[:])}
+            elapsed, max(arrivals.unique, 1), extra={f"{key} processes": sum(loop_cpu[:])}
         )
         profiler.stop()
         failed = [p.exitcode for p in procs if p.exitcode]
@@ -967,8 +1063,8 @@ class Bench:
             multi = sum(1 for keys in arrivals.occurrences.values() if len(keys) > 1)
             duplicated = sum(1 for n in arrivals.by_key.values() if n > 1)
         result = Result(
-            "naive",
-            "naive check-then-send",
+            key,
+            name,
             a.n,
             arrivals.unique,
             elapsed,
@@ -980,9 +1076,9 @@ class Bench:
             cpu_ms=meter.per_item,
         )
         with psycopg.connect(conninfo) as conn:
-            rows = conn.execute("SELECT count(*), count(DISTINCT key) FROM naive_sent").fetchone()
+            rows = conn.execute(f"SELECT count(*), count(DISTINCT key) FROM {table}").fetchone()
         result.notes.append(
-            f"{duplicated} occurrences sent more than once; naive_sent holds "
+            f"{duplicated} occurrences sent more than once; {table} holds "
             f"{rows[0]} rows for {rows[1]} keys"
         )
         if failed:
@@ -1058,7 +1154,11 @@ def report(rounds: list[list[Result]], args: argparse.Namespace, wall: float, lo
             ratio = r.rate / raw.rate if raw and raw.rate else None
             if ratio is not None:
                 ratios[r.key].append(ratio)
-            if r.key in ("clarion", "naive") and (drain := by_key.get("drain")) and drain.rate:
+            if (
+                r.key in ("clarion", "naive", "seed")
+                and (drain := by_key.get("drain"))
+                and drain.rate
+            ):
                 ratios[f"{r.key}/consume"].append(r.rate / drain.rate)
             name = f"r{number} {r.name}" if len(rounds) > 1 else r.name
             dup = "-" if r.duplicates is None else str(r.duplicates)
@@ -1072,7 +1172,7 @@ def report(rounds: list[list[Result]], args: argparse.Namespace, wall: float, lo
             )
     say("-" * width)
     median = "median over rounds: " if len(rounds) > 1 else ""
-    for key in ("clarion", "naive"):
+    for key in ("clarion", "naive", "seed"):
         runs = [r for results in rounds for r in results if r.key == key]
         if not runs:
             continue
@@ -1146,8 +1246,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--phases",
-        default="raw,clarion,naive",
-        help="comma-separated subset of raw,clarion,naive (all)",
+        default="raw,clarion,naive,seed",
+        help="comma-separated subset of raw,clarion,naive,seed (all)",
+    )
+    parser.add_argument(
+        "--seed-lag",
+        type=int,
+        default=0,
+        help="seed phase: the second copy of an occurrence comes this many items after the "
+        "first (0: at the same time, as in the naive phase; a redelivery after a visibility "
+        "timeout comes later)",
     )
     parser.add_argument(
         "--purge",
@@ -1174,7 +1282,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "--n, --workers, --concurrency, --chunk, --recipients and --rounds must be positive"
         )
     args.phases = [p.strip() for p in args.phases.split(",") if p.strip()]
-    if unknown := set(args.phases) - {"raw", "clarion", "naive"}:
+    if unknown := set(args.phases) - {"raw", "clarion", "naive", "seed"}:
         parser.error(f"unknown phase(s): {sorted(unknown)}")
     return args
 
@@ -1215,6 +1323,9 @@ def main(argv: list[str] | None = None) -> int:
             if "naive" in args.phases:
                 with Receiver(secret) as receiver:
                     results.append(bench.naive(receiver))
+            if "seed" in args.phases:
+                with Receiver(secret) as receiver:
+                    results.append(bench.seed(receiver))
             rounds.append(results)
         cleanup.close()
         report(rounds, args, time.perf_counter() - started, load)

@@ -27,6 +27,7 @@ POINTS = frozenset(
         "route.after_commit",  # deliveries committed, deliver tasks not yet published
         "deliver.after_claim",  # claim held, nothing sent
         "deliver.after_send",  # provider accepted, "sent" not yet recorded
+        "deliver.before_flush",  # a group of accepted sends about to be recorded (tasks.sentgroup)
     }
 )
 

@@ -77,6 +77,12 @@ class Settings:
     send_concurrency: int = field(
         default=8, metadata=at_least(1)
     )  # sends in flight at once within one deliver batch
+    sent_flush_rows: int = field(
+        default=20, metadata=at_least(1)
+    )  # "sent" records written by one statement at most (group commit); bounds the crash window
+    sent_flush_ms: float = field(
+        default=10.0, metadata=positive()
+    )  # longest a send's "sent" record waits for its group's statement
     webhook_url: str | None = None  # default endpoint for webhook types without config.webhook.url
     webhook_secret: str = DEV_WEBHOOK_SECRET
     webhook_timeout: float = field(default=10.0, metadata=positive())

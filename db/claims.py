@@ -13,7 +13,7 @@ call) and `maybe_sent_at` (an earlier attempt may have sent, since then; NULL wh
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -202,6 +202,51 @@ def mark_sent(
         },
     )
     return row.first() is not None
+
+
+@dataclass(frozen=True)
+class SentMark:
+    """One send to record: the delivery, what the provider called it, and when it answered."""
+
+    key: Key
+    platform: str
+    message_id: str | None
+    sent_at: datetime
+
+
+_MARK_SENT_MANY = text(
+    """
+    UPDATE deliveries d
+    SET state = 'sent', platform = k.platform, provider_message_id = k.message_id,
+        sent_at = k.sent_at, claim_token = NULL, lease_until = NULL, due_at = NULL,
+        last_error = NULL, updated_at = k.sent_at, send_started_at = NULL, maybe_sent_at = NULL
+    FROM unnest(CAST(:users AS text[]), CAST(:ids AS bigint[]), CAST(:platforms AS text[]),
+                CAST(:message_ids AS text[]), CAST(:sent_at AS timestamptz[]))
+         AS k(user_id, id, platform, message_id, sent_at)
+    WHERE d.user_id = k.user_id AND d.id = k.id AND d.state = 'claimed' AND d.claim_token = :token
+    RETURNING d.user_id, d.id
+    """
+)
+
+
+def mark_sent_many(conn: Connection, marks: Sequence[SentMark], *, token: str) -> set[Key]:
+    """Record many sends in one statement (group commit), each only if our claim on it still
+    stands. Returns the keys recorded; a key missing was taken over (the caller records the
+    possible duplicate)."""
+    if not marks:
+        return set()
+    rows = conn.execute(
+        _MARK_SENT_MANY,
+        {
+            "users": [m.key[0] for m in marks],
+            "ids": [m.key[1] for m in marks],
+            "platforms": [m.platform for m in marks],
+            "message_ids": [m.message_id for m in marks],
+            "sent_at": [m.sent_at for m in marks],
+            "token": token,
+        },
+    )
+    return {(user_id, id_) for user_id, id_ in rows}
 
 
 _RELEASE = text(

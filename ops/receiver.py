@@ -33,6 +33,7 @@ class Arrivals:
     # lose the answer to a request that *was* taken (counted): `losses.next("drop" | "late" | "5xx")`
     losses: AnswerLoss = field(default_factory=AnswerLoss)
     latency: float = 0.0  # seconds before each answer
+    first_at: dict[str, float] = field(default_factory=dict)  # key -> perf_counter() of arrival 1
 
     def record(self, key: str, payload: dict) -> bool:
         """Count one arrival; True if it is the first for its idempotency key."""
@@ -44,6 +45,7 @@ class Arrivals:
             self.occurrences.setdefault(occurrence, set()).add(key)
             self.deliveries[key] = payload.get("delivery_id")
             self.contents.setdefault(key, payload.get("content") or {})
+            self.first_at.setdefault(key, time.perf_counter())
             return self.by_key[key] == 1
 
     def take_failure(self) -> bool:

@@ -20,10 +20,9 @@ from concurrent.futures import TimeoutError as CallTimeout
 from dataclasses import dataclass
 
 from celery import shared_task
-from sqlalchemy.exc import DBAPIError
 
-from adapters.base import Adapter, Message, SendResult, clean_provider_id
-from clarion import clock, faults, metrics, settings
+from adapters.base import Adapter, Message, SendResult
+from clarion import clock, faults, settings
 from clarion.errors import (
     DeferredSendError,
     PermanentSendError,
@@ -38,11 +37,11 @@ from tasks import runtime, sendrate
 from tasks.outcomes import (
     RowConnection,
     record_exhausted,
-    record_incident,
     settle_failure,
     settle_unknown,
 )
 from tasks.retry import RetryPolicy
+from tasks.sentgroup import Sent, SentGroup
 
 log = logging.getLogger(__name__)
 MARGIN = 5.0  # seconds of lease kept beyond a send's budget, to record its outcome
@@ -56,11 +55,13 @@ class Batch:
     policy: RetryPolicy
     budget: float  # seconds one send may take, all its provider calls together
     skew_grace: float  # seconds a type or version this worker lacks waits for a newer worker
+    sent: SentGroup  # the batch's pending "sent" records (group commit)
 
 
 @shared_task(name="clarion.deliver")
 def deliver(users: list[str], ids: list[int]) -> int:
-    """Deliver a batch. Rows another worker holds, or that are done, are skipped by the claim."""
+    """Deliver a batch; returns the sends recorded. Rows another worker holds, or that are
+    done, are skipped by the claim."""
     try:
         return _deliver(users, ids)
     finally:
@@ -69,12 +70,23 @@ def deliver(users: list[str], ids: list[int]) -> int:
 
 def _deliver(users: list[str], ids: list[int]) -> int:
     s = settings.get()
+    token = str(uuid.uuid4())
     batch = Batch(
-        str(uuid.uuid4()),
+        token,
         RetryPolicy(max_attempts=s.max_attempts),
         s.send_timeout,
         s.catalog_skew_grace,
+        SentGroup(token, rows=s.sent_flush_rows, wait=s.sent_flush_ms / 1000),
     )
+    try:
+        _send_batch(users, ids, batch)
+    finally:  # the sends already made are recorded, whatever happened to the rest
+        recorded = batch.sent.close()
+    return recorded
+
+
+def _send_batch(users: list[str], ids: list[int], batch: Batch) -> int:
+    s = settings.get()
     keys = list(zip(users, ids, strict=True))
     now = clock.now()
     with engine().begin() as conn:
@@ -314,58 +326,10 @@ def _record_sent(
     deadline: float,
     repeat_possible: bool,
 ) -> int:
-    """mark_sent, retried on a fresh connection while the lease lasts (a database restart must not
-    turn a send into a resend). Past the deadline the row is left to its lease: the next attempt
-    knows this one reached the provider."""
-    platform = clean_provider_id(result.platform) or row.channel
-    message_id = clean_provider_id(result.provider_message_id)
-    pause = 0.1
-    while True:
-        try:
-            won = db.run(
-                lambda c: claims.mark_sent(
-                    c,
-                    row.key,
-                    token=batch.token,
-                    platform=platform,
-                    message_id=message_id,
-                    now=clock.now(),
-                )
-            )
-            break
-        except DBAPIError:
-            if time.monotonic() + pause > deadline:
-                log.exception(
-                    "sent, but not recorded",
-                    extra={"action": "sent_not_recorded", "delivery": row.key},
-                )
-                return 0
-            time.sleep(pause)
-            pause = min(2.0, pause * 2)
-    if won:
-        sendrate.note(row.channel, "sent")
-        metrics.SENDS.labels(row.lane, row.channel, "sent").inc()
-        metrics.EVENT_TO_SENT.labels(row.lane, row.channel).observe(
-            max(0.0, (clock.now() - row.requested_at).total_seconds())
-        )
-    if not won:
-        record_incident(
-            db,
-            row,
-            "possible_duplicate",
-            "sent, but the claim had been taken over before it was recorded",
-        )
-        return 0
-    if result.repeat or (repeat_possible and result.repeat is None):
-        kind = "repeat" if result.repeat else "possible_duplicate"
-        detail = (
-            "the provider already had this idempotency key: an earlier attempt had arrived; "
-            "the repeat was dropped"
-            if result.repeat
-            else "sent again after an attempt whose outcome was unknown; the provider cannot dedup"
-        )
-        record_incident(db, row, kind, detail)
-    return 1
+    """Hand the send to the batch's group commit (tasks.sentgroup): recorded within
+    CLARION_SENT_FLUSH_MS, conditional on the claim token; counted there, so this returns 0."""
+    batch.sent.add(Sent(row, result, clock.now(), deadline, repeat_possible))
+    return 0
 
 
 def _describe(exc: BaseException) -> str:

@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 
 import redis as redis_lib
 
+from adapters import webhook
 from adapters.base import Adapter, Collaborators
 from adapters.console import ConsoleAdapter
 from adapters.inapp import InAppAdapter
@@ -144,7 +145,11 @@ def collaborators() -> Collaborators:
         redis=redis,
         limits=RateLimits(redis, wall=lambda: clock.now().timestamp()),
         suppressions=suppressions,
-        extra={"teams_references": TeamsReferences(suppressions), "inbox": LedgerInbox()},
+        extra={
+            "teams_references": TeamsReferences(suppressions),
+            "inbox": LedgerInbox(),
+            "http": webhook.pool_manager(),  # one per process: kept-alive connections per host
+        },
     )
 
 
@@ -160,6 +165,7 @@ def adapters() -> dict[str, Adapter]:
             timeout=s.webhook_timeout,
             default_url=s.webhook_url,
             limits=parts.limits,
+            http=parts.extra["http"],
         ),
     ]
     found.append(InAppAdapter.from_collaborators(parts))  # needs nothing but the database

@@ -150,13 +150,15 @@ def test_ten_thousand_requests_survive_workers_killed_every_few_seconds(clarion_
 def test_a_crash_after_the_send_resends_once_under_the_same_key(clarion_env, tmp_path):
     items = _requests(20, 10)  # 200 occurrences
     with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as receiver:
-        # one send in flight per process, so each crash leaves exactly one sent-but-unrecorded row
-        # (with more in flight, a crash can leave up to CLARION_SEND_CONCURRENCY of them)
+        # one send in flight per process, each recorded before the next (no group commit), so
+        # each crash leaves exactly one sent-but-unrecorded row (with more in flight, a crash can
+        # leave up to CLARION_SEND_CONCURRENCY + CLARION_SENT_FLUSH_ROWS of them)
         env = {
             **clarion_env.env,
             **FAST,
             "CLARION_WEBHOOK_URL": receiver.url,
             "CLARION_SEND_CONCURRENCY": "1",
+            "CLARION_SENT_FLUSH_ROWS": "1",
             "CLARION_FAULTS": "deliver.after_send=crash*3",
             "CLARION_FAULTS_DIR": str(tmp_path / "faults"),
         }

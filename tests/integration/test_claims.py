@@ -259,3 +259,36 @@ def test_a_sent_row_must_name_its_platform(clarion_env):
         engine().begin() as conn,
     ):
         conn.execute(text("UPDATE deliveries SET state = 'sent'"))
+
+
+def test_a_group_flush_records_only_the_rows_whose_claim_is_still_ours(clarion_env):
+    """Group commit is conditional per row: a row taken over while its send waited for the
+    group's statement is not marked by the old token; it becomes a possible_duplicate incident,
+    and the rows still held are recorded by the same statement (>11 runs: prepared statements)."""
+    from adapters.base import SendResult
+    from tasks.sentgroup import Sent, SentGroup
+
+    keys = [_routed_delivery(f"g{i}", f"e{i}") for i in range(14)]
+    token = str(uuid.uuid4())
+    now = clock.now()
+    with engine().begin() as conn:
+        held = claims.claim_deliveries(
+            conn, keys, token=token, now=now, lease=LEASE, max_attempts=8
+        )
+    lost = sorted(held, key=lambda r: r.key)[:2]
+    for row in lost:  # their lease ran out and another worker took them over
+        expire_lease(row.key)
+        assert _claim(row.key) == 1
+    group = SentGroup(token, rows=1, wait=0.005)  # one statement per send: 14 runs
+    for row in held:
+        group.add(Sent(row, SendResult("webhook", f"m{row.id}"), now, time.monotonic() + 30, False))
+    assert group.close() == len(keys) - 2
+    with engine().connect() as conn:
+        states = dict(
+            conn.execute(text("SELECT state, count(*) FROM deliveries GROUP BY state")).all()
+        )
+        incidents = conn.execute(
+            text("SELECT delivery_id, kind FROM incidents ORDER BY delivery_id")
+        ).all()
+    assert states == {"sent": len(keys) - 2, "claimed": 2}
+    assert [tuple(i) for i in incidents] == [(r.id, "possible_duplicate") for r in lost]

@@ -197,6 +197,8 @@ def test_stale_or_broken_embedded_file_means_no_services(
         ("CLARION_BATCH_SIZE", "-5"),
         ("CLARION_SEND_CONCURRENCY", "0"),
         ("CLARION_SEND_CONCURRENCY", "-1"),
+        ("CLARION_SENT_FLUSH_ROWS", "0"),
+        ("CLARION_SENT_FLUSH_MS", "0"),
         ("CLARION_MAX_ATTEMPTS", "0"),
         ("CLARION_TICK_INTERVAL", "0"),
         ("CLARION_TICK_INTERVAL", "-0.5"),
