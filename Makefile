@@ -35,7 +35,7 @@ test: $(STAMP) browser
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q -n 2 -m 'not soak and not chaos' tests
-	$(BIN)/pytest -q -m chaos tests  # alone: it restarts its own PostgreSQL and Redis under load
+	$(BIN)/pytest -q -m chaos tests/acceptance  # alone: it restarts its own PostgreSQL and Redis under load
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
