@@ -28,8 +28,9 @@ from sqlalchemy.exc import DBAPIError
 
 from adapters.base import SendResult, clean_provider_id
 from clarion import clock, faults, metrics
-from db import claims
+from db import claims, ledger
 from db.claims import ClaimedDelivery, SentMark
+from db.engine import engine
 from tasks import sendrate
 from tasks.outcomes import RowConnection, record_incident
 
@@ -144,14 +145,28 @@ class SentGroup:
                 self._settled(sent, sent.row.key in won)
 
     def _write(self, group: list[Sent], deadline: Callable[[], float]) -> set | None:
-        """mark_sent_many, retried on a fresh connection while the leases last (a database
-        restart must not turn a send into a resend). None: given up; the rows are left to their
-        leases, and the next attempt knows this one reached the provider."""
+        """mark_sent_many and the repeat incidents of the rows it recorded, in one transaction
+        (a kill between the two must not leave a repeat without its incident), retried on a fresh
+        connection while the leases last (a database restart must not turn a send into a
+        resend). None: given up; the rows are left to their leases, and the next attempt knows
+        this one reached the provider."""
         marks = [s.mark() for s in group]
         pause = 0.1
         while True:
             try:
-                return self._db.run(lambda c: claims.mark_sent_many(c, marks, token=self.token))
+                with engine().begin() as conn:
+                    won = claims.mark_sent_many(conn, marks, token=self.token)
+                    for sent in group:
+                        incident = _repeat_incident(sent)
+                        if incident is not None and sent.row.key in won:
+                            ledger.record_incident(
+                                conn,
+                                sent.row.key,
+                                kind=incident[0],
+                                detail=incident[1],
+                                now=sent.at,
+                            )
+                    return won
             except DBAPIError:
                 if time.monotonic() + pause > deadline():
                     return None
@@ -159,7 +174,7 @@ class SentGroup:
                 pause = min(2.0, pause * 2)
 
     def _settled(self, sent: Sent, won: bool) -> None:
-        row, result = sent.row, sent.result
+        row = sent.row
         if not won:
             record_incident(
                 self._db,
@@ -174,12 +189,28 @@ class SentGroup:
         metrics.EVENT_TO_SENT.labels(row.lane, row.channel).observe(
             max(0.0, (clock.now() - row.requested_at).total_seconds())
         )
-        if result.repeat or (sent.repeat_possible and result.repeat is None):
-            kind = "repeat" if result.repeat else "possible_duplicate"
-            detail = (
-                "the provider already had this idempotency key: an earlier attempt had arrived; "
-                "the repeat was dropped"
-                if result.repeat
-                else "sent again after an attempt whose outcome was unknown; the provider cannot dedup"
+        incident = _repeat_incident(sent)
+        if incident is not None:  # written with the mark (_write)
+            metrics.INCIDENTS.labels(incident[0]).inc()
+            log.warning(
+                "incident: %s", incident[0], extra={"action": incident[0], "delivery": row.key}
             )
-            record_incident(self._db, row, kind, detail)
+
+
+def _repeat_incident(sent: Sent) -> tuple[str, str] | None:
+    """(kind, detail) of the incident a recorded send owes, if any: the provider said it had the
+    key (`repeat`), or it was sent again where an earlier attempt may have arrived and nobody could
+    check (`possible_duplicate`)."""
+    result = sent.result
+    if result.repeat:
+        return (
+            "repeat",
+            "the provider already had this idempotency key: an earlier attempt had arrived; "
+            "the repeat was dropped",
+        )
+    if sent.repeat_possible and result.repeat is None:
+        return (
+            "possible_duplicate",
+            "sent again after an attempt whose outcome was unknown; the provider cannot dedup",
+        )
+    return None
