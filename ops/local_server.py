@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Self, cast
 
@@ -90,9 +91,12 @@ class AnswerLoss:
                     return mode, delay
         return None
 
-    def apply(self, handler: BaseHTTPRequestHandler) -> bool:
+    def apply(
+        self, handler: BaseHTTPRequestHandler, lost: Callable[[], None] | None = None
+    ) -> bool:
         """Call once the request was accepted. True: the answer was lost or replaced, and the
-        handler must not answer; False: answer as usual (perhaps late)."""
+        handler must not answer; False: answer as usual (perhaps late). `lost` runs before the
+        client can see anything, so what the fake records is there when the client's call ends."""
         taken = self._take(handler.path)
         if taken is None:
             return False
@@ -100,6 +104,8 @@ class AnswerLoss:
         if mode == "late":
             time.sleep(delay)
             return False
+        if lost is not None:
+            lost()
         if mode == "5xx":
             send_json(handler, 500, {"ok": False, "error": "internal_error"})
             return True
