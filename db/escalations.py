@@ -24,20 +24,15 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from db import ledger
+from db.schema import SENDING_STATES
 
 GATE = "escalation"
 ACK_EVENTS = frozenset({"answered", "read", "clicked"})
 FAIL_EVENTS = frozenset({"failed", "bounced", "undelivered", "invalid_token"})
+# A delivery that may still reach them: not yet sent, or sent and not reported failed.
 LIVE_STATES = (
     "pending",
-    "claimed",
-    "unknown",
-    "sent",
-    "delivered",
-    "opened",
-    "read",
-    "clicked",
-    "answered",
+    *(s for s in SENDING_STATES if s not in ("bounced", "undelivered")),
 )
 
 
