@@ -15,7 +15,10 @@ producer counts against clarion) to its arrival at the receiver.
   max rate    a burst of --burst receipts through notify_many: the rate they arrive at
   half rate   receipts paced at half that rate (notify_many every --tick s with the ones due)
   backlog     --backlog `nudge` (activation) notifications queued with notify_many, then receipts
-              at --idle-rate while the activation worker drains them
+              at --idle-rate while the activation worker drains them, at most
+              --activation-per-second (CLARION_ACTIVATION_PER_SECOND, tasks/lanes.py): the
+              headroom that budget leaves on a host and a database both lanes share is what keeps
+              receipts fast; the rate the backlog drained at is reported next to the ratio
 
 Target (issue 14): transactional p95 under the backlog ≤ 1.5× the idle p95. Services, database
 and logs as bench/throughput.py (the same helpers); CPU use of the machine is reported per phase.
@@ -74,7 +77,8 @@ def _serve(secret: str, conn, nice: int) -> None:
     os.nice(nice)
     with Receiver(secret) as receiver:
         conn.send(receiver.url)
-        conn.recv()  # told to stop
+        while conn.recv() == "count":  # else: told to stop
+            conn.send(receiver.arrivals.unique)
         conn.send((receiver.arrivals.unique, receiver.arrivals.repeats))
 
 
@@ -89,6 +93,10 @@ class OtherReceiver:
         self.process = ctx.Process(target=_serve, args=(secret, child, nice), daemon=True)
         self.process.start()
         self.url: str = self.conn.recv()
+
+    def arrived(self) -> int:
+        self.conn.send("count")
+        return self.conn.recv()
 
     def close(self) -> tuple[int, int]:
         self.conn.send("stop")
@@ -121,14 +129,12 @@ class Latency:
             name = f"blat{b.tag}-{lane}"
             names.append(_hostname(name))
             command = worker_command([lane], concurrency=concurrency, name=name, loglevel="WARNING")
+            env = {"CLARION_WEBHOOK_URL": self.receiver.url}
             if lane == "activation" and self.args.activation_nice:
                 command = ["nice", "-n", str(self.args.activation_nice), *command]
-            b.start(
-                command,
-                f"latency-{lane}.log",
-                processes,
-                env={"CLARION_WEBHOOK_URL": self.receiver.url},
-            )
+            if self.args.activation_per_second:
+                env["CLARION_ACTIVATION_PER_SECOND"] = str(self.args.activation_per_second)
+            b.start(command, f"latency-{lane}.log", processes, env=env)
         b.start(beat_command(b.logs), "latency-beat.log", processes)
         _wait_for_workers(app, names, processes)
         self.processes = processes
@@ -234,6 +240,13 @@ def main(argv: list[str] | None = None) -> int:
         help="CPU niceness of the activation lane's worker (10; 0: as the others). On a host "
         "shared by both lanes, the transactional worker then gets the CPU first",
     )
+    parser.add_argument(
+        "--activation-per-second",
+        type=float,
+        default=300.0,
+        help="CLARION_ACTIVATION_PER_SECOND for every worker (300; 0: no budget, the activation "
+        "lane drains as fast as its worker goes)",
+    )
     args = parser.parse_args(argv)
     os.chdir(ROOT)
     cleanup = Cleanup()
@@ -273,9 +286,11 @@ def main(argv: list[str] | None = None) -> int:
             half, busy = run.paced(top / 2, args.seconds)
             rows.append(("half max rate", top / 2, run.latencies(half), busy))
             say(f"backlog: queueing {args.backlog:,} activation nudges")
+            began, before = time.perf_counter(), other.arrived()
             took = run.backlog(args.backlog)
             say(f"  queued in {took:.1f}s; receipts at {args.idle_rate:g}/s for {args.seconds:g}s")
             under, busy = run.paced(args.idle_rate, args.seconds)
+            drained = (other.arrived() - before) / (time.perf_counter() - began)
             rows.append(("under activation backlog", args.idle_rate, run.latencies(under), busy))
             from sqlalchemy import text
 
@@ -302,7 +317,16 @@ def main(argv: list[str] | None = None) -> int:
             say(f"not delivered, by gate and reason: {[tuple(r) for r in reasons] or 'none'}")
             duplicates = receiver.arrivals.repeats
         activation, repeats = other.close()
-        _report(rows, top, left, args, duplicates + repeats, load, time.perf_counter() - started)
+        _report(
+            rows,
+            top,
+            left,
+            args,
+            duplicates + repeats,
+            load,
+            time.perf_counter() - started,
+            drained,
+        )
         say(f"activation nudges that arrived: {activation:,}")
         return 0
     except KeyboardInterrupt:
@@ -311,13 +335,14 @@ def main(argv: list[str] | None = None) -> int:
         cleanup.close()
 
 
-def _report(rows, top, left, args, duplicates, load, wall) -> None:
+def _report(rows, top, left, args, duplicates, load, wall, drained) -> None:
     idle_p95 = pct(rows[0][2], 0.95)
     say("\n" + "=" * 100)
     say(
         f"clarion latency, notify → provider (webhook)   cpus={os.cpu_count()}   "
         f"load average at start {load}   max rate measured {top:,.0f}/s   "
-        f"producer tick {args.tick:g}s   activation worker nice {args.activation_nice}"
+        f"producer tick {args.tick:g}s   activation worker nice {args.activation_nice}   "
+        f"activation budget {args.activation_per_second or 'none'}/s"
     )
     say("-" * 100)
     say(
@@ -336,7 +361,8 @@ def _report(rows, top, left, args, duplicates, load, wall) -> None:
     say(
         f"transactional p95 under a {args.backlog:,} activation backlog = {ratio:.2f}x idle p95 "
         f"(target <= 1.5x): {'met' if ratio <= 1.5 else 'NOT met'}; activation requests still "
-        f"unsent at the end: {left:,}; duplicate arrivals: {duplicates}"
+        f"unsent at the end: {left:,}; drained meanwhile at {drained:,.0f}/s; duplicate "
+        f"arrivals: {duplicates}"
     )
     say(f"script wall time {wall:.1f}s")
 

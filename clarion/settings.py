@@ -83,6 +83,9 @@ class Settings:
     sent_flush_ms: float = field(
         default=10.0, metadata=positive()
     )  # longest a send's "sent" record waits for its group's statement
+    activation_per_second: float | None = field(
+        default=None, metadata=positive()
+    )  # activation-lane sends per second, all workers together (tasks/lanes.py); unset: no cap
     webhook_url: str | None = None  # default endpoint for webhook types without config.webhook.url
     webhook_secret: str = DEV_WEBHOOK_SECRET
     webhook_timeout: float = field(default=10.0, metadata=positive())
@@ -279,7 +282,7 @@ def mask_url(url: str) -> str:
 
 def _convert(name: str, kind: type | str, raw: str):
     try:
-        if kind in (float, "float"):
+        if kind in (float, "float", "float | None"):
             return float(raw)
         if kind in (int, "int", "int | None"):
             return int(raw)

@@ -68,6 +68,17 @@ def deliver(users: list[str], ids: list[int]) -> int:
         sendrate.flush()  # the batch's outcomes, in one Redis round trip
 
 
+def deliver_now(rows: list[tuple[str, int, str]]) -> int:
+    """Deliver (user_id, id, lane) rows in this process, as the deliver task would (a budgeted
+    lane's route task sends its own slice: tasks.lanes)."""
+    if not rows:
+        return 0
+    try:
+        return _deliver([r[0] for r in rows], [r[1] for r in rows])
+    finally:
+        sendrate.flush()
+
+
 def _deliver(users: list[str], ids: list[int]) -> int:
     s = settings.get()
     token = str(uuid.uuid4())

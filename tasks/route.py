@@ -17,7 +17,9 @@ from db.engine import engine
 from gates.apply import apply, needs_address, snapshots
 from gates.pipeline import Snapshot, plan
 from tasks import escalation, runtime
+from tasks.deliver import deliver_now
 from tasks.flush import close_windows
+from tasks.lanes import rate, slices, wait_turn
 from tasks.publish import DELIVER, publish
 
 log = logging.getLogger(__name__)
@@ -28,11 +30,19 @@ DEADLOCK_RETRIES = 3
 
 @shared_task(name="clarion.route")
 def route(users: list[str], ids: list[int]) -> int:
-    """Route a batch of requests. A request already routed is skipped: re-publishing changes nothing."""
+    """Route a batch of requests. A request already routed is skipped: re-publishing changes nothing.
+
+    A lane with a budget (tasks.lanes: the queue the message came from) is routed in slices, each
+    slice's deliveries published when the budget allows."""
     keys = sorted(zip(users, ids, strict=True))  # one lock order for every batch
+    lane = (route.request.delivery_info or {}).get("routing_key")
+    return sum(_route_slice(part, lane) for part in slices(lane, keys))
+
+
+def _route_slice(keys: list[tuple[str, int]], lane: str | None) -> int:
     for attempt in range(DEADLOCK_RETRIES + 1):
         try:
-            return _route([u for u, _ in keys], [i for _, i in keys])
+            return _route([u for u, _ in keys], [i for _, i in keys], lane=lane)
         except OperationalError as exc:
             # Two batches claiming shared rows (an organisation's cap counter) in opposite orders:
             # PostgreSQL aborts one; its transaction left nothing behind, so run it again.
@@ -70,7 +80,7 @@ def _known_types(conn, requests: list[dict], catalog, now) -> list[dict]:
     return [r for r in requests if id(r) not in skipped]
 
 
-def _route(users: list[str], ids: list[int]) -> int:
+def _route(users: list[str], ids: list[int], *, lane: str | None = None) -> int:
     now = clock.now()
     catalog = runtime.catalog()
     reachable = needs_address(runtime.adapters().values())
@@ -128,7 +138,15 @@ def _route(users: list[str], ids: list[int]) -> int:
     for d in decisions:
         if d.outcome != "allow":
             metrics.SUPPRESSED.labels(d.gate, d.reason).inc()
-    publish(DELIVER, [(user, id_, lane) for user, id_, lane, held in created if not held])
+    ready = [(user, id_, of_lane) for user, id_, of_lane, held in created if not held]
+    if rate(lane) is None:
+        publish(DELIVER, ready)
+    else:
+        # A budgeted lane sends its slice here, once the budget allows: published, the deliveries
+        # would queue behind the rest of the lane's route backlog. Committed: a process that dies
+        # waiting or sending leaves them to the tick (due at stray_after) and the claim leases.
+        wait_turn(lane, len(requests))
+        deliver_now(ready)
     runtime.count("route_skipped_already_resolved", len(ids) - len(requests))
     log.debug(
         "routed",

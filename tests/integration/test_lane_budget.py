@@ -1,0 +1,112 @@
+"""The activation lane's send budget (tasks/lanes.py) against real Redis, PostgreSQL and the webhook
+receiver: reservations are shared by every process, a budgeted lane's sends are spread at the
+receiver, rows already done are never charged, and the transactional lane is never paced."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from adapters.base import idempotency_key
+from clarion import settings
+from ops.receiver import Receiver
+from tasks import lanes, notify_many, register_recipient, runtime
+from tasks.route import route
+from tests.support.pipeline import configure, drain, publishing_to_this_tests_broker
+from tests.support.race import race
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def receiver(clarion_env, monkeypatch) -> Iterator[Receiver]:
+    with publishing_to_this_tests_broker(), Receiver(settings.get().webhook_secret) as running:
+        configure(monkeypatch, webhook_url=running.url, activation_per_second=40)
+        yield running
+
+
+def _tat() -> bytes | None:
+    return runtime.redis().get(lanes.KEY.format(lane="activation"))
+
+
+def test_reservations_queue_up_at_the_rate(clarion_env):
+    waits = [lanes.reserve("activation", 10, 100.0) for _ in range(5)]
+    # 10 rows at 100/s are 0.1 s of budget each; the first fits the burst, each next waits 0.1 s more
+    for k, wait in enumerate(waits):
+        assert k * 0.1 - 0.05 <= wait <= k * 0.1 + 0.001, waits
+
+
+def test_processes_share_one_budget(clarion_env):
+    """Four processes reserving at once: together they wait as if one had reserved every row (a
+    lost update between them would let some rows go early)."""
+
+    def reserve_all(_: int) -> tuple[float, float, float]:
+        began = time.monotonic()
+        waits = [lanes.reserve("activation", 1, 1000.0) for _ in range(500)]
+        return began, time.monotonic(), max(waits)
+
+    spans = race(4, reserve_all, lambda i: (i,))
+    assert max(b for b, _, _ in spans) < min(e for _, e, _ in spans), "contenders did not overlap"
+    # 2,000 rows at 1,000/s: the last reserved waits 2 s less the 0.1 s burst and the time it took
+    slowest = max(w for _, _, w in spans)
+    took = max(e for _, e, _ in spans) - min(b for b, _, _ in spans)
+    assert 1.9 - took - 0.02 <= slowest <= 1.9 + 0.001, (slowest, took)
+
+
+def test_an_unbudgeted_lane_is_never_charged(clarion_env, monkeypatch):
+    configure(monkeypatch, activation_per_second=10)
+    assert lanes.wait_turn("transactional", 500, sleep=pytest.fail) == 0.0
+    assert lanes.slices("transactional", [("u", i) for i in range(250)]) == [
+        [("u", i) for i in range(250)]
+    ]
+    assert _tat() is None
+
+
+def _nudges(n: int, first: int = 0) -> list[tuple[str, int]]:
+    register_recipient("ann", timezone="UTC")
+    made = notify_many(
+        [
+            dict(user_id="ann", type_key="nudge", event_id=f"n{i}", variables={"name": "Ann"})
+            for i in range(first, first + n)
+        ]
+    )
+    drain("activation")  # what notify published; the tests route by hand
+    return [("ann", m.request_id) for m in made]
+
+
+def _route(keys: list[tuple[str, int]], queue: str) -> float:
+    began = time.monotonic()
+    result = route.apply(args=[[k[0] for k in keys], [k[1] for k in keys]], routing_key=queue)
+    assert result.successful(), result.traceback
+    return time.monotonic() - began
+
+
+def test_an_activation_batch_is_routed_and_sent_in_slices_at_the_rate(receiver):
+    keys = _nudges(40)
+    # 40 requests at 40/s, in slices of 4 (0.1 s of budget each), each slice sent by the route
+    # task itself: the last slice goes 0.9 s after the first, and no deliver message is queued
+    assert _route(keys, "activation") >= 0.85
+    assert drain("activation") == []
+    expected = {idempotency_key("ann", "nudge", f"event:n{i}", "webhook") for i in range(40)}
+    first = receiver.arrivals.first_at
+    assert set(first) == expected and receiver.arrivals.repeats == 0
+    arrived = sorted(first.values())
+    assert arrived[-1] - arrived[0] >= 0.85, arrived[-1] - arrived[0]
+    # The same message again (redelivered): every request is done, nothing is charged or sent
+    tat = _tat()
+    assert _route(keys, "activation") < 0.5 and _tat() == tat
+    assert drain("activation") == [] and len(first) == 40 and receiver.arrivals.repeats == 0
+
+
+def test_requests_from_an_unbudgeted_queue_are_routed_at_once(receiver):
+    """The budget follows the queue the message came from; route called without one (a test, a
+    script) is not paced either."""
+    keys = _nudges(40)
+    assert _route(keys, "transactional") < 0.85
+    assert [len(ids) for _, _, ids in drain("activation")] == [40]
+    more = _nudges(40, first=40)
+    route([k[0] for k in more], [k[1] for k in more])
+    assert [len(ids) for _, _, ids in drain("activation")] == [40]
+    assert _tat() is None
