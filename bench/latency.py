@@ -8,8 +8,8 @@ Workers per lane, as production runs them (README "Running it in production"): o
 ops.receiver.Receiver that notes when each idempotency key first arrived (the activation nudges
 go to a second Receiver in a child process: providers are other machines, and its flood must not
 share this process's GIL with the producer and the receiver being timed). A latency is the time
-from the moment a notification was due to be enqueued (its slot in a paced schedule, so a slow
-producer counts against clarion) to its arrival at the receiver.
+from the notify_many call that enqueued a notification to its arrival at the receiver; a paced
+producer calls it every --tick seconds with the notifications due since its last call.
 
   idle        `receipt` (transactional) at --idle-rate per second, one notify() each
   max rate    a burst of --burst receipts through notify_many: the rate they arrive at
@@ -163,25 +163,28 @@ class Latency:
         )
 
     def paced(self, rate: float, seconds: float) -> tuple[dict[str, float], float]:
-        """Receipts at `rate` per second for `seconds`: every --tick seconds the ones due, in one
-        notify_many; returns idempotency key -> due time (perf_counter), and the busy share."""
+        """Receipts at `rate` per second for `seconds`: every --tick seconds the ones due by then,
+        in one notify_many; returns idempotency key -> the time that call began (perf_counter),
+        and the busy share. A latency starts when notify_many is called (the producer's own
+        batching is not clarion's); the phase's achieved rate shows a producer that fell behind."""
         from tasks import notify_many
 
         due: dict[str, float] = {}
         total = max(1, round(rate * seconds))
         t0 = time.perf_counter()
         busy0 = _machine_busy()
-        sent = 0
+        sent, call = 0, t0
         while sent < total:
             now = time.perf_counter()
             want = min(total, int((now - t0) * rate) + 1)
             if want > sent:
                 batch = self.items(want - sent)
-                for i, item in enumerate(batch):
-                    due[self.key(item)] = t0 + (sent + i) / rate
+                for item in batch:
+                    due[self.key(item)] = now
                 notify_many(batch)
                 sent = want
-            time.sleep(max(0.0, min(self.args.tick, t0 + sent / rate - time.perf_counter())))
+            call += self.args.tick
+            time.sleep(max(0.0, call - time.perf_counter()))
         self.wait_for(due, 120)
         elapsed = time.perf_counter() - t0
         return due, (_machine_busy() - busy0) / (elapsed * (os.cpu_count() or 1))
