@@ -17,8 +17,9 @@ seconds to wait: the delivery is deferred with its attempt refunded, never dropp
 records a provider's Retry-After for every worker.
 
 `key` is the budget's scope, hashed before it reaches Redis: a credential (an API key, a sending
-number), or whatever the provider counts by (a Teams conversation). A budget's keys share one
-Redis Cluster hash slot.
+number), or whatever the provider counts by (a Teams conversation). A budget's keys, its pause
+included, share one Redis Cluster hash slot, so one script checks the pause and charges every
+window: one round trip per take.
 
 Redis unreachable: `take` fails closed (ThrottledError, a short deferral) unless the quota says
 `fail_open` (the chat channels: a limiter outage must not stop a manager's nudge).
@@ -76,16 +77,19 @@ def scope(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:20]
 
 
-# KEYS: one sorted set per window (score: Redis TIME in µs). ARGV: cost, a unique member prefix,
-# then (amount, window µs) per key. Returns [µs until the full window has room (0: charged to
-# every window), Redis's time in µs]. Lua numbers come back as integers, hence the strings.
+# KEYS: the budget's pause, then one sorted set per window (score: Redis TIME in µs). ARGV: cost, a
+# unique member prefix, clarion's clock (epoch s, what a pause is stored on), then (amount, window
+# µs) per window. Returns ['paused', seconds left] or [µs until the full window has room (0:
+# charged to every window), Redis's time in µs]. Lua numbers come back as integers, hence strings.
 _TAKE = """
+local held = tonumber(redis.call('GET', KEYS[1]) or '0')
+if held > tonumber(ARGV[3]) then return {'paused', tostring(held - tonumber(ARGV[3]))} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local cost = tonumber(ARGV[1])
 local wait = 0
-for i = 1, #KEYS do
-  local amount, window = tonumber(ARGV[1 + 2 * i]), tonumber(ARGV[2 + 2 * i])
+for i = 2, #KEYS do
+  local amount, window = tonumber(ARGV[2 * i]), tonumber(ARGV[1 + 2 * i])
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - window)
   local over = redis.call('ZCARD', KEYS[i]) + cost - amount
   if over > 0 then
@@ -95,9 +99,9 @@ for i = 1, #KEYS do
   end
 end
 if wait > 0 then return {tostring(wait), tostring(now)} end
-for i = 1, #KEYS do
+for i = 2, #KEYS do
   for j = 1, cost do redis.call('ZADD', KEYS[i], now, ARGV[2] .. ':' .. j) end
-  redis.call('PEXPIRE', KEYS[i], math.ceil(tonumber(ARGV[2 + 2 * i]) / 1000) + 1000)
+  redis.call('PEXPIRE', KEYS[i], math.ceil(tonumber(ARGV[1 + 2 * i]) / 1000) + 1000)
 end
 return {'0', tostring(now)}
 """
@@ -117,8 +121,13 @@ class RateLimits:
         self.prefix = prefix
         self.wall = wall  # for pauses only: a provider's Retry-After, on clarion's clock
 
+    def _slot(self, quota: Quota, key: str) -> str:
+        """The prefix of every key of one budget, its pause included: one Redis Cluster hash slot,
+        so one script reads and charges them all."""
+        return f"{self.prefix}:{{{quota.provider}:{scope(key)}}}"
+
     def _pause_key(self, quota: Quota, key: str) -> str:
-        return f"{self.prefix}:pause:{quota.provider}:{scope(key)}"
+        return f"{self._slot(quota, key)}:pause"
 
     def take(
         self, quota: Quota, key: str, *, cost: int = 1, lane: str | None = None
@@ -139,12 +148,8 @@ class RateLimits:
             ) from exc
 
     def _take(self, quota: Quota, key: str, cost: int, lane: str | None) -> float:
-        paused = self.paused_for(quota, key)
-        if paused:
-            raise ThrottledError(
-                "paused", f"{quota.provider} asked to wait {paused:.1f}s more", retry_after=paused
-            )
-        slot = f"{self.prefix}:{{{quota.provider}:{scope(key)}}}"  # one hash slot per budget
+        """One round trip: the pause and every window, read and charged by one script."""
+        slot = self._slot(quota, key)
         windows = [(f"{slot}:{i}", a, s) for i, (a, s) in enumerate(quota.amounts(None))]
         if lane == "activation":  # the lane's own share, and the credential's whole budget
             windows += [(f"{slot}:a{i}", a, s) for i, (a, s) in enumerate(quota.amounts(lane))]
@@ -153,11 +158,17 @@ class RateLimits:
             raise ThrottledError(
                 "over_budget", f"cost {cost} exceeds {quota.provider}'s window of {smallest}"
             )
-        args: list[str | int] = [cost, uuid.uuid4().hex]
+        args: list[str | int] = [cost, uuid.uuid4().hex, repr(self.wall())]
         for _, amount, seconds in windows:
             args += [amount, int(seconds * 1_000_000)]
-        answer = self.redis().eval(_TAKE, len(windows), *[w[0] for w in windows], *args)
-        wait, at = (float(v) for v in cast(list[bytes], answer))
+        keys = [self._pause_key(quota, key), *[w[0] for w in windows]]
+        first, second = cast(list[bytes], self.redis().eval(_TAKE, len(keys), *keys, *args))
+        if first == b"paused":
+            paused = float(second)
+            raise ThrottledError(
+                "paused", f"{quota.provider} asked to wait {paused:.1f}s more", retry_after=paused
+            )
+        wait, at = float(first), float(second)
         if wait > 0:
             full = min(windows, key=lambda w: w[1])
             raise ThrottledError(

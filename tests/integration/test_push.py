@@ -304,7 +304,7 @@ def test_a_429_pauses_the_provider_and_recovers_with_the_attempt_refunded(fakes,
         assert wait <= (row["not_before"] - start).total_seconds() <= wait + 6.01  # + jitter
         assert fakes.attempts() == {devices[0]: 1}  # after the 429, the other device waits too
         assert redis.Redis.from_url(clarion_settings.get().urls()[1]).keys(
-            f"clarion:rl:pause:{provider}:*"
+            f"clarion:rl:{{{provider}:*:pause"
         )
 
         assert _deliver(second) == 0  # paused for every worker: not even tried

@@ -132,3 +132,24 @@ def test_four_processes_share_one_budget_and_no_second_holds_more(clarion_env):
     # any window of one second of Redis's clock holds at most 10 (a sliding window, not calendar
     # seconds); how a provider counts arrivals is the SMS acceptance test's to show
     assert max(sum(1 for u in stamps if t <= u < t + 1.0) for t in stamps) <= 10
+
+
+def test_a_take_is_one_round_trip_pause_included(clarion_env):
+    """The pause lives in the budget's hash slot, so the one script reads it: no GET beside it."""
+    sent: list[str] = []
+
+    class Counted(redis.Redis):  # the real client, counting the commands it sends
+        def execute_command(self, *args, **options):
+            sent.append(str(args[0]))
+            return super().execute_command(*args, **options)
+
+    client = Counted.from_url(clarion_env.redis_url)
+    limits = RateLimits(lambda: client, prefix=f"test:{uuid.uuid4().hex}")
+    quota = Quota("p", ((100, 1.0),))
+    assert spend(limits, quota, "cred", 10) == 10
+    assert sent == ["EVAL"] * 10
+    limits.pause(quota, "cred", 5.0)
+    sent.clear()
+    with pytest.raises(ThrottledError, match="paused") as paused:
+        limits.take(quota, "cred")
+    assert sent == ["EVAL"] and 4.0 < paused.value.retry_after <= 5.0

@@ -344,7 +344,7 @@ def test_a_429_pauses_the_workspace_and_the_nudges_go_out_once_when_it_lifts(ana
         assert _delivery(first)["last_error"].startswith("ratelimited")
         assert _delivery(first)["attempts"] == 0  # a rate limit is not an attempt
         [pause] = redis.Redis.from_url(clarion_settings.get().urls()[1]).keys(
-            "clarion:rl:pause:slack:*"
+            "clarion:rl:{slack:*:pause"
         )
 
         assert _deliver(second) == 0  # paused: not even tried
@@ -541,7 +541,7 @@ def test_a_rate_limited_reconciliation_asks_again_later_and_never_posts_twice(an
         assert 60 <= _waited(key, clk.now) <= 72
         # a history limit is not a posting limit: the workspace is not paused
         assert (
-            redis.Redis.from_url(clarion_settings.get().urls()[1]).keys("clarion:rl:pause:slack:*")
+            redis.Redis.from_url(clarion_settings.get().urls()[1]).keys("clarion:rl:{slack:*:pause")
             == []
         )
         clk.advance(73)
