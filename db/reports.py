@@ -12,6 +12,14 @@ _DECISIONS = text(
     "SELECT gate, outcome, reason, count(*) FROM decisions GROUP BY 1, 2, 3 ORDER BY 4 DESC"
 )
 _INCIDENTS = text("SELECT kind, count(*) FROM incidents GROUP BY 1 ORDER BY 1")
+_DIGESTS = text(
+    "SELECT digest_type, state, count(*), sum(count), min(due_at) FILTER (WHERE state <> 'closed')"
+    " FROM digests GROUP BY 1, 2 ORDER BY 1, 2"
+)
+_ESCALATIONS = text(
+    "SELECT type_key, state, CASE WHEN state = 'waiting' THEN next_step END, count(*),"
+    " min(due_at) FILTER (WHERE state = 'waiting') FROM escalations GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+)
 _UNSETTLED = text("SELECT count(*) FROM deliveries WHERE state IN ('pending', 'claimed')")
 _SENT = text(
     "SELECT count(*) FROM deliveries WHERE state IN ('sent', 'delivered', 'opened', 'read', 'clicked', 'answered', 'bounced', 'undelivered')"
@@ -36,6 +44,23 @@ def decision_counts(conn: Connection) -> list[tuple]:
 
 def incident_counts(conn: Connection) -> list[tuple]:
     return [tuple(r) for r in conn.execute(_INCIDENTS)]
+
+
+def _at(value) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value is not None else ""
+
+
+def digest_counts(conn: Connection) -> list[tuple]:
+    """(digest type, state, windows, items buffered, earliest close of those not closed)."""
+    return [(t, s, n, items, _at(due)) for t, s, n, items, due in conn.execute(_DIGESTS)]
+
+
+def escalation_counts(conn: Connection) -> list[tuple]:
+    """(type, state, the step a waiting chain's timer is for, chains, earliest timer)."""
+    return [
+        (t, s, "" if step is None else step, n, _at(due))
+        for t, s, step, n, due in conn.execute(_ESCALATIONS)
+    ]
 
 
 def progress(conn: Connection) -> tuple[int, int, int]:

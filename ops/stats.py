@@ -85,6 +85,16 @@ def report(database_url: str, redis_url: str, broker_url: str) -> str:
             ),
             render(["kind", "count"], reports.incident_counts(conn), "Incidents"),
             render(
+                ["digest type", "state", "windows", "items", "next close (UTC)"],
+                reports.digest_counts(conn),
+                "Digests",
+            ),
+            render(
+                ["type", "state", "waiting for step", "chains", "next timer (UTC)"],
+                reports.escalation_counts(conn),
+                "Escalation chains",
+            ),
+            render(
                 ["kind", "subject", "opened (UTC)", "cleared", "detail"],
                 alert_rows(conn),
                 "Alerts (open, and cleared in the last day)",

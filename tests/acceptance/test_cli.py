@@ -516,6 +516,22 @@ def test_stats_prints_its_sections(cli):
     set_preferences("olga", {"type:weekly_one_on_one": False})
     request = notify("olga", ONE_ON_ONE, event_id="e1")
     route(["olga"], [request.request_id])
+    with engine().begin() as conn:  # an open digest window and a waiting escalation chain
+        conn.execute(
+            text(
+                "INSERT INTO digests (user_id, digest_type, digest_key, state, opened_at, due_at,"
+                " max_items, count, items) VALUES ('olga', 'replies', 'k', 'open', now(),"
+                " '2030-01-02 08:00+00', 50, 3, '[]')"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO escalations (user_id, request_id, type_key, steps, next_step, due_at,"
+                " created_at, updated_at) VALUES ('olga', :r, 'page', '[]', 2,"
+                " '2030-01-02 09:05+00', now(), now())"
+            ),
+            {"r": request.request_id},
+        )
     out = ok(cli("stats"))
     titles = [block.splitlines()[0] for block in out.split("\n\n")]
     assert titles == [
@@ -523,6 +539,8 @@ def test_stats_prints_its_sections(cli):
         "Deliveries",
         "Not delivered, with the recorded reason",
         "Incidents",
+        "Digests",
+        "Escalation chains",
         "Alerts (open, and cleared in the last day)",
         "Time zone rules",
         "Work found already done (duplicates prevented)",
@@ -531,6 +549,8 @@ def test_stats_prints_its_sections(cli):
     assert re.search(r"^activation\s+routed\s+1$", out, re.M), out
     assert re.search(rf"^recorded in the database\s+{zones.TZ_DATABASE} \(the same\)$", out, re.M)
     assert re.search(r"^preferences\s+suppress\s+opted_out\s+1$", out, re.M), out
+    assert re.search(r"^replies\s+open\s+1\s+3\s+2030-01-02 08:00:00$", out, re.M), out
+    assert re.search(r"^page\s+waiting\s+2\s+1\s+2030-01-02 09:05:00$", out, re.M), out
     # notify() published one route task to the activation lane and no worker runs here: the queue
     # shows it, whether or not its key exists yet (an empty Redis queue has none)
     assert re.search(r"^activation\s+1\s+(\?|0)$", out, re.M), out
