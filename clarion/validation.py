@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from email_validator import EmailNotValidError, validate_email
 
+from catalog.locales import normalise as normalise_locale
 from clarion.errors import InvalidField, InvalidOccurrence
 
 # Byte caps (UTF-8). The unique index of a delivery holds user_id + type_key + occurrence_key +
@@ -39,7 +40,6 @@ MAX_INT = 2**63  # JSON integers must fit in 64 bits; bigger numbers travel as s
 RESERVED_PREFIXES = ("series:", "escalation:")  # occurrence keys only series / chains write
 
 CHANNEL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
-LOCALE = re.compile(r"[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8})*")
 SLACK_USER = re.compile(r"[UW][A-Z0-9]{1,31}")
 E164 = re.compile(r"\+[1-9][0-9]{7,14}")
 PUSH_DEVICE = re.compile(r"(fcm:[A-Za-z0-9_:\-]{16,4096}|apns:[0-9A-Fa-f]{64,200})")
@@ -262,13 +262,15 @@ def addresses(value: object, field: str = "addresses") -> dict[str, str]:
 
 
 def locale(value: object, field: str = "locale") -> str:
-    """A BCP 47 language tag such as en, de-AT, zh-Hant-TW or es-419."""
+    """A BCP 47 language tag such as en, de-AT, zh-Hant-TW or es-419, in its canonical spelling:
+    the POSIX and upper-case spellings people send (`en_US`, `EN`) are the same tags."""
     value = text(field, value, max_bytes=LOCALE_CHARS)
-    if not (value.isascii() and LOCALE.fullmatch(value)):
+    canonical = normalise_locale(value) if value == value.strip() else None
+    if canonical is None:
         raise InvalidField(
             field, f"must be a BCP 47 language tag such as 'en' or 'de-AT', not {show(value)}"
         )
-    return value
+    return canonical
 
 
 def country(value: object, field: str = "country") -> str | None:

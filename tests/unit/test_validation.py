@@ -239,13 +239,25 @@ def test_bad_addresses_name_the_channel(value: object, field: str) -> None:
 # --- recipient fields -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("tag", ["en", "de-AT", "zh-Hant-TW", "es-419", "EN", "fil"])
-def test_locales(tag: str) -> None:
-    assert check.locale(tag) == tag
+@pytest.mark.parametrize(
+    ("tag", "canonical"),
+    [
+        ("en", "en"),
+        ("de-AT", "de-AT"),
+        ("zh-Hant-TW", "zh-Hant-TW"),
+        ("es-419", "es-419"),
+        ("fil", "fil"),
+        ("EN", "en"),
+        ("en_US", "en-US"),
+        ("zh_hant_tw", "zh-Hant-TW"),
+    ],
+)
+def test_locales_are_stored_in_their_canonical_spelling(tag: str, canonical: str) -> None:
+    assert check.locale(tag) == canonical
 
 
 @pytest.mark.parametrize(
-    "tag", ["", "e", "en_US", "english", "de-", "-AT", "ü", None, 1, "en-" + "x" * 40]
+    "tag", ["", "e", "en US", " en", "english", "de-", "-AT", "ü", None, 1, "en-" + "x" * 40]
 )
 def test_bad_locales(tag: object) -> None:
     with pytest.raises(InvalidField) as caught:
