@@ -350,7 +350,9 @@ def test_keys_are_shown_once_and_stored_hashed(clarion_env, capsys):
     with pytest.raises(SystemExit):
         main(["keys", "list"])
     listed = capsys.readouterr().out
-    assert stored["prefix"] in listed and "billing" in listed and secret.split("_", 2)[2] not in listed
+    assert (
+        stored["prefix"] in listed and "billing" in listed and secret.split("_", 2)[2] not in listed
+    )
     with pytest.raises(SystemExit) as bad:
         main(["keys", "create", "--name", "x", "--scope", "everything"])
     assert bad.value.code == 2 and "unknown scope everything" in capsys.readouterr().err
