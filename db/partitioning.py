@@ -10,8 +10,9 @@ table a later revision adds to PARTITIONED is partitioned by the next `migrate -
 Running it again changes nothing; a database partitioned with another N is refused.
 
 Each rebuild keeps names: columns (LIKE, with defaults, identity, CHECKs), the primary key and
-unique constraints, the other indexes, the foreign keys out of the table and into it, and the
-identity sequence's position. The partitions live in the schema `clarion_partitions`, out of the
+unique constraints, the other indexes, the triggers (recreated after the rows are copied, so the
+copy does not fire them), the foreign keys out of the table and into it, and the identity
+sequence's position. The partitions live in the schema `clarion_partitions`, out of the
 way of `public` (where the schema check compares tables with db/schema.py). Rows are copied: fine
 for a new or small deployment; a large one would partition by pg_dump/restore or logical
 replication, and a Citus one calls create_distributed_table instead (README "Beyond one machine").
@@ -84,6 +85,12 @@ _INDEXES = text(
       AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)
     """
 )
+_TRIGGERS = text(
+    """
+    SELECT pg_get_triggerdef(t.oid) FROM pg_trigger t
+    WHERE t.tgrelid = CAST(:t AS regclass) AND NOT t.tgisinternal ORDER BY t.tgname
+    """
+)
 _CHILD_INDEXES = text(
     """
     SELECT c.relname, p.relname, part.relname FROM pg_inherits i
@@ -129,6 +136,7 @@ def _rebuild(conn: Connection, table: str, partitions: int) -> None:
     own = conn.execute(_OWN_CONSTRAINTS, params).all()
     inbound = conn.execute(_INBOUND, params).all()
     indexes = [r[0] for r in conn.execute(_INDEXES, params)]
+    triggers = [r[0] for r in conn.execute(_TRIGGERS, params)]  # read before the rename
     identity = [r[0] for r in conn.execute(_IDENTITY, params)]
     positions = {
         col: conn.execute(
@@ -159,7 +167,7 @@ def _rebuild(conn: Connection, table: str, partitions: int) -> None:
     conn.execute(text(f'DROP TABLE "{old}" CASCADE'))  # its indexes and inbound keys with it
     for name, definition in own:
         conn.execute(text(f'ALTER TABLE "{table}" ADD CONSTRAINT "{name}" {definition}'))
-    for definition in indexes:
+    for definition in indexes + triggers:
         conn.execute(text(definition))
     for source, name, definition in inbound:
         conn.execute(text(f'ALTER TABLE {source} ADD CONSTRAINT "{name}" {definition}'))

@@ -97,8 +97,8 @@ def test_migrate_partitions_every_per_recipient_table_and_keeps_its_rows(clarion
     with engine().begin() as conn:
         conn.execute(
             text(
-                "INSERT INTO recipients (user_id, timezone, created_at, updated_at) "
-                "VALUES ('ann', 'UTC', :now, :now)"
+                "INSERT INTO recipients (user_id, timezone, locale, created_at, updated_at) "
+                "VALUES ('ann', 'UTC', 'de-AT', :now, :now)"
             ),
             {"now": NOW},
         )
@@ -124,6 +124,9 @@ def test_migrate_partitions_every_per_recipient_table_and_keeps_its_rows(clarion
             {"now": NOW},
         ).scalar_one()
         assert second > first  # the identity sequence went on from where it was
+        locale = text("SELECT locale FROM requests WHERE user_id = 'ann' AND id = :id")
+        # the trigger that pins the recipient's locale on a new request came along
+        assert conn.execute(locale, {"id": second}).scalar_one() == "de-AT"
         dup = conn.execute(  # the occurrence key still holds, across the partitioned table
             text(
                 "INSERT INTO requests (user_id, type_key, occurrence_key, lane, template_version,"
