@@ -162,7 +162,7 @@ def grow_to(
 # --- the two ticks ----------------------------------------------------------------------------
 
 _SCAN = text(
-    "SELECT user_id, id, series_key, type_key, anchor_local, zone, every, max_count, until, calendar_policy, "
+    "SELECT CAST(ctid AS text) AS ctid, user_id, id, series_key, type_key, anchor_local, zone, every, max_count, until, calendar_policy, "
     "variables, next_n, next_due_at FROM series WHERE state = 'active'"
 )
 
@@ -183,7 +183,7 @@ def scan_due(stats: ScanStats):
         due, rows = [], 0
         for row in result:
             rows += 1
-            if row[12] <= now:  # next_due_at
+            if row[13] <= now:  # next_due_at
                 due.append(dict(zip(keys, row, strict=True)))
         due.sort(key=lambda r: r["next_due_at"])
         stats.rows, stats.seconds = rows, time.perf_counter() - t0

@@ -40,7 +40,7 @@ def insert_series(
 
 _TAKE_DUE = text(
     """
-    SELECT user_id, id, type_key, anchor_local, zone, every, max_count, until, calendar_policy,
+    SELECT CAST(ctid AS text) AS ctid, user_id, id, type_key, anchor_local, zone, every, max_count, until, calendar_policy,
            next_n, next_due_at, created_at
     FROM series WHERE state = 'active' AND next_due_at <= :now
     ORDER BY next_due_at LIMIT :limit FOR UPDATE SKIP LOCKED
@@ -51,7 +51,8 @@ _TAKE_DUE = text(
 def take_due_series(conn: Connection, *, now: datetime, limit: int) -> list[dict[str, Any]]:
     """Due active series, locked for this transaction; another ticker skips them (no double fire).
 
-    Without `variables`: fire_occurrences copies them from the series row in SQL, so the tick
+    With each row's `ctid`, where fire_occurrences finds it again without an index lookup (a
+    locked row stays where it is until this transaction changes it). Without `variables`: fire_occurrences copies them from the series row in SQL, so the tick
     never decodes and re-encodes one JSON document per series."""
     result = conn.execute(_TAKE_DUE, {"now": now, "limit": limit})
     keys = tuple(result.keys())
@@ -73,10 +74,12 @@ _AT = "(timestamptz 'epoch' + {} * interval '1 microsecond')"
 
 
 class Advance(NamedTuple):
-    """Where one due series goes after this tick (state 'ended' when `ended`)."""
+    """Where one due series goes after this tick (state 'ended' when `ended`). `ctid`: where
+    take_due_series found the row (in its partition, when partitioned)."""
 
     user_id: str
     series_id: int
+    ctid: str
     next_n: int
     next_due_at: datetime | None
     ended: bool
@@ -107,10 +110,11 @@ _FIRE = f"""
     WITH adv AS (
         UPDATE series s SET next_n = x.next_n, next_due_at = {_AT.format("x.next_due_at")},
             state = CASE WHEN x.ended THEN 'ended' ELSE s.state END, updated_at = %(now)s
-        FROM unnest(CAST(%(users)s AS text[]), CAST(%(ids)s AS bigint[]), CAST(%(ns)s AS int[]),
-                    CAST(%(dues)s AS bigint[]), CAST(%(ended)s AS boolean[]))
-            AS x(user_id, series_id, next_n, next_due_at, ended)
-        WHERE s.user_id = x.user_id AND s.id = x.series_id AND s.state = 'active'
+        FROM unnest(CAST(%(ctids)s AS tid[]), CAST(%(users)s AS text[]), CAST(%(ids)s AS bigint[]),
+                    CAST(%(ns)s AS int[]), CAST(%(dues)s AS bigint[]), CAST(%(ended)s AS boolean[]))
+            AS x(ctid, user_id, series_id, next_n, next_due_at, ended)
+        WHERE s.ctid = x.ctid AND s.user_id = x.user_id AND s.id = x.series_id
+          AND s.state = 'active'
         RETURNING s.user_id, s.id, s.type_key, s.variables
     ), occ AS (
         SELECT * FROM json_to_recordset(CAST(%(occurrences)s AS json))
@@ -155,6 +159,7 @@ def fire_parameters(
 ) -> dict[str, Any]:
     """The parameters of `_FIRE` for these rows."""
     return {
+        "ctids": [a.ctid for a in advances],
         "users": [a.user_id for a in advances],
         "ids": [a.series_id for a in advances],
         "ns": [a.next_n for a in advances],

@@ -251,11 +251,15 @@ def _plan(
                 "series cannot be scheduled; ending it",
                 extra={"action": "series_failed", "series": (s["user_id"], s["id"])},
             )
-            advances.append(store.Advance(s["user_id"], s["id"], s["next_n"], None, True))
+            advances.append(
+                store.Advance(s["user_id"], s["id"], s["ctid"], s["next_n"], None, True)
+            )
             continue
         planned += [(s, occ) for occ in tick.occurrences]
         advances.append(
-            store.Advance(s["user_id"], s["id"], tick.next_n, tick.next_due_at, tick.ended)
+            store.Advance(
+                s["user_id"], s["id"], s["ctid"], tick.next_n, tick.next_due_at, tick.ended
+            )
         )
     return advances, planned
 
