@@ -33,6 +33,7 @@ here and stopped at the end if started here). A fresh database is created, migra
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -133,10 +134,17 @@ def insert_series(
     )
 
 
+def mixing_step(most: int) -> int:
+    """The step between due series, at most `most`: prime to 2, 3, 5 and 7, so that the due ones
+    take every zone, interval, type, policy and second of insert_series (which go by g modulo 3, 7,
+    8, 10 and 60); a step of 100 would make them all America/New_York and daily."""
+    return next((d for d in range(most, 1, -1) if math.gcd(d, 210) == 1), 1)
+
+
 def grow_to(
     url: str, have: int, target: int, *, due: int, stage1: int, now: datetime, chunk: int = 100_000
 ) -> None:
-    due_every = max(1, stage1 // due)
+    due_every = mixing_step(max(1, stage1 // due))
     due_upto = due_every * due
     eng = engine(url)
     with eng.connect() as conn:
@@ -237,7 +245,7 @@ def breakdown(url: str, *, now: datetime, limit: int) -> dict[str, tuple[float, 
     spent: dict[str, list] = {}
     targets = [
         (store, "take_due_series", "take_due_series (the due query)"),
-        (ledger, "recipients", "ledger.recipients (1 query)"),
+        (ledger, "recipient_calendars", "ledger.recipient_calendars (1 query)"),
         (tseries, "recipient_calendar", "recipient_calendar (per series)"),
         (tseries, "plan_tick", "plan_tick (per series, pure)"),
         (

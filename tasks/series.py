@@ -213,7 +213,7 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
     due = store.take_due_series(conn, now=now, limit=limit)
     if not due:
         return 0
-    recipients = ledger.recipients(conn, {r["user_id"] for r in due})
+    recipients = ledger.recipient_calendars(conn, {r["user_id"] for r in due})
     grace = timedelta(seconds=settings.get().series_grace)
     catalog = runtime.catalog()
     with store.pipelined(conn):
