@@ -320,7 +320,7 @@ def _occurrence(
         lane=ntype.lane if ntype else "activation",
         template_version=ntype.version if ntype else 0,
         state=state,
-        due_at=now if state == "pending" else occ.send_at if state == "deferred" else None,
+        due_at={"pending": now, "deferred": occ.send_at}.get(state),
         decision=None if occ.action == "send" else _decision(s, occ),
         locale=recipients[s["user_id"]]["locale"],
     )
