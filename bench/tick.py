@@ -5,21 +5,24 @@
 
 Series rows go straight into the `series` table (INSERT ... SELECT FROM generate_series), over 10,000
 recipients, in three stages (10 %, 30 % and 100 % of --series); the same --due series (spread through
-the first stage, zones, intervals and calendar policies mixed) are due at every stage, every other
-one is due between an hour and 30 days from now. After each stage: VACUUM ANALYZE series (what
-autovacuum would do after a bulk load), then, side by side at the same fixed `now`:
+the first stage; zones, intervals, types, calendar policies and recipients mixed, each due at its own
+second of the hour before now) are due at every stage, every other one is due between an hour and 30
+days from now. After each stage: VACUUM ANALYZE series (what autovacuum would do after a bulk load),
+then, side by side at the same fixed `now`:
 
   clarion   tasks.series.fire_due_series(limit=--due): take_due_series (the partial index series_due,
-            FOR UPDATE SKIP LOCKED) + recipients + plan_tick per series, then per 250 series one
-            statement that advances them and inserts their occurrence requests and decisions, sent
-            pipelined (PostgreSQL writes one batch while Python plans the next).
+            FOR UPDATE SKIP LOCKED) + their recipients' calendars and locales + plan_tick per
+            series, then per batch (50, 100, 200, then 400 series) one statement that advances them
+            (found by ctid) and inserts their occurrence requests and decisions, sent pipelined
+            (PostgreSQL writes one batch while Python plans the next).
   scan      what Celery's default and database schedulers do each tick: read every active series
             (the same columns), decide in Python which are due (next_due_at <= now, earliest first,
             at most --due), then the very same rest of fire_due_series for those (take_due_series
             is swapped for the scan; everything after it is clarion's code).
 
-Each tick runs in a transaction that is rolled back, so the same series stay due; --reps repetitions,
-median. Both paths must fire exactly --due series. At the largest stage the tick is also timed with
+Each tick runs in a transaction that is rolled back, so the same series stay due (and with the
+due-time memo emptied, as a real tick finds it for its due series); --reps repetitions, median.
+Both paths must fire exactly --due series. At the largest stage the tick is also timed with
 limit 100 / 300 / 1000 (it should grow with the number due), and taken apart by step, and EXPLAIN
 (ANALYZE, BUFFERS) of the due query is printed.
 
@@ -33,6 +36,7 @@ here and stopped at the end if started here). A fresh database is created, migra
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -61,6 +65,7 @@ from bench.common import say, start_services, table, with_database  # noqa: E402
 from db import ledger  # noqa: E402
 from db import series as store  # noqa: E402
 from db.engine import dispose_all, engine, migrate, one_off_engine  # noqa: E402
+from scheduling import recurrence  # noqa: E402
 
 RECIPIENTS = 10_000
 ZONES = [
@@ -104,8 +109,9 @@ def insert_recipients(conn, now: datetime) -> None:
 def insert_series(
     conn, first: int, last: int, *, due_every: int, due_upto: int, now: datetime
 ) -> None:
-    """Series first..last (1-based); g <= due_upto with g % due_every == 0 are due just before now,
-    the others between 1 hour and 30 days after it. Occurrence 0 is at next_due_at (anchor_local is
+    """Series first..last (1-based); g <= due_upto with g % due_every == 0 are due in the hour
+    before now (each at its own second: as many anchors as due series), the others between 1 hour
+    and 30 days after it. Occurrence 0 is at next_due_at (anchor_local is
     its wall time in the recipient's zone), so the tick's own arithmetic agrees with next_due_at."""
     conn.execute(
         text(
@@ -122,7 +128,7 @@ def insert_series(
                    ({sql_array(EVERY)})[1 + g % {len(EVERY)}] AS every,
                    ({sql_array(POLICIES)})[1 + (g / 7) % 3] AS policy,
                    CASE WHEN g <= {due_upto} AND g % {due_every} = 0
-                        THEN CAST(:now AS timestamptz) - make_interval(secs => 1 + g % 60)
+                        THEN CAST(:now AS timestamptz) - make_interval(secs => 1 + g % 3557)
                         ELSE CAST(:now AS timestamptz) + make_interval(secs => 3600 + (g::bigint * 7919) % 2592000)
                    END AS due
             FROM generate_series({first}, {last}) g
@@ -133,10 +139,17 @@ def insert_series(
     )
 
 
+def mixing_step(most: int) -> int:
+    """The step between due series, at most `most`: prime to 2, 3, 5 and 7, so that the due ones
+    take every zone, interval, type and policy of insert_series (which go by g modulo 3, 7, 8 and
+    10); a step of 100 would make them all America/New_York and daily."""
+    return next((d for d in range(most, 1, -1) if math.gcd(d, 210) == 1), 1)
+
+
 def grow_to(
     url: str, have: int, target: int, *, due: int, stage1: int, now: datetime, chunk: int = 100_000
 ) -> None:
-    due_every = max(1, stage1 // due)
+    due_every = mixing_step(max(1, stage1 // due))
     due_upto = due_every * due
     eng = engine(url)
     with eng.connect() as conn:
@@ -162,7 +175,7 @@ def grow_to(
 # --- the two ticks ----------------------------------------------------------------------------
 
 _SCAN = text(
-    "SELECT user_id, id, series_key, type_key, anchor_local, zone, every, max_count, until, calendar_policy, "
+    "SELECT CAST(ctid AS text) AS ctid, user_id, id, series_key, type_key, anchor_local, zone, every, max_count, until, calendar_policy, "
     "variables, next_n, next_due_at FROM series WHERE state = 'active'"
 )
 
@@ -183,7 +196,7 @@ def scan_due(stats: ScanStats):
         due, rows = [], 0
         for row in result:
             rows += 1
-            if row[12] <= now:  # next_due_at
+            if row[13] <= now:  # next_due_at
                 due.append(dict(zip(keys, row, strict=True)))
         due.sort(key=lambda r: r["next_due_at"])
         stats.rows, stats.seconds = rows, time.perf_counter() - t0
@@ -209,7 +222,11 @@ CPU: list[float | None] = []  # CPU seconds of each one_tick: this process + its
 def one_tick(
     url: str, *, now: datetime, limit: int, scan: ScanStats | None = None
 ) -> tuple[float, int]:
-    """One fire_due_series in a rolled-back transaction; (seconds, series fired)."""
+    """One fire_due_series in a rolled-back transaction; (seconds, series fired).
+
+    The due_at memo is emptied first: the same series are due at every repetition here, but a
+    real tick's due series were last planned a day or more ago, thousands of ticks back."""
+    recurrence.due_at.cache_clear()
     original = store.take_due_series
     if scan is not None:
         store.take_due_series = scan_due(scan)
@@ -237,7 +254,7 @@ def breakdown(url: str, *, now: datetime, limit: int) -> dict[str, tuple[float, 
     spent: dict[str, list] = {}
     targets = [
         (store, "take_due_series", "take_due_series (the due query)"),
-        (ledger, "recipients", "ledger.recipients (1 query)"),
+        (ledger, "recipient_calendars", "ledger.recipient_calendars (1 query)"),
         (tseries, "recipient_calendar", "recipient_calendar (per series)"),
         (tseries, "plan_tick", "plan_tick (per series, pure)"),
         (

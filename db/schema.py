@@ -30,7 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0015"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0016"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -105,7 +105,7 @@ requests = Table(
     Column("lane", Text, nullable=False),
     Column("template_version", Integer, nullable=False),
     Column("variables", JSONB, nullable=False),
-    # the recipient's locale at insert (trigger requests_pin_locale, migration 0015): pinned
+    # the recipient's locale at insert (trigger requests_pin_locale, migrations 0015-0016): pinned
     Column("locale", Text),
     Column("state", Text, nullable=False, server_default="pending"),
     _ts("due_at"),

@@ -87,7 +87,10 @@ def plan_tick(
     every = series_every(row)
     anchor, zone, first = row["anchor_local"], row["zone"], row["next_n"]
     cal = calendar if every.unit == "working_days" else None
-    last = first_due_after(anchor, zone, every, now, cal) - 1
+    if due_at(anchor, zone, every, first, cal) <= now < due_at(anchor, zone, every, first + 1, cal):
+        last = first  # the usual tick: one occurrence fell due since the last (due_at is cached)
+    else:
+        last = first_due_after(anchor, zone, every, now, cal) - 1
     if row.get("max_count") is not None:
         last = min(last, row["max_count"] - 1)
     until = row.get("until")
@@ -102,7 +105,7 @@ def plan_tick(
         for n in range(start, last + 1):
             due = due_at(anchor, zone, every, n, cal)
             if n == last and sendable:
-                occurrences.append(on_calendar(row, calendar, n))
+                occurrences.append(_on_calendar(row, calendar, every, n, due))
             else:
                 occurrences.append(
                     Occurrence(n, due, "missed", reason=_missed(row, due, now, grace))
@@ -176,9 +179,17 @@ def _span(delta: timedelta) -> str:
 def on_calendar(row: dict[str, Any], calendar: WorkCalendar, n: int) -> Occurrence:
     """What the series' calendar policy does with occurrence n (assumed sendable)."""
     every = series_every(row)
+    cal = calendar if every.unit == "working_days" else None
+    return _on_calendar(
+        row, calendar, every, n, due_at(row["anchor_local"], row["zone"], every, n, cal)
+    )
+
+
+def _on_calendar(
+    row: dict[str, Any], calendar: WorkCalendar, every: Every, n: int, due: datetime
+) -> Occurrence:
     anchor, zone, policy = row["anchor_local"], row["zone"], row["calendar_policy"]
     cal = calendar if every.unit == "working_days" else None
-    due = due_at(anchor, zone, every, n, cal)
     local = local_occurrence(anchor, every, n, cal)
     moved, reason = adjust(calendar, local, policy)
     if moved is None:

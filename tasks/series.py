@@ -5,7 +5,7 @@ Arming lives in tasks.arming (re-exported here)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -193,7 +193,10 @@ def tz_database_problem(conn: Connection) -> str | None:
     )
 
 
-FIRE_BATCH = 250  # due series per write: PostgreSQL writes one batch while the next is planned
+# Due series per write, pipelined: PostgreSQL writes one batch while the next is planned. The first
+# is small, so that PostgreSQL starts writing early; each next one is at most twice the last, which
+# still takes less time to plan than the last takes PostgreSQL to write (bench/tick.py).
+FIRST_BATCH, MAX_BATCH = 50, 400
 _STATES = {"send": "pending", "moved": "deferred"}  # the rest are recorded resolved ("routed")
 
 
@@ -201,26 +204,32 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
     """The tick step: record due occurrences as requests and advance each due series once.
 
     Fires nothing while this process's tz database differs from the deployment's (one error log
-    per tick): its due times would not be the ones every other worker computes. Three statements
-    whatever the number due (the due series, their recipients, then one write for all of them),
-    plus one when a merge must be checked against the ledger."""
+    per tick): its due times would not be the ones every other worker computes. A few statements
+    whatever the number due: the tz check, the due series, their recipients, then one write per
+    batch (see FIRST_BATCH), plus one per batch where a merge must be checked against the ledger."""
     if problem := tz_database_problem(conn):
         log.error(problem, extra={"action": "series_tz_database_mismatch"})
         return 0
     due = store.take_due_series(conn, now=now, limit=limit)
     if not due:
         return 0
-    recipients = ledger.recipients(conn, {r["user_id"] for r in due})
+    recipients = ledger.recipient_calendars(conn, {r["user_id"] for r in due})
     grace = timedelta(seconds=settings.get().series_grace)
     catalog = runtime.catalog()
     with store.pipelined(conn):
-        for start in range(0, len(due), FIRE_BATCH):
-            batch = due[start : start + FIRE_BATCH]
+        for batch in _batches(due):
             advances, planned = _plan(batch, recipients, now=now, grace=grace)
             planned = _confirm_merges(conn, planned)
-            occurrences = [_occurrence(catalog, s, occ, now) for s, occ in planned]
+            occurrences = [_occurrence(catalog, recipients, s, occ, now) for s, occ in planned]
             store.fire_occurrences(conn, advances, occurrences, now=now)
     return len(due)
+
+
+def _batches(due: list[T]) -> Iterator[list[T]]:
+    start, size = 0, FIRST_BATCH
+    while start < len(due):
+        yield due[start : start + size]
+        start, size = start + size, min(2 * size, MAX_BATCH)
 
 
 def _plan(
@@ -242,11 +251,15 @@ def _plan(
                 "series cannot be scheduled; ending it",
                 extra={"action": "series_failed", "series": (s["user_id"], s["id"])},
             )
-            advances.append(store.Advance(s["user_id"], s["id"], s["next_n"], None, True))
+            advances.append(
+                store.Advance(s["user_id"], s["id"], s["ctid"], s["next_n"], None, True)
+            )
             continue
         planned += [(s, occ) for occ in tick.occurrences]
         advances.append(
-            store.Advance(s["user_id"], s["id"], tick.next_n, tick.next_due_at, tick.ended)
+            store.Advance(
+                s["user_id"], s["id"], s["ctid"], tick.next_n, tick.next_due_at, tick.ended
+            )
         )
     return advances, planned
 
@@ -290,8 +303,14 @@ def _confirm_merges(
 
 
 def _occurrence(
-    catalog: Catalog, s: dict[str, Any], occ: Occurrence, now: datetime
+    catalog: Catalog,
+    recipients: dict[str, dict[str, Any]],
+    s: dict[str, Any],
+    occ: Occurrence,
+    now: datetime,
 ) -> store.NewOccurrence:
+    """The request to record for occurrence `occ` of series `s`, in its recipient's locale (read
+    with the recipients, so the requests_pin_locale trigger has nothing to do)."""
     ntype = catalog.get(s["type_key"])
     state = _STATES.get(occ.action, "routed")
     return store.NewOccurrence(
@@ -303,6 +322,7 @@ def _occurrence(
         state=state,
         due_at={"pending": now, "deferred": occ.send_at}.get(state),
         decision=None if occ.action == "send" else _decision(s, occ),
+        locale=recipients[s["user_id"]]["locale"],
     )
 
 

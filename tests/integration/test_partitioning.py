@@ -184,30 +184,9 @@ def test_the_ticks_queries_stay_per_partition(clarion_env):
         conn.execute(text("SET plan_cache_mode = force_generic_plan"))
         raw = conn.connection.dbapi_connection
         assert raw is not None
-        params = {
-            "users": ["u1"],
-            "ids": [1],
-            "ns": [1],
-            "dues": [store.micros(NOW + timedelta(days=1))],
-            "ended": [False],
-            "now": NOW,
-            **{
-                f"o_{k}": [None]
-                for k in [
-                    "users",
-                    "ids",
-                    "keys",
-                    "lanes",
-                    "versions",
-                    "states",
-                    "dues",
-                    "gates",
-                    "outcomes",
-                    "reasons",
-                    "details",
-                ]
-            },
-        }
+        advance = store.Advance("u1", 1, "(0,1)", 1, NOW + timedelta(days=1), False)
+        occurrence = store.NewOccurrence("u1", 1, "series:1:0", "activation", 1, "pending", NOW)
+        params = store.fire_parameters([advance], [occurrence], now=NOW)
         plan = "\n".join(r[0] for r in raw.execute("EXPLAIN " + store._FIRE, params))
         assert "Seq Scan on series" not in plan and "Seq Scan on requests" not in plan, plan
-        assert "series_p0_pkey" in plan or "Index Scan using series_p" in plan, plan
+        assert "Tid Scan on series_p0" in plan, plan  # where take_due_series found the row
