@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import logging
 import math
+import queue
 import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from celery import shared_task
@@ -168,7 +170,7 @@ class _Lanes:
     def _start(self) -> None:
         with self.cond:
             self.running += 1
-        threading.Thread(target=self._lane, name="clarion-send", daemon=True).start()
+        _threads().run(self._lane)
 
     def _wait(self) -> list[_Call] | None:
         """The calls past their deadline, now abandoned; None once every lane is done."""
@@ -401,6 +403,40 @@ def _send(
             batch.policy,
         )
     return 0
+
+
+class _Threads:
+    """A process's lane threads, kept between batches (starting a thread costs a round trip
+    through the scheduler). A new one starts whenever none is idle, so threads left waiting on
+    stalled calls never hold a batch up; at most `keep` wait idle."""
+
+    def __init__(self, keep: int = 16) -> None:
+        self.keep = keep
+        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
+        self._lock = threading.Lock()
+
+    def run(self, work: Callable[[], None]) -> None:
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            threading.Thread(
+                target=self._serve, args=(inbox,), name="clarion-send", daemon=True
+            ).start()
+        inbox.put(work)
+
+    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
+        while True:
+            inbox.get()()  # a lane: it catches what a row raises
+            with self._lock:
+                if len(self._idle) >= self.keep:
+                    return
+                self._idle.append(inbox)
+
+
+@runtime.per_process
+def _threads() -> _Threads:
+    return _Threads()
 
 
 def _settle_unknown_send(
