@@ -19,8 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-import urllib3
-
+from adapters import http1
 from adapters.base import Channel, Message, SendResult, clean_provider_id
 from adapters.ratelimit import Quota, RateLimits
 from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
@@ -108,18 +107,18 @@ def from_response(status: int, headers: Mapping[str, str], body: bytes) -> SendR
     raise PermanentSendError(f"http_{status}", detail)
 
 
-def error_for(exc: urllib3.exceptions.HTTPError) -> TransientSendError | UnknownSendError:
+def error_for(exc: http1.NotSent | http1.NoAnswer) -> TransientSendError | UnknownSendError:
     """A network error as an outcome: failed if the request cannot have left (no connection),
     unknown once it may have been written (a read timeout, a connection dropped mid-answer)."""
-    if isinstance(exc, urllib3.exceptions.ConnectTimeoutError):  # NewConnectionError is one too
+    if isinstance(exc, http1.NotSent):
         return TransientSendError("connection", str(exc)[:200])
     return UnknownSendError("no_answer", str(exc)[:200])
 
 
-def pool_manager() -> urllib3.PoolManager:
-    """Connections kept alive per receiving host (up to 8 each, one per sending thread), no
-    retries (a repeat is the ledger's decision, never the HTTP client's)."""
-    return urllib3.PoolManager(num_pools=16, maxsize=8, retries=False)
+def pool_manager() -> http1.Connections:
+    """Connections kept alive per receiving host (up to 8 idle each, one per sending thread);
+    the client never retries (a repeat is the ledger's decision) nor follows a redirect."""
+    return http1.Connections(keep=8)
 
 
 @dataclass(frozen=True)
@@ -152,7 +151,7 @@ class WebhookAdapter(Channel[WebhookRequest, WebhookResponse]):
         default_url: str | None = None,
         limits: RateLimits | None = None,
         quota: Quota | None = None,
-        http: urllib3.PoolManager | None = None,
+        http: http1.Connections | None = None,
     ) -> None:
         """`http`: the process's connection pool (tasks.runtime hands one in, so every send to
         a host reuses its kept-alive connections); by default one of its own."""
@@ -160,7 +159,7 @@ class WebhookAdapter(Channel[WebhookRequest, WebhookResponse]):
         self.default_url = default_url
         self.limits = limits
         self.quota = quota  # CLARION_WEBHOOK_RATE: per receiving host
-        self.timeout = urllib3.Timeout(total=timeout)
+        self.timeout = timeout  # seconds for the whole request: connect, write, answer
         self.pool = http or pool_manager()
 
     def to_request(self, message: Message) -> WebhookRequest:
@@ -175,22 +174,20 @@ class WebhookAdapter(Channel[WebhookRequest, WebhookResponse]):
     def budget(self, message: Message, request: WebhookRequest) -> tuple[Quota, str, int] | None:
         if self.quota is None:
             return None
-        return self.quota, urllib3.util.parse_url(request.url).host or request.url, 1
+        try:
+            host = http1.target(request.url).origin[1]
+        except ValueError:
+            host = request.url  # call() refuses it
+        return self.quota, host, 1
 
     def call(self, request: WebhookRequest) -> WebhookResponse:
         try:
-            response = self.pool.request(
-                "POST",
-                request.url,
-                body=request.body,
-                headers=request.headers,
-                timeout=self.timeout,
-            )
-        except urllib3.exceptions.LocationValueError as exc:
+            answer = self.pool.post(request.url, request.headers, request.body, self.timeout)
+        except ValueError as exc:
             raise PermanentSendError("bad_url", str(exc)) from exc
-        except urllib3.exceptions.HTTPError as exc:
+        except (http1.NotSent, http1.NoAnswer) as exc:
             raise error_for(exc) from exc
-        return WebhookResponse(response.status, response.headers, response.data)
+        return WebhookResponse(answer.status, answer.headers, answer.body)
 
     def from_response(self, message: Message, response: WebhookResponse) -> SendResult:
         return from_response(response.status, response.headers, response.body)

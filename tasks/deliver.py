@@ -13,10 +13,13 @@ claim behind, and its lease (PostgreSQL's clock) hands the row to the next worke
 from __future__ import annotations
 
 import logging
+import math
+import queue
+import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as CallTimeout
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from celery import shared_task
@@ -116,28 +119,131 @@ def _send_batch(users: list[str], ids: list[int], batch: Batch) -> int:
         )
     runtime.count("deliver_skipped_not_claimable", len(ids) - len(claimed) - len(exhausted))
     faults.hit("deliver.after_claim")
-    lanes = max(1, min(s.send_concurrency, len(claimed)))
+    if claimed:
+        _Lanes(claimed, batch, max(1, min(s.send_concurrency, len(claimed)))).run()
+    return len(claimed)
 
-    def run(share: list[ClaimedDelivery]) -> int:
-        # one auto-committing connection per sending thread: "sent" is durable once PostgreSQL answers
+
+class _Abandoned(BaseException):
+    """Raised on a lane whose send outlived its budget: the batch's thread settled the row, and
+    this thread drops whatever the call returned and stops (BaseException: nothing on the way
+    out may settle the row again)."""
+
+
+@dataclass(eq=False)
+class _Call:
+    """A provider call in flight on a lane, and the deadline the batch's thread holds it to."""
+
+    row: ClaimedDelivery
+    adapter: Adapter
+    budget: float
+    deadline: float  # time.monotonic()
+    abandoned: bool = False
+
+
+class _Lanes:
+    """A batch's sends on `lanes` threads. Each lane takes the next row and calls the provider on
+    its own thread (no hand-off per send); the batch's thread watches every call's deadline and,
+    once one passes, settles that row as unknown while its lease still covers it, and starts a
+    lane in place of the one left waiting (its call ends on its own timeouts, unheeded)."""
+
+    def __init__(self, rows: list[ClaimedDelivery], batch: Batch, lanes: int) -> None:
+        self.batch = batch
+        self.todo = deque(rows)
+        self.lanes = lanes
+        self.cond = threading.Condition()
+        self.calls: set[_Call] = set()
+        self.running = 0  # lanes still sending for this batch (not abandoned, not done)
+        self.watching = math.inf  # the deadline the batch's thread sleeps until
+
+    def run(self) -> None:
+        for _ in range(self.lanes):
+            self._start()
         db = RowConnection()
         try:
-            return sum(_deliver_one(db, row, batch) for row in share)
+            while (overdue := self._wait()) is not None:
+                for call in overdue:
+                    error = UnknownSendError(
+                        "deadline", f"no answer within the {call.budget:.1f} s send budget"
+                    )
+                    try:
+                        _settle_unknown_send(db, call.row, self.batch, call.adapter, error)
+                    except Exception:  # the database is down: the row is left to its lease
+                        log.exception(
+                            "delivery not settled",
+                            extra={"action": "deliver_unsettled", "delivery": call.row.key},
+                        )
+                    if self.todo:
+                        self._start()
         finally:
             db.close()
 
-    if lanes == 1:
-        return run(claimed)
-    # Sends wait on providers; a few threads overlap those waits.
-    with ThreadPoolExecutor(max_workers=lanes) as pool:
-        return sum(pool.map(run, [claimed[i::lanes] for i in range(lanes)]))
+    def _start(self) -> None:
+        with self.cond:
+            self.running += 1
+        _threads().run(self._lane)
+
+    def _wait(self) -> list[_Call] | None:
+        """The calls past their deadline, now abandoned; None once every lane is done."""
+        with self.cond:
+            while self.running:
+                now = time.monotonic()
+                overdue = [c for c in self.calls if c.deadline <= now]
+                if overdue:
+                    for call in overdue:
+                        call.abandoned = True
+                        self.calls.discard(call)
+                    self.running -= len(overdue)
+                    return overdue
+                self.watching = min((c.deadline for c in self.calls), default=math.inf)
+                self.cond.wait(None if self.watching == math.inf else self.watching - now)
+            return None
+
+    def _lane(self) -> None:
+        db = RowConnection()  # auto-committing: "sent" is durable once PostgreSQL answers
+        abandoned = False
+        try:
+            while (row := self._next()) is not None:
+                _deliver_one(db, row, self.batch, self)
+        except _Abandoned:
+            abandoned = True  # the batch's thread counted this lane out and settled its row
+        finally:
+            db.close()
+            if not abandoned:
+                with self.cond:
+                    self.running -= 1
+                    self.cond.notify_all()
+
+    def _next(self) -> ClaimedDelivery | None:
+        with self.cond:
+            return self.todo.popleft() if self.todo else None
+
+    def call(
+        self, adapter: Adapter, message: Message, row: ClaimedDelivery, budget: float
+    ) -> SendResult:
+        """adapter.send under a hard wall-clock budget, on this lane's thread. Past the budget
+        the batch's thread settles the row as unknown, and this raises _Abandoned when (if) the
+        call comes back."""
+        budget = max(0.1, budget)
+        call = _Call(row, adapter, budget, time.monotonic() + budget)
+        with self.cond:
+            self.calls.add(call)
+            if call.deadline < self.watching:  # else the watch wakes early enough already
+                self.cond.notify_all()
+        try:
+            return adapter.send(message)
+        finally:
+            with self.cond:
+                self.calls.discard(call)
+                if call.abandoned:
+                    raise _Abandoned  # what the call did no longer counts
 
 
-def _deliver_one(db: RowConnection, row: ClaimedDelivery, batch: Batch) -> int:
+def _deliver_one(db: RowConnection, row: ClaimedDelivery, batch: Batch, lanes: _Lanes) -> int:
     """One row, whatever happens: an error that cannot even be recorded (the database is down)
     leaves the row to its lease, and the thread goes on with the next."""
     try:
-        return _deliver_row(db, row, batch)
+        return _deliver_row(db, row, batch, lanes)
     except Exception:
         log.exception(
             "delivery not settled", extra={"action": "deliver_unsettled", "delivery": row.key}
@@ -145,7 +251,7 @@ def _deliver_one(db: RowConnection, row: ClaimedDelivery, batch: Batch) -> int:
         return 0
 
 
-def _deliver_row(db: RowConnection, row: ClaimedDelivery, batch: Batch) -> int:
+def _deliver_row(db: RowConnection, row: ClaimedDelivery, batch: Batch, lanes: _Lanes) -> int:
     try:
         adapter, message = _prepare(row, batch)
     except SendError as error:
@@ -169,6 +275,7 @@ def _deliver_row(db: RowConnection, row: ClaimedDelivery, batch: Batch) -> int:
         db,
         row,
         batch,
+        lanes,
         adapter,
         message,
         repeat_possible=row.maybe_sent_at is not None and not checked,
@@ -270,6 +377,7 @@ def _send(
     db: RowConnection,
     row: ClaimedDelivery,
     batch: Batch,
+    lanes: _Lanes,
     adapter: Adapter,
     message: Message,
     *,
@@ -281,14 +389,13 @@ def _send(
         return 0
     deadline = lease.ends - 1.0
     try:
-        result = _call(adapter, message, min(batch.budget, lease.left() - MARGIN))
+        result = lanes.call(adapter, message, row, min(batch.budget, lease.left() - MARGIN))
         faults.hit("deliver.after_send")
         return _record_sent(
             db, row, batch, result, deadline=deadline, repeat_possible=repeat_possible
         )
     except UnknownSendError as error:
-        sendrate.note(row.channel, "unknown")
-        settle_unknown(db, row, batch.token, error, adapter, batch.policy)
+        _settle_unknown_send(db, row, batch, adapter, error)
     except SendError as error:
         if not isinstance(error, DeferredSendError):  # a full budget is not a failing provider
             sendrate.note(row.channel, "failed")
@@ -309,23 +416,45 @@ def _send(
     return 0
 
 
+class _Threads:
+    """A process's lane threads, kept between batches (starting a thread costs a round trip
+    through the scheduler). A new one starts whenever none is idle, so threads left waiting on
+    stalled calls never hold a batch up; at most `keep` wait idle."""
+
+    def __init__(self, keep: int = 16) -> None:
+        self.keep = keep
+        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
+        self._lock = threading.Lock()
+
+    def run(self, work: Callable[[], None]) -> None:
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            threading.Thread(
+                target=self._serve, args=(inbox,), name="clarion-send", daemon=True
+            ).start()
+        inbox.put(work)
+
+    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
+        while True:
+            inbox.get()()  # a lane: it catches what a row raises
+            with self._lock:
+                if len(self._idle) >= self.keep:
+                    return
+                self._idle.append(inbox)
+
+
 @runtime.per_process
-def _calls() -> ThreadPoolExecutor:
-    """The threads provider calls run on, so a call past its budget can be left behind."""
-    return ThreadPoolExecutor(max_workers=64, thread_name_prefix="clarion-send")
+def _threads() -> _Threads:
+    return _Threads()
 
 
-def _call(adapter: Adapter, message: Message, budget: float) -> SendResult:
-    """adapter.send under a hard wall-clock budget: past it, the outcome is unknown and the row is
-    settled while the lease still covers it (the straggling call ends on its own timeouts)."""
-    pool = _calls()
-    future = pool.submit(adapter.send, message)
-    try:
-        return future.result(timeout=max(0.1, budget))
-    except CallTimeout:
-        raise UnknownSendError(
-            "deadline", f"no answer within the {budget:.1f} s send budget"
-        ) from None
+def _settle_unknown_send(
+    db: RowConnection, row: ClaimedDelivery, batch: Batch, adapter: Adapter, error: SendError
+) -> None:
+    sendrate.note(row.channel, "unknown")
+    settle_unknown(db, row, batch.token, error, adapter, batch.policy)
 
 
 def _record_sent(

@@ -146,25 +146,24 @@ class SentGroup:
 
     def _write(self, group: list[Sent], deadline: Callable[[], float]) -> set | None:
         """mark_sent_many and the repeat incidents of the rows it recorded, in one transaction
-        (a kill between the two must not leave a repeat without its incident), retried on a fresh
+        (a kill between the two must not leave a repeat without its incident; a group that owes
+        none is one auto-committed statement on the group's connection), retried on a fresh
         connection while the leases last (a database restart must not turn a send into a
         resend). None: given up; the rows are left to their leases, and the next attempt knows
         this one reached the provider."""
         marks = [s.mark() for s in group]
+        owed = [(s, incident) for s in group if (incident := _repeat_incident(s)) is not None]
         pause = 0.1
         while True:
             try:
+                if not owed:
+                    return self._db.run(lambda c: claims.mark_sent_many(c, marks, token=self.token))
                 with engine().begin() as conn:
                     won = claims.mark_sent_many(conn, marks, token=self.token)
-                    for sent in group:
-                        incident = _repeat_incident(sent)
-                        if incident is not None and sent.row.key in won:
+                    for sent, (kind, detail) in owed:
+                        if sent.row.key in won:
                             ledger.record_incident(
-                                conn,
-                                sent.row.key,
-                                kind=incident[0],
-                                detail=incident[1],
-                                now=sent.at,
+                                conn, sent.row.key, kind=kind, detail=detail, now=sent.at
                             )
                     return won
             except DBAPIError:

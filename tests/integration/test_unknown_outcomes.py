@@ -11,6 +11,7 @@ answers 500). Counted at the server, not in clarion's tables:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -187,3 +188,23 @@ def test_an_operator_redrives_a_held_unknown_send_under_the_same_row(servers):
         assert redrive.requeue(conn, [key], states=("unknown",), now=clock.now()) == {key}
     assert deliver([key[0]], [key[1]]) == 1  # the operator's choice: sent again, not held again
     assert len(connector.sent) == 2 and _row(key)["state"] == "sent"
+
+
+def test_a_stalled_send_holds_neither_its_row_nor_the_rest_of_its_batch(servers, monkeypatch):
+    """One lane, three rows, the first answer 3 s late against a 1 s budget: that row is settled
+    as unknown at its deadline, a new lane takes the other two, and the batch ends well before the
+    late answer comes back (the stalled call is left behind, its answer unheeded)."""
+    receiver, _, _ = servers
+    configure(monkeypatch, webhook_timeout=30, send_timeout=1, send_concurrency=1)
+    receiver.arrivals.losses.next("late", delay=3)
+    requests = [notify("u1", "receipt_webhook", event_id=f"e{i}") for i in range(3)]
+    assert route(["u1"] * 3, [r.request_id for r in requests]) == 3
+    drain("transactional")
+    ids = [r["id"] for r in rows("SELECT id FROM deliveries ORDER BY id")]
+    started = time.monotonic()
+    assert deliver(["u1"] * 3, ids) == 2
+    assert time.monotonic() - started < 2.5
+    states = rows("SELECT state, last_error FROM deliveries ORDER BY id")
+    assert states[0]["state"] == "pending" and states[0]["last_error"].startswith("deadline")
+    assert [s["state"] for s in states[1:]] == ["sent", "sent"]
+    assert receiver.arrivals.unique == 3
