@@ -120,19 +120,19 @@ def _send_batch(users: list[str], ids: list[int], batch: Batch) -> int:
     runtime.count("deliver_skipped_not_claimable", len(ids) - len(claimed) - len(exhausted))
     faults.hit("deliver.after_claim")
     if claimed:
-        _Lanes(claimed, batch, max(1, min(s.send_concurrency, len(claimed)))).run()
+        _Senders(claimed, batch, max(1, min(s.send_concurrency, len(claimed)))).run()
     return len(claimed)
 
 
 class _Abandoned(BaseException):
-    """Raised on a lane whose send outlived its budget: the batch's thread settled the row, and
+    """Raised on a sender whose send outlived its budget: the batch's thread settled the row, and
     this thread drops whatever the call returned and stops (BaseException: nothing on the way
     out may settle the row again)."""
 
 
 @dataclass(eq=False)
 class _Call:
-    """A provider call in flight on a lane, and the deadline the batch's thread holds it to."""
+    """A provider call in flight on a sender, and the deadline the batch's thread holds it to."""
 
     row: ClaimedDelivery
     adapter: Adapter
@@ -141,23 +141,23 @@ class _Call:
     abandoned: bool = False
 
 
-class _Lanes:
-    """A batch's sends on `lanes` threads. Each lane takes the next row and calls the provider on
+class _Senders:
+    """A batch's sends on `senders` threads. Each sender takes the next row and calls the provider on
     its own thread (no hand-off per send); the batch's thread watches every call's deadline and,
     once one passes, settles that row as unknown while its lease still covers it, and starts a
-    lane in place of the one left waiting (its call ends on its own timeouts, unheeded)."""
+    sender in place of the one left waiting (its call ends on its own timeouts, unheeded)."""
 
-    def __init__(self, rows: list[ClaimedDelivery], batch: Batch, lanes: int) -> None:
+    def __init__(self, rows: list[ClaimedDelivery], batch: Batch, senders: int) -> None:
         self.batch = batch
         self.todo = deque(rows)
-        self.lanes = lanes
+        self.senders = senders
         self.cond = threading.Condition()
         self.calls: set[_Call] = set()
-        self.running = 0  # lanes still sending for this batch (not abandoned, not done)
+        self.running = 0  # senders still sending for this batch (not abandoned, not done)
         self.watching = math.inf  # the deadline the batch's thread sleeps until
 
     def run(self) -> None:
-        for _ in range(self.lanes):
+        for _ in range(self.senders):
             self._start()
         db = RowConnection()
         try:
@@ -181,10 +181,10 @@ class _Lanes:
     def _start(self) -> None:
         with self.cond:
             self.running += 1
-        _threads().run(self._lane)
+        _threads().run(self._sender)
 
     def _wait(self) -> list[_Call] | None:
-        """The calls past their deadline, now abandoned; None once every lane is done."""
+        """The calls past their deadline, now abandoned; None once every sender is done."""
         with self.cond:
             while self.running:
                 now = time.monotonic()
@@ -199,14 +199,14 @@ class _Lanes:
                 self.cond.wait(None if self.watching == math.inf else self.watching - now)
             return None
 
-    def _lane(self) -> None:
+    def _sender(self) -> None:
         db = RowConnection()  # auto-committing: "sent" is durable once PostgreSQL answers
         abandoned = False
         try:
             while (row := self._next()) is not None:
                 _deliver_one(db, row, self.batch, self)
         except _Abandoned:
-            abandoned = True  # the batch's thread counted this lane out and settled its row
+            abandoned = True  # the batch's thread counted this sender out and settled its row
         finally:
             db.close()
             if not abandoned:
@@ -221,7 +221,7 @@ class _Lanes:
     def call(
         self, adapter: Adapter, message: Message, row: ClaimedDelivery, budget: float
     ) -> SendResult:
-        """adapter.send under a hard wall-clock budget, on this lane's thread. Past the budget
+        """adapter.send under a hard wall-clock budget, on this sender's thread. Past the budget
         the batch's thread settles the row as unknown, and this raises _Abandoned when (if) the
         call comes back."""
         budget = max(0.1, budget)
@@ -239,11 +239,11 @@ class _Lanes:
                     raise _Abandoned  # what the call did no longer counts
 
 
-def _deliver_one(db: RowConnection, row: ClaimedDelivery, batch: Batch, lanes: _Lanes) -> int:
+def _deliver_one(db: RowConnection, row: ClaimedDelivery, batch: Batch, senders: _Senders) -> int:
     """One row, whatever happens: an error that cannot even be recorded (the database is down)
     leaves the row to its lease, and the thread goes on with the next."""
     try:
-        return _deliver_row(db, row, batch, lanes)
+        return _deliver_row(db, row, batch, senders)
     except Exception:
         log.exception(
             "delivery not settled", extra={"action": "deliver_unsettled", "delivery": row.key}
@@ -251,7 +251,7 @@ def _deliver_one(db: RowConnection, row: ClaimedDelivery, batch: Batch, lanes: _
         return 0
 
 
-def _deliver_row(db: RowConnection, row: ClaimedDelivery, batch: Batch, lanes: _Lanes) -> int:
+def _deliver_row(db: RowConnection, row: ClaimedDelivery, batch: Batch, senders: _Senders) -> int:
     try:
         adapter, message = _prepare(row, batch)
     except SendError as error:
@@ -275,7 +275,7 @@ def _deliver_row(db: RowConnection, row: ClaimedDelivery, batch: Batch, lanes: _
         db,
         row,
         batch,
-        lanes,
+        senders,
         adapter,
         message,
         repeat_possible=row.maybe_sent_at is not None and not checked,
@@ -377,7 +377,7 @@ def _send(
     db: RowConnection,
     row: ClaimedDelivery,
     batch: Batch,
-    lanes: _Lanes,
+    senders: _Senders,
     adapter: Adapter,
     message: Message,
     *,
@@ -389,7 +389,7 @@ def _send(
         return 0
     deadline = lease.ends - 1.0
     try:
-        result = lanes.call(adapter, message, row, min(batch.budget, lease.left() - MARGIN))
+        result = senders.call(adapter, message, row, min(batch.budget, lease.left() - MARGIN))
         faults.hit("deliver.after_send")
         return _record_sent(
             db, row, batch, result, deadline=deadline, repeat_possible=repeat_possible
@@ -417,7 +417,7 @@ def _send(
 
 
 class _Threads:
-    """A process's lane threads, kept between batches (starting a thread costs a round trip
+    """A process's sender threads, kept between batches (starting a thread costs a round trip
     through the scheduler). A new one starts whenever none is idle, so threads left waiting on
     stalled calls never hold a batch up; at most `keep` wait idle."""
 
@@ -438,7 +438,7 @@ class _Threads:
 
     def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
         while True:
-            inbox.get()()  # a lane: it catches what a row raises
+            inbox.get()()  # a sender: it catches what a row raises
             with self._lock:
                 if len(self._idle) >= self.keep:
                     return
