@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, make_url, text
@@ -17,8 +18,10 @@ from db.schema import SCHEMA_REVISION
 _engines: dict[tuple[int, str], Engine] = {}
 
 
+@lru_cache(maxsize=64)
 def normalise_url(url: str) -> str:
-    """Accept postgresql:// and postgres:// URLs; always drive them with psycopg 3."""
+    """Accept postgresql:// and postgres:// URLs; always drive them with psycopg 3. (Cached: every
+    statement's engine() call asks, and parsing a URL costs more than the lookup.)"""
     parsed = make_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")

@@ -12,6 +12,13 @@ ROUTE = "clarion.route"
 DELIVER = "clarion.deliver"
 
 
+def _describe(chunk: list[tuple[str, int]]) -> str:
+    """A batch as Flower lists it: its size and first key."""
+    user, id_ = chunk[0]
+    more = f" and {len(chunk) - 1} more" if len(chunk) > 1 else ""
+    return f"[{user!r} #{id_}{more}]"[:200]
+
+
 def publish(task: str, rows: Iterable[tuple[str, int, str]], *, fail_fast: bool = False) -> int:
     """Publish `task` for (user_id, id, lane) rows, in batches per lane; returns messages sent.
 
@@ -40,6 +47,10 @@ def publish(task: str, rows: Iterable[tuple[str, int, str]], *, fail_fast: bool 
                     args=[[k[0] for k in chunk], [k[1] for k in chunk]],
                     queue=lane,
                     producer=producer,
+                    # what Flower and the logs show; Celery's own repr of 200 keys costs as much
+                    # as the rest of the publish
+                    argsrepr=_describe(chunk),
+                    kwargsrepr="{}",
                     **options,
                 )
                 sent += 1

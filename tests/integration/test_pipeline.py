@@ -755,3 +755,23 @@ def test_a_webhook_send_inside_its_claims_lease_writes_nothing_before_the_send(a
         configure(monkeypatch, webhook_url=endpoint.url)
         assert _deliver(key) == 1
     assert seen == [None]
+
+
+def test_a_published_batch_is_described_in_a_few_words(ann):
+    """Flower and the logs show a batch by its size and first key (Celery's own repr of every key
+    cost as much as the rest of the publish)."""
+    import kombu
+
+    made = notify_many(
+        [dict(user_id=ann, type_key="receipt", event_id=f"d{i}", variables=ORDER) for i in range(3)]
+    )
+    with kombu.Connection(settings.get().urls()[2]) as conn:
+        waiting = conn.SimpleQueue(LANE)
+        try:
+            message = waiting.get(block=False)
+            headers = message.headers
+            message.ack()
+        finally:
+            waiting.close()
+    assert headers["task"] == ROUTE
+    assert headers["argsrepr"] == f"['ann' #{made[0].request_id} and 2 more]"
