@@ -4,11 +4,13 @@ no redirects, and where a failure counts as "not sent" or "no answer"."""
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
+import trustme
 
 from adapters import http1
 
@@ -18,8 +20,9 @@ Script = Callable[[socket.socket, bytes], None]  # the connection, and the reque
 class Server:
     """Accepts connections; answers each request on them with `script` (the same for all)."""
 
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, tls: ssl.SSLContext | None = None) -> None:
         self.script = script
+        self.tls = tls
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.connections = 0
         self.requests: list[bytes] = []
@@ -27,7 +30,8 @@ class Server:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/hook?x=1"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.listener.getsockname()[1]}/hook?x=1"
 
     def _accept(self) -> None:
         while True:
@@ -40,6 +44,12 @@ class Server:
 
     def _serve(self, conn: socket.socket) -> None:
         buf = b""
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except OSError:  # the client refused our certificate: nothing more to read
+                conn.close()
+                return
         with conn:
             while True:
                 while b"\r\n\r\n" not in buf:
@@ -63,8 +73,8 @@ class Server:
 def serve() -> Iterator[Callable[[Script], Server]]:
     servers: list[Server] = []
 
-    def start(script: Script) -> Server:
-        servers.append(Server(script))
+    def start(script: Script, tls: ssl.SSLContext | None = None) -> Server:
+        servers.append(Server(script, tls))
         return servers[-1]
 
     yield start
@@ -212,3 +222,44 @@ def test_the_request_target_is_escaped_and_the_host_kept() -> None:
     where = http1.target("https://user@bücher.example:8443/ä/b?q=ü")
     assert where.origin == ("https", "xn--bcher-kva.example", 8443)
     assert where.head == "POST /%C3%A4/b?q=%C3%BC HTTP/1.1\r\nHost: xn--bcher-kva.example:8443\r\n"
+
+
+# --- TLS: a local CA (trustme), a server certificate for 127.0.0.1 -----------------------------
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+def _server_tls(ca: trustme.CA, *names: str) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(*names).configure_cert(context)
+    return context
+
+
+def _trusting(ca: trustme.CA) -> ssl.SSLContext:
+    context = ssl.create_default_context()  # what the client uses, with the test CA added
+    ca.configure_trust(context)
+    return context
+
+
+def test_https_is_verified_and_kept_alive(serve, ca) -> None:
+    server = serve(answer(OK), _server_tls(ca, "127.0.0.1"))
+    pool = http1.Connections(tls=_trusting(ca))
+    assert [post(server.url, pool=pool).status for _ in range(3)] == [200, 200, 200]
+    assert server.connections == 1 and len(server.requests) == 3
+
+
+def test_a_certificate_nobody_vouches_for_is_not_sent_to(serve, ca) -> None:
+    server = serve(answer(OK), _server_tls(ca, "127.0.0.1"))
+    with pytest.raises(http1.NotSent, match="CERTIFICATE_VERIFY_FAILED"):
+        post(server.url)  # the default context: the system's CAs, not the test's
+    assert server.requests == []
+
+
+def test_a_certificate_for_another_host_is_not_sent_to(serve, ca) -> None:
+    server = serve(answer(OK), _server_tls(ca, "hooks.example.com"))
+    with pytest.raises(http1.NotSent, match="IP address mismatch|doesn't match|hostname"):
+        post(server.url, pool=http1.Connections(tls=_trusting(ca)))
+    assert server.requests == []
