@@ -17,7 +17,7 @@ from jinja2.exceptions import SecurityError, TemplateAssertionError, UndefinedEr
 from catalog import locales as _locales
 from catalog.digest import DIGEST_VARIABLES, DigestSpec, parse_digest
 from catalog.escalation import Escalation, check_escalations, parse_escalation
-from catalog.sandbox import Sample
+from catalog.sandbox import Sample, compile_template
 from catalog.sandbox import env as _env
 from catalog.sandbox import render as _render
 
@@ -239,11 +239,16 @@ class NotificationType:
         """Render every field of the pinned version for `channel` in the sandbox, in the
         recipient's `locale` through its fallback chain (None: the catalog's default locale)."""
         template = self.templates[version]
+        key = (id(template), channel, locale, self.default_locale)
+        plan = _plans.get(key)
+        if plan is None or plan[0] is not template:  # (an id reused after a catalog reload)
+            fields = template.sources(channel, locale, self.default_locale).items()
+            plan = _plans[key] = (
+                template,
+                tuple((n, _compiled(self.key, version, channel, n, src)) for n, src in fields),
+            )
         context = {**self.defaults, **variables}
-        return {
-            name: _render(_compiled(self.key, version, channel, name, source), context)
-            for name, source in template.sources(channel, locale, self.default_locale).items()
-        }
+        return {name: _render(compiled, context) for name, compiled in plan[1]}
 
     def locale_for(self, version: int, locale: str | None) -> str:
         """The locale version `version` renders in for a recipient whose locale is `locale`."""
@@ -262,12 +267,15 @@ class NotificationType:
 
 
 _compiled_cache: dict[tuple, Any] = {}
+# (template, channel, locale, default) -> the template and its compiled fields in that locale: the
+# fallback chain is worked out once per recipient locale, not once per delivery
+_plans: dict[tuple, tuple[Template, tuple[tuple[str, Any], ...]]] = {}
 
 
 def _compiled(type_key: str, version: int, channel: str, name: str, source: str):
     key = (type_key, version, channel, name, source)
     if key not in _compiled_cache:
-        _compiled_cache[key] = _env.from_string(source)
+        _compiled_cache[key] = compile_template(source)
     return _compiled_cache[key]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import weakref
 from collections.abc import Callable
 from functools import update_wrapper
 from pathlib import Path
@@ -28,22 +29,37 @@ T = TypeVar("T")
 
 
 class PerProcess(Generic[T]):
-    """`factory()` cached per process id, so a forked child builds its own; cache_clear() forgets."""
+    """`factory()` cached for this process: a forked child (a prefork pool process) forgets what
+    its parent built, through os.register_at_fork, so each call is one attribute read rather than
+    a getpid() system call. cache_clear() forgets too."""
 
     def __init__(self, factory: Callable[[], T]) -> None:
         self._factory = factory
-        self._cache: dict[int, T] = {}
+        self._value: T | None = None
+        self._built = False
         update_wrapper(self, factory)
+        _CACHES.add(self)
 
     def __call__(self) -> T:
-        pid = os.getpid()
-        if pid not in self._cache:
-            self._cache.clear()
-            self._cache[pid] = self._factory()
-        return self._cache[pid]
+        if not self._built:
+            self._value = self._factory()
+            self._built = True
+        return self._value  # type: ignore[return-value]
 
     def cache_clear(self) -> None:
-        self._cache.clear()
+        self._built = False
+        self._value = None
+
+
+_CACHES: weakref.WeakSet[PerProcess] = weakref.WeakSet()
+
+
+def _forget_after_fork() -> None:
+    for cached in list(_CACHES):
+        cached.cache_clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def per_process(factory: Callable[[], T]) -> PerProcess[T]:
