@@ -106,13 +106,37 @@ class LedgerCollector:
             "Age of the oldest row due for work, per kind and lane (stuck work)",
             labels=["kind", "lane"],
         )
+        windows = GaugeMetricFamily(
+            "clarion_digest_windows",
+            "Digest windows not closed yet, per digest type and state (open, full)",
+            labels=["digest_type", "state"],
+        )
+        buffered = GaugeMetricFamily(
+            "clarion_digest_items",
+            "Items buffered in digest windows not closed yet, per digest type",
+            labels=["digest_type"],
+        )
+        chains = GaugeMetricFamily(
+            "clarion_escalations_waiting",
+            "Escalation chains waiting on a timer, per type and the step it is for",
+            labels=["type", "step"],
+        )
         with engine().connect() as conn:
             for lane, channel, state, n in reports.open_deliveries(conn):
                 states.add_metric([lane, channel, state], n)
             for kind, lane, age in reports.oldest_due(conn, clock.now()):
                 oldest.add_metric([kind, lane], age)
-        yield states
-        yield oldest
+            items: dict[str, float] = {}
+            for digest_type, state, n, count, _ in reports.digest_counts(conn):
+                if state != "closed":
+                    windows.add_metric([digest_type, state], n)
+                    items[digest_type] = items.get(digest_type, 0) + count
+            for digest_type, count in items.items():
+                buffered.add_metric([digest_type], count)
+            for type_key, state, step, n, _ in reports.escalation_counts(conn):
+                if state == "waiting":
+                    chains.add_metric([type_key, str(step)], n)
+        yield from (states, oldest, windows, buffered, chains)
         depth = GaugeMetricFamily(
             "clarion_queue_depth", "Messages waiting in each broker queue", labels=["queue"]
         )

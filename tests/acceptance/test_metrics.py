@@ -144,3 +144,34 @@ def test_the_grafana_dashboard_only_charts_metrics_clarion_exports(clarion_env):
         for suffix in ("_total", "_bucket", "_count", "_sum")
     } | {family.name for family in metrics.LedgerCollector().collect()}
     assert used and used <= declared, used - declared
+
+
+def test_digest_windows_and_waiting_escalations_are_gauges(clarion_env):
+    from sqlalchemy import text
+
+    from db.engine import engine
+    from tasks import notify
+
+    register_recipient("ann", timezone="UTC")
+    request = notify("ann", "receipt", event_id="e1", variables={"order": "A-1"})
+    digest = (
+        "INSERT INTO digests (user_id, digest_type, digest_key, state, opened_at, due_at,"
+        " max_items, count, items) VALUES ('ann', 'replies', :key, :state, now(), now(), 50,"
+        " :count, '[]')"
+    )
+    with engine().begin() as conn:
+        for key, state, count in (("a", "open", 3), ("b", "full", 50), ("c", "closed", 7)):
+            conn.execute(text(digest), {"key": key, "state": state, "count": count})
+        conn.execute(
+            text(
+                "INSERT INTO escalations (user_id, request_id, type_key, steps, next_step, due_at,"
+                " created_at, updated_at) VALUES ('ann', :r, 'page', '[]', 2, now(), now(), now())"
+            ),
+            {"r": request.request_id},
+        )
+    samples = scrape()
+    assert value(samples, "clarion_digest_windows", digest_type="replies", state="open") == 1
+    assert value(samples, "clarion_digest_windows", digest_type="replies", state="full") == 1
+    assert value(samples, "clarion_digest_windows", state="closed") == 0  # closed ones are not open
+    assert value(samples, "clarion_digest_items", digest_type="replies") == 53
+    assert value(samples, "clarion_escalations_waiting", type="page", step="2") == 1
