@@ -84,8 +84,9 @@ class Settings:
         default=10.0, metadata=positive()
     )  # longest a send's "sent" record waits for its group's statement
     activation_per_second: float | None = field(
-        default=None, metadata=positive()
-    )  # activation-lane sends per second, all workers together (tasks/lanes.py); unset: no cap
+        default=None, metadata=at_least(1)
+    )  # activation-lane requests routed per second, all workers (tasks/lanes.py); unset: no cap
+    # (at least 1: a route batch of CLARION_BATCH_SIZE must finish well inside the visibility timeout)
     webhook_url: str | None = None  # default endpoint for webhook types without config.webhook.url
     webhook_secret: str = DEV_WEBHOOK_SECRET
     webhook_timeout: float = field(default=10.0, metadata=positive())

@@ -30,6 +30,7 @@ from clarion.settings import EMBEDDED_FILE, Settings, from_env, read_embedded
         ({"CLARION_FAULTS_DIR": "/tmp/f"}, "faults_dir", Path("/tmp/f")),
         ({"CLARION_PARTITIONS": "4"}, "partitions", 4),
         ({"CLARION_RETENTION_DAYS": "30"}, "retention_days", 30),
+        ({"CLARION_ACTIVATION_PER_SECOND": "300"}, "activation_per_second", 300.0),
         (
             {"CLARION_DATABASE_URL": "postgresql://x/y", "CLARION_WEBHOOK_SECRET": "s3"},
             "database_url",
@@ -211,6 +212,8 @@ def test_stale_or_broken_embedded_file_means_no_services(
         ("CLARION_SERIES_GRACE", "0"),
         ("CLARION_VARIABLES_MAX_DEPTH", "0"),
         ("CLARION_VARIABLES_MAX_BYTES", "1"),
+        ("CLARION_ACTIVATION_PER_SECOND", "0.5"),
+        ("CLARION_ACTIVATION_PER_SECOND", "inf"),
     ],
 )
 def test_out_of_range_values_are_refused(name: str, raw: str) -> None:
