@@ -67,6 +67,7 @@ class SentGroup:
         self._oldest = 0.0
         self._added = 0  # sends handed to add()
         self._done = 0  # of those, the ones whose flush has finished
+        self._waiting = 0  # senders in add() waiting for a flush
         self._closed = False
         self._thread: threading.Thread | None = None
         self._db = RowConnection()
@@ -89,8 +90,12 @@ class SentGroup:
                 return
             self._cond.notify_all()
             mine = self._added
-            while self._done < mine and self._thread.is_alive():
-                self._cond.wait(1.0)
+            self._waiting += 1
+            try:
+                while self._done < mine and self._thread.is_alive():
+                    self._cond.wait(1.0)
+            finally:
+                self._waiting -= 1
 
     def _unrecorded(self) -> int:
         """Accepted sends not yet through a flush: pending, and the group being written."""
@@ -115,7 +120,8 @@ class SentGroup:
                 log.exception("sent records lost", extra={"action": "deliver_unsettled"})
             with self._cond:
                 self._done += len(group)
-                self._cond.notify_all()
+                if self._waiting:  # a sender held back by the bound (waking none costs nothing)
+                    self._cond.notify_all()
 
     def _next(self) -> list[Sent] | None:
         """Wait until the group is due (full, old enough, or the batch ended); None: done."""
