@@ -20,7 +20,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from celery import shared_task
 
@@ -120,8 +120,47 @@ def _send_batch(users: list[str], ids: list[int], batch: Batch) -> int:
     runtime.count("deliver_skipped_not_claimable", len(ids) - len(claimed) - len(exhausted))
     faults.hit("deliver.after_claim")
     if claimed:
-        _Senders(claimed, batch, max(1, min(s.send_concurrency, len(claimed)))).run()
+        wanted = max(_pace(c).senders(s.send_concurrency) for c in {r.channel for r in claimed})
+        _Senders(claimed, batch, max(1, min(wanted, len(claimed))), s.send_concurrency).run()
     return len(claimed)
+
+
+class _Pace:
+    """How one channel's rows go in this process (moving averages): the wall time a row takes on
+    a sender, and how much of it is waiting for the provider's answer. A batch starts as many
+    senders as keep one busy while the others wait (Little's law): one or two for a provider
+    that answers in a fraction of a millisecond, where more would only contend for the GIL; up
+    to CLARION_SEND_CONCURRENCY for one that takes a hundred. The first batch uses them all."""
+
+    ALPHA = 0.05
+
+    def __init__(self) -> None:
+        self.row: float | None = None
+        self.wait = 0.0
+
+    def note(self, row: float, wait: float) -> None:
+        if self.row is None:
+            self.row, self.wait = row, wait
+        else:
+            self.row += self.ALPHA * (row - self.row)
+            self.wait += self.ALPHA * (wait - self.wait)
+
+    def senders(self, limit: int) -> int:
+        if self.row is None:
+            return limit
+        work = max(self.row - self.wait, self.row * 0.01, 1e-6)
+        return max(1, min(limit, math.ceil(self.row / work)))
+
+
+_paces: dict[str, _Pace] = {}
+_waited = threading.local()  # per sender thread: seconds the current row waited on its provider
+
+
+def _pace(channel: str) -> _Pace:
+    pace = _paces.get(channel)
+    if pace is None:
+        pace = _paces.setdefault(channel, _Pace())
+    return pace
 
 
 class _Abandoned(BaseException):
@@ -139,6 +178,7 @@ class _Call:
     budget: float
     deadline: float  # time.monotonic()
     abandoned: bool = False
+    started: float = field(default_factory=time.monotonic)
 
 
 class _Senders:
@@ -147,10 +187,11 @@ class _Senders:
     once one passes, settles that row as unknown while its lease still covers it, and starts a
     sender in place of the one left waiting (its call ends on its own timeouts, unheeded)."""
 
-    def __init__(self, rows: list[ClaimedDelivery], batch: Batch, senders: int) -> None:
+    def __init__(self, rows: list[ClaimedDelivery], batch: Batch, senders: int, limit: int) -> None:
         self.batch = batch
         self.todo = deque(rows)
         self.senders = senders
+        self.limit = limit  # CLARION_SEND_CONCURRENCY: a provider that slows down gets up to this
         self.cond = threading.Condition()
         self.calls: set[_Call] = set()
         self.running = 0  # senders still sending for this batch (not abandoned, not done)
@@ -183,6 +224,16 @@ class _Senders:
             self.running += 1
         _threads().run(self._sender)
 
+    def _more(self, wanted: int) -> None:
+        """One more sender for the rest of the batch, if the provider got slower than the batch
+        was started for (never more than the rows left, nor the limit)."""
+        with self.cond:
+            more = self.running < min(wanted, len(self.todo))
+            if more:
+                self.running += 1
+        if more:
+            _threads().run(self._sender)
+
     def _wait(self) -> list[_Call] | None:
         """The calls past their deadline, now abandoned; None once every sender is done."""
         with self.cond:
@@ -204,7 +255,11 @@ class _Senders:
         abandoned = False
         try:
             while (row := self._next()) is not None:
+                began, _waited.seconds = time.monotonic(), 0.0
                 _deliver_one(db, row, self.batch, self)
+                pace = _pace(row.channel)
+                pace.note(time.monotonic() - began, _waited.seconds)
+                self._more(pace.senders(self.limit))
         except _Abandoned:
             abandoned = True  # the batch's thread counted this sender out and settled its row
         finally:
@@ -233,6 +288,7 @@ class _Senders:
         try:
             return adapter.send(message)
         finally:
+            _waited.seconds = getattr(_waited, "seconds", 0.0) + time.monotonic() - call.started
             with self.cond:
                 self.calls.discard(call)
                 if call.abandoned:

@@ -775,3 +775,41 @@ def test_a_published_batch_is_described_in_a_few_words(ann):
             waiting.close()
     assert headers["task"] == ROUTE
     assert headers["argsrepr"] == f"['ann' #{made[0].request_id} and 2 more]"
+
+
+def test_a_batch_starts_the_senders_its_provider_needs_and_adds_more_when_it_slows(
+    ann, monkeypatch
+):
+    """Senders per batch follow the provider's pace (tasks.deliver._Pace): few against one that
+    answers at once (more would only contend for the GIL), all CLARION_SEND_CONCURRENCY (8)
+    once it slows down, within the batch that finds it slower."""
+    import threading
+    import time
+
+    from tasks import deliver as deliver_task
+
+    deliver_task._paces.clear()  # this process's pace so far: the other tests' providers
+    with Receiver(settings.get().webhook_secret) as fast:
+        configure(monkeypatch, webhook_url=fast.url)
+        assert _deliver(*[_routed(ann, f"f{i}") for i in range(60)]) == 60
+    assert deliver_task._pace("webhook").senders(8) < 8
+
+    lock, in_flight, most = threading.Lock(), [0], [0]
+
+    def slow(call) -> int:
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(0.05)  # the provider's own latency, not a wait for something to happen
+        with lock:
+            in_flight[0] -= 1
+        return 200
+
+    with Endpoint(slow) as endpoint:
+        configure(monkeypatch, webhook_url=endpoint.url)
+        keys = [_routed(ann, f"s{i}") for i in range(48)]
+        began = time.monotonic()
+        assert _deliver(*keys) == 48
+        took = time.monotonic() - began
+    assert most[0] == 8, most[0]
+    assert took < 48 * 0.05 / 3, took  # one sender would take 2.4 s
