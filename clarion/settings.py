@@ -76,7 +76,7 @@ class Settings:
     batch_size: int = field(default=100, metadata=at_least(1))
     send_concurrency: int = field(
         default=8, metadata=at_least(1)
-    )  # sends in flight at once within one deliver batch
+    )  # most sends in flight at once within one deliver batch (fewer for a fast provider)
     sent_flush_rows: int = field(
         default=20, metadata=at_least(1)
     )  # "sent" records written by one statement at most (group commit); bounds the crash window
