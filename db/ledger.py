@@ -100,6 +100,14 @@ def recipients(conn: Connection, user_ids: Iterable[str]) -> dict[str, dict[str,
     return {row["user_id"]: dict(row) for row in rows}
 
 
+_KNOWN = text("SELECT user_id FROM recipients WHERE user_id = ANY(CAST(:users AS text[]))")
+
+
+def known_recipients(conn: Connection, user_ids: Iterable[str]) -> set[str]:
+    """Which of these user ids are registered (an index-only read: nothing to decode)."""
+    return set(conn.execute(_KNOWN, {"users": list(set(user_ids))}).scalars())
+
+
 _CALENDARS = text(
     "SELECT user_id, timezone, locale, country, workweek, subdivision FROM recipients "
     "WHERE user_id = ANY(CAST(:users AS text[]))"

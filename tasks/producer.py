@@ -252,7 +252,7 @@ def publish_after_commit(keys: list[tuple[str, int, str]]) -> None:
 
 
 def _insert(conn: Connection, rows: list[ledger.NewRequest], *, now, due_at) -> list[Enqueued]:
-    known = ledger.recipients(conn, (r.user_id for r in rows))
+    known = ledger.known_recipients(conn, (r.user_id for r in rows))
     unknown = [r.user_id for r in rows if r.user_id not in known]
     if unknown:
         raise UnknownRecipient(unknown[0])
