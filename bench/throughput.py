@@ -12,6 +12,9 @@ Four phases on the same broker, with the same number of worker processes and poo
   clarion     N distinct `receipt` occurrences through `notify_many` (in chunks), real clarion
               workers on transactional,activation,control plus beat, webhook channel into an
               ops.receiver.Receiver; the clock stops when all N idempotency keys arrived.
+              Before it (not timed), 6 batches per pool process: steady state, with each
+              process's connections open and its prepared statements past PostgreSQL's first
+              five custom plans (raw Celery's workers are warmed with no-ops the same way).
   naive       workers x concurrency processes doing "SELECT 1 ...; if absent: POST; INSERT"
               (no unique constraint) over the same N occurrences, each handed to two processes
               (a redelivered message / duplicated event), into a second Receiver.
@@ -57,6 +60,7 @@ if str(ROOT) not in sys.path:
 CLARION_QUEUES = ("transactional", "activation", "control")
 STOP = threading.Event()  # set on the way out: publishing threads stop early
 TYPE_KEY = "receipt"
+WARM_BATCHES = 6  # per clarion pool process, before the timed phase
 CHANNEL = "webhook"
 
 
@@ -731,9 +735,10 @@ class Bench:
         from sqlalchemy import text
 
         from adapters.base import idempotency_key
+        from clarion import settings
         from db.engine import engine
         from ops.launch import beat_command, worker_command
-        from tasks import notify, notify_many, register_recipient
+        from tasks import notify_many, register_recipient
         from tasks.app import app, use_broker
 
         use_broker(self.broker_url)  # the app read its config before this run's settings were set
@@ -789,18 +794,24 @@ class Bench:
         _wait_for_workers(app, names, processes)
         self.clarion_workers = processes[:-1]
 
-        # Warm-up (not timed): a few single notifications, so every pool process has loaded the
-        # catalog and opened its database and HTTP connections.
+        # Warm-up (not timed): WARM_BATCHES full batches per pool process, so each has loaded the
+        # catalog, opened the database and HTTP connections its senders use, and run every
+        # statement past PostgreSQL's first five (custom) plans of a prepared statement: a phase
+        # of 5,000 is only a dozen batches per process, and would otherwise time that warm-up.
         arrivals = receiver.arrivals
-        warm_n = 2 * a.workers * a.concurrency
-        for k in range(warm_n):
-            notify(
-                users[k % len(users)],
-                TYPE_KEY,
+        warm_n = WARM_BATCHES * a.workers * a.concurrency * settings.get().batch_size
+        warm = [
+            dict(
+                user_id=users[k % len(users)],
+                type_key=TYPE_KEY,
                 event_id=f"warm-{self.tag}-{k}",
                 variables={"order": k},
             )
-        _wait(lambda: arrivals.unique >= warm_n, 90, "clarion warm-up")
+            for k in range(warm_n)
+        ]
+        for s in range(0, warm_n, a.chunk):
+            notify_many(warm[s : s + a.chunk])
+        _wait(lambda: arrivals.unique >= warm_n, 120, "clarion warm-up")
         offsets = {log: log.stat().st_size for log in logs}
         profiler = self.profiler("clarion", [p.pid for p in processes])
 
