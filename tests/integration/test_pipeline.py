@@ -777,22 +777,32 @@ def test_a_published_batch_is_described_in_a_few_words(ann):
     assert headers["argsrepr"] == f"['ann' #{made[0].request_id} and 2 more]"
 
 
-def test_a_batch_starts_the_senders_its_provider_needs_and_adds_more_when_it_slows(
-    ann, monkeypatch
-):
-    """Senders per batch follow the provider's pace (tasks.deliver._Pace): few against one that
-    answers at once (more would only contend for the GIL), all CLARION_SEND_CONCURRENCY (8)
-    once it slows down, within the batch that finds it slower."""
+def test_a_pace_asks_for_as_many_senders_as_keep_one_busy() -> None:
+    from tasks.deliver import _Pace
+
+    pace = _Pace()
+    assert pace.senders(8) == 8  # nothing seen yet: all of them
+    for _ in range(50):
+        pace.note(0.0005, 0.0003)  # a provider answering in 0.3 ms of a 0.5 ms row
+    assert pace.senders(8) == 3
+    for _ in range(5):
+        pace.note(0.1, 0.0998)  # it slows to 100 ms: the average follows within a few rows
+    assert pace.senders(8) == 8
+
+
+def test_a_batch_against_a_provider_that_slows_down_adds_senders_within_the_batch(ann, monkeypatch):
+    """A batch started with the few senders a fast provider needs (tasks.deliver._Pace) adds
+    more, up to CLARION_SEND_CONCURRENCY (8), as soon as its rows come back slower."""
     import threading
     import time
 
     from tasks import deliver as deliver_task
 
-    deliver_task._paces.clear()  # this process's pace so far: the other tests' providers
-    with Receiver(settings.get().webhook_secret) as fast:
-        configure(monkeypatch, webhook_url=fast.url)
-        assert _deliver(*[_routed(ann, f"f{i}") for i in range(60)]) == 60
-    assert deliver_task._pace("webhook").senders(8) < 8
+    fast = deliver_task._Pace()
+    for _ in range(50):
+        fast.note(0.0005, 0.0003)
+    monkeypatch.setitem(deliver_task._paces, "webhook", fast)  # what a fast provider taught it
+    assert fast.senders(8) == 3
 
     lock, in_flight, most = threading.Lock(), [0], [0]
 
@@ -811,5 +821,5 @@ def test_a_batch_starts_the_senders_its_provider_needs_and_adds_more_when_it_slo
         began = time.monotonic()
         assert _deliver(*keys) == 48
         took = time.monotonic() - began
-    assert most[0] == 8, most[0]
-    assert took < 48 * 0.05 / 3, took  # one sender would take 2.4 s
+    assert most[0] >= 6, most[0]  # beyond the 3 it started with (timing decides 6, 7 or 8)
+    assert took < 48 * 0.05 / 3, took  # 3 senders throughout would take 0.8 s
