@@ -10,7 +10,7 @@ import pytest
 
 from adapters.base import idempotency_key
 from ops.receiver import Receiver
-from tasks import lanes, notify_many, register_recipient
+from tasks import notify_many, register_recipient
 from tests.support.cluster import Cluster, wait_settled
 
 pytestmark = pytest.mark.acceptance
@@ -60,9 +60,10 @@ def test_a_nudge_backlog_goes_at_the_budget_and_receipts_do_not_wait(clarion_env
     receipts = [
         first[idempotency_key("ann", "receipt", f"event:r{i}", "webhook")] for i in range(3)
     ]
-    # 90 nudges at 30/s leave over 2.9 s (less the 0.1 s burst); flat out they take a fraction
-    assert nudges[-1] - nudges[0] >= (NUDGES / RATE) - 0.1 - 0.2, nudges[-1] - nudges[0]
+    # 90 nudges at 30/s leave over 2.9 s (less the 0.1 s burst, and 0.5 s for the first slice's
+    # own route and send); flat out they take a fraction of a second
+    assert nudges[-1] - nudges[0] >= (NUDGES / RATE) - 0.1 - 0.5, nudges[-1] - nudges[0]
     busiest = max(sum(1 for t in nudges if s <= t < s + 1.0) for s in nudges)
-    assert busiest <= RATE + RATE * lanes.BURST + 4, busiest  # a slice's sends land close together
-    assert max(receipts) - sent_at < 1.5 and max(receipts) < nudges[-1]
+    assert busiest <= 1.5 * RATE, busiest  # (a slow send can land beside the next slice's)
+    assert max(receipts) - sent_at < 2.0 and max(receipts) < nudges[-1]
     assert receiver.arrivals.repeats == 0

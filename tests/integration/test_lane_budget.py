@@ -32,10 +32,15 @@ def _tat() -> bytes | None:
 
 
 def test_reservations_queue_up_at_the_rate(clarion_env):
-    waits = [lanes.reserve("activation", 10, 100.0) for _ in range(5)]
-    # 10 rows at 100/s are 0.1 s of budget each; the first fits the burst, each next waits 0.1 s more
+    began, waits = [], []
+    for _ in range(5):
+        began.append(time.monotonic())
+        waits.append(lanes.reserve("activation", 10, 100.0))
+    # 10 rows at 100/s are 0.1 s of budget each; the first fits the burst, each next waits 0.1 s
+    # more, less the time that passed since the first was reserved
     for k, wait in enumerate(waits):
-        assert k * 0.1 - 0.05 <= wait <= k * 0.1 + 0.001, waits
+        passed = began[k] - began[0]
+        assert k * 0.1 - passed - 0.005 <= wait <= k * 0.1 + 0.001, (waits, passed)
 
 
 def test_processes_share_one_budget(clarion_env):
@@ -44,12 +49,12 @@ def test_processes_share_one_budget(clarion_env):
 
     def reserve_all(_: int) -> tuple[float, float, float]:
         began = time.monotonic()
-        waits = [lanes.reserve("activation", 1, 1000.0) for _ in range(500)]
+        waits = [lanes.reserve("activation", 1, 4000.0) for _ in range(2000)]
         return began, time.monotonic(), max(waits)
 
     spans = race(4, reserve_all, lambda i: (i,))
     assert max(b for b, _, _ in spans) < min(e for _, e, _ in spans), "contenders did not overlap"
-    # 2,000 rows at 1,000/s: the last reserved waits 2 s less the 0.1 s burst and the time it took
+    # 8,000 rows at 4,000/s: the last reserved waits 2 s less the 0.1 s burst and the time it took
     slowest = max(w for _, _, w in spans)
     took = max(e for _, e, _ in spans) - min(b for b, _, _ in spans)
     assert 1.9 - took - 0.02 <= slowest <= 1.9 + 0.001, (slowest, took)
@@ -93,7 +98,8 @@ def test_an_activation_batch_is_routed_and_sent_in_slices_at_the_rate(receiver):
     first = receiver.arrivals.first_at
     assert set(first) == expected and receiver.arrivals.repeats == 0
     arrived = sorted(first.values())
-    assert arrived[-1] - arrived[0] >= 0.85, arrived[-1] - arrived[0]
+    # (the first slice's own route and send may take longer than the last's: 0.15 s of slack)
+    assert arrived[-1] - arrived[0] >= 0.75, arrived[-1] - arrived[0]
     # The same message again (redelivered): every request is done, nothing is charged or sent
     tat = _tat()
     assert _route(keys, "activation") < 0.5 and _tat() == tat
