@@ -4,7 +4,7 @@ what Jinja renders for the same source and context, errors included; anything el
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from jinja2 import Template
 
@@ -47,6 +47,7 @@ def _outcome(template: Template | Substitution, context: dict) -> tuple[str, str
         return type(exc).__name__, str(exc)
 
 
+@settings(max_examples=300, deadline=None, derandomize=True)  # compiling is slow under load
 @given(st.lists(piece, max_size=6).map("".join), st.sampled_from(["", "\n", "\n\n"]), contexts)
 def test_a_substitution_renders_what_jinja_renders(body: str, tail: str, context: dict) -> None:
     source = body + tail
