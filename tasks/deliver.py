@@ -74,12 +74,7 @@ def deliver(users: list[str], ids: list[int]) -> int:
 def deliver_now(rows: list[tuple[str, int, str]]) -> int:
     """Deliver (user_id, id, lane) rows in this process, as the deliver task would (a budgeted
     lane's route task sends its own slice: tasks.lanes)."""
-    if not rows:
-        return 0
-    try:
-        return _deliver([r[0] for r in rows], [r[1] for r in rows])
-    finally:
-        sendrate.flush()
+    return deliver([r[0] for r in rows], [r[1] for r in rows]) if rows else 0
 
 
 def _deliver(users: list[str], ids: list[int]) -> int:
