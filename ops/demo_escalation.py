@@ -3,7 +3,7 @@ ack in 3 s → SMS (the local Twilio) → no ack in 10 s → the secondary's web
 receiver), run by the real workers and beat:
 
 - one acknowledged at once through clarion's real /slack/events: nothing more is sent;
-- one nobody acknowledges: the SMS after 3 s, the secondary 3 s later;
+- one nobody acknowledges: the SMS after 3 s, the secondary 10 s after that;
 - one whose SMS number is dead: Twilio's signed `undelivered` callback escalates to the secondary
   at once, without waiting out the timer.
 """
