@@ -1,7 +1,9 @@
 """Escalation chains end to end (issue 11 item 5, Gridwatch): a page on Slack (the local Slack),
 no ack in 5 min → SMS (the local Twilio, its status callbacks through clarion's real webhook) →
-no ack in 10 min → a second recipient's webhook (the local receiver). Real PostgreSQL and Redis,
-the pipeline in-process, time from an injected clock; every send counted at the receiving server.
+no ack in 10 min → a second recipient's webhook (the local receiver). A page by email (the local
+SendGrid) is acknowledged by a link click and escalated by a bounce, both as signed events through
+clarion's real Event Webhook. Real PostgreSQL and Redis, the pipeline in-process, time from an
+injected clock; every send counted at the receiving server.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from db import escalations
 from db.engine import engine
 from ops.explain import explain
 from ops.fake_fcm import FakeFcm
+from ops.fake_sendgrid import EventKey, FakeSendGrid, event, post_events
 from ops.fake_slack import FakeSlack, serving
 from ops.fake_twilio import FakeTwilio
 from ops.receiver import Receiver
@@ -51,6 +54,7 @@ pytestmark = pytest.mark.integration
 CATALOG = Path(__file__).parents[1] / "catalog_escalation.yaml"
 ANA_PHONE, DEAD_PHONE = "+4915112345678", "+4915100000009"
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)  # a Tuesday
+SENDGRID_KEY = EventKey.generate()  # signs the Event Webhook's batches; clarion has the public half
 Key = tuple[str, int]
 
 
@@ -60,6 +64,7 @@ class World:
     twilio: FakeTwilio
     receiver: Receiver
     clock: Clock
+    web: str  # clarion web's base URL
 
     def sms(self) -> int:
         return len(self.twilio.messages())
@@ -96,7 +101,26 @@ def world(clarion_env, monkeypatch) -> Iterator[World]:
         register_recipient("ana", timezone="UTC", addresses={"slack": "U1", "sms": ANA_PHONE})
         register_recipient("sam", timezone="UTC", addresses={"webhook": "https://hooks.example/s"})
         with publishing_to_this_tests_broker(), frozen_clock(T0) as clk:
-            yield World(slack, twilio, receiver, clk)
+            yield World(slack, twilio, receiver, clk, web)
+
+
+@pytest.fixture
+def sendgrid(world, monkeypatch) -> Iterator[FakeSendGrid]:
+    """Ana's email on the local SendGrid; its events go to clarion's real Event Webhook."""
+    with FakeSendGrid() as fake:
+        configure(
+            monkeypatch,
+            email_from="Clarion <page@tx.clarion.test>",
+            sendgrid_api_key=FakeSendGrid.API_KEY,
+            sendgrid_api_url=fake.url,
+            sendgrid_webhook_public_key=SENDGRID_KEY.public_key,
+        )
+        register_recipient(
+            "ana",
+            timezone="UTC",
+            addresses={"slack": "U1", "sms": ANA_PHONE, "email": "ana@example.com"},
+        )
+        yield fake
 
 
 def _send_request(user: str, request_id: int) -> list[Key]:
@@ -345,6 +369,49 @@ def test_an_in_app_read_acknowledges(world):
     assert _tick_at(world, T0 + timedelta(minutes=30)) == 0
     assert world.hooks() == 0
     assert _decisions(request_id) == [("wait", "no_ack"), ("stop", "acked")]
+
+
+def _email_events(world: World, sendgrid: FakeSendGrid, *kinds: str, **fields) -> None:
+    """SendGrid's events about the one mail it took, signed and posted to clarion's webhook."""
+    [mail] = sendgrid.sent
+    events = [event(mail, kind, **fields) for kind in kinds]
+    status, _ = post_events(f"{world.web}/webhooks/sendgrid", SENDGRID_KEY, events)
+    assert status == 200
+
+
+def test_a_link_clicked_in_the_email_acknowledges(world, sendgrid):
+    request_id, _ = _page("page_email")
+    world.clock.now = T0 + timedelta(minutes=2)
+    _email_events(world, sendgrid, "delivered", "open")
+    assert _chain(request_id)["state"] == "waiting"  # an open is not an acknowledgement
+    _email_events(world, sendgrid, "click")
+    assert _chain(request_id)["state"] == "acked"
+    for minutes in (5, 15, 60):
+        assert _tick_at(world, T0 + timedelta(minutes=minutes)) == 0
+    assert (len(sendgrid.sent), world.sms(), world.hooks()) == (1, 0, 0)  # at the receivers
+    assert _step_requests() == []
+    assert _decisions(request_id) == [("wait", "no_ack"), ("stop", "acked")]
+    assert "acknowledged: clicked on delivery" in explain("ana")
+
+
+def test_a_bounced_email_escalates_at_once(world, sendgrid):
+    request_id, _ = _page("page_email")
+    bounced_at = T0 + timedelta(minutes=1)
+    world.clock.now = bounced_at
+    _email_events(world, sendgrid, "bounce")
+    assert _chain(request_id)["due_at"] == bounced_at  # brought forward from 12:05
+    assert world.sms() == 0
+    assert _tick_at(world, bounced_at) == 1
+    [sms] = world.twilio.messages()  # at once, not at 12:05
+    assert sms.to == ANA_PHONE and "db-1 is down" in sms.body
+    assert _decisions(request_id)[:3] == [
+        ("wait", "no_ack"),
+        ("hurry", "step_failed"),
+        ("escalate", "step_failed"),
+    ]
+    assert "bounced on delivery" in explain("ana")
+    assert _tick_at(world, bounced_at + timedelta(minutes=10)) == 1  # step 3 keeps its own timer
+    assert (len(sendgrid.sent), world.sms(), world.hooks()) == (1, 1, 1)
 
 
 # --- the ack racing the escalation ------------------------------------------------------------
