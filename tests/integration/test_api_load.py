@@ -3,10 +3,10 @@ on uvicorn on a local port, real PostgreSQL and Redis.
 
 1,000 events: 200 of them (20%) reuse an Idempotency-Key with the same body (a replay), 100 more
 repeat an event id (under no key or a fresh key: `new: false`), 700 are distinct — shuffled, so a
-repeat often races its original; requests with bad keys mixed in. Exactly one request row per distinct event, each repeat
-answered with the first answer, one route task per request; then changed bodies under used keys
-(422), and a low-rate key driven past its rate (429 with Retry-After). Each call's start and end
-are recorded to show the clients were in flight at once.
+repeat often races its original; requests with bad keys mixed in. Exactly one request row per
+distinct event, each repeat answered with the first answer, one route task per request; then
+changed bodies under used keys (422), and a low-rate key driven past its rate (429 with
+Retry-After). Each call's start and end are recorded to show the clients were in flight at once.
 """
 
 from __future__ import annotations
