@@ -9,9 +9,11 @@ injected clock; every send counted at the receiving server.
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -46,7 +48,7 @@ from tests.support.pipeline import (
     publishing_to_this_tests_broker,
     rows,
 )
-from tests.support.race import race
+from tests.support.race import race, waiting_on
 from web.app import create_app
 
 pytestmark = pytest.mark.integration
@@ -496,28 +498,71 @@ def test_a_step_firing_holds_the_chain_and_the_racing_ack_waits_then_stops_the_r
     assert _decisions(request_id) == [("wait", "no_ack"), ("escalate", "no_ack"), ("stop", "acked")]
 
 
-def _ack_or_tick(role: int, key: Key, at: datetime) -> str:
+HOLD = 1.0  # seconds a racing ack keeps its transaction open after it stopped the chain
+SKIPPED, WAITED = "the tick skipped the chain the ack held", "the ack waited on the firing step"
+
+
+def _tick_until_met(at: datetime) -> tuple[list[Key], str]:
+    """A beat worker's tick that keeps its transaction open until the racing ack queues behind
+    it: (the step requests it made, how it met the ack; "" if it never did)."""
+    with engine().connect() as conn, conn.begin():
+        made = fire_due(conn, now=at)
+        if made:
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            met = WAITED if waiting_on(pid, within=30) else ""
+        else:  # still due to an unlocking reader: the ack that locked it has not committed
+            met = SKIPPED if _visible_due(at) else ""
+    return [(user, request_id) for user, request_id, _lane in made], met
+
+
+def _ack_or_tick(role: int, key: Key, at: datetime, stagger: float) -> tuple[str, object]:
     if role == 0:
-        return _click(key).outcome
-    return f"fired {_fire(at)}"
+        return "ack", _click(key).outcome
+    time.sleep(stagger)  # the click has more to do before it locks the chain: let either win
+    return "tick", _tick_until_met(at)
 
 
-def test_an_ack_and_a_tick_racing_in_two_processes_have_exactly_one_outcome(world):
+def _stop_detail(request_id: int) -> str:
+    [row] = rows(
+        "SELECT detail FROM decisions WHERE request_id = :r AND gate = 'escalation' "
+        "AND outcome = 'stop'",
+        r=request_id,
+    )
+    return row["detail"]
+
+
+def test_an_ack_and_a_tick_racing_in_two_processes_have_exactly_one_outcome(world, monkeypatch):
+    """Each race: the Slack click (its transaction held open HOLD s once it stopped the chain) and
+    a tick holding the firing step open until the ack waits on it. Whichever takes the chain's
+    row first, the other meets its open transaction: shown every time, as the tick finding the
+    chain locked or the ack queued behind the tick. Then what the tick requested is delivered, and
+    the outcome counted at the local Twilio: no SMS and the chain stopped before step 2, or one
+    SMS and the ack recorded after it, stopping step 3."""
+    configure(monkeypatch, faults=f"click.before_commit=sleep:{HOLD}")
     due = T0 + timedelta(minutes=5)
-    outcomes = []
-    for _ in range(6):
+    outcomes = {
+        (0, 2, (("wait", "no_ack"), ("stop", "acked"))): "ack first",
+        (1, 3, (("wait", "no_ack"), ("escalate", "no_ack"), ("stop", "acked"))): "step 2 first",
+    }
+    races, orders = 8, Counter[str]()
+    for n in range(races):
+        world.clock.now = T0
         request_id, [key] = _page()
-        results = race(2, _ack_or_tick, lambda i, k=key: (i, k, due))
-        assert sorted(results)[0] == "accepted"
-        steps = rows(
-            "SELECT count(*) AS n FROM escalation_requests l JOIN escalations e "
-            "ON e.user_id = l.chain_user AND e.id = l.chain_id "
-            "WHERE e.request_id = :r AND l.step = 2",
-            r=request_id,
-        )[0]["n"]
-        chain = _chain(request_id)
-        assert chain["state"] == "acked"
-        assert (steps, chain["next_step"]) in ((0, 2), (1, 3)), (steps, chain)
-        outcomes.append("ack first" if steps == 0 else "step 2 first")
-    assert _fire(T0 + timedelta(hours=1)) == 0  # nothing of any chain fires later
-    assert len(_step_requests()) == outcomes.count("step 2 first")
+        world.clock.now = due  # the ack arrives as step 2 falls due
+        stagger = random.Random(n).uniform(0, 0.1)
+        sms_before = world.sms()
+        [(_, click), (_, (made, met))] = sorted(
+            race(2, _ack_or_tick, lambda i, k=key, s=stagger: (i, k, due, s))
+        )
+        for user, step_request in made:
+            _send_request(user, step_request)
+        sent, chain = world.sms() - sms_before, _chain(request_id)
+        outcome = outcomes.get((sent, chain["next_step"], tuple(_decisions(request_id))))
+        assert outcome is not None, (n, sent, chain, _decisions(request_id))
+        assert click == "accepted" and chain["state"] == "acked", n
+        assert f"step {chain['next_step']} and later are not sent" in _stop_detail(request_id)
+        assert met == (SKIPPED if outcome == "ack first" else WAITED), f"race {n} did not overlap"
+        orders[outcome] += 1
+    assert _tick_at(world, T0 + timedelta(hours=1)) == 0  # nothing of any chain fires later
+    assert (world.slack_posts(), world.sms(), world.hooks()) == (races, orders["step 2 first"], 0)
+    print(f"\nack vs tick, {races} races: {dict(orders)}")
