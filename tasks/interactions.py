@@ -17,7 +17,7 @@ from sqlalchemy import Connection
 
 from adapters.base import ButtonValue, decode_value
 from catalog import Button
-from clarion import clock
+from clarion import clock, faults
 from db import escalations
 from db import interactions as store
 from db import series as series_store
@@ -75,6 +75,7 @@ def handle_click(platform: str, platform_user: str, raw_value: object) -> Click:
                     now,
                 )
             _record(conn, platform, str(platform_user), value, click, raw_text, now)
+            faults.hit("click.before_commit")
     except Exception:  # an outage must not reach the chat client as an error; it is logged
         log.exception(
             "interaction failed", extra={"action": "interaction_error", "platform": platform}

@@ -1,12 +1,12 @@
 """POST /v1/events under concurrency: 8 client threads (an httpx client each) against the real app
 on uvicorn on a local port, real PostgreSQL and Redis.
 
-1,000 events, 20% of them repeats of another — the same Idempotency-Key and body (a replay), or the
-same event id (under no key or a fresh key: `new: false`) — shuffled, so a repeat often races its
-original; requests with bad keys mixed in. Exactly one request row per distinct event, each repeat
-answered with the first answer, one route task per request; then changed bodies under used keys
-(422), and a low-rate key driven past its rate (429 with Retry-After). Each call's start and end
-are recorded to show the clients were in flight at once.
+1,000 events: 200 of them (20%) reuse an Idempotency-Key with the same body (a replay), 100 more
+repeat an event id (under no key or a fresh key: `new: false`), 700 are distinct — shuffled, so a
+repeat often races its original; requests with bad keys mixed in. Exactly one request row per
+distinct event, each repeat answered with the first answer, one route task per request; then
+changed bodies under used keys (422), and a low-rate key driven past its rate (429 with
+Retry-After). Each call's start and end are recorded to show the clients were in flight at once.
 """
 
 from __future__ import annotations
@@ -36,10 +36,12 @@ __all__ = ["_broker"]  # a fixture shared with test_api.py
 
 CLIENTS = 8
 USERS = [f"u{i:02d}" for i in range(20)]
-DISTINCT = 800  # + 200 repeats = 1,000 events
-REPLAYS = 100  # the same Idempotency-Key and body again
+EVENTS = 1000
+REPLAYS = 200  # the same Idempotency-Key and body again: 20% of the events
 SAME_EVENT_NO_KEY = 50  # the same event id again, without an Idempotency-Key
 SAME_EVENT_NEW_KEY = 50  # the same event id again, under a key of its own
+REPEATS = REPLAYS + SAME_EVENT_NO_KEY + SAME_EVENT_NEW_KEY
+DISTINCT = EVENTS - REPEATS
 BAD_KEYS = 40
 RACING = 8  # repeats sent beside their originals (half replays, half the same event id)
 
@@ -130,7 +132,8 @@ def most_in_flight(answers: list[Answer]) -> int:
 
 
 def load(secret: str) -> list[Call]:
-    """The 1,000 events (800 distinct, 200 repeats) and the bad-key calls, shuffled."""
+    """The 1,000 events (700 distinct, 300 repeats of one of them) and the bad-key calls,
+    shuffled."""
     auth = {"Authorization": f"Bearer {secret}"}
     keyed = lambda i: {**auth, "Idempotency-Key": f"idem-{i}"}  # noqa: E731
     # even events are sent under an Idempotency-Key, odd ones without
@@ -170,7 +173,11 @@ def raced(answers: list[Answer]) -> int:
 def test_1000_events_with_repeats_from_8_clients_make_one_request_per_event(url):
     secret = create_key("load", ["events:write"], (100_000, 1)).secret
     calls = load(secret)
-    assert sum(c.event is not None for c in calls) == 1000
+    assert sum(c.event is not None for c in calls) == EVENTS
+    idempotency_keys = [
+        c.headers["Idempotency-Key"] for c in calls if "Idempotency-Key" in c.headers
+    ]
+    assert len(idempotency_keys) - len(set(idempotency_keys)) == EVENTS // 5  # 20% reuse a key
     answers = run(url, calls)
 
     # overlapped: most clients were waiting on the server at the same instant
@@ -193,7 +200,7 @@ def test_1000_events_with_repeats_from_8_clients_make_one_request_per_event(url)
     groups: dict[int, list[Answer]] = defaultdict(list)
     for a in good:
         groups[a.call.event].append(a)  # type: ignore[index]
-    assert sum(len(g) > 1 for g in groups.values()) == 200
+    assert sum(len(g) > 1 for g in groups.values()) == REPEATS
     for i, group in groups.items():
         request_id = by_event[(body(i)["user_id"], f"event:ev-{i}")]
         assert {a.json()["request_id"] for a in group} == {request_id}, i

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -183,6 +184,38 @@ def test_a_daily_window_closes_at_the_recipients_local_time(receiver, vclock):
     assert digest["due_at"] == datetime(2026, 12, 7, 23, 0, tzinfo=UTC)  # 08:00 on the 8th
     other = send_and_route("fu", "standup_note", {"team": "web"})  # another key: its own window
     assert digested_into("fu", other) != digested_into("fu", request)
+
+
+def test_a_daily_digest_is_sent_once_when_08_00_passes_in_the_recipients_zone(receiver, vclock):
+    """Items buffered through a New York day go out as one digest when the clock passes 08:00
+    there the next morning (13:00 UTC); 08:00 UTC, and 07:59:59 in New York, send nothing."""
+    new_york = ZoneInfo("America/New_York")
+    register_recipient("gil", timezone="America/New_York")
+
+    def at(day: int, hour: int, minute: int = 0, second: int = 0) -> datetime:
+        return datetime(2026, 12, day, hour, minute, second, tzinfo=new_york).astimezone(UTC)
+
+    made = []
+    for when in (at(7, 9), at(7, 12, 30), at(7, 17, 45), at(7, 23, 50), at(8, 3, 30)):
+        vclock.set(when)  # the last one is 08:30 UTC: past 08:00 in UTC, not in New York
+        made.append(send_and_route("gil", "standup_note", {"team": "core"}))
+        assert _flush_due() == []
+    [digest] = digest_requests("gil", "morning_digest")
+    assert digest["due_at"] == at(8, 8) == datetime(2026, 12, 8, 13, 0, tzinfo=UTC)
+    vclock.set(at(8, 7, 59, 59))
+    assert _flush_due() == [] and receiver.arrivals.total == 0
+    vclock.set(at(8, 8, 0, 1))
+    assert _flush_due() == [digest["id"]]
+    vclock.set(at(8, 9))
+    assert _flush_due() == []  # a later tick sends nothing more
+    assert receiver.arrivals.total == 1  # counted at the receiver: one digest, once
+    [content] = receiver.arrivals.contents.values()
+    assert content["body"] == "5 new updates"
+    assert content["items"].split() == [str(i) for i in made]  # every item, in order
+    assert [digested_into("gil", r) for r in made] == [digest["id"]] * len(made)
+    assert [s for _, _, s in deliveries_of("gil", digest["id"])] == ["sent"]
+    text = explain("gil", type_key="standup_note")
+    assert text.count(f"digested into request {digest['id']}") == len(made)
 
 
 def _flush_one(user: str, type_key: str) -> tuple[dict, float]:

@@ -1,15 +1,19 @@
 """Escalation chains end to end (issue 11 item 5, Gridwatch): a page on Slack (the local Slack),
 no ack in 5 min → SMS (the local Twilio, its status callbacks through clarion's real webhook) →
-no ack in 10 min → a second recipient's webhook (the local receiver). Real PostgreSQL and Redis,
-the pipeline in-process, time from an injected clock; every send counted at the receiving server.
+no ack in 10 min → a second recipient's webhook (the local receiver). A page by email (the local
+SendGrid) is acknowledged by a link click and escalated by a bounce, both as signed events through
+clarion's real Event Webhook. Real PostgreSQL and Redis, the pipeline in-process, time from an
+injected clock; every send counted at the receiving server.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -24,6 +28,7 @@ from db import escalations
 from db.engine import engine
 from ops.explain import explain
 from ops.fake_fcm import FakeFcm
+from ops.fake_sendgrid import EventKey, FakeSendGrid, event, post_events
 from ops.fake_slack import FakeSlack, serving
 from ops.fake_twilio import FakeTwilio
 from ops.receiver import Receiver
@@ -43,7 +48,7 @@ from tests.support.pipeline import (
     publishing_to_this_tests_broker,
     rows,
 )
-from tests.support.race import race
+from tests.support.race import race, waiting_on
 from web.app import create_app
 
 pytestmark = pytest.mark.integration
@@ -51,6 +56,7 @@ pytestmark = pytest.mark.integration
 CATALOG = Path(__file__).parents[1] / "catalog_escalation.yaml"
 ANA_PHONE, DEAD_PHONE = "+4915112345678", "+4915100000009"
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)  # a Tuesday
+SENDGRID_KEY = EventKey.generate()  # signs the Event Webhook's batches; clarion has the public half
 Key = tuple[str, int]
 
 
@@ -60,6 +66,7 @@ class World:
     twilio: FakeTwilio
     receiver: Receiver
     clock: Clock
+    web: str  # clarion web's base URL
 
     def sms(self) -> int:
         return len(self.twilio.messages())
@@ -96,7 +103,26 @@ def world(clarion_env, monkeypatch) -> Iterator[World]:
         register_recipient("ana", timezone="UTC", addresses={"slack": "U1", "sms": ANA_PHONE})
         register_recipient("sam", timezone="UTC", addresses={"webhook": "https://hooks.example/s"})
         with publishing_to_this_tests_broker(), frozen_clock(T0) as clk:
-            yield World(slack, twilio, receiver, clk)
+            yield World(slack, twilio, receiver, clk, web)
+
+
+@pytest.fixture
+def sendgrid(world, monkeypatch) -> Iterator[FakeSendGrid]:
+    """Ana's email on the local SendGrid; its events go to clarion's real Event Webhook."""
+    with FakeSendGrid() as fake:
+        configure(
+            monkeypatch,
+            email_from="Clarion <page@tx.clarion.test>",
+            sendgrid_api_key=FakeSendGrid.API_KEY,
+            sendgrid_api_url=fake.url,
+            sendgrid_webhook_public_key=SENDGRID_KEY.public_key,
+        )
+        register_recipient(
+            "ana",
+            timezone="UTC",
+            addresses={"slack": "U1", "sms": ANA_PHONE, "email": "ana@example.com"},
+        )
+        yield fake
 
 
 def _send_request(user: str, request_id: int) -> list[Key]:
@@ -347,6 +373,49 @@ def test_an_in_app_read_acknowledges(world):
     assert _decisions(request_id) == [("wait", "no_ack"), ("stop", "acked")]
 
 
+def _email_events(world: World, sendgrid: FakeSendGrid, *kinds: str, **fields) -> None:
+    """SendGrid's events about the one mail it took, signed and posted to clarion's webhook."""
+    [mail] = sendgrid.sent
+    events = [event(mail, kind, **fields) for kind in kinds]
+    status, _ = post_events(f"{world.web}/webhooks/sendgrid", SENDGRID_KEY, events)
+    assert status == 200
+
+
+def test_a_link_clicked_in_the_email_acknowledges(world, sendgrid):
+    request_id, _ = _page("page_email")
+    world.clock.now = T0 + timedelta(minutes=2)
+    _email_events(world, sendgrid, "delivered", "open")
+    assert _chain(request_id)["state"] == "waiting"  # an open is not an acknowledgement
+    _email_events(world, sendgrid, "click")
+    assert _chain(request_id)["state"] == "acked"
+    for minutes in (5, 15, 60):
+        assert _tick_at(world, T0 + timedelta(minutes=minutes)) == 0
+    assert (len(sendgrid.sent), world.sms(), world.hooks()) == (1, 0, 0)  # at the receivers
+    assert _step_requests() == []
+    assert _decisions(request_id) == [("wait", "no_ack"), ("stop", "acked")]
+    assert "acknowledged: clicked on delivery" in explain("ana")
+
+
+def test_a_bounced_email_escalates_at_once(world, sendgrid):
+    request_id, _ = _page("page_email")
+    bounced_at = T0 + timedelta(minutes=1)
+    world.clock.now = bounced_at
+    _email_events(world, sendgrid, "bounce")
+    assert _chain(request_id)["due_at"] == bounced_at  # brought forward from 12:05
+    assert world.sms() == 0
+    assert _tick_at(world, bounced_at) == 1
+    [sms] = world.twilio.messages()  # at once, not at 12:05
+    assert sms.to == ANA_PHONE and "db-1 is down" in sms.body
+    assert _decisions(request_id)[:3] == [
+        ("wait", "no_ack"),
+        ("hurry", "step_failed"),
+        ("escalate", "step_failed"),
+    ]
+    assert "bounced on delivery" in explain("ana")
+    assert _tick_at(world, bounced_at + timedelta(minutes=10)) == 1  # step 3 keeps its own timer
+    assert (len(sendgrid.sent), world.sms(), world.hooks()) == (1, 1, 1)
+
+
 # --- the ack racing the escalation ------------------------------------------------------------
 #
 # "Exactly one outcome": for a chain whose step 2 is due when an acknowledgement arrives, either
@@ -429,28 +498,71 @@ def test_a_step_firing_holds_the_chain_and_the_racing_ack_waits_then_stops_the_r
     assert _decisions(request_id) == [("wait", "no_ack"), ("escalate", "no_ack"), ("stop", "acked")]
 
 
-def _ack_or_tick(role: int, key: Key, at: datetime) -> str:
+HOLD = 1.0  # seconds a racing ack keeps its transaction open after it stopped the chain
+SKIPPED, WAITED = "the tick skipped the chain the ack held", "the ack waited on the firing step"
+
+
+def _tick_until_met(at: datetime) -> tuple[list[Key], str]:
+    """A beat worker's tick that keeps its transaction open until the racing ack queues behind
+    it: (the step requests it made, how it met the ack; "" if it never did)."""
+    with engine().connect() as conn, conn.begin():
+        made = fire_due(conn, now=at)
+        if made:
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            met = WAITED if waiting_on(pid, within=30) else ""
+        else:  # still due to an unlocking reader: the ack that locked it has not committed
+            met = SKIPPED if _visible_due(at) else ""
+    return [(user, request_id) for user, request_id, _lane in made], met
+
+
+def _ack_or_tick(role: int, key: Key, at: datetime, stagger: float) -> tuple[str, object]:
     if role == 0:
-        return _click(key).outcome
-    return f"fired {_fire(at)}"
+        return "ack", _click(key).outcome
+    time.sleep(stagger)  # the click has more to do before it locks the chain: let either win
+    return "tick", _tick_until_met(at)
 
 
-def test_an_ack_and_a_tick_racing_in_two_processes_have_exactly_one_outcome(world):
+def _stop_detail(request_id: int) -> str:
+    [row] = rows(
+        "SELECT detail FROM decisions WHERE request_id = :r AND gate = 'escalation' "
+        "AND outcome = 'stop'",
+        r=request_id,
+    )
+    return row["detail"]
+
+
+def test_an_ack_and_a_tick_racing_in_two_processes_have_exactly_one_outcome(world, monkeypatch):
+    """Each race: the Slack click (its transaction held open HOLD s once it stopped the chain) and
+    a tick holding the firing step open until the ack waits on it. Whichever takes the chain's
+    row first, the other meets its open transaction: shown every time, as the tick finding the
+    chain locked or the ack queued behind the tick. Then what the tick requested is delivered, and
+    the outcome counted at the local Twilio: no SMS and the chain stopped before step 2, or one
+    SMS and the ack recorded after it, stopping step 3."""
+    configure(monkeypatch, faults=f"click.before_commit=sleep:{HOLD}")
     due = T0 + timedelta(minutes=5)
-    outcomes = []
-    for _ in range(6):
+    outcomes = {
+        (0, 2, (("wait", "no_ack"), ("stop", "acked"))): "ack first",
+        (1, 3, (("wait", "no_ack"), ("escalate", "no_ack"), ("stop", "acked"))): "step 2 first",
+    }
+    races, orders = 8, Counter[str]()
+    for n in range(races):
+        world.clock.now = T0
         request_id, [key] = _page()
-        results = race(2, _ack_or_tick, lambda i, k=key: (i, k, due))
-        assert sorted(results)[0] == "accepted"
-        steps = rows(
-            "SELECT count(*) AS n FROM escalation_requests l JOIN escalations e "
-            "ON e.user_id = l.chain_user AND e.id = l.chain_id "
-            "WHERE e.request_id = :r AND l.step = 2",
-            r=request_id,
-        )[0]["n"]
-        chain = _chain(request_id)
-        assert chain["state"] == "acked"
-        assert (steps, chain["next_step"]) in ((0, 2), (1, 3)), (steps, chain)
-        outcomes.append("ack first" if steps == 0 else "step 2 first")
-    assert _fire(T0 + timedelta(hours=1)) == 0  # nothing of any chain fires later
-    assert len(_step_requests()) == outcomes.count("step 2 first")
+        world.clock.now = due  # the ack arrives as step 2 falls due
+        stagger = random.Random(n).uniform(0, 0.1)
+        sms_before = world.sms()
+        [(_, click), (_, (made, met))] = sorted(
+            race(2, _ack_or_tick, lambda i, k=key, s=stagger: (i, k, due, s))
+        )
+        for user, step_request in made:
+            _send_request(user, step_request)
+        sent, chain = world.sms() - sms_before, _chain(request_id)
+        outcome = outcomes.get((sent, chain["next_step"], tuple(_decisions(request_id))))
+        assert outcome is not None, (n, sent, chain, _decisions(request_id))
+        assert click == "accepted" and chain["state"] == "acked", n
+        assert f"step {chain['next_step']} and later are not sent" in _stop_detail(request_id)
+        assert met == (SKIPPED if outcome == "ack first" else WAITED), f"race {n} did not overlap"
+        orders[outcome] += 1
+    assert _tick_at(world, T0 + timedelta(hours=1)) == 0  # nothing of any chain fires later
+    assert (world.slack_posts(), world.sms(), world.hooks()) == (races, orders["step 2 first"], 0)
+    print(f"\nack vs tick, {races} races: {dict(orders)}")

@@ -1,9 +1,11 @@
-"""Run a function in N real processes that start at the same instant, and collect the results."""
+"""Run a function in N real processes that start at the same instant, and collect the results;
+and the evidence that contenders met: backends waiting on a lock another one holds."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,3 +49,28 @@ def race(
     errors = [r for kind, r in results if kind == "error"]
     assert not errors, errors
     return [r for _, r in results]
+
+
+def waiting_on(pid: int, within: float) -> list[str]:
+    """The statements of backends waiting on a lock that backend `pid` holds, polled until there
+    is one (for up to `within` seconds; [] if none came): a contender blocked on the winner's open
+    transaction."""
+    from sqlalchemy import text
+
+    from db.engine import engine
+
+    deadline = time.monotonic() + within
+    while True:
+        with engine().connect() as conn:
+            found = list(
+                conn.execute(
+                    text(
+                        "SELECT query FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND CAST(:pid AS integer) = ANY(pg_blocking_pids(pid))"
+                    ),
+                    {"pid": pid},
+                ).scalars()
+            )
+        if found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.01)
