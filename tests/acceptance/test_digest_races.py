@@ -50,7 +50,9 @@ def receiver(clarion_env, monkeypatch) -> Iterator[Receiver]:
 def _contender(i: int, digests: dict[str, int]) -> list[tuple[str, str, float, float, int]]:
     """Flusher (i < FLUSHERS) or sender; returns (role, user, started, ended, routed) per route."""
     os.environ["CLARION_FAULTS"] = f"route.before_commit=sleep:{HOLD}"
+    settings.reset()  # this process read its settings before the fault was set
     faults.reset()
+    assert faults._active(), "the hold before commit is not switched on"
     rng = random.Random(i)
     order = list(USERS)
     rng.shuffle(order)
