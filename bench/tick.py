@@ -189,7 +189,7 @@ class ScanStats:
 def scan_due(stats: ScanStats):
     """take_due_series, the way a scan-based scheduler does it: every active series, filtered in Python."""
 
-    def take(conn, *, now, limit):
+    def take(conn, *, now, limit, tzdata):
         t0 = time.perf_counter()
         result = conn.execute(_SCAN)
         keys = list(result.keys())

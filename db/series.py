@@ -11,6 +11,8 @@ from typing import Any, NamedTuple
 import psycopg
 from sqlalchemy import Connection, text
 
+from db import meta
+
 _INSERT = text(
     """
     INSERT INTO series (user_id, series_key, type_key, anchor_local, zone, every, max_count, until,
@@ -43,18 +45,26 @@ _TAKE_DUE = text(
     SELECT CAST(ctid AS text) AS ctid, user_id, id, type_key, anchor_local, zone, every, max_count, until, calendar_policy,
            next_n, next_due_at, created_at
     FROM series WHERE state = 'active' AND next_due_at <= :now
+      AND (SELECT value FROM clarion_meta WHERE key = :tzdata_key) = :tzdata
     ORDER BY next_due_at LIMIT :limit FOR UPDATE SKIP LOCKED
     """
 )
 
 
-def take_due_series(conn: Connection, *, now: datetime, limit: int) -> list[dict[str, Any]]:
+def take_due_series(
+    conn: Connection, *, now: datetime, limit: int, tzdata: str
+) -> list[dict[str, Any]]:
     """Due active series, locked for this transaction; another ticker skips them (no double fire).
+    None while the tz database release the deployment recorded is not `tzdata` (this process's):
+    checked in the same statement, so a tick costs no round trip for it.
 
     With each row's `ctid`, where fire_occurrences finds it again without an index lookup (a
-    locked row stays where it is until this transaction changes it). Without `variables`: fire_occurrences copies them from the series row in SQL, so the tick
-    never decodes and re-encodes one JSON document per series."""
-    result = conn.execute(_TAKE_DUE, {"now": now, "limit": limit})
+    locked row stays where it is until this transaction changes it). Without `variables`:
+    fire_occurrences copies them from the series row in SQL, so the tick never decodes and
+    re-encodes one JSON document per series."""
+    result = conn.execute(
+        _TAKE_DUE, {"now": now, "limit": limit, "tzdata_key": meta.TZDATA, "tzdata": tzdata}
+    )
     keys = tuple(result.keys())
     return [dict(zip(keys, row, strict=True)) for row in result]
 
