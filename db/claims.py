@@ -13,12 +13,12 @@ call) and `maybe_sent_at` (an earlier attempt may have sent, since then; NULL wh
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, text
+from sqlalchemy import Connection, text
 
 from db.ledger import KEY_PAIRS, Key, due_statement, key_params
 
@@ -68,10 +68,9 @@ class ClaimedDelivery:
     def key(self) -> Key:
         return (self.user_id, self.id)
 
-    @classmethod
-    def from_row(cls, row: RowMapping | Mapping[str, Any]) -> ClaimedDelivery:
-        fields = {name: row[name] for name in cls.__dataclass_fields__ if name != "claimed_at"}
-        return cls(**fields, claimed_at=time.monotonic())
+
+# The claim's RETURNING columns, in ClaimedDelivery's field order: rows become claims positionally.
+_CLAIMED = tuple(name for name in ClaimedDelivery.__dataclass_fields__ if name != "claimed_at")
 
 
 _LEASE = "clock_timestamp() + make_interval(secs => :lease)"
@@ -114,7 +113,7 @@ def claim_deliveries(
     Row locks make this atomic: of many concurrent claimers exactly one gets each row, the others
     wait on its lock and then find the row taken. A takeover of an attempt that had reached the
     provider comes back with maybe_sent_at set: that attempt may have sent."""
-    rows = conn.execute(
+    result = conn.execute(
         _CLAIM,
         {
             **key_params(keys),
@@ -123,8 +122,10 @@ def claim_deliveries(
             "lease": lease,
             "max_attempts": max_attempts,
         },
-    ).mappings()
-    return [ClaimedDelivery.from_row(r) for r in rows]
+    )
+    assert tuple(result.keys()) == _CLAIMED, "the claim's columns are ClaimedDelivery's fields"
+    rows, answered = result.all(), time.monotonic()
+    return [ClaimedDelivery(*row, claimed_at=answered) for row in rows]  # type: ignore[misc]
 
 
 _EXHAUST = text(

@@ -13,11 +13,18 @@ from dataclasses import dataclass
 from datetime import datetime, time
 from typing import Any
 
-from sqlalchemy import Connection, TextClause, text
+from sqlalchemy import Connection, CursorResult, TextClause, text
 
 Key = tuple[str, int]
 
 KEY_PAIRS = "unnest(CAST(:users AS text[]), CAST(:ids AS bigint[])) AS k(user_id, id)"
+
+
+def dicts(result: CursorResult[Any]) -> list[dict[str, Any]]:
+    """A result's rows as dicts, fetched at once: half the client's time of `.mappings()`, which
+    also fetches row by row."""
+    keys = tuple(result.keys())
+    return [dict(zip(keys, row, strict=True)) for row in result.all()]
 
 
 def key_params(keys: Iterable[Key]) -> dict[str, list]:
@@ -96,8 +103,8 @@ _RECIPIENTS = text(
 
 def recipients(conn: Connection, user_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
     """Recipients by user id; unknown ids are simply absent."""
-    rows = conn.execute(_RECIPIENTS, {"users": list(set(user_ids))}).mappings()
-    return {row["user_id"]: dict(row) for row in rows}
+    rows = dicts(conn.execute(_RECIPIENTS, {"users": list(set(user_ids))}))
+    return {row["user_id"]: row for row in rows}
 
 
 _KNOWN = text("SELECT user_id FROM recipients WHERE user_id = ANY(CAST(:users AS text[]))")
@@ -118,9 +125,10 @@ def recipient_calendars(conn: Connection, user_ids: Iterable[str]) -> dict[str, 
     """What the series tick needs of each recipient, by user id: their zone and working week,
     country and subdivision (tasks.arming.recipient_calendar) and their locale. Under half the
     client's time of `recipients` for 1,000 of them (no addresses document to decode)."""
-    result = conn.execute(_CALENDARS, {"users": list(set(user_ids))})
-    keys = tuple(result.keys())
-    return {row[0]: dict(zip(keys, row, strict=True)) for row in result}
+    return {
+        row["user_id"]: row
+        for row in dicts(conn.execute(_CALENDARS, {"users": list(set(user_ids))}))
+    }
 
 
 # --- requests ---------------------------------------------------------------------------------
@@ -212,10 +220,7 @@ _RESOLVE_REQUESTS = text(
 
 def resolve_requests(conn: Connection, keys: Iterable[Key], *, now: datetime) -> list[dict]:
     """Resolve-once: move pending requests to routed. Only the caller that moves a row may route it."""
-    return [
-        dict(r)
-        for r in conn.execute(_RESOLVE_REQUESTS, {**key_params(keys), "now": now}).mappings()
-    ]
+    return dicts(conn.execute(_RESOLVE_REQUESTS, {**key_params(keys), "now": now}))
 
 
 _UNRESOLVE_REQUESTS = text(

@@ -40,15 +40,14 @@ def insert_series(
     return existing["id"], existing
 
 
-_TAKE_DUE = text(
+# Through psycopg itself: all rows in one fetch (SQLAlchemy's result fetches them one by one).
+_TAKE_DUE = """
+    SELECT CAST(ctid AS text) AS ctid, user_id, id, type_key, anchor_local, zone, every, max_count,
+           until, calendar_policy, next_n, next_due_at, created_at
+    FROM series WHERE state = 'active' AND next_due_at <= %(now)s
+      AND (SELECT value FROM clarion_meta WHERE key = %(tzdata_key)s) = %(tzdata)s
+    ORDER BY next_due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
     """
-    SELECT CAST(ctid AS text) AS ctid, user_id, id, type_key, anchor_local, zone, every, max_count, until, calendar_policy,
-           next_n, next_due_at, created_at
-    FROM series WHERE state = 'active' AND next_due_at <= :now
-      AND (SELECT value FROM clarion_meta WHERE key = :tzdata_key) = :tzdata
-    ORDER BY next_due_at LIMIT :limit FOR UPDATE SKIP LOCKED
-    """
-)
 
 
 def take_due_series(
@@ -62,11 +61,11 @@ def take_due_series(
     locked row stays where it is until this transaction changes it). Without `variables`:
     fire_occurrences copies them from the series row in SQL, so the tick never decodes and
     re-encodes one JSON document per series."""
-    result = conn.execute(
+    cursor = _raw(conn).execute(
         _TAKE_DUE, {"now": now, "limit": limit, "tzdata_key": meta.TZDATA, "tzdata": tzdata}
     )
-    keys = tuple(result.keys())
-    return [dict(zip(keys, row, strict=True)) for row in result]
+    keys = [column.name for column in cursor.description or ()]
+    return [dict(zip(keys, row, strict=True)) for row in cursor.fetchall()]
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
