@@ -521,6 +521,9 @@ def test_openapi_is_valid_and_lists_every_endpoint(client):
         "/v1/events/batch": ["post"],
         "/v1/requests/{request_id}": ["get"],
         "/v1/users/{user_id}/preferences": ["get", "put"],
+        "/v1/inbox/{user_id}": ["get"],
+        "/v1/inbox/{user_id}/mark": ["post"],
+        "/v1/inbox/{user_id}/stream": ["get"],
     }
     post = doc["paths"]["/v1/events"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"] == {
@@ -539,9 +542,19 @@ def test_openapi_is_valid_and_lists_every_endpoint(client):
         assert post["responses"][status]["content"]["application/json"]["schema"] == error
     scheme = doc["components"]["securitySchemes"]["ApiKey"]
     assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
-    assert all(
-        op["security"] == [{"ApiKey": []}] for path in doc["paths"].values() for op in path.values()
-    )
+    inbox_token = [{"InboxToken": []}, {"InboxTokenQuery": []}]
+    for path, ops in doc["paths"].items():
+        expected = inbox_token if path.startswith("/v1/inbox/") else [{"ApiKey": []}]
+        assert all(op["security"] == expected for op in ops.values()), path
+    stream = doc["paths"]["/v1/inbox/{user_id}/stream"]["get"]["responses"]
+    assert list(stream["200"]["content"]) == ["text/event-stream"]
+    assert stream["401"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/InboxRefusal"
+    }
+    feed = doc["paths"]["/v1/inbox/{user_id}"]["get"]["responses"]["200"]
+    assert feed["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/InboxFeed"
+    }
     docs = client.get("/docs")
     assert docs.status_code == 200 and "/openapi.json" in docs.text
 
