@@ -560,26 +560,15 @@ def test_openapi_is_valid_and_lists_every_endpoint(client):
 
 
 def test_an_unmigrated_database_is_a_503_saying_so_not_a_traceback(
-    client, clarion_env, monkeypatch
+    client, unmigrated_database, monkeypatch
 ):
-    from sqlalchemy import make_url, text
-
-    from db.engine import dispose_all, one_off_engine
     from tests.support.pipeline import configure
 
-    with one_off_engine(clarion_env.database_url).connect() as conn:
-        conn.execute(text('CREATE DATABASE "clarion_api_bare"'))
-    bare = make_url(clarion_env.database_url).set(database="clarion_api_bare")
-    try:
-        configure(monkeypatch, database_url=bare.render_as_string(hide_password=False))
-        key = {"Authorization": f"Bearer clk_{'0' * 12}_{'A' * 43}"}
-        answer = client.post("/v1/events", json=event(), headers=key)
-        body = refused(answer, 503, None)
-        assert body["error"] == "unavailable" and "clarion migrate" in body["reason"]
-    finally:
-        dispose_all()
-        with one_off_engine(clarion_env.database_url).connect() as conn:
-            conn.execute(text('DROP DATABASE "clarion_api_bare" WITH (FORCE)'))
+    configure(monkeypatch, database_url=unmigrated_database)
+    key = {"Authorization": f"Bearer clk_{'0' * 12}_{'A' * 43}"}
+    answer = client.post("/v1/events", json=event(), headers=key)
+    body = refused(answer, 503, None)
+    assert body["error"] == "unavailable" and "clarion migrate" in body["reason"]
 
 
 def test_the_chat_doors_and_healthz_still_answer(client):
