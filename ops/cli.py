@@ -90,9 +90,7 @@ def _web(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     settings.get().urls()
-    uvicorn.run(
-        "web.app:create_app", factory=True, host=args.host, port=args.port, log_level="info"
-    )
+    uvicorn.run("web.app:app", host=args.host, port=args.port, log_level="info")
     return 0
 
 
@@ -361,7 +359,11 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--loglevel", default="INFO")
     b.set_defaults(fn=_beat)
     sub.add_parser("stats", help="print counts by state, reason and queue").set_defaults(fn=_stats)
-    wb = sub.add_parser("web", help="serve the Slack and Teams endpoints (ASGI, uvicorn)")
+    wb = sub.add_parser(
+        "web",
+        help="serve the HTTP API, Slack and Teams endpoints, provider webhooks, the preferences "
+        "page and /metrics (ASGI, uvicorn)",
+    )
     wb.add_argument("--host", default="127.0.0.1")
     wb.add_argument("--port", type=int, default=8000)
     wb.add_argument(

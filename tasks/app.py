@@ -5,8 +5,8 @@ by path: `config_from_object("celeryconfig")` would take the first module of tha
 and a host app's own celeryconfig.py would silently replace clarion's (no lanes, no late acks).
 
 A worker refuses to start — one line on stderr, exit status 2, within seconds — unless the loaded
-config is clarion's, the broker answers, the catalog loads and its tz database release is the one
-recorded in the database (scheduling/zones.py). Celery logs and swallows exceptions
+config is clarion's, the broker answers, the catalog loads, the database is migrated and its
+recorded tz database release is this install's (scheduling/zones.py). Celery logs and swallows exceptions
 raised by signal handlers (celery #2738), so the refusal leaves the process with os._exit.
 """
 
@@ -99,7 +99,8 @@ def refuse(message: str) -> None:
 
 
 def check_worker_start() -> None:
-    """Raise ConfigurationError unless this worker has clarion's config, a broker and a catalog."""
+    """Raise ConfigurationError unless this worker has clarion's config, a broker, a catalog and
+    a migrated database."""
     check_config(app.conf)
     use_broker(settings.get().urls()[2])  # raises ServicesUnavailable when nothing is configured
     check_broker(app.conf.broker_url)
@@ -111,8 +112,10 @@ def check_worker_start() -> None:
 
 def check_tz_database() -> None:
     """This worker computes with the tz release recorded in the database (tasks.series): two
-    releases would give two due times for one series. A database that cannot be reached now is
-    not a refusal (the tick checks again before each batch, and refuses to fire)."""
+    releases would give two due times for one series. Its engine() refuses a database that was
+    never migrated (db.engine.check_schema), so that is refused here, once, and not by every tick.
+    A database that cannot be reached now is not a refusal (the tick checks again before each
+    batch, and refuses to fire)."""
     from sqlalchemy.exc import DBAPIError
 
     from db.engine import engine

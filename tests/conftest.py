@@ -190,3 +190,18 @@ def clarion_env(
     reset_process_state()
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def unmigrated_database(clarion_env: TestEnv) -> Iterator[str]:
+    """The URL of a new, empty database beside this test's (never migrated), dropped after it."""
+    from db.engine import dispose_all, one_off_engine
+
+    name = f"clarion_bare_{uuid.uuid4().hex[:12]}"
+    admin = one_off_engine(clarion_env.database_url)
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield _with_database(clarion_env.database_url, name)
+    dispose_all()
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

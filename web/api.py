@@ -54,6 +54,8 @@ from web.api_models import (
     BatchAccepted,
     Error,
     Event,
+    InboxMark,
+    InboxRefusal,
     Preferences,
     PreferencesPut,
     RequestReport,
@@ -271,13 +273,14 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's document, plus the request-body models it cannot see (bodies are read by hand)."""
+    """FastAPI's document, plus the models it cannot see: request bodies (read by hand) and the
+    inbox's refusal (named by reference: its stream's answer is not JSON)."""
     if app.openapi_schema is None:
         doc = get_openapi(
             title=app.title, version=app.version, description=app.description, routes=app.routes
         )
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in (Event, Batch, PreferencesPut):
+        for model in (Event, Batch, PreferencesPut, InboxMark, InboxRefusal):
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema

@@ -7,11 +7,12 @@ Python callers and HTTP callers."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 MAX_BATCH = 500
+MAX_MARK_IDS = 500
 Lane = Literal["transactional", "activation"]
 
 
@@ -136,3 +137,62 @@ class Preferences(BaseModel):
     types: dict[str, dict[str, dict[str, Any]]] = Field(
         description="type → channel → the resolved answer: enabled, and the rule (source) that decided."
     )
+
+
+# --- the in-app inbox (web/inbox.py): its own token, and refusals of its own shape -----------------
+
+
+class InboxItem(BaseModel):
+    """An item of a recipient's inbox, as the feed lists it and the stream sends it."""
+
+    id: int
+    type: str
+    title: str
+    body: str
+    data: dict[str, Any]
+    count: int = Field(description="Members of its collapse group, itself included.")
+    more: int = Field(description="count - 1: the others folded into this item (and counting).")
+    created_at: datetime
+    updated_at: datetime
+    seen_at: datetime | None
+    read_at: datetime | None
+    archived_at: datetime | None
+
+
+class InboxFeed(BaseModel):
+    items: list[InboxItem] = Field(description="Newest first.")
+    unread: int
+    next: int | None = Field(
+        description="Pass as `before` for the next, older page; null: no more."
+    )
+    cursor: str = Field(
+        description="Open the stream from here (`last_event_id`): nothing after this page is missed."
+    )
+
+
+ItemId = Annotated[int, Field(ge=1, le=2**63 - 1)]
+
+
+class InboxMarkIds(BaseModel):
+    as_: Literal["seen", "read", "archived"] = Field(alias="as")
+    ids: list[ItemId] = Field(min_length=1, max_length=MAX_MARK_IDS, examples=[[1]])
+
+
+class InboxMarkAll(BaseModel):
+    as_: Literal["read"] = Field(alias="as")
+    all: Literal[True] = Field(description="Every unread item (no `ids` with it).")
+
+
+class InboxMark(RootModel[InboxMarkIds | InboxMarkAll]):
+    """Mark the named items, or every unread one as read."""
+
+
+class InboxMarked(BaseModel):
+    changed: list[int] = Field(description="The items this call changed (not those already so).")
+    unread: int
+
+
+class InboxRefusal(BaseModel):
+    """Every refusal of the inbox doors has this shape."""
+
+    error: str = Field(description="What was wrong, naming the field (`limit: expected ...`).")

@@ -1,4 +1,7 @@
-"""The ASGI app (`clarion web`, or `uvicorn web.app:app`): mounts each surface's routes."""
+"""The ASGI app (`clarion web`, or `uvicorn web.app:app`): mounts each surface's routes.
+
+`app` is built on first use (module `__getattr__`), so importing this module stays cheap (the CLI
+imports it for check_bind) and settings are read when the app is served, not when it is imported."""
 
 from __future__ import annotations
 
@@ -34,6 +37,14 @@ def create_app() -> Starlette:
     routes += slack.routes() + teams.routes() + email.routes() + inbox.routes()
     routes += sms.routes() + preferences.routes()
     return api.application(routes)  # FastAPI, a Starlette: the /v1 API, /openapi.json and /docs
+
+
+def __getattr__(name: str) -> Starlette:
+    """`web.app.app`: create_app() once per process, kept as a plain attribute from then on."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    built = globals()["app"] = create_app()
+    return built
 
 
 def is_loopback(host: str) -> bool:

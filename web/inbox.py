@@ -8,6 +8,9 @@
     GET  /v1/inbox/{user_id}/stream   text/event-stream; resumes after Last-Event-ID (the header
          an EventSource sends on reconnect, or ?last_event_id=, e.g. the feed's `cursor`)
 
+The three are FastAPI routes only to be in /openapi.json (security scheme InboxToken, the shapes of
+web/api_models.py): each reads its own parameters, as FastAPI's would be checked before the token.
+
 Every request carries a token from tasks.inbox.inbox_token(user_id, ttl), as
 `Authorization: Bearer <token>` or `?token=` (an EventSource cannot set headers); a missing,
 foreign or expired one is 401, checked before anything else is read. Bad input is a 400 naming
@@ -32,6 +35,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
+from fastapi import Security
+from fastapi.routing import APIRoute
+from fastapi.security import APIKeyQuery, HTTPBearer
+from pydantic import TypeAdapter
 from sqlalchemy import make_url
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -44,11 +51,11 @@ from db import inbox as store
 from db.engine import engine
 from db.inbox import Cursor, Item
 from tasks import inbox
+from web.api_models import MAX_MARK_IDS, InboxFeed, InboxMarked, ItemId
 from web.inbound import Refused, decode_json, read_body, refusal
 
 log = logging.getLogger(__name__)
 MAX_BODY = 64 * 1024
-MAX_IDS = 500
 RECONNECT = 2.0  # seconds before the LISTEN connection is tried again
 
 
@@ -112,8 +119,8 @@ def _mark_body(raw: bytes) -> tuple[str, list[int] | None]:
             raise Refused(400, "all: only with as=read and no ids")
         return what, None
     ids = body.get("ids")
-    if not isinstance(ids, list) or not 0 < len(ids) <= MAX_IDS:
-        raise Refused(400, f"ids: expected a list of 1 to {MAX_IDS} item ids")
+    if not isinstance(ids, list) or not 0 < len(ids) <= MAX_MARK_IDS:
+        raise Refused(400, f"ids: expected a list of 1 to {MAX_MARK_IDS} item ids")
     for n, value in enumerate(ids):
         if not (isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**63):
             raise Refused(400, f"ids[{n}]: expected an item id")
@@ -143,18 +150,135 @@ async def stream(request: Request) -> Response:
             raise Refused(400, "Last-Event-ID: not an event id of this stream")
     except Refused as error:
         return refusal(error, "inbox")
-    return StreamingResponse(
+    return EventStream(
         _events(user_id, since, listener(), settings.get().inbox_heartbeat),
-        media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+class EventStream(StreamingResponse):
+    media_type = "text/event-stream"
+
+
+# --- the doors in the OpenAPI document --------------------------------------------------------------
+
+TOKEN = "a token from `tasks.inbox.inbox_token(user_id, ttl)`"
+SECURITY = [
+    Security(HTTPBearer(auto_error=False, scheme_name="InboxToken", description=f"Bearer {TOKEN}")),
+    Security(
+        APIKeyQuery(
+            name="token",
+            auto_error=False,
+            scheme_name="InboxTokenQuery",
+            description=f"`?token=`, {TOKEN} (an EventSource cannot set headers)",
+        )
+    ),
+]
+REFUSAL = {"application/json": {"schema": {"$ref": "#/components/schemas/InboxRefusal"}}}
+USER = {
+    "name": "user_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[^/]+$"},  # one path segment, as the route reads it
+    "examples": {"recipient": {"value": "user-42"}},
+}
+ITEM_ID = TypeAdapter(ItemId).json_schema()
+EVENT_ID = {"type": "string", "pattern": r"^[0-9]{1,18}\.[0-9]{1,18}$"}  # Cursor.decode's
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "schema": schema, "description": description}
+
+
+def _door(
+    path: str,
+    endpoint: Any,
+    method: str,
+    *,
+    summary: str,
+    answer: str,
+    refusals: tuple[int, ...],
+    parameters: tuple[dict[str, Any], ...] = (),
+    body: str | None = None,
+    **route: Any,
+) -> APIRoute:
+    """One door as the document shows it: the token's scheme, its parameters and (by reference
+    to a component schema) its body, its answer and its refusals' shape."""
+    extra: dict[str, Any] = {"parameters": [USER, *parameters]}
+    if body:
+        schema = {"$ref": f"#/components/schemas/{body}"}
+        extra["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": schema}},
+        }
+    responses: dict[int | str, dict[str, Any]] = {200: {"description": answer}}
+    responses.update({status: {"content": REFUSAL} for status in refusals})
+    return APIRoute(
+        path,
+        endpoint,
+        methods=[method],
+        summary=summary,
+        dependencies=SECURITY,
+        responses=responses,
+        openapi_extra=extra,
+        **route,
     )
 
 
 def routes() -> list[Route]:
     return [
-        Route("/v1/inbox/{user_id}", list_feed, methods=["GET"]),
-        Route("/v1/inbox/{user_id}/mark", mark, methods=["POST"]),
-        Route("/v1/inbox/{user_id}/stream", stream, methods=["GET"]),
+        _door(
+            "/v1/inbox/{user_id}",
+            list_feed,
+            "GET",
+            summary="A page of the recipient's inbox and its unread count",
+            answer="The page, newest first; `next` pages on, `cursor` opens the stream after it.",
+            refusals=(400, 401),
+            parameters=(
+                _query("before", ITEM_ID, "Items older than this id (the last page's `next`)."),
+                _query(
+                    "limit",
+                    {"type": "integer", "minimum": 1, "maximum": store.MAX_PAGE},
+                    "At most this many items (default 50).",
+                ),
+                _query("archived", {"type": "boolean"}, "Include archived items (default false)."),
+            ),
+            response_model=InboxFeed,
+        ),
+        _door(
+            "/v1/inbox/{user_id}/mark",
+            mark,
+            "POST",
+            summary="Mark items seen, read or archived, or every unread item read",
+            answer="The items this call changed, and the unread count after it.",
+            refusals=(400, 401, 413),
+            body="InboxMark",
+            response_model=InboxMarked,
+        ),
+        _door(
+            "/v1/inbox/{user_id}/stream",
+            stream,
+            "GET",
+            summary="The recipient's inbox changes as server-sent events",
+            answer="`ready` once (its id the starting point), then `item` (new) and `updated` "
+            "(changed) events whose data is the whole InboxItem as JSON, and a `: ping` comment "
+            "every CLARION_INBOX_HEARTBEAT seconds. It does not end.",
+            refusals=(400, 401),
+            parameters=(
+                _query(
+                    "last_event_id",
+                    EVENT_ID,
+                    "Resume after this event id (e.g. the feed's `cursor`); the header wins.",
+                ),
+                {
+                    "name": "Last-Event-ID",
+                    "in": "header",
+                    "schema": EVENT_ID,
+                    "description": "What an EventSource sends when it reconnects.",
+                },
+            ),
+            response_class=EventStream,
+        ),
     ]
 
 

@@ -600,3 +600,35 @@ def test_one_series_with_an_absurd_interval_does_not_stop_every_other_series(cli
             text("SELECT count(*) FROM requests WHERE user_id = 'quinn'")
         ).scalar_one()
     assert fired == 1
+
+
+# --- an unmigrated database -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def unmigrated(clarion_env, unmigrated_database) -> dict[str, str]:
+    """The CLI's environment, its database a new one that was never migrated."""
+    return {**os.environ, **clarion_env.env, **EXTRA, "CLARION_DATABASE_URL": unmigrated_database}
+
+
+UNMIGRATED = {
+    "send": ["send", "receipt", "--user", "ana", "--var", "order=1"],
+    "send --dry-run": ["send", "receipt", "--user", "ana", "--var", "order=1", "--dry-run"],
+    "arm": ["arm", ONE_ON_ONE, "--user", "ana", "--anchor", "2030-01-07T09:00", "--every", "1w"],
+    "explain": ["explain", "--user", "ana"],
+    "schedule": ["schedule", "--user", "ana"],
+    "redrive": ["redrive", "--dry-run"],
+    "link": ["link", "--user", "ana"],
+    "keys create": ["keys", "create", "--name", "billing", "--scope", "events:write"],
+    "stats": ["stats"],
+}
+
+
+@pytest.mark.parametrize("args", UNMIGRATED.values(), ids=UNMIGRATED.keys())
+def test_a_command_on_an_unmigrated_database_says_so_in_one_line(unmigrated, args):
+    """Each says what to do, in one line, instead of an SQL traceback about a missing table."""
+    result = subprocess.run(
+        [str(CLARION), *args], env=unmigrated, capture_output=True, text=True, timeout=120
+    )
+    line = refused(result)
+    assert "not migrated" in line and line.endswith("run `clarion migrate`"), line

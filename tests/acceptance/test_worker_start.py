@@ -1,6 +1,7 @@
 """A worker starts with clarion's config, a reachable broker and a good catalog, or not at all — on
 the plain `celery -A tasks.app worker` path and under `clarion worker` — and `clarion worker`
-brings a worker whose celery process died back by itself (issue 8 items 5 and 9, issue 9 item 5).
+brings a worker whose celery process died back by itself (issue 8 items 5 and 9, issue 9 item 5);
+an unmigrated database is refused at start (issue 12 item 7).
 
 Each refusal is a real subprocess that must exit 2 within seconds with one clear line on stderr."""
 
@@ -155,6 +156,19 @@ def test_a_catalog_that_cannot_load_is_refused_by_celery_and_by_clarion_worker(
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("worker refused to start: ") == 1, result.stderr
     assert "not restarting" in result.stderr and "restarting in" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [_celery_worker(), [str(CLARION), "worker", "--lane", "control", "--pool", "solo"]],
+    ids=["celery worker", "clarion worker"],
+)
+def test_an_unmigrated_database_is_refused_at_start_not_at_every_tick(
+    clarion_env, unmigrated_database, tmp_path, command
+):
+    env = _env(tmp_path, **{**clarion_env.env, "CLARION_DATABASE_URL": unmigrated_database})
+    line = _refused(command, env, tmp_path)
+    assert "is not migrated" in line and line.endswith("run `clarion migrate`"), line
 
 
 def test_clarion_worker_brings_a_dead_worker_back_and_stops_on_sigterm(clarion_env, tmp_path):

@@ -521,6 +521,9 @@ def test_openapi_is_valid_and_lists_every_endpoint(client):
         "/v1/events/batch": ["post"],
         "/v1/requests/{request_id}": ["get"],
         "/v1/users/{user_id}/preferences": ["get", "put"],
+        "/v1/inbox/{user_id}": ["get"],
+        "/v1/inbox/{user_id}/mark": ["post"],
+        "/v1/inbox/{user_id}/stream": ["get"],
     }
     post = doc["paths"]["/v1/events"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"] == {
@@ -539,34 +542,33 @@ def test_openapi_is_valid_and_lists_every_endpoint(client):
         assert post["responses"][status]["content"]["application/json"]["schema"] == error
     scheme = doc["components"]["securitySchemes"]["ApiKey"]
     assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
-    assert all(
-        op["security"] == [{"ApiKey": []}] for path in doc["paths"].values() for op in path.values()
-    )
+    inbox_token = [{"InboxToken": []}, {"InboxTokenQuery": []}]
+    for path, ops in doc["paths"].items():
+        expected = inbox_token if path.startswith("/v1/inbox/") else [{"ApiKey": []}]
+        assert all(op["security"] == expected for op in ops.values()), path
+    stream = doc["paths"]["/v1/inbox/{user_id}/stream"]["get"]["responses"]
+    assert list(stream["200"]["content"]) == ["text/event-stream"]
+    assert stream["401"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/InboxRefusal"
+    }
+    feed = doc["paths"]["/v1/inbox/{user_id}"]["get"]["responses"]["200"]
+    assert feed["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/InboxFeed"
+    }
     docs = client.get("/docs")
     assert docs.status_code == 200 and "/openapi.json" in docs.text
 
 
 def test_an_unmigrated_database_is_a_503_saying_so_not_a_traceback(
-    client, clarion_env, monkeypatch
+    client, unmigrated_database, monkeypatch
 ):
-    from sqlalchemy import make_url, text
-
-    from db.engine import dispose_all, one_off_engine
     from tests.support.pipeline import configure
 
-    with one_off_engine(clarion_env.database_url).connect() as conn:
-        conn.execute(text('CREATE DATABASE "clarion_api_bare"'))
-    bare = make_url(clarion_env.database_url).set(database="clarion_api_bare")
-    try:
-        configure(monkeypatch, database_url=bare.render_as_string(hide_password=False))
-        key = {"Authorization": f"Bearer clk_{'0' * 12}_{'A' * 43}"}
-        answer = client.post("/v1/events", json=event(), headers=key)
-        body = refused(answer, 503, None)
-        assert body["error"] == "unavailable" and "clarion migrate" in body["reason"]
-    finally:
-        dispose_all()
-        with one_off_engine(clarion_env.database_url).connect() as conn:
-            conn.execute(text('DROP DATABASE "clarion_api_bare" WITH (FORCE)'))
+    configure(monkeypatch, database_url=unmigrated_database)
+    key = {"Authorization": f"Bearer clk_{'0' * 12}_{'A' * 43}"}
+    answer = client.post("/v1/events", json=event(), headers=key)
+    body = refused(answer, 503, None)
+    assert body["error"] == "unavailable" and "clarion migrate" in body["reason"]
 
 
 def test_the_chat_doors_and_healthz_still_answer(client):

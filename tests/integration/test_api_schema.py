@@ -7,8 +7,10 @@ Content-Type is the declared one; its body matches the declared schema (the Erro
 refusal); a request that breaks the schema is refused (4xx). Deterministic and bounded:
 derandomize=True, max_examples per operation and phase (~700 requests, ~20 s).
 
-The documented examples exist (recipient `user-42`, its request 1), so the examples phase also
-reaches the 202 and 200 answers and checks their bodies, not only refusals."""
+The documented examples exist (recipient `user-42`, its request 1, inbox items 1 to 3), so the
+examples phase also reaches the 202 and 200 answers and checks their bodies, not only refusals. The
+inbox doors take user-42's inbox token, the rest the API key. The inbox stream does not end, so it
+is left out of the generated run; its refusals are checked on their own."""
 
 from __future__ import annotations
 
@@ -29,7 +31,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from clarion import clock
+from db import inbox
+from db.engine import engine
 from tasks import notify, register_recipient
+from tasks.inbox import inbox_token
 from tests.integration.test_api import _broker
 from web.api_auth import SCOPES, create_key
 from web.app import create_app
@@ -50,19 +56,38 @@ CHECKS = [
 # database and Redis per request, so one app serves every test's fresh database.
 # (schemathesis.pytest.from_fixture would load it per test, but fails on pytest 9.)
 schema = schemathesis.openapi.from_asgi("/openapi.json", create_app())
+STREAM = "/v1/inbox/{user_id}/stream"
 
 
 @pytest.fixture
 def key(clarion_env) -> dict[str, str]:
     """A live key with every scope and a rate no generated run reaches; the documented example
-    recipient registered."""
+    recipient registered, with three items in its inbox."""
     register_recipient("user-42", timezone="Europe/Berlin", country="de")
     made = notify("user-42", "receipt", event_id="seed", variables={"order": "A-1"})
     assert made.request_id == 1  # the documented example request_id
+    with engine().begin() as conn:
+        for n in (1, 2, 3):
+            inbox.insert_item(
+                conn,
+                user_id="user-42",
+                delivery_id=n,
+                type_key="receipt",
+                title=f"Receipt {n}",
+                body="Thanks.",
+                data={"n": n},
+                collapse_key=None,
+                now=clock.now(),
+            )
     return {"Authorization": f"Bearer {create_key('schemathesis', SCOPES, (10**6, 1)).secret}"}
 
 
-@schema.parametrize()
+@pytest.fixture
+def inbox_key(clarion_env) -> dict[str, str]:
+    return {"Authorization": f"Bearer {inbox_token('user-42')}"}
+
+
+@schema.exclude(path=STREAM).parametrize()
 @settings(
     max_examples=150,
     derandomize=True,
@@ -70,8 +95,26 @@ def key(clarion_env) -> dict[str, str]:
     deadline=None,
     suppress_health_check=list(HealthCheck),
 )
-def test_every_answer_is_declared_and_none_is_a_5xx(case, key):
-    case.call_and_validate(headers=key, checks=CHECKS)
+def test_every_answer_is_declared_and_none_is_a_5xx(case, key, inbox_key):
+    headers = inbox_key if case.path.startswith("/v1/inbox/") else key
+    case.call_and_validate(headers=headers, checks=CHECKS)
+
+
+REFUSED_STREAMS = {  # (whose token, query, the refusal)
+    "no token": (None, {}, 401),
+    "another user's token": ("user-7", {}, 401),
+    "a bad Last-Event-ID": ("user-42", {"last_event_id": "1.x"}, 400),
+}
+
+
+@pytest.mark.parametrize(
+    "user, query, status", REFUSED_STREAMS.values(), ids=REFUSED_STREAMS.keys()
+)
+def test_the_streams_refusals_are_declared(key, user, query, status):
+    case = schema[STREAM]["GET"].Case(path_parameters={"user_id": "user-42"}, query=query)
+    answer = case.call(headers={"Authorization": f"Bearer {inbox_token(user)}"} if user else {})
+    assert answer.status_code == status
+    case.validate_response(answer, checks=CHECKS)
 
 
 REFUSAL = {"error": "boom", "field": None, "reason": "x"}

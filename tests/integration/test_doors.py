@@ -1,7 +1,8 @@
 """The inbound doors through clarion's real HTTP app (Starlette's TestClient on web.app): size first,
 then who sent it, then shape, each refusal a short 4xx; Teams cards that show variables as text;
 Teams local mode, which keeps a stored conversation from being rewritten from another origin and
-is loud about itself in `clarion web`.
+is loud about itself in `clarion web`; and the app served as a process, by `clarion web` and by
+`uvicorn web.app:app`.
 
 Real PostgreSQL and Redis, the real slack_bolt / botbuilder stacks, the local Slack Web API
 (ops/fake_slack.py) and Bot Framework connector (tests/support/fake_connector.py).
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+import httpx
 import jwt
 import pytest
 from markdown_it import MarkdownIt
@@ -435,3 +437,39 @@ def test_clarion_web_binds_a_public_host_in_local_mode_only_when_told(clarion_en
         process.wait(timeout=30)
     assert lines[0].startswith("clarion: WARNING:")
     assert "refusing" not in "".join(lines)
+
+
+# --- the app served by a process ------------------------------------------------------------------
+
+SERVERS = {
+    "uvicorn web.app:app": [sys.executable, "-m", "uvicorn", "web.app:app", "--port", "0"],
+    "clarion web": [*CLI, "web", "--port", "0"],
+}
+
+
+@pytest.mark.parametrize("command", SERVERS.values(), ids=SERVERS.keys())
+def test_the_app_serves_as_a_process_on_the_configured_database(clarion_env, command):
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=_cli_env(clarion_env),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        said = []
+        for line in process.stderr or ():  # uvicorn logs to stderr; EOF if the process died
+            said.append(line)
+            if found := re.search(r"Uvicorn running on (http://\S+)", line):
+                break
+        assert found, "".join(said)
+        url = found[1]
+        assert httpx.get(f"{url}/healthz", timeout=30).json() == {"status": "ok"}
+        # the key is looked up in the fixture's database (an unmigrated one would be a 503)
+        unknown = {"Authorization": f"Bearer clk_{'0' * 12}_{'A' * 43}"}
+        answer = httpx.post(f"{url}/v1/events", json={}, headers=unknown, timeout=30)
+        assert answer.status_code == 401, answer.text
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

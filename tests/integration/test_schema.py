@@ -7,12 +7,11 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import make_url, text
 
 import db
 from clarion.errors import ConfigurationError
 from db import partitioning
-from db.engine import dispose_all, engine, migrate, one_off_engine
+from db.engine import engine, migrate
 from db.schema import SCHEMA_REVISION, metadata
 
 pytestmark = pytest.mark.integration
@@ -57,17 +56,9 @@ def test_the_schema_module_names_the_alembic_head():
     assert ScriptDirectory.from_config(config).get_current_head() == SCHEMA_REVISION
 
 
-def test_an_unmigrated_database_is_refused_with_what_to_do(clarion_env):
-    with one_off_engine(clarion_env.database_url).connect() as conn:
-        conn.execute(text('CREATE DATABASE "clarion_unmigrated"'))
-    try:
-        bare = make_url(clarion_env.database_url).set(database="clarion_unmigrated")
-        with pytest.raises(ConfigurationError, match="not migrated.*run `clarion migrate`"):
-            engine(bare.render_as_string(hide_password=False))
-        migrate(bare.render_as_string(hide_password=False), "0005")
-        with pytest.raises(ConfigurationError, match="at revision 0005.*needs revision"):
-            engine(bare.render_as_string(hide_password=False))
-    finally:
-        dispose_all()
-        with one_off_engine(clarion_env.database_url).connect() as conn:
-            conn.execute(text('DROP DATABASE "clarion_unmigrated" WITH (FORCE)'))
+def test_an_unmigrated_database_is_refused_with_what_to_do(unmigrated_database):
+    with pytest.raises(ConfigurationError, match="not migrated.*run `clarion migrate`"):
+        engine(unmigrated_database)
+    migrate(unmigrated_database, "0005")
+    with pytest.raises(ConfigurationError, match="at revision 0005.*needs revision"):
+        engine(unmigrated_database)
