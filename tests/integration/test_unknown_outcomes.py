@@ -17,11 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
 from adapters.teams import ConversationRef
-from clarion import clock, metrics
+from clarion import clock
 from db import claims
 from db.engine import engine
 from ops.fake_slack import FakeSlack
@@ -32,6 +31,7 @@ from tasks.route import route
 from tests.support.fake_connector import FakeConnector
 from tests.support.pipeline import (
     configure,
+    counted,
     drain,
     expire_lease,
     publishing_to_this_tests_broker,
@@ -99,17 +99,8 @@ def _incidents() -> list[str]:
     return [r["kind"] for r in rows("SELECT kind FROM incidents ORDER BY id")]
 
 
-def _unknown_outcomes(channel: str) -> float:
-    """clarion_sends_total{outcome="unknown"} of `channel`, as /metrics says it."""
-    body, _ = metrics.exposition()
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(body.decode())
-        for s in family.samples
-        if s.name == "clarion_sends_total"
-        and s.labels["channel"] == channel
-        and s.labels["outcome"] == "unknown"
-    )
+def _unknowns(channel: str) -> float:
+    return counted("clarion_sends_total", channel=channel, outcome="unknown")
 
 
 @pytest.mark.parametrize("loss", LOSSES)
@@ -117,7 +108,7 @@ def _unknown_outcomes(channel: str) -> float:
 def test_webhook_repeats_only_under_the_same_key(servers, loss, type_key):
     receiver, _, _ = servers
     receiver.arrivals.losses.next(loss)
-    counted = _unknown_outcomes("webhook")
+    before = _unknowns("webhook")
     key = _send_once(type_key)
     row = _row(key)
     assert row["state"] == "pending" and row["maybe_sent_at"] is not None  # may have sent: owed
@@ -127,7 +118,7 @@ def test_webhook_repeats_only_under_the_same_key(servers, loss, type_key):
     assert arrivals.repeats == 1 and len(arrivals.occurrences[f"u1/{type_key}/event:e1"]) == 1
     assert _row(key)["state"] == "sent"
     assert _incidents() == ["repeat"]  # ... answered 409, so clarion knows it happened
-    assert _unknown_outcomes("webhook") - counted == 1  # when the answer was lost, not again
+    assert _unknowns("webhook") - before == 1  # counted when the answer was lost, not again
 
 
 @pytest.mark.parametrize("loss", LOSSES)
@@ -167,14 +158,14 @@ def test_teams_holds_an_at_most_once_nudge_as_unknown(servers, loss):
 def test_teams_resends_an_at_least_once_type_and_says_so(servers, loss, type_key):
     _, _, connector = servers
     connector.losses.next(loss)
-    counted = _unknown_outcomes("teams")
+    before = _unknowns("teams")
     key = _send_once(type_key)
     assert _row(key)["state"] == "pending"
     assert _retry(key) == 1
     assert len(connector.sent) == 2  # the provider cannot dedup: a possible duplicate ...
     assert _row(key)["state"] == "sent"
     assert _incidents() == ["possible_duplicate"]  # ... and the operator is told which
-    assert _unknown_outcomes("teams") - counted == 1  # when the answer was lost, not again
+    assert _unknowns("teams") - before == 1  # counted when the answer was lost, not again
 
 
 def test_a_send_whose_worker_died_mid_call_is_counted_unknown_by_the_taker(servers):
@@ -193,11 +184,11 @@ def test_a_send_whose_worker_died_mid_call_is_counted_unknown_by_the_taker(serve
         )
         assert claims.begin_send(conn, key, token=token, need=10) is not None
     expire_lease(key)
-    counted = _unknown_outcomes("teams")
+    before = _unknowns("teams")
     assert deliver([key[0]], [key[1]]) == 1
     assert _row(key)["state"] == "sent" and len(connector.sent) == 1
     assert _incidents() == ["possible_duplicate"]
-    assert _unknown_outcomes("teams") - counted == 1
+    assert _unknowns("teams") - before == 1
 
 
 def test_a_send_past_its_budget_is_unknown_even_if_the_client_would_wait(servers, monkeypatch):
