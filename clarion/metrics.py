@@ -15,6 +15,7 @@ read at scrape time by `LedgerCollector` instead of being counted in two places;
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 _DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or str(
@@ -62,6 +63,14 @@ TICK_TAKEN = Counter("clarion_tick_taken", "Rows the tick published or fired", [
 
 def folder() -> str:
     return _DIR
+
+
+def count_decisions(decisions: Iterable[tuple[str, str, str]]) -> None:
+    """clarion_suppressed_total for decisions just recorded, as (gate, outcome, reason): every
+    one that is not an `allow` (what `clarion explain` lists as why not, or not yet)."""
+    for gate, outcome, reason in decisions:
+        if outcome != "allow":
+            SUPPRESSED.labels(gate, reason).inc()
 
 
 def process_exited(pid: int) -> None:

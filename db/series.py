@@ -144,6 +144,7 @@ _FIRE = f"""
     SELECT ins.user_id, ins.id, o.gate, o.outcome, o.reason, o.detail, %(now)s
     FROM ins JOIN occ o ON o.user_id = ins.user_id AND o.occurrence_key = ins.occurrence_key
     WHERE o.gate IS NOT NULL
+    RETURNING gate, outcome, reason
     """
 
 
@@ -153,14 +154,16 @@ def fire_occurrences(
     occurrences: Sequence[NewOccurrence],
     *,
     now: datetime,
-) -> None:
+) -> psycopg.Cursor[Any] | None:
     """The tick's writes for its due series, in one statement: advance each series still active
     (one cancelled or paused meanwhile is left alone, and fires nothing), record its occurrences
     once each (variables copied from the series row; one created before, by a second beat or a
     snooze, is left as it is), and the decisions of those created now that are not sent as
-    scheduled."""
-    if advances:
-        _raw(conn).execute(_FIRE, fire_parameters(advances, occurrences, now=now))
+    scheduled. The cursor's rows are those decisions' (gate, outcome, reason), to read once the
+    pipeline has synced (None: nothing was due)."""
+    if not advances:
+        return None
+    return _raw(conn).execute(_FIRE, fire_parameters(advances, occurrences, now=now))
 
 
 def fire_parameters(

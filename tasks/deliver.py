@@ -380,14 +380,23 @@ def _settle_earlier_attempt(
 ) -> int | None:
     """An earlier attempt may have sent. A channel that can look for its own message does
     (found: recorded as sent, 1); otherwise tasks.outcomes says whether this attempt may send
-    again (None: go on) or must hold (0)."""
+    again (None: go on) or must hold (0). The earlier attempt's unknown outcome was counted when
+    its answer was lost, unless this claim took over its lapsed lease: then it is counted here."""
     reconcile = getattr(adapter, "reconcile", None)
     if reconcile is not None:
         try:
             found = reconcile(message, row.maybe_sent_at)
         except UnknownSendError as error:  # cannot be found out: held or resent, as policy says
             held = settle_unknown(
-                db, row, batch.token, error, adapter, batch.policy, checkable=False, release=False
+                db,
+                row,
+                batch.token,
+                error,
+                adapter,
+                batch.policy,
+                checkable=False,
+                release=False,
+                counted=not row.taken_over,
             )
             return 0 if held else None
         except SendError as error:
@@ -405,7 +414,15 @@ def _settle_earlier_attempt(
         "earlier_attempt", "an earlier attempt reached the provider; its answer was lost"
     )
     held = settle_unknown(
-        db, row, batch.token, lost, adapter, batch.policy, checkable=False, release=False
+        db,
+        row,
+        batch.token,
+        lost,
+        adapter,
+        batch.policy,
+        checkable=False,
+        release=False,
+        counted=not row.taken_over,
     )
     return 0 if held else None
 

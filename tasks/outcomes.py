@@ -83,17 +83,20 @@ def settle_unknown(
     *,
     checkable: bool = True,
     release: bool = True,
+    counted: bool = False,
 ) -> bool:
     """Settle an unknown outcome; True if the row is now held as `unknown`. Otherwise, with
     release=True, the claim goes back marked "may have sent" (or fails at the attempt cap);
-    with release=False the caller goes on to send in this attempt."""
+    with release=False the caller goes on to send in this attempt. counted=True: the outcome is
+    an earlier attempt's, already in clarion_sends_total (its answer was lost and settled)."""
     action = unknown_action(adapter, guarantee_of(row), checkable=checkable)
     log.warning(
         "send outcome unknown: %s",
         error,
         extra={"action": "send_unknown", "delivery": row.key, "next": action},
     )
-    metrics.SENDS.labels(row.lane, row.channel, "unknown").inc()
+    if not counted:
+        metrics.SENDS.labels(row.lane, row.channel, "unknown").inc()
     if action == "hold":
         now = clock.now()
         if db.run(

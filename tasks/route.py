@@ -135,9 +135,7 @@ def _route(users: list[str], ids: list[int], *, lane: str | None = None) -> int:
         )
         ledger.insert_decisions(conn, decisions, now=now)
     faults.hit("route.after_commit")
-    for d in decisions:
-        if d.outcome != "allow":
-            metrics.SUPPRESSED.labels(d.gate, d.reason).inc()
+    metrics.count_decisions((d.gate, d.outcome, d.reason) for d in decisions)
     ready = [(user, id_, of_lane) for user, id_, of_lane, held in created if not held]
     if rate(lane) is None:
         publish(DELIVER, ready)

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 
 from catalog.model import Catalog
-from clarion import clock, settings
+from clarion import clock, metrics, settings
 from clarion import validation as check
 from clarion.errors import InvalidField, UnknownType
 from db import ledger, meta
@@ -86,21 +86,19 @@ def _transition(
 def _drop_held_occurrences(conn: Connection, key: tuple[str, int], now: datetime) -> None:
     """A cancelled series sends nothing more: not even an occurrence a snooze created early."""
     dropped = store.drop_unrouted_occurrences(conn, key, now=now)
-    ledger.insert_decisions(
-        conn,
-        [
-            ledger.Decision(
-                key[0],
-                request_id,
-                "series",
-                "suppress",
-                "series_cancelled",
-                f"series {key[1]} was cancelled",
-            )
-            for request_id in dropped
-        ],
-        now=now,
-    )
+    decisions = [
+        ledger.Decision(
+            key[0],
+            request_id,
+            "series",
+            "suppress",
+            "series_cancelled",
+            f"series {key[1]} was cancelled",
+        )
+        for request_id in dropped
+    ]
+    ledger.insert_decisions(conn, decisions, now=now)
+    metrics.count_decisions((d.gate, d.outcome, d.reason) for d in decisions)
 
 
 def _series_key(user_id: object, series_id: object) -> tuple[str, int]:
@@ -216,12 +214,15 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
     recipients = ledger.recipient_calendars(conn, {r["user_id"] for r in due})
     grace = timedelta(seconds=settings.get().series_grace)
     catalog = runtime.catalog()
+    written = []
     with store.pipelined(conn):
         for batch in _batches(due):
             advances, planned = _plan(batch, recipients, now=now, grace=grace)
             planned = _confirm_merges(conn, planned)
             occurrences = [_occurrence(catalog, recipients, s, occ, now) for s, occ in planned]
-            store.fire_occurrences(conn, advances, occurrences, now=now)
+            written.append(store.fire_occurrences(conn, advances, occurrences, now=now))
+    # Counted once every write succeeded; only the caller's commit is left.
+    metrics.count_decisions(row for cursor in written if cursor is not None for row in cursor)
     return len(due)
 
 

@@ -21,13 +21,13 @@ from sqlalchemy import make_url, text
 
 ROOT = Path(__file__).resolve().parents[1]
 # Under pytest-xdist (`make test` runs `-n 2`) each worker process counts metrics in its own folder:
-# the acceptance metrics test compares one scrape with another, and a neighbour's workers would
-# otherwise add their sends to the same files.
+# the metrics tests compare one scrape with another, and a neighbour's sends would otherwise land
+# in the same files. The workers inherit the folder the controller chose here, so each appends
+# its own name to it.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-os.environ.setdefault(
-    "PROMETHEUS_MULTIPROC_DIR",
-    str(ROOT / ".clarion" / f"metrics-test{'-' + WORKER if WORKER else ''}"),
-)
+METRICS = os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(ROOT / ".clarion" / "metrics-test"))
+if WORKER:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = f"{METRICS}-{WORKER}"
 
 import clarion.metrics  # noqa: E402, F401 - before any prometheus_client import: it chooses prometheus_client's multiprocess folder
 

@@ -1,29 +1,72 @@
-"""/metrics under Celery's prefork pool: real workers (two pool processes each) write their counts
-to the multiprocess folder and one scrape sums them. What the metrics say is checked against what
-the webhook receiver counted, and the ledger's gauges against the ledger."""
+"""/metrics under Celery's prefork pool: two lane workers (two pool processes each) send, each
+pool process writes its own counts to the multiprocess folder, and every scrape sums them —
+including scrapes taken while the sends are in flight. The counters are checked against the
+ledger (GROUP BY over deliveries, decisions and incidents) and against what the receiving fake
+servers counted; the ledger's gauges against the ledger."""
 
 from __future__ import annotations
 
+import time
+from collections import Counter
+from pathlib import Path
+
 import pytest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import text
 from starlette.testclient import TestClient
 
 from adapters.base import Receipt
 from clarion import clock, metrics, settings
-from ops import launch
+from db import gating
+from db.engine import engine
+from db.schema import SENT_STATES
 from ops.receiver import Receiver
 from tasks import notify_many, register_recipient
+from tasks.preferences import set_preferences
 from tasks.receipts import ingest
-from tests.support.cluster import Cluster, wait_settled
-from tests.support.pipeline import rows
+from tests.support.cluster import Cluster, counts
+from tests.support.pipeline import configure, rows
 from web.app import create_app
 
 pytestmark = pytest.mark.acceptance
 
-N = 40
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+N = 24  # receipts (transactional) and nudges (activation) each, to the receiver that takes them
+LOST = 4  # answers the receiver loses after taking the message: unknown, resent, a `repeat`
+REFUSED = 3  # receipts to a receiver that refuses the signature: 401, failed at once
+STALLED = 3  # nudges to a receiver that answers 503 to everything: unknown until retries run out
+OPTED_OUT = 3  # recipients who turned nudges off
+LISTED = 3  # recipients whose webhook address is on the suppression list
+
+# A type per lane that sends, and one per failing receiver (a per-type webhook url).
+CATALOG = """
+types:
+  receipt:
+    category: transactional
+    channels: [webhook]
+    templates: [{{version: 1, body: "Thanks for your order."}}]
+  nudge:
+    category: activation
+    channels: [webhook]
+    options: {{window_exempt: true}}
+    templates: [{{version: 1, body: "Your plan is waiting."}}]
+  refused:
+    category: transactional
+    channels: [webhook]
+    config: {{webhook: {{url: "{refused}"}}}}
+    templates: [{{version: 1, body: "Never taken."}}]
+  stalled:
+    category: activation
+    channels: [webhook]
+    options: {{window_exempt: true}}
+    config: {{webhook: {{url: "{stalled}"}}}}
+    templates: [{{version: 1, body: "Never answered."}}]
+"""
 
 
-def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def scrape() -> Samples:
     with TestClient(create_app()) as client:
         answer = client.get("/metrics")
     assert answer.status_code == 200
@@ -35,7 +78,7 @@ def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def value(samples, name: str, **labels: str) -> float:
+def value(samples: Samples, name: str, **labels: str) -> float:
     """The sum over every sample of `name` whose labels include `labels`."""
     return sum(
         v
@@ -44,64 +87,171 @@ def value(samples, name: str, **labels: str) -> float:
     )
 
 
-def test_worker_pool_processes_counts_add_up_in_one_scrape(clarion_env, tmp_path):
-    before = scrape()
-    with Receiver(settings.get().webhook_secret) as hooks:
-        env = {
-            **clarion_env.env,
-            "CLARION_WEBHOOK_URL": hooks.url,
-            "CLARION_TICK_INTERVAL": "0.5",
-            "CLARION_BATCH_SIZE": "5",  # many deliver tasks, spread over both pool processes
-            "PROMETHEUS_MULTIPROC_DIR": metrics.folder(),
-        }
-        cluster = Cluster(env, tmp_path / "logs")
-        cluster.worker("lanes", ["transactional", "activation"], concurrency=2)
+def grown(after: Samples, before: Samples, name: str, *keys: str) -> dict[tuple[str, ...], float]:
+    """What each label combination (`keys`) of counter `name` gained between two scrapes."""
+    gains: Counter[tuple[str, ...]] = Counter()
+    for (n, ls), v in after.items():
+        if n == name:
+            gains[tuple(dict(ls)[k] for k in keys)] += v - before.get((n, ls), 0.0)
+    return {k: v for k, v in gains.items() if v}
+
+
+def ledger(sql: str, **params: object) -> dict[tuple[str, ...], float]:
+    """A GROUP BY over the ledger: every column but the last is the key, the last the count
+    (columns need distinct names)."""
+    counted = [tuple(r.values()) for r in rows(sql, **params)]
+    return {r[:-1]: float(r[-1]) for r in counted if r[-1]}
+
+
+def sent_by_process() -> Counter[int]:
+    """clarion_sends_total{outcome="sent"} of each process's own counter file, by pid."""
+    sent: Counter[int] = Counter()
+    for path in Path(metrics.folder()).glob("counter_*.db"):
+        pid = int(path.stem.removeprefix("counter_"))
+        for family in MultiProcessCollector.merge([str(path)]):
+            for s in family.samples:
+                if s.name == "clarion_sends_total" and s.labels["outcome"] == "sent":
+                    sent[pid] += s.value
+    return sent
+
+
+def children(pid: int) -> set[int]:
+    """The processes whose parent is `pid` (a Celery worker's pool), read from /proc."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if ppid == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def settled(expected: int) -> bool:
+    """Every request routed, all `expected` deliveries made, and none waiting to be sent."""
+    return (
+        counts("SELECT count(*) FROM requests WHERE state <> 'routed'") == 0
+        and counts("SELECT count(*) FROM deliveries") == expected
+        and counts("SELECT count(*) FROM deliveries WHERE state IN ('pending', 'claimed')") == 0
+    )
+
+
+def test_counters_of_four_pool_processes_add_up_to_the_ledger_while_they_send(
+    clarion_env, tmp_path, monkeypatch
+):
+    secret = settings.get().webhook_secret
+    with (
+        Receiver(secret, latency=0.25) as hooks,  # slow enough that scrapes land mid-run
+        Receiver("not clarion's secret") as refusing,
+        Receiver(secret) as down,
+    ):
+        hooks.arrivals.losses.next("5xx", times=LOST)
+        down.arrivals.fail_next = STALLED_ANSWERS = 10**6
+        catalog = tmp_path / "catalog.yaml"
+        catalog.write_text(CATALOG.format(refused=refusing.url, stalled=down.url))
+        configure(monkeypatch, catalog=catalog)
+        items = _recipients()
+        before, sent_before = scrape(), sent_by_process()
+        cluster = Cluster(
+            {
+                **clarion_env.env,
+                "CLARION_CATALOG": str(catalog),
+                "CLARION_WEBHOOK_URL": hooks.url,
+                "CLARION_TICK_INTERVAL": "0.5",
+                "CLARION_BATCH_SIZE": "5",  # many deliver tasks, spread over the pool processes
+                "CLARION_SEND_CONCURRENCY": "1",  # a batch makes its sends one after another
+                "CLARION_MAX_ATTEMPTS": "2",  # a lost answer is resent once; a stalled row fails
+                "PROMETHEUS_MULTIPROC_DIR": metrics.folder(),
+            },
+            tmp_path / "logs",
+        )
+        lanes = ("lanes-a", "lanes-b")
+        for name in lanes:
+            cluster.worker(name, ["transactional", "activation"], concurrency=2)
         cluster.worker("control", ["control"], concurrency=1)
         cluster.beat()
         try:
-            for n in range(N):
-                register_recipient(f"u{n}", timezone="UTC")
+            cluster.wait_ready(lanes, 60)
+            pools = {pid for name in lanes for pid in children(cluster.processes[name].pid)}
+            assert len(pools) == 4, pools
             notify_many(
-                {
-                    "user_id": f"u{n}",
-                    "type_key": "receipt",
-                    "event_id": "o",
-                    "variables": {"order": n},
-                }
-                for n in range(N)
+                {"user_id": user, "type_key": type_key, "event_id": "o"} for type_key, user in items
             )
-            assert wait_settled(60, expect_sent=N)
-            assert launch.wait_until(lambda: hooks.arrivals.total >= N, 30, 0.2)
-            ticked = launch.wait_until(
-                lambda: (
-                    value(scrape(), "clarion_tick_seconds_count")
-                    > value(before, "clarion_tick_seconds_count")
-                ),
-                30,
-                0.5,
-            )
+            during = [scrape()]
+            deadline = time.monotonic() + 60
+            while not (settled(2 * N + REFUSED + STALLED) and hooks.arrivals.total >= 2 * N + LOST):
+                assert time.monotonic() < deadline, f"not settled after 60 s: see {cluster.logs}"
+                time.sleep(0.2)
+                during.append(scrape())
         finally:
             cluster.stop()
     after = scrape()
-    sent = value(after, "clarion_sends_total", outcome="sent", channel="webhook") - value(
-        before, "clarion_sends_total", outcome="sent", channel="webhook"
-    )
-    assert sent == hooks.arrivals.unique == N  # counted at the receiver
-    timed = value(after, "clarion_event_to_sent_seconds_count", channel="webhook") - value(
-        before, "clarion_event_to_sent_seconds_count", channel="webhook"
-    )
-    assert timed == N
-    assert ticked
-    pids = {line.split("_")[-1].removesuffix(".db") for line in _files()}
-    assert len(pids) >= 3, pids  # pool children of both workers wrote their own files
 
-    # the ledger's gauges: nothing open now, and the queues answer
+    # Counters only grow, scrape after scrape, and a scrape taken mid-run saw part of the sends.
+    scrapes = [before, *during, after]
+    for earlier, later in zip(scrapes, scrapes[1:], strict=False):
+        shrunk = {
+            key: (was, later.get(key, 0.0))
+            for key, was in earlier.items()
+            if key[0].endswith(("_total", "_count")) and later.get(key, 0.0) < was
+        }
+        assert not shrunk, shrunk
+    start = value(before, "clarion_sends_total", outcome="sent")
+    sent = value(after, "clarion_sends_total", outcome="sent") - start
+    midway = [value(s, "clarion_sends_total", outcome="sent") - start for s in during]
+    assert any(0 < n < sent for n in midway), midway
+
+    # Each of the four pool processes sent, and the scrape is the sum of their files.
+    by_process = sent_by_process() - sent_before
+    assert all(by_process[pid] > 0 for pid in pools), (pools, by_process)
+    assert sum(by_process.values()) == sent
+
+    # What the receiving servers counted.
+    assert sent == hooks.arrivals.unique == 2 * N
+    assert hooks.arrivals.repeats == LOST  # each lost answer resent once, and answered 409
+    assert refusing.arrivals.rejected == REFUSED
+    stalled_answers = STALLED_ANSWERS - down.arrivals.fail_next
+    assert stalled_answers == 2 * STALLED  # both attempts of each
+    assert grown(after, before, "clarion_sends_total", "outcome") == {
+        ("sent",): 2 * N,
+        ("failed",): REFUSED + STALLED,
+        ("unknown",): LOST + stalled_answers,
+    }
+
+    # The same counters against the ledger, label by label.
+    assert grown(after, before, "clarion_sends_total", "lane", "channel", "outcome") == (
+        ledger_sends()
+    )
+    assert ledger("SELECT reason, count(*) FROM decisions WHERE gate = 'deliver' GROUP BY 1") == {
+        ("http_401",): REFUSED,
+        ("retries_exhausted",): STALLED,
+    }
+    suppressed = ledger(
+        "SELECT gate, reason, count(*) FROM decisions"
+        " WHERE gate <> 'deliver' AND outcome <> 'allow' GROUP BY 1, 2"
+    )
+    assert suppressed == {
+        ("preferences", "opted_out"): OPTED_OUT,
+        ("suppression", "suppressed_address"): LISTED,
+        ("channels", "no_channel"): OPTED_OUT + LISTED,
+    }
+    assert grown(after, before, "clarion_suppressed_total", "gate", "reason") == suppressed
+    incidents = ledger("SELECT kind, count(*) FROM incidents GROUP BY 1")
+    assert incidents == {("repeat",): LOST}
+    assert grown(after, before, "clarion_incidents_total", "kind") == incidents
+
+    # Latency for every send; the beat ticked; the ledger's gauges: nothing open, queues answer.
+    assert grown(after, before, "clarion_event_to_sent_seconds_count", "channel") == {
+        ("webhook",): sent
+    }
+    assert grown(after, before, "clarion_tick_seconds_count")
     assert value(after, "clarion_open_deliveries") == 0
     assert ("clarion_queue_depth", (("queue", "transactional"),)) in after
     assert value(after, "clarion_oldest_due_seconds", kind="deliveries") == 0
 
-    # a delivered receipt feeds event → delivered
-    [row] = rows("SELECT provider_message_id FROM deliveries WHERE user_id = 'u0'")
+    # A delivered receipt feeds event → delivered.
+    [row] = rows("SELECT provider_message_id FROM deliveries WHERE user_id = 'r0'")
     assert ingest(
         [
             Receipt(
@@ -113,18 +263,55 @@ def test_worker_pool_processes_counts_add_up_in_one_scrape(clarion_env, tmp_path
         ]
     ) == {"applied": 1}
     final = scrape()
-    assert (
-        value(final, "clarion_event_to_delivered_seconds_count", channel="webhook")
-        - value(after, "clarion_event_to_delivered_seconds_count", channel="webhook")
-        == 1
-    )
+    assert grown(final, after, "clarion_event_to_delivered_seconds_count", "channel") == {
+        ("webhook",): 1
+    }
     assert value(final, "clarion_receipts_total", event="delivered", outcome="applied") >= 1
 
 
-def _files() -> list[str]:
-    from pathlib import Path
+def _recipients() -> list[tuple[str, str]]:
+    """Register the run's recipients (opted out, or on the suppression list, as their initial
+    says) and return the (type, user) of each request to make."""
+    items = [("receipt", f"r{n}") for n in range(N)] + [("nudge", f"n{n}") for n in range(N)]
+    items += [("refused", f"f{n}") for n in range(REFUSED)]
+    items += [("stalled", f"s{n}") for n in range(STALLED)]
+    items += [("nudge", f"o{n}") for n in range(OPTED_OUT)]
+    items += [("receipt", f"l{n}") for n in range(LISTED)]
+    for _, user in items:
+        register_recipient(user, timezone="UTC")
+    for n in range(OPTED_OUT):
+        set_preferences(f"o{n}", {"type:nudge": False})
+    with engine().begin() as conn:
+        for n in range(LISTED):
+            gating.suppress_address(
+                conn,
+                f"l{n}",
+                channel="webhook",
+                address=f"l{n}",  # a webhook address is the user id
+                reason="complaint",
+                detail="listed by the test",
+                now=clock.now(),
+            )
+    return items
 
-    return [p.name for p in Path(metrics.folder()).glob("counter_*.db")]
+
+def ledger_sends() -> dict[tuple[str, ...], float]:
+    """clarion_sends_total as the ledger tells it, by lane, channel and outcome. A row's attempts
+    before its last had unknown outcomes (this run has no refusal worth a retry), and so had the
+    last of a row whose retries ran out."""
+    sends = ledger(
+        "SELECT lane, channel, CASE WHEN state = 'failed' THEN 'failed' ELSE 'sent' END AS outcome,"
+        " count(*)"
+        " FROM deliveries WHERE state = 'failed' OR state = ANY(:sent) GROUP BY 1, 2, 3",
+        sent=list(SENT_STATES),
+    )
+    unknown = ledger(
+        "SELECT d.lane, d.channel, 'unknown' AS outcome, sum(d.attempts - 1) + count(x.reason) AS n"
+        " FROM deliveries d LEFT JOIN decisions x ON x.user_id = d.user_id"
+        "  AND x.delivery_id = d.id AND x.reason = 'retries_exhausted'"
+        " GROUP BY 1, 2"
+    )
+    return {**sends, **unknown}
 
 
 def test_the_grafana_dashboard_only_charts_metrics_clarion_exports(clarion_env):
@@ -147,7 +334,6 @@ def test_the_grafana_dashboard_only_charts_metrics_clarion_exports(clarion_env):
 
 
 def test_digest_windows_and_waiting_escalations_are_gauges(clarion_env):
-    from sqlalchemy import text
 
     from db.engine import engine
     from tasks import notify

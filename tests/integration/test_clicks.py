@@ -23,7 +23,14 @@ from tasks.interactions import handle_click, series_occurrence
 from tasks.route import route
 from tasks.series import arm_series, cancel_series, fire_due_series, snooze_occurrence
 from tests.conftest import ROOT
-from tests.support.pipeline import configure, count, drain, publishing_to_this_tests_broker, rows
+from tests.support.pipeline import (
+    configure,
+    count,
+    counted,
+    drain,
+    publishing_to_this_tests_broker,
+    rows,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -177,12 +184,16 @@ def test_stop_drops_an_occurrence_a_snooze_created_early(slack):
     _tick()
     assert snooze_occurrence("ana", series_id, 1, datetime.now(UTC) + timedelta(days=2))
     assert _occurrence(series_id, 1)["state"] == "deferred"
+    cancelled = counted("clarion_suppressed_total", gate="series", reason="series_cancelled")
     assert cancel_series("ana", series_id)
     assert _occurrence(series_id, 1)["state"] == "routed"
     assert rows(
         "SELECT gate, outcome, reason FROM decisions WHERE request_id = :r",
         r=_occurrence(series_id, 1)["id"],
     ) == [{"gate": "series", "outcome": "suppress", "reason": "series_cancelled"}]
+    assert counted("clarion_suppressed_total", gate="series", reason="series_cancelled") == (
+        cancelled + count("decisions", "reason = 'series_cancelled'")  # this one, and today's
+    )
 
 
 # --- snooze ---------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from tasks.series import (
     snooze_occurrence,
 )
 from tests.conftest import ROOT
+from tests.support.pipeline import counted
 from tests.support.race import race
 
 pytestmark = pytest.mark.integration
@@ -136,6 +137,7 @@ def test_beat_down_for_three_days_records_misses_and_sends_at_most_one(
     now = virtual_clock.advance(
         days=3, hours=1, minutes=30
     )  # Thursday 09:30 local: occurrences 0..3
+    missed = counted("clarion_suppressed_total", gate="schedule", reason="missed")
     assert tick(now) == 1
     got = rows("SELECT occurrence_key, state FROM requests ORDER BY id")
     assert [state for _, state in got] == ["routed", "routed", "routed", "pending"]
@@ -148,6 +150,7 @@ def test_beat_down_for_three_days_records_misses_and_sends_at_most_one(
         "missed: the tick came 24 h after it was due",
     ]  # beat was down: not the anchor's fault
     assert tick(now) == 0
+    assert counted("clarion_suppressed_total", gate="schedule", reason="missed") - missed == 3
 
 
 def test_an_anchor_far_in_the_past_records_missed_and_no_burst(gates_catalog, virtual_clock):

@@ -12,6 +12,7 @@ answers 500). Counted at the server, not in clarion's tables:
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,8 @@ import pytest
 from sqlalchemy import text
 
 from adapters.teams import ConversationRef
+from clarion import clock
+from db import claims
 from db.engine import engine
 from ops.fake_slack import FakeSlack
 from ops.receiver import Receiver
@@ -26,7 +29,14 @@ from tasks import notify, register_recipient
 from tasks.deliver import deliver
 from tasks.route import route
 from tests.support.fake_connector import FakeConnector
-from tests.support.pipeline import configure, drain, publishing_to_this_tests_broker, rows
+from tests.support.pipeline import (
+    configure,
+    counted,
+    drain,
+    expire_lease,
+    publishing_to_this_tests_broker,
+    rows,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -89,11 +99,16 @@ def _incidents() -> list[str]:
     return [r["kind"] for r in rows("SELECT kind FROM incidents ORDER BY id")]
 
 
+def _unknowns(channel: str) -> float:
+    return counted("clarion_sends_total", channel=channel, outcome="unknown")
+
+
 @pytest.mark.parametrize("loss", LOSSES)
 @pytest.mark.parametrize("type_key", ["nudge_webhook", "receipt_webhook"])
 def test_webhook_repeats_only_under_the_same_key(servers, loss, type_key):
     receiver, _, _ = servers
     receiver.arrivals.losses.next(loss)
+    before = _unknowns("webhook")
     key = _send_once(type_key)
     row = _row(key)
     assert row["state"] == "pending" and row["maybe_sent_at"] is not None  # may have sent: owed
@@ -103,6 +118,7 @@ def test_webhook_repeats_only_under_the_same_key(servers, loss, type_key):
     assert arrivals.repeats == 1 and len(arrivals.occurrences[f"u1/{type_key}/event:e1"]) == 1
     assert _row(key)["state"] == "sent"
     assert _incidents() == ["repeat"]  # ... answered 409, so clarion knows it happened
+    assert _unknowns("webhook") - before == 1  # counted when the answer was lost, not again
 
 
 @pytest.mark.parametrize("loss", LOSSES)
@@ -142,12 +158,37 @@ def test_teams_holds_an_at_most_once_nudge_as_unknown(servers, loss):
 def test_teams_resends_an_at_least_once_type_and_says_so(servers, loss, type_key):
     _, _, connector = servers
     connector.losses.next(loss)
+    before = _unknowns("teams")
     key = _send_once(type_key)
     assert _row(key)["state"] == "pending"
     assert _retry(key) == 1
     assert len(connector.sent) == 2  # the provider cannot dedup: a possible duplicate ...
     assert _row(key)["state"] == "sent"
     assert _incidents() == ["possible_duplicate"]  # ... and the operator is told which
+    assert _unknowns("teams") - before == 1  # counted when the answer was lost, not again
+
+
+def test_a_send_whose_worker_died_mid_call_is_counted_unknown_by_the_taker(servers):
+    """Nobody settled the lapsed attempt, so the attempt that takes its claim over counts its
+    unknown outcome (once), and resends the at-least-once type with a `possible_duplicate`."""
+    _, _, connector = servers
+    request = notify("u1", "alert_teams", event_id="e1")
+    assert route(["u1"], [request.request_id]) == 1
+    drain("transactional"), drain("activation")
+    [row] = rows("SELECT user_id, id FROM deliveries WHERE request_id = :r", r=request.request_id)
+    key = (row["user_id"], row["id"])
+    token = str(uuid.uuid4())
+    with engine().begin() as conn:  # a worker claims, reaches the provider call, and dies
+        assert claims.claim_deliveries(
+            conn, [key], token=token, now=clock.now(), lease=60, max_attempts=8
+        )
+        assert claims.begin_send(conn, key, token=token, need=10) is not None
+    expire_lease(key)
+    before = _unknowns("teams")
+    assert deliver([key[0]], [key[1]]) == 1
+    assert _row(key)["state"] == "sent" and len(connector.sent) == 1
+    assert _incidents() == ["possible_duplicate"]
+    assert _unknowns("teams") - before == 1
 
 
 def test_a_send_past_its_budget_is_unknown_even_if_the_client_would_wait(servers, monkeypatch):

@@ -1,4 +1,5 @@
-"""Helpers for integration tests that drive the pipeline in-process: settings, clock, row counts."""
+"""Helpers for integration tests that drive the pipeline in-process: settings, clock, row counts,
+metric counts."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 
 import kombu.pools
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
-from clarion import clock, faults, settings
+from clarion import clock, faults, metrics, settings
 from db.engine import engine
 from tasks import runtime
 from tasks.app import app
@@ -70,6 +72,18 @@ def count(table: str, where: str = "true", **params: Any) -> int:
 def rows(sql: str, **params: Any) -> list[dict[str, Any]]:
     with engine().connect() as conn:
         return [dict(r) for r in conn.execute(text(sql), params).mappings()]
+
+
+def counted(name: str, **labels: str) -> float:
+    """The sum of /metrics samples `name` whose labels include `labels` (this host's counters,
+    every process's): compare before and after a call."""
+    body, _ = metrics.exposition()
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == want for k, want in labels.items())
+    )
 
 
 def counts() -> dict[str, int]:
