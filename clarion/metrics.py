@@ -103,6 +103,7 @@ class LedgerCollector:
 
         from clarion import clock
         from db import reports
+        from db.alerts import open_alerts
         from db.engine import engine
 
         states = GaugeMetricFamily(
@@ -130,7 +131,14 @@ class LedgerCollector:
             "Escalation chains waiting on a timer, per type and the step it is for",
             labels=["type", "step"],
         )
+        alerts = GaugeMetricFamily(
+            "clarion_alerts_open",
+            "Alerts firing (db.alerts: send_rate_drop per channel, stuck_work per kind and lane)",
+            labels=["kind", "subject"],
+        )
         with engine().connect() as conn:
+            for alert in open_alerts(conn):
+                alerts.add_metric([alert.kind, alert.subject], 1)
             for lane, channel, state, n in reports.open_deliveries(conn):
                 states.add_metric([lane, channel, state], n)
             for kind, lane, age in reports.oldest_due(conn, clock.now()):
@@ -145,7 +153,7 @@ class LedgerCollector:
             for type_key, state, step, n, _ in reports.escalation_counts(conn):
                 if state == "waiting":
                     chains.add_metric([type_key, str(step)], n)
-        yield from (states, oldest, windows, buffered, chains)
+        yield from (states, oldest, windows, buffered, chains, alerts)
         depth = GaugeMetricFamily(
             "clarion_queue_depth", "Messages waiting in each broker queue", labels=["queue"]
         )

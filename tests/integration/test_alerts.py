@@ -20,6 +20,7 @@ from tasks.deliver import deliver
 from tasks.route import route
 from tests.support.pipeline import (
     configure,
+    counted,
     drain,
     frozen_clock,
     publishing_to_this_tests_broker,
@@ -73,6 +74,7 @@ def test_a_failing_provider_fires_the_rate_alert_and_its_recovery_clears_it(prov
         [fired] = rows(ALERTS)
         assert (fired["kind"], fired["subject"], fired["value"]) == ("send_rate_drop", "webhook", 1)
         assert fired["opened_at"] == clock.read() and fired["cleared_at"] is None
+        assert counted("clarion_alerts_open", kind="send_rate_drop", subject="webhook") == 1
 
         clock.advance(60)  # still failing, fewer than the minimum sends: no change either way
         assert _send("few", 2) == 0
@@ -84,6 +86,7 @@ def test_a_failing_provider_fires_the_rate_alert_and_its_recovery_clears_it(prov
         assert evaluate()["cleared"] == ["send_rate_drop:webhook"]
         [cleared] = rows(ALERTS)
         assert cleared["cleared_at"] == clock.read()
+        assert counted("clarion_alerts_open") == 0
 
     by_key = dict(hooks.arrivals.by_key)
     alert_id = rows("SELECT id FROM alerts")[0]["id"]
