@@ -11,7 +11,7 @@ days from now. After each stage: VACUUM ANALYZE series (what autovacuum would do
 then, side by side at the same fixed `now`:
 
   clarion   tasks.series.fire_due_series(limit=--due): take_due_series (the partial index series_due,
-            FOR UPDATE SKIP LOCKED) + their recipients' calendars and locales + plan_tick per
+            FOR UPDATE SKIP LOCKED, joined with their recipients' calendars and locales) + plan_tick per
             series, then per batch (50, 100, 200, then 400 series) one statement that advances them
             (found by ctid) and inserts their occurrence requests and decisions, sent pipelined
             (PostgreSQL writes one batch while Python plans the next).
@@ -62,10 +62,10 @@ settings.reset()
 
 import tasks.series as tseries  # noqa: E402
 from bench.common import say, start_services, table, with_database  # noqa: E402
-from db import ledger  # noqa: E402
+from db import meta  # noqa: E402
 from db import series as store  # noqa: E402
 from db.engine import dispose_all, engine, migrate, one_off_engine  # noqa: E402
-from scheduling import recurrence  # noqa: E402
+from scheduling import recurrence, zones  # noqa: E402
 
 RECIPIENTS = 10_000
 ZONES = [
@@ -180,6 +180,12 @@ _SCAN = text(
 )
 
 
+_CALENDAR_KEYS = ("user_id", "timezone", "locale", "country", "workweek", "subdivision")
+_CALENDARS = text(
+    f"SELECT {', '.join(_CALENDAR_KEYS)} FROM recipients WHERE user_id = ANY(CAST(:users AS text[]))"
+)
+
+
 class ScanStats:
     def __init__(self) -> None:
         self.rows = 0
@@ -199,8 +205,13 @@ def scan_due(stats: ScanStats):
             if row[13] <= now:  # next_due_at
                 due.append(dict(zip(keys, row, strict=True)))
         due.sort(key=lambda r: r["next_due_at"])
+        due = due[:limit]
+        calendars = {  # what clarion's due query joins: its recipients, in a second query
+            row[0]: dict(zip(_CALENDAR_KEYS, row, strict=True))
+            for row in conn.execute(_CALENDARS, {"users": list({r["user_id"] for r in due})})
+        }
         stats.rows, stats.seconds = rows, time.perf_counter() - t0
-        return due[:limit]
+        return [{**r, **calendars[r["user_id"]]} for r in due]
 
     return take
 
@@ -253,8 +264,7 @@ def breakdown(url: str, *, now: datetime, limit: int) -> dict[str, tuple[float, 
     """Where one clarion tick's time goes: each step of fire_due_series, timed by wrapping it."""
     spent: dict[str, list] = {}
     targets = [
-        (store, "take_due_series", "take_due_series (the due query)"),
-        (ledger, "recipient_calendars", "ledger.recipient_calendars (1 query)"),
+        (store, "take_due_series", "take_due_series (the due query, with recipients)"),
         (tseries, "recipient_calendar", "recipient_calendar (per series)"),
         (tseries, "plan_tick", "plan_tick (per series, pure)"),
         (
@@ -292,39 +302,26 @@ def breakdown(url: str, *, now: datetime, limit: int) -> dict[str, tuple[float, 
     return result
 
 
-def explain(url: str, now: datetime, limit: int) -> tuple[list[str], list[str]]:
+def explain(url: str, now: datetime, limit: int) -> tuple[list[str], list[str], list[str]]:
+    """EXPLAIN (ANALYZE) of the due query as the tick sends it (through psycopg), once with the
+    plan PostgreSQL makes for this `now` and once with the generic plan it may switch to after
+    psycopg prepared the statement (five executions); and EXPLAIN of the scan."""
+    params = {"now": now, "limit": limit, "tzdata_key": meta.TZDATA, "tzdata": zones.TZ_DATABASE}
+    plans = []
     with engine(url).connect() as conn:
-        trans = conn.begin()
-        try:
-            due = [
-                r[0]
-                for r in conn.execute(
-                    text("EXPLAIN (ANALYZE, BUFFERS) " + store._TAKE_DUE.text),
-                    {"now": now, "limit": limit},
-                )
-            ]
-        finally:
-            trans.rollback()
+        raw = conn.connection.dbapi_connection
+        for generic in (False, True):
+            trans = conn.begin()
+            try:
+                if generic:
+                    conn.execute(text("SET LOCAL plan_cache_mode = force_generic_plan"))
+                sql = "EXPLAIN (ANALYZE, BUFFERS) " + store._TAKE_DUE
+                plans.append([r[0] for r in raw.execute(sql, params)])
+            finally:
+                trans.rollback()
         scan = [r[0] for r in conn.execute(text("EXPLAIN " + _SCAN.text))]
         conn.rollback()
-        # psycopg prepares a statement server-side after 5 executions, and PostgreSQL may then use a
-        # generic plan, chosen without the value of :now: show that one too.
-        trans = conn.begin()
-        try:
-            conn.execute(text("SET LOCAL plan_cache_mode = force_generic_plan"))
-            conn.exec_driver_sql(
-                "PREPARE bench_take_due (timestamptz, bigint) AS "
-                + store._TAKE_DUE.text.replace(":now", "$1").replace(":limit", "$2")
-            )
-            generic = [
-                r[0]
-                for r in conn.exec_driver_sql(  # EXECUTE takes no bind parameters: literals
-                    f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_take_due ('{now.isoformat()}', {int(limit)})"
-                )
-            ]
-        finally:
-            trans.rollback()
-    return due, scan, generic
+    return plans[0], scan, plans[1]
 
 
 # --- report -----------------------------------------------------------------------------------

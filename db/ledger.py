@@ -115,22 +115,6 @@ def known_recipients(conn: Connection, user_ids: Iterable[str]) -> set[str]:
     return set(conn.execute(_KNOWN, {"users": list(set(user_ids))}).scalars())
 
 
-_CALENDARS = text(
-    "SELECT user_id, timezone, locale, country, workweek, subdivision FROM recipients "
-    "WHERE user_id = ANY(CAST(:users AS text[]))"
-)
-
-
-def recipient_calendars(conn: Connection, user_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """What the series tick needs of each recipient, by user id: their zone and working week,
-    country and subdivision (tasks.arming.recipient_calendar) and their locale. Under half the
-    client's time of `recipients` for 1,000 of them (no addresses document to decode)."""
-    return {
-        row["user_id"]: row
-        for row in dicts(conn.execute(_CALENDARS, {"users": list(set(user_ids))}))
-    }
-
-
 # --- requests ---------------------------------------------------------------------------------
 
 

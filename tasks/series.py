@@ -203,7 +203,7 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
 
     Fires nothing while this process's tz database differs from the deployment's (one error log
     per tick): its due times would not be the ones every other worker computes. A few statements
-    whatever the number due: the due series, their recipients, then one write per
+    whatever the number due: the due series with their recipients, then one write per
     batch (see FIRST_BATCH), plus one per batch where a merge must be checked against the ledger.
     The tz check is part of the due query; only a tick that finds nothing due asks why."""
     due = store.take_due_series(conn, now=now, limit=limit, tzdata=zones.TZ_DATABASE)
@@ -211,7 +211,7 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
         if problem := tz_database_problem(conn):
             log.error(problem, extra={"action": "series_tz_database_mismatch"})
         return 0
-    recipients = ledger.recipient_calendars(conn, {r["user_id"] for r in due})
+    recipients = {r["user_id"]: r for r in due}  # each due row carries its recipient's calendar
     grace = timedelta(seconds=settings.get().series_grace)
     catalog = runtime.catalog()
     written = []
