@@ -96,6 +96,8 @@ def _incident_deliveries(kind: str) -> set[int]:
         )
 
 
+# A minute of SIGKILLs at full size: in the soak tier (CI runs it once, not in each pass).
+@pytest.mark.soak
 def test_ten_thousand_requests_survive_workers_killed_every_few_seconds(clarion_env, tmp_path):
     rng = random.Random(2026)
     users, per_user = 500, 20

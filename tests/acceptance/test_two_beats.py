@@ -160,6 +160,8 @@ def _tick_results(cluster: LoggedCluster, workers: tuple[str, ...]) -> list[dict
     ]
 
 
+# Half a minute of wall time by design: in the soak tier (CI runs it once, not in each pass).
+@pytest.mark.soak
 def test_two_beats_for_half_a_minute_over_ten_thousand_series_create_no_occurrence_twice(
     gates_env, tmp_path
 ):
