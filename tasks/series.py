@@ -211,15 +211,14 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
         if problem := tz_database_problem(conn):
             log.error(problem, extra={"action": "series_tz_database_mismatch"})
         return 0
-    recipients = {r["user_id"]: r for r in due}  # each due row carries its recipient's calendar
     grace = timedelta(seconds=settings.get().series_grace)
     catalog = runtime.catalog()
     written = []
     with store.pipelined(conn):
         for batch in _batches(due):
-            advances, planned = _plan(batch, recipients, now=now, grace=grace)
+            advances, planned = _plan(batch, now=now, grace=grace)
             planned = _confirm_merges(conn, planned)
-            occurrences = [_occurrence(catalog, recipients, s, occ, now) for s, occ in planned]
+            occurrences = [_occurrence(catalog, s, occ, now) for s, occ in planned]
             written.append(store.fire_occurrences(conn, advances, occurrences, now=now))
     # Counted once every write succeeded; only the caller's commit is left.
     metrics.count_decisions(row for cursor in written if cursor is not None for row in cursor)
@@ -235,17 +234,17 @@ def _batches(due: list[T]) -> Iterator[list[T]]:
 
 def _plan(
     due: list[dict[str, Any]],
-    recipients: dict[str, dict[str, Any]],
     *,
     now: datetime,
     grace: timedelta,
 ) -> tuple[list[store.Advance], list[tuple[dict[str, Any], Occurrence]]]:
-    """Where each due series goes next, and the occurrences to record for it."""
+    """Where each due series goes next, and the occurrences to record for it (each due row
+    carries its recipient's calendar: take_due_series)."""
     planned: list[tuple[dict[str, Any], Occurrence]] = []
     advances: list[store.Advance] = []
     for s in due:
         try:
-            tick = plan_tick(s, recipient_calendar(recipients[s["user_id"]]), now=now, grace=grace)
+            tick = plan_tick(s, recipient_calendar(s), now=now, grace=grace)
         except (OverflowError, ValueError):
             # one series whose time cannot be computed must not stop every other series: end it
             log.exception(
@@ -305,13 +304,12 @@ def _confirm_merges(
 
 def _occurrence(
     catalog: Catalog,
-    recipients: dict[str, dict[str, Any]],
     s: dict[str, Any],
     occ: Occurrence,
     now: datetime,
 ) -> store.NewOccurrence:
-    """The request to record for occurrence `occ` of series `s`, in its recipient's locale (read
-    with the recipients, so the requests_pin_locale trigger has nothing to do)."""
+    """The request to record for occurrence `occ` of series `s`, in its recipient's locale (the
+    due query joins it, so the requests_pin_locale trigger has nothing to do)."""
     ntype = catalog.get(s["type_key"])
     state = _STATES.get(occ.action, "routed")
     return store.NewOccurrence(
@@ -323,7 +321,7 @@ def _occurrence(
         state=state,
         due_at={"pending": now, "deferred": occ.send_at}.get(state),
         decision=None if occ.action == "send" else _decision(s, occ),
-        locale=recipients[s["user_id"]]["locale"],
+        locale=s["locale"],
     )
 
 
