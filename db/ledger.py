@@ -8,7 +8,7 @@ Keys are (user_id, id) pairs; batch statements take them as two parallel arrays.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, time
 from typing import Any
@@ -94,10 +94,14 @@ def upsert_recipient(
     )
 
 
+# Joined with the ids, not `user_id = ANY(:users)`: once psycopg prepares a statement, PostgreSQL
+# may run its generic plan, which tests = ANY by walking the array for every row it reads (5 ms for
+# 500 ids against 1,000 recipients; a join is 0.6 ms, and an index probe per id on a large table).
+_THESE = "JOIN unnest(CAST(:users AS text[])) AS these(user_id) USING (user_id)"
+
 _RECIPIENTS = text(
     "SELECT user_id, timezone, locale, country, org_id, addresses, quiet_start, quiet_end, workweek, "
-    "subdivision FROM recipients "
-    "WHERE user_id = ANY(CAST(:users AS text[]))"
+    f"subdivision FROM recipients {_THESE}"
 )
 
 
@@ -107,12 +111,13 @@ def recipients(conn: Connection, user_ids: Iterable[str]) -> dict[str, dict[str,
     return {row["user_id"]: row for row in rows}
 
 
-_KNOWN = text("SELECT user_id FROM recipients WHERE user_id = ANY(CAST(:users AS text[]))")
+_LOCALES = text(f"SELECT user_id, locale FROM recipients {_THESE}")
 
 
-def known_recipients(conn: Connection, user_ids: Iterable[str]) -> set[str]:
-    """Which of these user ids are registered (an index-only read: nothing to decode)."""
-    return set(conn.execute(_KNOWN, {"users": list(set(user_ids))}).scalars())
+def recipient_locales(conn: Connection, user_ids: Iterable[str]) -> dict[str, str]:
+    """Which of these user ids are registered, with their locales (unknown ids are absent)."""
+    rows = conn.execute(_LOCALES, {"users": list(set(user_ids))}).all()
+    return {user_id: locale for user_id, locale in rows}
 
 
 # --- requests ---------------------------------------------------------------------------------
@@ -131,11 +136,12 @@ class NewRequest:
 _INSERT_REQUESTS = text(
     """
     INSERT INTO requests (user_id, type_key, occurrence_key, lane, template_version, variables,
-                          state, due_at, created_at)
-    SELECT u, t, o, l, v, CAST(vars AS jsonb), 'pending', :due_at, :now
+                          locale, state, due_at, created_at)
+    SELECT u, t, o, l, v, CAST(vars AS jsonb), loc, 'pending', :due_at, :now
     FROM unnest(CAST(:users AS text[]), CAST(:types AS text[]), CAST(:occs AS text[]),
-                CAST(:lanes AS text[]), CAST(:versions AS int[]), CAST(:vars AS text[]))
-         AS x(u, t, o, l, v, vars)
+                CAST(:lanes AS text[]), CAST(:versions AS int[]), CAST(:vars AS text[]),
+                CAST(:locales AS text[]))
+         AS x(u, t, o, l, v, vars, loc)
     ON CONFLICT (user_id, type_key, occurrence_key) DO NOTHING
     RETURNING user_id, type_key, occurrence_key, id
     """
@@ -151,12 +157,20 @@ _EXISTING_REQUESTS = text(
 
 
 def insert_requests(
-    conn: Connection, rows: Sequence[NewRequest], *, now: datetime, due_at: datetime
+    conn: Connection,
+    rows: Sequence[NewRequest],
+    *,
+    now: datetime,
+    due_at: datetime,
+    locales: Mapping[str, str] | None = None,
 ) -> list[tuple[int, bool]]:
     """Insert requests, one per occurrence; returns (request id, is_new) in input order.
 
     A repeated occurrence (in the table already, or twice in `rows`) maps to the existing id.
+    `locales`: the recipients' locales, if the caller has read them (recipient_locales), pinned on
+    the rows as they are written; else the requests_pin_locale trigger reads each one.
     """
+    locales = locales or {}
     params = {
         "users": [r.user_id for r in rows],
         "types": [r.type_key for r in rows],
@@ -164,6 +178,7 @@ def insert_requests(
         "lanes": [r.lane for r in rows],
         "versions": [r.template_version for r in rows],
         "vars": [json.dumps(r.variables) for r in rows],
+        "locales": [locales.get(r.user_id) for r in rows],
         "now": now,
         "due_at": due_at,
     }

@@ -40,7 +40,7 @@ def preferences_link(
     never registered, InvalidRequest for a bad ttl."""
     token = preferences_token(user_id, ttl=ttl, now=now)
     with engine().connect() as conn:
-        if user_id not in ledger.known_recipients(conn, [user_id]):
+        if user_id not in ledger.recipient_locales(conn, [user_id]):
             raise UnknownRecipient(user_id)
     return f"{settings.get().public_url.rstrip('/')}{PATH}?t={token}"
 

@@ -62,7 +62,7 @@ def set_preferences(
 
 
 def _write(conn: Connection, user_id: str, rows: list[Row]) -> None:
-    if user_id not in ledger.known_recipients(conn, [user_id]):
+    if user_id not in ledger.recipient_locales(conn, [user_id]):
         raise UnknownRecipient(user_id)
     gating.set_preferences(conn, user_id, rows, now=clock.now())
 

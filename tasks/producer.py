@@ -252,10 +252,9 @@ def publish_after_commit(keys: list[tuple[str, int, str]]) -> None:
 
 
 def _insert(conn: Connection, rows: list[ledger.NewRequest], *, now, due_at) -> list[Enqueued]:
-    known = ledger.known_recipients(conn, (r.user_id for r in rows))
-    unknown = [r.user_id for r in rows if r.user_id not in known]
+    locales = ledger.recipient_locales(conn, (r.user_id for r in rows))
+    unknown = [r.user_id for r in rows if r.user_id not in locales]
     if unknown:
         raise UnknownRecipient(unknown[0])
-    return [
-        Enqueued(i, new) for i, new in ledger.insert_requests(conn, rows, now=now, due_at=due_at)
-    ]
+    created = ledger.insert_requests(conn, rows, now=now, due_at=due_at, locales=locales)
+    return [Enqueued(i, new) for i, new in created]
