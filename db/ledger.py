@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, time
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, CursorResult, TextClause, text
 
@@ -212,7 +212,7 @@ _RESOLVE_REQUESTS = text(
     FROM {KEY_PAIRS}
     WHERE r.user_id = k.user_id AND r.id = k.id AND r.state = 'pending'
     RETURNING r.user_id, r.id, r.type_key, r.occurrence_key, r.lane, r.template_version, r.variables,
-              r.created_at
+              r.locale, r.created_at
     """
 )
 
@@ -280,16 +280,31 @@ def take_due_requests(
 
 # --- deliveries -------------------------------------------------------------------------------
 
+# A row is inserted claimed, under :token, when the caller sends it itself (the route task) and it
+# is not held back: one write instead of a pending row and a claim's update of it. Its lease runs
+# from here, on PostgreSQL's clock, as a claim's does.
 _INSERT_DELIVERIES = text(
     """
     INSERT INTO deliveries (user_id, request_id, type_key, occurrence_key, channel, one_platform,
-                            lane, state, not_before, due_at, created_at, updated_at)
-    SELECT u, r, t, o, c, p, l, 'pending', coalesce(nb, :now), greatest(nb, :due_at), :now, :now
-    FROM unnest(CAST(:users AS text[]), CAST(:requests AS bigint[]), CAST(:types AS text[]),
-                CAST(:occs AS text[]), CAST(:channels AS text[]), CAST(:platforms AS boolean[]),
-                CAST(:lanes AS text[]), CAST(:not_before AS timestamptz[])) AS x(u, r, t, o, c, p, l, nb)
+                            lane, state, not_before, due_at, created_at, updated_at, claim_token,
+                            lease_until, attempts)
+    SELECT u, r, t, o, c, p, l, CASE WHEN mine THEN 'claimed' ELSE 'pending' END,
+           coalesce(nb, :now),
+           CASE WHEN mine THEN clock_timestamp() + make_interval(secs => :lease)
+                ELSE greatest(nb, :due_at) END,
+           :now, :now, CASE WHEN mine THEN CAST(:token AS uuid) END,
+           CASE WHEN mine THEN clock_timestamp() + make_interval(secs => :lease) END,
+           CASE WHEN mine THEN 1 ELSE 0 END
+    FROM (
+        SELECT *, CAST(:token AS uuid) IS NOT NULL AND (nb IS NULL OR nb <= :now) AS mine
+        FROM unnest(CAST(:users AS text[]), CAST(:requests AS bigint[]), CAST(:types AS text[]),
+                    CAST(:occs AS text[]), CAST(:channels AS text[]), CAST(:platforms AS boolean[]),
+                    CAST(:lanes AS text[]), CAST(:not_before AS timestamptz[]))
+             AS x(u, r, t, o, c, p, l, nb)
+    ) x
     ON CONFLICT (user_id, request_id, channel) DO NOTHING
-    RETURNING user_id, id, lane, not_before > :now AS held
+    RETURNING user_id, id, request_id, channel, lane, not_before > :now AS held,
+              extract(epoch FROM lease_until - clock_timestamp())::float8 AS lease_left
     """
 )
 
@@ -306,32 +321,51 @@ class NewDelivery:
     not_before: datetime | None = None  # held back (e.g. marketing SMS hours) until then
 
 
-def insert_deliveries(
-    conn: Connection, rows: Sequence[NewDelivery], *, now: datetime, due_at: datetime
-) -> list[tuple[str, int, str, bool]]:
-    """Create pending deliveries; returns (user_id, delivery id, lane, held) of those created.
+class CreatedDelivery(NamedTuple):
+    user_id: str
+    id: int
+    request_id: int
+    channel: str
+    lane: str
+    held: bool  # not to be sent before its not_before
+    lease_left: float | None  # inserted claimed: seconds its lease has left (PostgreSQL's clock)
 
-    A delivery held back by `not_before` is published by the beat tick when its time comes."""
+
+def insert_deliveries(
+    conn: Connection,
+    rows: Sequence[NewDelivery],
+    *,
+    now: datetime,
+    due_at: datetime,
+    claim: tuple[str, float] | None = None,
+) -> list[CreatedDelivery]:
+    """Create deliveries; returns those created (one already there for its request and channel
+    is left as it is).
+
+    Pending, or, with `claim` = (token, lease seconds), claimed by the caller under that token
+    when not held: the caller sends those itself. A pending row not held is published by the
+    caller, or again by the tick once `due_at` passes; a held one by the tick when its time comes."""
     if not rows:
         return []
-    return [
-        tuple(r)
-        for r in conn.execute(
-            _INSERT_DELIVERIES,
-            {
-                "users": [r.user_id for r in rows],
-                "requests": [r.request_id for r in rows],
-                "types": [r.type_key for r in rows],
-                "occs": [r.occurrence_key for r in rows],
-                "channels": [r.channel for r in rows],
-                "platforms": [r.one_platform for r in rows],
-                "lanes": [r.lane for r in rows],
-                "not_before": [r.not_before for r in rows],
-                "now": now,
-                "due_at": due_at,
-            },
-        )
-    ]
+    token, lease = claim or (None, 0.0)
+    result = conn.execute(
+        _INSERT_DELIVERIES,
+        {
+            "users": [r.user_id for r in rows],
+            "requests": [r.request_id for r in rows],
+            "types": [r.type_key for r in rows],
+            "occs": [r.occurrence_key for r in rows],
+            "channels": [r.channel for r in rows],
+            "platforms": [r.one_platform for r in rows],
+            "lanes": [r.lane for r in rows],
+            "not_before": [r.not_before for r in rows],
+            "now": now,
+            "due_at": due_at,
+            "token": token,
+            "lease": lease,
+        },
+    )
+    return [CreatedDelivery(*row) for row in result]
 
 
 # --- decisions and incidents ------------------------------------------------------------------

@@ -1,4 +1,7 @@
-"""The deliver task: claim, render, send, and record "sent" only after the send.
+"""Sending: claim, render, send, and record "sent" only after the send.
+
+The route task sends what it routed itself (`send_claimed`: it wrote those rows claimed); the deliver
+task claims and sends the rest (retries, held rows whose time came, takeovers of lapsed leases).
 
 A claimed row goes through: prepare (adapter, template; nothing is sent) → reconcile, if an
 earlier attempt may have sent → begin the send (one conditional update: the claim is still ours,
@@ -77,9 +80,23 @@ def deliver_now(rows: list[tuple[str, int, str]]) -> int:
     return deliver([r[0] for r in rows], [r[1] for r in rows]) if rows else 0
 
 
+def send_claimed(claimed: list[ClaimedDelivery], token: str) -> int:
+    """Send rows this process claimed already under `token` (the route task inserts the rows
+    it sends itself as claimed: ledger.insert_deliveries); returns the sends recorded."""
+    if not claimed:
+        return 0
+    try:
+        return _in_batch(token, lambda batch: _send_rows(claimed, batch))
+    finally:
+        sendrate.flush()
+
+
 def _deliver(users: list[str], ids: list[int]) -> int:
+    return _in_batch(str(uuid.uuid4()), lambda batch: _send_batch(users, ids, batch))
+
+
+def _in_batch(token: str, work: Callable[[Batch], object]) -> int:
     s = settings.get()
-    token = str(uuid.uuid4())
     batch = Batch(
         token,
         RetryPolicy(max_attempts=s.max_attempts),
@@ -88,7 +105,7 @@ def _deliver(users: list[str], ids: list[int]) -> int:
         SentGroup(token, rows=s.sent_flush_rows, wait=s.sent_flush_ms / 1000),
     )
     try:
-        _send_batch(users, ids, batch)
+        work(batch)
     finally:  # the sends already made are recorded, whatever happened to the rest
         recorded = batch.sent.close()
     return recorded
@@ -113,11 +130,16 @@ def _send_batch(users: list[str], ids: list[int], batch: Batch) -> int:
             key=lambda r: r.key,
         )
     runtime.count("deliver_skipped_not_claimable", len(ids) - len(claimed) - len(exhausted))
+    _send_rows(claimed, batch)
+    return len(claimed)
+
+
+def _send_rows(claimed: list[ClaimedDelivery], batch: Batch) -> None:
     faults.hit("deliver.after_claim")
     if claimed:
-        wanted = max(_pace(c).senders(s.send_concurrency) for c in {r.channel for r in claimed})
-        _Senders(claimed, batch, max(1, min(wanted, len(claimed))), s.send_concurrency).run()
-    return len(claimed)
+        limit = settings.get().send_concurrency
+        wanted = max(_pace(c).senders(limit) for c in {r.channel for r in claimed})
+        _Senders(claimed, batch, max(1, min(wanted, len(claimed))), limit).run()
 
 
 class _Pace:

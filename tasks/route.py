@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import random
 import time
+import uuid
 from datetime import timedelta
+from typing import Any
 
 from celery import shared_task
 from psycopg.errors import DeadlockDetected
@@ -13,14 +15,14 @@ from sqlalchemy.exc import OperationalError
 
 from clarion import clock, faults, metrics, settings
 from db import ledger
+from db.claims import ClaimedDelivery
 from db.engine import engine
 from gates.apply import apply, needs_address, snapshots
 from gates.pipeline import Snapshot, plan
 from tasks import escalation, runtime
-from tasks.deliver import deliver_now
+from tasks.deliver import deliver_now, send_claimed
 from tasks.flush import close_windows
 from tasks.lanes import rate, slices, wait_turn
-from tasks.publish import DELIVER, publish
 
 log = logging.getLogger(__name__)
 
@@ -130,16 +132,26 @@ def _route(users: list[str], ids: list[int], *, lane: str | None = None) -> int:
                 for channel, not_before in final.channels
             ]
         faults.hit("route.before_commit")
+        s = settings.get()
+        # A lane without a budget sends what it routed at once, in this process: its deliveries
+        # are written claimed by this task (no pending row for a deliver task to claim again).
+        token = str(uuid.uuid4()) if rate(lane) is None else None
         created = ledger.insert_deliveries(
-            conn, deliveries, now=now, due_at=now + timedelta(seconds=settings.get().stray_after)
+            conn,
+            deliveries,
+            now=now,
+            due_at=now + timedelta(seconds=s.stray_after),
+            claim=None if token is None else (token, s.claim_lease),
         )
+        answered = time.monotonic()
         ledger.insert_decisions(conn, decisions, now=now)
     faults.hit("route.after_commit")
     metrics.count_decisions((d.gate, d.outcome, d.reason) for d in decisions)
-    ready = [(user, id_, of_lane) for user, id_, of_lane, held in created if not held]
-    if rate(lane) is None:
-        publish(DELIVER, ready)
+    if token is not None:  # every row not held back was inserted claimed
+        mine = [c for c in created if c.lease_left is not None]
+        send_claimed(_claimed(mine, requests, recipients, answered), token)
     else:
+        ready = [(c.user_id, c.id, c.lane) for c in created if not c.held]
         # A budgeted lane sends its slice here, once the budget allows: published, the deliveries
         # would queue behind the rest of the lane's route backlog. Committed: a process that dies
         # waiting or sending leaves them to the tick (due at stray_after) and the claim leases.
@@ -156,3 +168,40 @@ def _route(users: list[str], ids: list[int], *, lane: str | None = None) -> int:
         },
     )
     return len(requests)
+
+
+def _claimed(
+    created: list[ledger.CreatedDelivery],
+    requests: list[dict[str, Any]],
+    recipients: dict[str, dict[str, Any]],
+    answered: float,
+) -> list[ClaimedDelivery]:
+    """The deliveries this task inserted claimed, with what sending them needs (the claim
+    statement's columns, from the rows this task has at hand)."""
+    by_key = {(r["user_id"], r["id"]): r for r in requests}
+    out = []
+    for c in created:
+        request = by_key[(c.user_id, c.request_id)]
+        out.append(
+            ClaimedDelivery(
+                c.user_id,
+                c.id,
+                c.request_id,
+                request["type_key"],
+                request["occurrence_key"],
+                c.channel,
+                c.lane,
+                attempts=1,
+                taken_over=False,
+                maybe_sent_at=None,
+                last_error=None,
+                template_version=request["template_version"],
+                variables=request["variables"],
+                locale=request["locale"],
+                addresses=recipients[c.user_id]["addresses"] or {},
+                requested_at=request["created_at"],
+                lease_left=c.lease_left or 0.0,
+                claimed_at=answered,
+            )
+        )
+    return sorted(out, key=lambda r: r.key)

@@ -54,8 +54,9 @@ def fake(clarion_env, monkeypatch) -> Iterator[FakeSlack]:
         yield server
 
 
-def _sent_nudges() -> list[dict]:
-    """N managers, each with one goal prompt posted on Slack."""
+def _sent_nudges(fake: FakeSlack) -> list[dict]:
+    """N managers, each with one goal prompt posted on Slack (by the route, which sends what it
+    routes in-process)."""
     for n in range(N):
         register_recipient(f"m{n:03d}", timezone="UTC", addresses={"slack": f"U{n:03d}"})
     requests = notify_many(
@@ -73,14 +74,13 @@ def _sent_nudges() -> list[dict]:
     assert route(users, [r.request_id for r in requests]) == N
     drain("activation")
     sent = rows(
-        "SELECT d.user_id, d.id, d.provider_message_id, rc.addresses ->> 'slack' AS slack"
+        "SELECT d.user_id, d.id, d.state, d.provider_message_id, rc.addresses ->> 'slack' AS slack"
         " FROM deliveries d JOIN recipients rc USING (user_id) ORDER BY d.id"
     )
-    assert deliver([r["user_id"] for r in sent], [r["id"] for r in sent]) == N
-    return rows(
-        "SELECT d.user_id, d.id, d.provider_message_id, rc.addresses ->> 'slack' AS slack"
-        " FROM deliveries d JOIN recipients rc USING (user_id) ORDER BY d.id"
-    )
+    assert len(sent) == N and {r["state"] for r in sent} == {"sent"}  # the route sent them all
+    assert len(fake.posts()) == N
+    assert deliver([r["user_id"] for r in sent], [r["id"] for r in sent]) == 0  # none left
+    return [{k: v for k, v in r.items() if k != "state"} for r in sent]
 
 
 def _host_app(api_url: str) -> Starlette:
@@ -121,7 +121,7 @@ def _click_all(which: int, targets: list[dict], barrier, mount: str, api_url: st
 
 @pytest.mark.parametrize("mount", ["own", "host"])
 def test_two_processes_clicking_different_answers_record_exactly_one_and_show_it(fake, mount):
-    targets = _sent_nudges()
+    targets = _sent_nudges(fake)
     barrier = mp.get_context("fork").Barrier(2)
     statuses = race(2, _click_all, lambda i: (i, targets, barrier, mount, fake.api_url))
     assert statuses == [[200] * N, [200] * N]

@@ -11,12 +11,21 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
-from clarion import clock
-from db import claims
+from clarion import clock, settings
+from db import claims, ledger
 from db.engine import engine
 from tasks import notify, register_recipient
+from tasks.deliver import deliver
 from tasks.route import route
-from tests.support.pipeline import expire_lease
+from tests.support.endpoint import Call, Endpoint
+from tests.support.pipeline import (
+    configure,
+    expire_lease,
+    frozen_clock,
+    published,
+    publishing_to_this_tests_broker,
+    rows,
+)
 from tests.support.race import race
 
 LEASE = 60.0
@@ -24,14 +33,34 @@ LEASE = 60.0
 pytestmark = pytest.mark.integration
 
 
-def _routed_delivery(user: str = "u1", event: str = "e1") -> tuple[str, int]:
+def _pending_delivery(user: str = "u1", event: str = "e1") -> tuple[str, int]:
+    """A routed request's pending delivery, as the tick hands one to the deliver task (a retry,
+    a held row whose time came, a stray). Not made by the route task: on an unbudgeted lane it
+    inserts its rows claimed and sends them itself (test_a_route_inserts_claimed_...), and the
+    claim statement is what these tests are about. Written by the ledger's own statements."""
     register_recipient(user, timezone="Europe/Berlin")
     request = notify(user, "receipt", event_id=event, variables={"order": "A-1"})
-    route([user], [request.request_id])
-    with engine().connect() as conn:
-        return user, conn.execute(
-            text("SELECT id FROM deliveries WHERE user_id = :u"), {"u": user}
-        ).scalar_one()
+    now = clock.now()
+    with engine().begin() as conn:
+        [routed] = ledger.resolve_requests(conn, [(user, request.request_id)], now=now)
+        [created] = ledger.insert_deliveries(
+            conn,
+            [
+                ledger.NewDelivery(
+                    user,
+                    request.request_id,
+                    routed["type_key"],
+                    routed["occurrence_key"],
+                    "webhook",
+                    False,
+                    routed["lane"],
+                )
+            ],
+            now=now,
+            due_at=now + timedelta(seconds=settings.get().stray_after),
+        )
+    assert created.lease_left is None and not created.held  # pending, for any claimer to take
+    return user, created.id
 
 
 def _claim(key: tuple[str, int], skew: float = 0.0, lease: float = LEASE) -> int:
@@ -55,7 +84,7 @@ def _waiting_on_locks() -> int:
 
 
 def test_sixteen_processes_racing_for_one_claim_get_exactly_one(clarion_env):
-    key = _routed_delivery()
+    key = _pending_delivery()
     results = race(16, _claim, lambda i: (key,))
     assert sorted(results) == [0] * 15 + [1]
     with engine().connect() as conn:
@@ -66,7 +95,7 @@ def test_sixteen_processes_racing_for_one_claim_get_exactly_one(clarion_env):
 def test_the_losers_wait_on_the_winners_row_lock_and_then_find_it_taken(clarion_env):
     """The winner's claim is held open (not committed); the others must block on its row lock —
     shown in pg_stat_activity — and, once it commits, claim nothing."""
-    key = _routed_delivery()
+    key = _pending_delivery()
     winner = engine().connect()
     won = claims.claim_deliveries(
         winner, [key], token=str(uuid.uuid4()), now=clock.now(), lease=LEASE, max_attempts=8
@@ -95,7 +124,7 @@ def test_the_losers_wait_on_the_winners_row_lock_and_then_find_it_taken(clarion_
 
 
 def test_a_lapsed_claim_is_taken_over_once_and_flagged(clarion_env):
-    key = _routed_delivery()
+    key = _pending_delivery()
     with engine().begin() as conn:
         first = claims.claim_deliveries(
             conn, [key], token=str(uuid.uuid4()), now=clock.now(), lease=LEASE, max_attempts=8
@@ -116,7 +145,7 @@ def test_a_lapsed_claim_is_taken_over_once_and_flagged(clarion_env):
 def test_workers_whose_clocks_differ_by_thirty_seconds_never_take_over_a_live_claim(clarion_env):
     """Leases are set and compared on PostgreSQL's clock: a worker 30 s ahead (injected) racing
     ones 30 s behind cannot see a live lease as lapsed; only a lease that really ran out moves."""
-    key = _routed_delivery()
+    key = _pending_delivery()
     assert _claim(key, skew=-30.0, lease=5.0) == 1  # the slow worker holds a 5 s lease
     results = race(8, _claim, lambda i: (key, 30.0 if i % 2 else -30.0))
     assert results == [0] * 8
@@ -125,7 +154,7 @@ def test_workers_whose_clocks_differ_by_thirty_seconds_never_take_over_a_live_cl
 
 
 def test_a_takeover_of_an_attempt_that_reached_the_provider_owes_a_reconcile(clarion_env):
-    key = _routed_delivery()
+    key = _pending_delivery()
     token = str(uuid.uuid4())
     with engine().begin() as conn:
         claims.claim_deliveries(
@@ -145,7 +174,7 @@ def test_a_takeover_of_an_attempt_that_reached_the_provider_owes_a_reconcile(cla
 
 
 def test_the_claim_refuses_rows_at_the_attempt_cap_and_takeovers_count(clarion_env):
-    key = _routed_delivery()
+    key = _pending_delivery()
     for attempt in range(3):
         assert _claim_capped(key, 3) == 1, f"claim {attempt + 1} of 3"
         expire_lease(key)
@@ -168,15 +197,7 @@ def _claim_capped(key: tuple[str, int], cap: int) -> int:
 
 def test_the_claim_statement_survives_psycopg_auto_prepare(clarion_env):
     """psycopg prepares a statement after 5 runs on a connection; 50 runs must behave the same."""
-    register_recipient("u1", timezone="UTC")
-    keys = []
-    for n in range(50):
-        request = notify("u1", "receipt", event_id=f"e{n}", variables={"order": str(n)})
-        route(["u1"], [request.request_id])
-    with engine().connect() as conn:
-        keys = [
-            ("u1", i) for i in conn.execute(text("SELECT id FROM deliveries ORDER BY id")).scalars()
-        ]
+    keys = [_pending_delivery("u1", f"e{n}") for n in range(50)]
     now = clock.now()
     with engine().connect() as conn:
         for key in keys:
@@ -203,7 +224,7 @@ def test_the_claim_statement_survives_psycopg_auto_prepare(clarion_env):
 
 
 def test_mark_sent_needs_the_current_token(clarion_env):
-    key = _routed_delivery()
+    key = _pending_delivery()
     now = clock.now()
     token = str(uuid.uuid4())
     with engine().begin() as conn:
@@ -221,7 +242,7 @@ def test_mark_sent_needs_the_current_token(clarion_env):
 
 def test_the_partial_index_refuses_a_second_sending_row_for_one_occurrence(clarion_env):
     """Even a row forged behind the planner's back cannot claim an occurrence already claimed."""
-    user, delivery_id = _routed_delivery()
+    user, delivery_id = _pending_delivery()
     assert _claim((user, delivery_id)) == 1
     other = notify(user, "receipt", event_id="other", variables={"order": "B"})
     forge = text(
@@ -253,7 +274,7 @@ def test_one_platform_types_hold_one_sending_row_across_channels(clarion_env):
 
 
 def test_a_sent_row_must_name_its_platform(clarion_env):
-    _routed_delivery()
+    _pending_delivery()
     with (
         pytest.raises(IntegrityError, match="deliveries_sent_names_platform"),
         engine().begin() as conn,
@@ -268,7 +289,7 @@ def test_a_group_flush_records_only_the_rows_whose_claim_is_still_ours(clarion_e
     from adapters.base import SendResult
     from tasks.sentgroup import Sent, SentGroup
 
-    keys = [_routed_delivery(f"g{i}", f"e{i}") for i in range(14)]
+    keys = [_pending_delivery(f"g{i}", f"e{i}") for i in range(14)]
     token = str(uuid.uuid4())
     now = clock.now()
     with engine().begin() as conn:
@@ -292,3 +313,59 @@ def test_a_group_flush_records_only_the_rows_whose_claim_is_still_ours(clarion_e
         ).all()
     assert states == {"sent": len(keys) - 2, "claimed": 2}
     assert [tuple(i) for i in incidents] == [(r.id, "possible_duplicate") for r in lost]
+
+
+def test_a_route_on_an_unbudgeted_lane_inserts_its_rows_claimed_and_sends_each_once(
+    clarion_env, monkeypatch
+):
+    """The route task claims what it routes in the INSERT itself: every row not held back is
+    written `claimed` under the task's one token, attempt 1, with a lease on PostgreSQL's clock
+    (the worker's clock here is an hour behind), and sent in the same process. Seen from the
+    receiver while each send is in flight; counted there. A second route or a deliver of the
+    same keys finds nothing to send, and no deliver message was published."""
+    lease = settings.get().claim_lease
+    seen: list[list[dict]] = []
+
+    def in_flight(call: Call) -> int:
+        seen.append(
+            rows(
+                "SELECT id, state, claim_token, attempts, "
+                "extract(epoch FROM lease_until - clock_timestamp()) AS lease_left "
+                "FROM deliveries ORDER BY id"
+            )
+        )
+        return 200
+
+    with (
+        Endpoint(in_flight) as endpoint,
+        publishing_to_this_tests_broker(),
+        frozen_clock(clock.now() - timedelta(hours=1)),
+    ):
+        configure(monkeypatch, webhook_url=endpoint.url, send_concurrency=1)
+        register_recipient("u1", timezone="UTC")
+        requests = [
+            notify("u1", "receipt", event_id=f"e{n}", variables={"order": str(n)}) for n in range(3)
+        ]
+        published("transactional")  # notify's route messages; the test routes by hand
+        ids = [r.request_id for r in requests]
+        assert route(["u1"] * 3, ids) == 3
+        keys = [("u1", r["id"]) for r in rows("SELECT id FROM deliveries ORDER BY id")]
+        assert len(keys) == 3 and len(endpoint.calls) == 3  # sent by the route, at once
+        assert sorted(c.payload["delivery_id"] for c in endpoint.calls) == [k[1] for k in keys]
+        assert endpoint.errors == []
+        first = seen[0]  # the first send (one sender): every row of the batch as inserted
+        assert [r["id"] for r in first] == [k[1] for k in keys]
+        assert [(r["state"], r["attempts"]) for r in first] == [("claimed", 1)] * 3
+        assert len({r["claim_token"] for r in first}) == 1 and first[0]["claim_token"]
+        for row in first:
+            assert lease - 10 < row["lease_left"] <= lease  # PostgreSQL's clock, not the worker's
+        tokens = {r["claim_token"] for s in seen for r in s if r["claim_token"] is not None}
+        assert tokens == {first[0]["claim_token"]}  # the batch's token; nobody claimed again
+        after = rows("SELECT state, attempts FROM deliveries ORDER BY id")
+        assert after == [{"state": "sent", "attempts": 1}] * 3
+
+        assert route(["u1"] * 3, ids) == 0  # resolved once: a second route changes nothing
+        assert deliver([k[0] for k in keys], [k[1] for k in keys]) == 0  # nothing to claim
+        assert len(endpoint.calls) == 3
+        assert rows("SELECT state, attempts FROM deliveries ORDER BY id") == after
+        assert published("transactional") == {}  # nothing for a deliver task to claim again

@@ -124,8 +124,10 @@ def test_a_429_pauses_the_keys_budget_and_recovers(web, fake):
         first = notify_and_route("ana", "receipt_email", "e1", order="A-1")
         second = notify_and_route("ana", "receipt_email", "e2", order="A-2")
         assert first and second
+        # Each route sent its own: the first got the 429, the second found the key paused (SendGrid
+        # is not even asked). Both are back to pending, not due before the pause ends.
         assert deliver(["ana"], [first[1]]) == 0
-        assert deliver(["ana"], [second[1]]) == 0  # paused: SendGrid is not even asked
+        assert deliver(["ana"], [second[1]]) == 0
         assert [c.status for c in fake.calls] == [429] and fake.sent == []
         assert [delivery(k)["attempts"] for k in (first, second)] == [0, 0]  # refunded
         assert "paused" in delivery(second)["last_error"]

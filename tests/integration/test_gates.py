@@ -288,8 +288,11 @@ def _recipient(uid: str, case: Case, *, quiet: bool) -> None:
     )
 
 
-def test_the_dry_run_equals_what_the_real_send_records(gates):
-    """Invariant 5: preview() and notify()+route() run the same gates over the same state."""
+def test_the_dry_run_equals_what_the_real_send_records(gates, receiver):
+    """Invariant 5: preview() and notify()+route() run the same gates over the same state.
+
+    The route sends what it routes itself; the receiver takes the webhook sends, so the only
+    decisions recorded are the gates' (a send that failed would add a deliver decision)."""
     ids = itertools.count()
     outcomes: set[str] = set()
     clock = VirtualClock(MONDAY)
@@ -342,6 +345,10 @@ def test_the_dry_run_equals_what_the_real_send_records(gates):
         assert [(c, nb) for c, nb, _ in deliveries_of(uid, request_id)] == sorted(
             (c, nb or case.at) for c, nb in planned.channels
         )
+        # the route sent every delivery not held back; a held one waits for the tick
+        assert [s for _, nb, s in deliveries_of(uid, request_id)] == [
+            "pending" if nb > case.at else "sent" for _, nb, _ in deliveries_of(uid, request_id)
+        ]
         request = request_row(uid, request_id)
         if planned.defer_until is not None:
             assert (request["state"], request["due_at"]) == ("deferred", planned.defer_until)
@@ -369,7 +376,9 @@ def _route_batch(users: list[str], ids: list[int]) -> int:
     return route(users, ids)
 
 
-def test_eight_processes_routing_different_nudges_of_one_recipient_send_exactly_one(gates):
+def test_eight_processes_routing_different_nudges_of_one_recipient_send_exactly_one(
+    gates, receiver
+):
     users = [f"u{n}" for n in range(25)]
     for user in users:
         register_recipient(user, timezone="America/New_York")
@@ -389,6 +398,10 @@ def test_eight_processes_routing_different_nudges_of_one_recipient_send_exactly_
     assert rows("SELECT reason, count(*) FROM decisions GROUP BY 1") == [
         ("activation_window", len(users) * (len(kinds) - 1))
     ]
+    # the routes sent them, in their processes: one arrival per recipient
+    assert rows("SELECT state, count(*) FROM deliveries GROUP BY 1") == [("sent", len(users))]
+    assert sorted(o.split("/")[0] for o in receiver.arrivals.occurrences) == sorted(users)
+    assert (receiver.arrivals.total, receiver.arrivals.unique) == (len(users), len(users))
     # the window names the request that was sent
     assert (
         rows(
@@ -491,7 +504,7 @@ def test_an_exempt_daily_series_neither_is_blocked_by_nor_holds_the_window(gates
             assert rows("SELECT type_key, until FROM activation_windows") == window_before
         else:
             outcome[when] = send_and_route("ann", nudges[when][0])
-        _deliver_pending()
+        assert _deliver_pending() == 0  # each route sent what it routed
 
     one_on_ones = rows(
         "SELECT id, occurrence_key FROM requests WHERE type_key = 'weekly_one_on_one' ORDER BY id"
@@ -514,7 +527,9 @@ def test_an_exempt_daily_series_neither_is_blocked_by_nor_holds_the_window(gates
     assert sum(goes for _, goes in nudges.values()) >= 4
 
 
-def test_a_deferring_nudge_blocked_by_the_window_comes_back_through_the_tick(gates, vclock):
+def test_a_deferring_nudge_blocked_by_the_window_comes_back_through_the_tick(
+    gates, vclock, receiver
+):
     register_recipient("bea", timezone="Asia/Kolkata")
     send_and_route("bea", "kickoff")
     vclock.advance(hours=30)
@@ -527,14 +542,17 @@ def test_a_deferring_nudge_blocked_by_the_window_comes_back_through_the_tick(gat
     assert _route_pending() == 0  # not due yet
     vclock.set(MONDAY + timedelta(hours=48))
     tick()
-    assert _route_pending() == 1
-    assert [s for _, _, s in deliveries_of("bea", prompt)] == ["pending"]
+    assert _route_pending() == 1  # and that route sent it
+    assert [s for _, _, s in deliveries_of("bea", prompt)] == ["sent"]
+    assert sum(1 for o in receiver.arrivals.occurrences if o.startswith("bea/goal_prompt/")) == 1
     assert rows("SELECT type_key, until FROM activation_windows") == [
         ("goal_prompt", MONDAY + timedelta(hours=96))
     ]
 
 
-def test_quiet_hours_defer_to_the_end_of_the_window_and_the_tick_sends_then(gates, vclock):
+def test_quiet_hours_defer_to_the_end_of_the_window_and_the_tick_sends_then(
+    gates, vclock, receiver
+):
     register_recipient("cy", timezone="America/Los_Angeles", quiet_hours=("22:00", "07:00"))
     vclock.set(datetime(2026, 12, 8, 6, 30, tzinfo=UTC))  # 22:30 local on the 7th
     nudge = send_and_route("cy", "kickoff")
@@ -545,8 +563,10 @@ def test_quiet_hours_defer_to_the_end_of_the_window_and_the_tick_sends_then(gate
     ]  # a deferred nudge holds no window
     vclock.set(end)
     tick()
-    assert _route_pending() == 1
-    assert deliveries_of("cy", nudge) == [("webhook", end, "pending")]
+    assert receiver.arrivals.total == 0  # nothing went out in quiet hours
+    assert _route_pending() == 1  # and that route sent it
+    assert deliveries_of("cy", nudge) == [("webhook", end, "sent")]
+    assert [o.split("/")[:2] for o in receiver.arrivals.occurrences] == [["cy", "kickoff"]]
 
 
 # --- 4. explain ---------------------------------------------------------------------------------
@@ -582,7 +602,8 @@ def test_explain_answers_why_for_an_opt_out_quiet_hours_the_window_and_a_cap(gat
         "another activation nudge (kickoff) holds the window until 2026-12-09T07:00:00+00:00"
         in blocked
     )
-    assert "kickoff" in blocked and "sent on" not in blocked  # the kickoff is pending delivery
+    # the kickoff is not sent: its route's send failed (no webhook url in this test)
+    assert "kickoff" in blocked and "sent on" not in blocked
 
     capped = explain("capped")
     assert capped.count("not sent: fatigue_cap") == 1
@@ -639,7 +660,7 @@ def test_an_address_on_the_suppression_list_stops_that_channel(gates, vclock):
     assert _reasons("eve", receipt) == ["suppressed_address", "no_channel"]
 
 
-def test_alerts_with_one_collapse_key_inside_the_window_make_one_delivery(gates, vclock):
+def test_alerts_with_one_collapse_key_inside_the_window_make_one_delivery(gates, vclock, receiver):
     register_recipient("fay", timezone="Europe/Berlin")
     leader = send_and_route("fay", "cpu_alert", {"host": "a", "cluster": "prod"})
     vclock.advance(seconds=30)
@@ -656,6 +677,8 @@ def test_alerts_with_one_collapse_key_inside_the_window_make_one_delivery(gates,
         assert detail.startswith(f"collapsed into request {leader} (key 'cpu:prod', ")
         assert "window until 2026-12-07T07:02:00+00:00" in detail
     assert one("SELECT count(*) FROM deliveries") == 2
+    assert rows("SELECT state FROM deliveries") == [("sent",), ("sent",)]
+    assert receiver.arrivals.total == 2  # the leader and staging, sent by their routes
     assert (
         one("SELECT count FROM fatigue_counters") == 2
     )  # followers spend no cap: leader + staging
@@ -696,7 +719,7 @@ def test_each_collapsed_follower_increments_the_groups_counter(gates, vclock, ba
     assert rows("SELECT leader_id, count FROM collapse_groups") == [(leader, 4)]
 
 
-def test_alerts_collapse_inside_one_route_batch(gates, vclock):
+def test_alerts_collapse_inside_one_route_batch(gates, vclock, receiver):
     register_recipient("gus", timezone="UTC")
     made = notify_many(
         [
@@ -712,12 +735,13 @@ def test_alerts_collapse_inside_one_route_batch(gates, vclock):
     route(["gus"] * 3, [e.request_id for e in made])
     assert one("SELECT count(*) FROM deliveries") == 1
     assert rows("SELECT reason, count(*) FROM decisions GROUP BY 1") == [("collapsed", 2)]
-    [(leader,)] = rows("SELECT request_id FROM deliveries")
+    [(leader, state)] = rows("SELECT request_id, state FROM deliveries")
+    assert (state, receiver.arrivals.total) == ("sent", 1)
     details = [d for (d,) in rows("SELECT detail FROM decisions")]
     assert all(d.startswith(f"collapsed into request {leader} (key 'cpu:prod'") for d in details)
 
 
-def test_a_critical_alert_goes_out_in_quiet_hours_and_over_the_cap(gates, vclock):
+def test_a_critical_alert_goes_out_in_quiet_hours_and_over_the_cap(gates, vclock, receiver):
     register_recipient("hal", timezone="Asia/Tokyo", quiet_hours=("22:00", "07:00"))
     vclock.set(datetime(2026, 12, 7, 18, 0, tzinfo=UTC))  # 03:00 in Tokyo
     tip = send_and_route("hal", "tip", {"n": 1})
@@ -732,21 +756,23 @@ def test_a_critical_alert_goes_out_in_quiet_hours_and_over_the_cap(gates, vclock
                 expires_at=datetime(2026, 12, 8, 15, 0, tzinfo=UTC),
             )
     outage = send_and_route("hal", "outage")
-    assert [c for c, _, _ in deliveries_of("hal", outage)] == ["webhook"]
+    assert [(c, s) for c, _, s in deliveries_of("hal", outage)] == [("webhook", "sent")]
     assert decisions_of("hal", outage) == []
+    assert [o.split("/")[:2] for o in receiver.arrivals.occurrences] == [["hal", "outage"]]
 
 
-def test_a_security_code_goes_to_a_recipient_who_unsubscribed_from_all(gates, vclock):
+def test_a_security_code_goes_to_a_recipient_who_unsubscribed_from_all(gates, vclock, receiver):
     register_recipient("ida", timezone="Europe/Berlin", quiet_hours=("00:00", "23:59"))
     set_preferences("ida", {"all": False})
     code = send_and_route("ida", "security_code", {"code": "424242"})
-    assert [c for c, _, _ in deliveries_of("ida", code)] == ["webhook"]
+    assert [(c, s) for c, _, s in deliveries_of("ida", code)] == [("webhook", "sent")]
     assert decisions_of("ida", code) == []
+    assert [o.split("/")[:2] for o in receiver.arrivals.occurrences] == [["ida", "security_code"]]
     kickoff = send_and_route("ida", "kickoff")
     assert _reasons("ida", kickoff) == ["opted_out", "no_channel"]
 
 
-def test_marketing_is_opt_in_in_germany_and_opt_out_in_the_us(gates, vclock):
+def test_marketing_is_opt_in_in_germany_and_opt_out_in_the_us(gates, vclock, receiver):
     register_recipient("jan", timezone="America/New_York", country="DE")  # country beats zone
     register_recipient("kim", timezone="Europe/Berlin", country="US")
     register_recipient("lee", timezone="America/Chicago")  # no country: the zone's
@@ -770,8 +796,12 @@ def test_marketing_is_opt_in_in_germany_and_opt_out_in_the_us(gates, vclock):
     ]
     for user in ("kim", "lee"):
         us = send_and_route(user, "promo")
-        assert [c for c, _, _ in deliveries_of(user, us)] == ["console", "webhook"]
+        assert [(c, s) for c, _, s in deliveries_of(user, us)] == [
+            ("console", "sent"),
+            ("webhook", "sent"),
+        ]
         assert decisions_of(user, us) == []
+    assert sorted(o.split("/")[0] for o in receiver.arrivals.occurrences) == ["kim", "lee"]
 
 
 def test_the_fatigue_cap_folds_the_overflow_into_one_summary(gates, vclock):

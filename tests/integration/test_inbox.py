@@ -1,7 +1,8 @@
-"""The in-app channel end to end on real PostgreSQL and Redis: notify → route → deliver puts one
-item per delivery in the user's inbox; the feed pages by cursor, counts unread, marks items
-(reading one moves its delivery to `read` through a receipt); a type on [in_app, webhook] is two
-deliveries that both arrive; collapse followers count on the leader's item, concurrently too."""
+"""The in-app channel end to end on real PostgreSQL and Redis: notify → route (which sends what
+it routes, in process) puts one item per delivery in the user's inbox; the feed pages by cursor,
+counts unread, marks items (reading one moves its delivery to `read` through a receipt); a type on
+[in_app, webhook] is two deliveries that both arrive; collapse followers count on the leader's
+item, concurrently too, and on a leader routed but not yet delivered."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from sqlalchemy import text
 
 from adapters.inapp import InAppAdapter
-from clarion.errors import PermanentSendError
+from clarion.errors import FaultInjected, PermanentSendError
 from db import gating, inbox
 from db.engine import engine
 from ops.receiver import Receiver
@@ -22,7 +23,13 @@ from tasks import inbox as app_inbox
 from tasks import notify, register_recipient, runtime
 from tasks.deliver import deliver
 from tasks.route import route
-from tests.support.pipeline import configure, drain, publishing_to_this_tests_broker, rows
+from tests.support.pipeline import (
+    configure,
+    drain,
+    expire_lease,
+    publishing_to_this_tests_broker,
+    rows,
+)
 from tests.support.race import race
 
 pytestmark = pytest.mark.integration
@@ -39,9 +46,14 @@ def inapp(clarion_env, monkeypatch) -> Iterator[Receiver]:
 
 
 def routed(user: str, type_key: str, event: str, **variables: str) -> list[tuple[str, int]]:
-    """notify + route; the request's deliveries (user, id), in channel order."""
+    """notify + route (which sends the deliveries it routed, in this process); the request's
+    deliveries (user, id), in channel order."""
     request = notify(user, type_key, event_id=event, variables=variables)
     route([user], [request.request_id])
+    return _deliveries(user, request.request_id)
+
+
+def _deliveries(user: str, request_id: int) -> list[tuple[str, int]]:
     drain("transactional")
     return [
         (r["user_id"], r["id"])
@@ -49,14 +61,37 @@ def routed(user: str, type_key: str, event: str, **variables: str) -> list[tuple
             "SELECT user_id, id FROM deliveries WHERE user_id = :u AND request_id = :r "
             "ORDER BY channel",
             u=user,
-            r=request.request_id,
+            r=request_id,
         )
     ]
 
 
 def send(user: str, type_key: str, event: str, **variables: str) -> list[tuple[str, int]]:
+    """notify + route, and every delivery the request has was sent by that route."""
     keys = routed(user, type_key, event, **variables)
-    assert deliver([u for u, _ in keys], [i for _, i in keys]) == len(keys)
+    assert keys and [delivery(k)["state"] for k in keys] == ["sent"] * len(keys)
+    return keys
+
+
+def stranded(
+    monkeypatch: pytest.MonkeyPatch, user: str, type_key: str, event: str, **variables: str
+) -> list[tuple[str, int]]:
+    """notify + a route that dies right after its commit (fault `route.after_commit`): its
+    deliveries are written, claimed by a task that is gone, and nothing is sent. Their lease then
+    lapses (expire_lease), so the next deliver task takes them over and sends them: a delivery
+    routed but not yet delivered, as a follower may find its leader."""
+    request = notify(user, type_key, event_id=event, variables=variables)
+    configure(monkeypatch, faults="route.after_commit=raise")
+    try:
+        with pytest.raises(FaultInjected):
+            route([user], [request.request_id])
+    finally:
+        configure(monkeypatch, faults="")
+    keys = _deliveries(user, request.request_id)
+    for key in keys:
+        assert delivery(key)["state"] == "claimed"
+        expire_lease(key)
+    assert items(user) == []
     return keys
 
 
@@ -178,10 +213,10 @@ def test_collapse_followers_count_on_the_leaders_item(inapp):
     assert app_inbox.feed("ana").items[-1].to_json()["more"] == 3
 
 
-def test_followers_before_the_leader_is_delivered_are_counted_when_it_is(inapp):
-    [leader] = routed("ana", "inbox_alert", "a0", host="h0", cluster="prod")
-    routed("ana", "inbox_alert", "a1", host="h1", cluster="prod")
-    deliver([leader[0]], [leader[1]])
+def test_followers_before_the_leader_is_delivered_are_counted_when_it_is(inapp, monkeypatch):
+    [leader] = stranded(monkeypatch, "ana", "inbox_alert", "a0", host="h0", cluster="prod")
+    assert routed("ana", "inbox_alert", "a1", host="h1", cluster="prod") == []
+    assert deliver([leader[0]], [leader[1]]) == 1
     routed("ana", "inbox_alert", "a2", host="h2", cluster="prod")
     assert [i["count"] for i in items()] == [3]
 
@@ -204,13 +239,13 @@ def _blocked_on_a_lock(query_like: str, deadline: float = 10.0) -> bool:
     return False
 
 
-def test_a_follower_folding_in_while_the_leader_is_stored_is_not_lost(inapp):
+def test_a_follower_folding_in_while_the_leader_is_stored_is_not_lost(inapp, monkeypatch):
     """The leader's insert reads the group's count: it must wait for a follower whose fold has
     updated the group but not committed (else it starts at the old count and the follower's
     fold finds no item). Hold the follower's transaction open and show the insert blocked."""
     from clarion import clock
 
-    [leader] = routed("ana", "inbox_alert", "a0", host="h0", cluster="prod")
+    [leader] = stranded(monkeypatch, "ana", "inbox_alert", "a0", host="h0", cluster="prod")
     with engine().connect() as held:
         tx = held.begin()
         gating.join_collapse(held, "ana", key="cpu:prod", now=clock.now())  # as gates.apply does
@@ -225,12 +260,12 @@ def test_a_follower_folding_in_while_the_leader_is_stored_is_not_lost(inapp):
     assert [i["count"] for i in items()] == [2]
 
 
-def test_a_follower_routed_while_the_leader_is_being_stored_is_not_lost(inapp):
+def test_a_follower_routed_while_the_leader_is_being_stored_is_not_lost(inapp, monkeypatch):
     """The other order: the leader's item is inserted but not committed; the follower's fold
     waits for it (the group row), then counts on the item it can now see."""
     from clarion import clock
 
-    [leader] = routed("ana", "inbox_alert", "a0", host="h0", cluster="prod")
+    [leader] = stranded(monkeypatch, "ana", "inbox_alert", "a0", host="h0", cluster="prod")
     with engine().connect() as held:
         tx = held.begin()
         inbox.insert_item(

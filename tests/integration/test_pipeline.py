@@ -2,7 +2,9 @@
 fault points and the sweeper. Time is driven by an injected clock; every test asserts on rows.
 
 Celery tasks run as plain functions here. What they publish stays in the Redis broker (no worker
-runs), so a test can read exactly which keys were published with `published`.
+runs), so a test can read exactly which keys were published with `published`. The route task sends
+what it routes itself, in-process (every lane here is unbudgeted): no deliver message follows a
+route; the deliver task runs for what the tick republishes (retries, lapsed leases, strays).
 """
 
 from __future__ import annotations
@@ -84,12 +86,43 @@ def _receipt_v1_only(types: dict) -> None:
 
 
 def _routed(user: str, event: str = "e1") -> Key:
-    """Notify and route one receipt; returns the key of its one delivery."""
+    """Notify and route one receipt, which the route sends itself (no deliver message is
+    published for it); returns the key of its one delivery."""
     request = notify(user, "receipt", event_id=event, variables=ORDER)
     assert route([user], [request.request_id]) == 1
     [row] = rows("SELECT user_id, id FROM deliveries WHERE request_id = :r", r=request.request_id)
-    drain(LANE)  # drop what notify and route published; tests read what follows
+    # drop what notify published; tests read what follows
+    assert [task for task, _, _ in drain(LANE) if task == DELIVER] == []
     return row["user_id"], row["id"]
+
+
+def _unsent(user: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Key, str]:
+    """Notify and route one receipt whose route stops after its commit, before its send (a
+    process that died there): the delivery is claimed under the route's token, nothing sent.
+    Returns its key and that token."""
+    configure(monkeypatch, faults="route.after_commit=raise")
+    request = notify(user, "receipt", event_id="e1", variables=ORDER)
+    with pytest.raises(FaultInjected):
+        route([user], [request.request_id])
+    configure(monkeypatch, faults=None)
+    [row] = rows("SELECT user_id, id, state, attempts, claim_token FROM deliveries")
+    assert (row["state"], row["attempts"]) == ("claimed", 1)
+    assert published(LANE)[DELIVER] == []
+    return (row["user_id"], row["id"]), str(row["claim_token"])
+
+
+def _retrying(user: str, events: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Notify and route receipts in one batch whose route's sends all get a transient 408: each
+    delivery goes back to pending, its retry due after the policy's base wait (about 2 s)."""
+    made = notify_many(
+        [dict(user_id=user, type_key="receipt", event_id=e, variables=ORDER) for e in events]
+    )
+    with Endpoint(lambda call: 408) as endpoint:
+        configure(monkeypatch, webhook_url=endpoint.url)
+        assert route([user] * len(made), [m.request_id for m in made]) == len(made)
+    assert len(endpoint.calls) == len(made)
+    assert count("deliveries", "state = 'pending' AND attempts = 1") == len(made)
+    assert [task for task, _, _ in drain(LANE) if task == DELIVER] == []  # drops notify's
 
 
 def _tick() -> dict[str, int]:
@@ -132,7 +165,9 @@ def test_an_outbox_request_rolled_back_with_the_callers_transaction_leaves_no_ro
     assert published(LANE)[ROUTE] == []
 
 
-def test_an_outbox_request_committed_by_the_caller_is_routed_after_the_next_tick(clarion_env):
+def test_an_outbox_request_committed_by_the_caller_is_routed_after_the_next_tick(
+    clarion_env, receiver
+):
     with frozen_clock() as clk:
         with engine().begin() as conn:
             register_recipient("cat", timezone="UTC", connection=conn)
@@ -149,9 +184,9 @@ def test_an_outbox_request_committed_by_the_caller_is_routed_after_the_next_tick
 
         assert route(["cat"], [enqueued.request_id]) == 1
         assert rows("SELECT state, due_at FROM requests") == [{"state": "routed", "due_at": None}]
-        assert (
-            count("deliveries", "request_id = :r AND state = 'pending'", r=enqueued.request_id) == 1
-        )
+        # the route sent its delivery itself: recorded sent, taken once, nothing published
+        assert count("deliveries", "request_id = :r AND state = 'sent'", r=enqueued.request_id) == 1
+        assert receiver.arrivals.total == 1 and published(LANE)[DELIVER] == []
         clk.advance(3600)
         assert _tick()["requests"] == 0  # a routed request never comes round again
 
@@ -159,18 +194,20 @@ def test_an_outbox_request_committed_by_the_caller_is_routed_after_the_next_tick
 # --- route -----------------------------------------------------------------------------------
 
 
-def test_routing_a_request_twice_creates_its_deliveries_once(ann):
+def test_routing_a_request_twice_creates_its_deliveries_once(ann, receiver):
     request = notify(ann, "two_channels", event_id="e1")
     ids = [request.request_id]
     assert route([ann], ids) == 1
     assert route([ann], ids) == 0
     assert route([ann, ann], ids * 2) == 0
-    deliveries = rows("SELECT id, channel, state FROM deliveries ORDER BY channel")
-    assert [(d["channel"], d["state"]) for d in deliveries] == [
-        ("console", "pending"),
-        ("webhook", "pending"),
+    deliveries = rows("SELECT id, channel, state, attempts FROM deliveries ORDER BY channel")
+    # the first route sent both itself, once each; the repeats neither created nor sent anything
+    assert [(d["channel"], d["state"], d["attempts"]) for d in deliveries] == [
+        ("console", "sent", 1),
+        ("webhook", "sent", 1),
     ]
-    assert sorted(published(LANE)[DELIVER]) == sorted((ann, d["id"]) for d in deliveries)
+    assert receiver.arrivals.total == 1
+    assert published(LANE)[DELIVER] == []
     assert _decisions() == []
 
 
@@ -178,12 +215,15 @@ def _route_one(user: str, request_id: int) -> int:
     return route([user], [request_id])
 
 
-def test_eight_processes_routing_one_request_resolve_it_once(ann):
+def test_eight_processes_routing_one_request_resolve_it_once(ann, receiver):
     request = notify(ann, "two_channels", event_id="e1")
     results = race(8, _route_one, lambda i: (ann, request.request_id))
     assert sorted(results) == [0] * 7 + [1]
     assert count("deliveries") == 2
-    assert len(published(LANE)[DELIVER]) == 2
+    # the one process that routed it sent both deliveries itself, once; nothing was published
+    assert count("deliveries", "state = 'sent' AND attempts = 1") == 2
+    assert receiver.arrivals.total == 1
+    assert published(LANE)[DELIVER] == []
 
 
 def test_a_channel_without_an_adapter_is_a_recorded_decision_not_a_delivery(ann):
@@ -202,7 +242,7 @@ def test_a_channel_without_an_adapter_is_a_recorded_decision_not_a_delivery(ann)
 
 
 def test_a_type_this_worker_lacks_waits_for_a_worker_that_has_it(
-    ann, clarion_env, monkeypatch, tmp_path
+    ann, clarion_env, receiver, monkeypatch, tmp_path
 ):
     """A rolling deploy: the producer's catalog has a type an older worker's does not."""
     request = notify(ann, "security_code", event_id="e1", variables={"code": "123"})
@@ -215,7 +255,8 @@ def test_a_type_this_worker_lacks_waits_for_a_worker_that_has_it(
     assert waiting == {"state": "pending", "later": True} and _decisions() == []
     configure(monkeypatch, catalog=full)  # the newer worker takes it
     assert route([ann], [request.request_id]) == 1
-    assert count("deliveries") == 1 and _decisions() == []
+    assert count("deliveries", "state = 'sent'") == 1 and _decisions() == []
+    assert receiver.arrivals.total == 1
 
 
 def test_a_type_gone_from_the_catalog_past_the_grace_is_a_recorded_decision(
@@ -256,9 +297,8 @@ def test_the_template_version_is_pinned_when_the_request_is_made(
 # --- deliver ---------------------------------------------------------------------------------
 
 
-def test_deliver_sends_once_over_the_webhook_and_records_the_send(ann, receiver):
-    key = _routed(ann)
-    assert _deliver(key) == 1
+def test_a_route_sends_once_over_the_webhook_and_records_the_send(ann, receiver):
+    key = _routed(ann)  # the route sends it itself
     row = _delivery()
     assert {
         k: row[k]
@@ -289,7 +329,7 @@ def test_deliver_sends_once_over_the_webhook_and_records_the_send(ann, receiver)
         idempotency_key(ann, "receipt", "event:e1", "webhook"): 1
     }
 
-    assert _deliver(key) == 0  # a redelivered message: the claim finds nothing to take
+    assert _deliver(key) == 0  # a stray deliver message: the claim finds nothing to take
     assert _deliver(key, key) == 0
     assert receiver.arrivals.total == 1
     assert _delivery()["attempts"] == 1
@@ -301,12 +341,14 @@ def test_a_request_renders_the_template_version_it_pinned(ann, clarion_env, monk
         monkeypatch,
         catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"], _receipt_v1_only),
     )
-    old = _routed(ann, "old")
+    old = notify(ann, "receipt", event_id="old", variables=ORDER)  # pins v1
     configure(monkeypatch, catalog=clarion_env.env["CLARION_CATALOG"])  # now with v1 and v2
-    new = _routed(ann, "new")
+    new = notify(ann, "receipt", event_id="new", variables=ORDER)  # pins v2
     with Endpoint() as endpoint:
         configure(monkeypatch, webhook_url=endpoint.url)
-        assert _deliver(old, new) == 2
+        # routed together by a worker that has both versions, and sent by the route itself
+        assert route([ann, ann], [old.request_id, new.request_id]) == 2
+    assert count("deliveries", "state = 'sent'") == 2
     content = {c.payload["occurrence_key"]: c.payload["content"] for c in endpoint.calls}
     assert content == {
         "event:old": {"title": "Receipt A-1", "body": "Thanks for order A-1."},
@@ -317,13 +359,18 @@ def test_a_request_renders_the_template_version_it_pinned(ann, clarion_env, monk
 def test_a_pinned_version_this_worker_lacks_waits_with_its_attempt_refunded(
     ann, clarion_env, monkeypatch, tmp_path
 ):
-    key = _routed(ann)  # pins v2
+    request = notify(ann, "receipt", event_id="e1", variables=ORDER)  # pins v2
     configure(
         monkeypatch,
         catalog=_catalog(tmp_path, clarion_env.env["CLARION_CATALOG"], _receipt_v1_only),
     )
     with Endpoint() as endpoint:
         configure(monkeypatch, webhook_url=endpoint.url)
+        # an old worker routes it; its own send lacks v2: the row waits, its attempt refunded
+        assert route([ann], [request.request_id]) == 1
+        [row] = rows("SELECT user_id, id, state, attempts FROM deliveries")
+        assert (row["state"], row["attempts"]) == ("pending", 0)
+        key = (row["user_id"], row["id"])
         for _ in range(20):  # however often an old worker gets it, it costs no attempt
             assert _deliver(key) == 0
             with engine().begin() as conn:
@@ -339,7 +386,7 @@ def test_a_pinned_version_this_worker_lacks_waits_with_its_attempt_refunded(
 def test_a_pinned_version_gone_past_the_grace_fails_the_delivery_with_a_reason(
     ann, clarion_env, monkeypatch, tmp_path
 ):
-    key = _routed(ann)  # pins v2
+    request = notify(ann, "receipt", event_id="e1", variables=ORDER)  # pins v2
     configure(
         monkeypatch,
         catalog_skew_grace=0.001,
@@ -347,6 +394,9 @@ def test_a_pinned_version_gone_past_the_grace_fails_the_delivery_with_a_reason(
     )
     with Endpoint() as endpoint:
         configure(monkeypatch, webhook_url=endpoint.url)
+        assert route([ann], [request.request_id]) == 1  # and its own send lacks v2, for good
+        [row] = rows("SELECT user_id, id FROM deliveries")
+        key = (row["user_id"], row["id"])
         assert _deliver(key) == 0
     assert endpoint.calls == []
     assert _delivery()["state"] == "failed"
@@ -363,10 +413,16 @@ def test_a_slow_batch_sends_a_row_whose_lease_lapsed_but_not_one_another_worker_
     meanwhile is left to the rival, unsent. (The claim's lease is shorter than a send's budget, so
     every send asks PostgreSQL first; with a longer lease a webhook send skips that question.)"""
     configure(monkeypatch, send_concurrency=1, claim_lease=10)  # one send after another
-    keys = [_routed(ann, f"e{n}") for n in range(3)]
+    made = notify_many(
+        [dict(user_id=ann, type_key="receipt", event_id=f"e{n}", variables=ORDER) for n in range(3)]
+    )
 
     def slow_provider(call) -> int:
         if call.payload["occurrence_key"] == "event:e0":  # while the first send is in flight ...
+            keys = [
+                (r["user_id"], r["id"])
+                for r in rows("SELECT user_id, id FROM deliveries ORDER BY id")
+            ]
             for key in keys[1:]:
                 expire_lease(key)
             with engine().begin() as conn:  # ... a rival takes the third row
@@ -382,7 +438,8 @@ def test_a_slow_batch_sends_a_row_whose_lease_lapsed_but_not_one_another_worker_
 
     with Endpoint(slow_provider) as endpoint:
         configure(monkeypatch, webhook_url=endpoint.url)
-        assert _deliver(*keys) == 2
+        # one route batch: its rows are inserted claimed, and the route sends them one by one
+        assert route([ann] * 3, [m.request_id for m in made]) == 3
     assert endpoint.errors == []
     assert [c.payload["occurrence_key"] for c in endpoint.calls] == ["event:e0", "event:e1"]
     assert [r["state"] for r in rows("SELECT state FROM deliveries ORDER BY id")] == [
@@ -403,9 +460,8 @@ def test_a_transient_failure_releases_the_claim_and_the_sweeper_retries_it(ann, 
         Endpoint(lambda call: next(answers)) as endpoint,
     ):
         configure(monkeypatch, webhook_url=endpoint.url)
-        key = _routed(ann)
         start = clk.now
-        assert _deliver(key) == 0
+        key = _routed(ann)  # the route's own send gets the 408
         row = _delivery()
         assert (row["state"], row["claim_token"], row["lease_until"], row["attempts"]) == (
             "pending",
@@ -435,11 +491,11 @@ def test_a_transient_failure_releases_the_claim_and_the_sweeper_retries_it(ann, 
 
 def test_a_permanent_rejection_fails_the_delivery_with_a_recorded_reason(ann, monkeypatch):
     with frozen_clock() as clk:
-        key = _routed(ann)
-        request_id = rows("SELECT id FROM requests")[0]["id"]
         with Endpoint(lambda call: 404) as endpoint:
             configure(monkeypatch, webhook_url=endpoint.url)
-            assert _deliver(key) == 0
+            key = _routed(ann)  # the route's own send is rejected
+            request_id = rows("SELECT id FROM requests")[0]["id"]
+            assert _deliver(key) == 0  # a stray deliver message changes nothing
             assert _deliver(key) == 0
         assert len(endpoint.calls) == 1
         row = _delivery()
@@ -468,8 +524,8 @@ def test_a_permanent_rejection_fails_the_delivery_with_a_recorded_reason(ann, mo
 
 def test_a_bad_signature_is_refused_by_the_receiver_and_fails_for_good(ann, receiver, monkeypatch):
     configure(monkeypatch, webhook_secret="not-the-receivers-secret")
-    key = _routed(ann)
-    assert _deliver(key) == 0
+    key = _routed(ann)  # the route's own send is refused
+    assert _deliver(key) == 0  # and nothing is left to claim
     assert (receiver.arrivals.rejected, receiver.arrivals.total) == (1, 0)
     assert _delivery()["state"] == "failed"
     assert [(d["gate"], d["outcome"], d["reason"]) for d in _decisions()] == [
@@ -481,8 +537,8 @@ def test_a_delivery_fails_with_retries_exhausted_after_max_attempts(ann, receive
     configure(monkeypatch, max_attempts=2)
     receiver.arrivals.fail_next = 5
     with frozen_clock() as clk:
-        key = _routed(ann)
-        assert _deliver(key) == 0
+        key = _routed(ann)  # the route's own send: the first attempt, refused
+        assert _deliver(key) == 0  # its retry is not due yet
         assert _delivery()["state"] == "pending"
         clk.advance(3)
         assert _tick()["deliveries"] == 1
@@ -511,10 +567,9 @@ def test_an_error_after_the_send_is_an_unknown_outcome_resent_under_the_same_key
 ):
     configure(monkeypatch, faults="deliver.after_send=raise*1")
     with frozen_clock(datetime.now(UTC) + timedelta(days=1)) as clk:
+        # the route's own send: sent, then an error before "sent" was recorded, caught on the row
         key = _routed(ann)
-        assert (
-            _deliver(key) == 0
-        )  # sent, then an error before "sent" was recorded: caught on the row
+        assert _deliver(key) == 0  # its resend is not due yet
         row = _delivery()
         assert (row["state"], row["attempts"], row["claim_token"]) == ("pending", 1, None)
         assert row["maybe_sent_at"] is not None and row["last_error"].startswith("internal_error")
@@ -533,37 +588,35 @@ def test_an_error_after_the_send_is_an_unknown_outcome_resent_under_the_same_key
     ] == ["repeat"]
 
 
-def _dead_worker(key: Key, *, posted: bool) -> None:
-    """A worker that claimed and reached the send (and, if `posted`, the provider), then died."""
-    token = str(uuid.uuid4())
+def _dead_worker(key: Key, token: str, *, posted: bool) -> None:
+    """The route that claimed `key` under `token` reached the send (and, if `posted`, the
+    provider), then died."""
     with engine().begin() as conn:
-        [row] = claims.claim_deliveries(
-            conn, [key], token=token, now=clock.now(), lease=60, max_attempts=8
-        )
         assert claims.begin_send(conn, key, token=token, need=30) is not None
+    [row] = rows("SELECT id, user_id, type_key, occurrence_key, attempts FROM deliveries")
     if posted:
         from adapters.base import Message
         from tasks import runtime
 
         runtime.adapters()["webhook"].send(
             Message(
-                delivery_id=row.id,
-                user_id=row.user_id,
-                type_key=row.type_key,
-                occurrence_key=row.occurrence_key,
+                delivery_id=row["id"],
+                user_id=row["user_id"],
+                type_key=row["type_key"],
+                occurrence_key=row["occurrence_key"],
                 channel="webhook",
                 content={"title": "t"},
-                attempt=row.attempts,
+                attempt=row["attempts"],
             )
         )
 
 
 @pytest.mark.parametrize("posted", [True, False])
 def test_a_takeover_resends_under_the_key_and_an_incident_only_marks_a_real_repeat(
-    ann, receiver, posted
+    ann, receiver, monkeypatch, posted
 ):
-    key = _routed(ann)
-    _dead_worker(key, posted=posted)
+    key, token = _unsent(ann, monkeypatch)
+    _dead_worker(key, token, posted=posted)
     assert _tick() == NOTHING  # the lease still stands
     assert _deliver(key) == 0  # and no one else may claim meanwhile
     expire_lease(key)
@@ -577,12 +630,10 @@ def test_a_takeover_resends_under_the_key_and_an_incident_only_marks_a_real_repe
     assert kinds == (["repeat"] if posted else [])
 
 
-def test_a_claim_taken_over_cannot_be_settled_with_the_old_token(ann):
-    key = _routed(ann)
-    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+def test_a_claim_taken_over_cannot_be_settled_with_the_old_token(ann, monkeypatch):
+    key, first = _unsent(ann, monkeypatch)  # the first claim: the route's, which sent nothing
+    second = str(uuid.uuid4())
     now = clock.now()
-    with engine().begin() as conn:
-        assert claims.claim_deliveries(conn, [key], token=first, now=now, lease=5, max_attempts=8)
     expire_lease(key)
     with engine().begin() as conn:
         [taken] = claims.claim_deliveries(
@@ -607,11 +658,14 @@ def test_a_claim_taken_over_cannot_be_settled_with_the_old_token(ann):
 def test_a_worker_whose_claim_was_taken_during_the_send_records_a_possible_duplicate(
     ann, monkeypatch
 ):
-    """The provider is slow: meanwhile the lease lapses and another worker claims and sends."""
-    key = _routed(ann)
+    """The provider is slow: meanwhile the lease of the route sending it lapses and another
+    worker claims and sends."""
+    request = notify(ann, "receipt", event_id="e1", variables=ORDER)
 
     def slow_provider(call) -> int:
         token = str(uuid.uuid4())
+        [row] = rows("SELECT user_id, id FROM deliveries")
+        key = (row["user_id"], row["id"])
         expire_lease(key)
         with engine().begin() as conn:
             assert claims.claim_deliveries(
@@ -629,7 +683,7 @@ def test_a_worker_whose_claim_was_taken_during_the_send_records_a_possible_dupli
 
     with Endpoint(slow_provider) as endpoint:
         configure(monkeypatch, webhook_url=endpoint.url)
-        assert _deliver(key) == 0
+        assert route([ann], [request.request_id]) == 1  # the route's own send: its claim is lost
     assert endpoint.errors == []
     assert len(endpoint.calls) == 1
     row = _delivery()
@@ -657,23 +711,33 @@ def test_a_request_whose_publish_was_lost_is_routed_by_the_sweeper(ann, monkeypa
     assert count("deliveries") == 1
 
 
-def test_deliveries_whose_publish_was_lost_are_sent_after_the_sweeper(ann, receiver, monkeypatch):
+def test_deliveries_a_route_died_before_sending_are_sent_after_the_sweeper(
+    ann, receiver, monkeypatch
+):
+    """The route committed its deliveries claimed and died before its send: the claim's lease
+    runs out (on PostgreSQL's clock), and the tick hands the row to a deliver task."""
     configure(monkeypatch, faults="route.after_commit=raise*1")
     with frozen_clock() as clk:
         request = notify(ann, "receipt", event_id="e1", variables=ORDER)
         with pytest.raises(FaultInjected):
             route([ann], [request.request_id])
-        [row] = rows("SELECT user_id, id, state, due_at FROM deliveries")
-        assert (row["state"], row["due_at"]) == ("pending", clk.now + timedelta(seconds=30))
+        [row] = rows("SELECT user_id, id, state, attempts, due_at, lease_until FROM deliveries")
+        assert (row["state"], row["attempts"]) == ("claimed", 1)
+        # due for the tick when its lease is out
+        assert abs((row["due_at"] - row["lease_until"]).total_seconds()) < 1
         assert published(LANE)[DELIVER] == []
         assert route([ann], [request.request_id]) == 0  # the request was resolved: once
         clk.advance(30)
-        assert _tick() == {"requests": 0, "deliveries": 1}
+        assert _tick() == NOTHING  # the lease still stands
         key = (row["user_id"], row["id"])
+        expire_lease(key)
+        assert _tick() == {"requests": 0, "deliveries": 1}
         assert published(LANE)[DELIVER] == [key]
         assert _deliver(key) == 1
-    assert _delivery()["state"] == "sent"
+    row = _delivery()
+    assert (row["state"], row["attempts"], row["taken_over"]) == ("sent", 2, True)
     assert receiver.arrivals.total == 1
+    assert count("incidents") == 0  # the route never reached the send: nothing may repeat
 
 
 def test_a_route_that_fails_before_commit_leaves_the_request_to_be_routed_again(ann, monkeypatch):
@@ -697,31 +761,27 @@ def test_a_route_that_fails_before_commit_leaves_the_request_to_be_routed_again(
 # --- the sweeper -------------------------------------------------------------------------------
 
 
-def test_tick_leaves_alone_work_whose_time_has_not_come(ann):
+def test_tick_leaves_alone_work_whose_time_has_not_come(ann, monkeypatch):
     with frozen_clock() as clk:
-        start = clk.now
-        _routed(ann)  # the delivery is due for a republish at start + stray_after (30 s)
+        _retrying(ann, ["e1"], monkeypatch)  # the delivery's retry is due in about 2 s
+        [row] = rows("SELECT due_at FROM deliveries")
+        due = row["due_at"]
+        assert due > clk.now
         assert _tick() == NOTHING
-        clk.advance(29.999)
+        clk.now = due - timedelta(milliseconds=1)
         assert _tick() == NOTHING
         assert published(LANE)[DELIVER] == []
-        clk.now = start + timedelta(seconds=30)
+        clk.now = due
         assert _tick() == {"requests": 0, "deliveries": 1}
         assert _tick() == NOTHING  # pushed a stray interval ahead again
         [row] = rows("SELECT due_at FROM deliveries")
         assert row["due_at"] == clk.now + timedelta(seconds=30)
 
 
-def test_two_ticks_at_the_same_instant_take_each_due_row_once(ann):
+def test_two_ticks_at_the_same_instant_take_each_due_row_once(ann, monkeypatch):
     with frozen_clock() as clk:
-        routed = notify_many(
-            [
-                dict(user_id=ann, type_key="receipt", event_id=f"r{n}", variables=ORDER)
-                for n in range(20)
-            ]
-        )
-        assert route([ann] * 20, [e.request_id for e in routed]) == 20
-        clk.advance(31)  # the 20 deliveries are now strays
+        _retrying(ann, [f"r{n}" for n in range(20)], monkeypatch)
+        clk.advance(31)  # the 20 deliveries' retries are now due
         with engine().begin() as conn:  # 30 outbox requests, due now
             notify_many(
                 [
@@ -750,11 +810,11 @@ def test_a_webhook_send_inside_its_claims_lease_writes_nothing_before_the_send(a
         seen.extend(r["send_started_at"] for r in rows("SELECT send_started_at FROM deliveries"))
         return 200
 
-    key = _routed(ann)
     with Endpoint(provider) as endpoint:
         configure(monkeypatch, webhook_url=endpoint.url)
-        assert _deliver(key) == 1
+        _routed(ann)  # the route's own send, inside the lease its insert claimed
     assert seen == [None]
+    assert _delivery()["state"] == "sent"
 
 
 def test_a_published_batch_is_described_in_a_few_words(ann):
@@ -817,9 +877,15 @@ def test_a_batch_against_a_provider_that_slows_down_adds_senders_within_the_batc
 
     with Endpoint(slow) as endpoint:
         configure(monkeypatch, webhook_url=endpoint.url)
-        keys = [_routed(ann, f"s{i}") for i in range(48)]
+        made = notify_many(
+            [
+                dict(user_id=ann, type_key="receipt", event_id=f"s{i}", variables=ORDER)
+                for i in range(48)
+            ]
+        )
         began = time.monotonic()
-        assert _deliver(*keys) == 48
+        assert route([ann] * 48, [m.request_id for m in made]) == 48  # and the route sends them
         took = time.monotonic() - began
+    assert count("deliveries", "state = 'sent'") == 48
     assert most[0] >= 6, most[0]  # beyond the 3 it started with (timing decides 6, 7 or 8)
     assert took < 48 * 0.05 / 3, took  # 3 senders throughout would take 0.8 s

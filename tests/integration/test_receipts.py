@@ -24,6 +24,7 @@ from tasks import notify, register_recipient
 from tasks.deliver import deliver
 from tasks.receipts import ingest, replay_early
 from tasks.route import route
+from tests.support.endpoint import Call, Endpoint
 from tests.support.pipeline import configure, drain, rows
 
 pytestmark = pytest.mark.integration
@@ -42,7 +43,7 @@ def receiver(clarion_env, monkeypatch) -> Iterator[Receiver]:
 
 def requested(order: str) -> int:
     request = notify("ann", "receipt", event_id=order, variables={"order": order})
-    assert route(["ann"], [request.request_id]) == 1
+    assert route(["ann"], [request.request_id]) == 1  # routed, and sent if it has a channel
     drain("transactional")
     return request.request_id
 
@@ -52,9 +53,12 @@ def routed(order: str) -> Key:
     return row["user_id"], row["id"]
 
 
-def sent(order: str = "o1") -> Key:
+def sent(receiver: Receiver, order: str = "o1") -> Key:
+    """A delivery the route task sent itself (in its process), once: counted at the receiver."""
+    before = receiver.arrivals.total
     key = routed(order)
-    assert deliver([key[0]], [key[1]]) == 1
+    assert state(key) == "sent" and message_id(key)
+    assert receiver.arrivals.total == before + 1
     return key
 
 
@@ -75,7 +79,7 @@ def receipt(key: Key, event: str, **kw) -> Receipt:
 
 
 def test_receipts_move_a_sent_delivery_forward_and_never_back(receiver):
-    key = sent()
+    key = sent(receiver)
     assert ingest([receipt(key, "delivered")]) == {"applied": 1}
     assert ingest([receipt(key, "delivered")]) == {"repeated": 1}
     assert ingest([receipt(key, "clicked"), receipt(key, "opened")]) == {"applied": 1, "stale": 1}
@@ -92,7 +96,7 @@ def test_receipts_move_a_sent_delivery_forward_and_never_back(receiver):
 
 
 def test_a_hard_bounce_suppresses_the_address_and_the_next_notify_says_why(receiver):
-    key = sent()
+    key = sent(receiver)
     assert ingest([receipt(key, "bounced", detail="550 5.1.1 no such user")]) == {"applied": 1}
     assert state(key) == "bounced"
     [row] = rows("SELECT channel, address, reason, detail FROM suppressions")
@@ -119,7 +123,7 @@ def test_a_hard_bounce_suppresses_the_address_and_the_next_notify_says_why(recei
 
 
 def test_a_soft_bounce_and_a_complaint_leave_the_right_traces(receiver):
-    key = sent()
+    key = sent(receiver)
     assert ingest([receipt(key, "soft_bounced", detail="452 mailbox full")]) == {"applied": 1}
     assert state(key) == "sent" and rows("SELECT * FROM suppressions") == []
     ingest([receipt(key, "delivered"), receipt(key, "complained")])
@@ -128,7 +132,7 @@ def test_a_soft_bounce_and_a_complaint_leave_the_right_traces(receiver):
 
 
 def test_a_receipt_for_a_message_clarion_never_sent_is_kept_and_ignored(receiver):
-    key = sent()
+    key = sent(receiver)
     stray = Receipt(
         channel="webhook", event="delivered", provider_message_id="nope", occurred_at=AT
     )
@@ -143,15 +147,26 @@ def test_a_receipt_for_a_message_clarion_never_sent_is_kept_and_ignored(receiver
     assert state(key) == "sent" and rows("SELECT * FROM suppressions") == []
 
 
-def test_a_receipt_that_beats_the_record_of_its_send_is_applied_by_the_tick(receiver):
-    key = routed("o1")
-    early = Receipt(
-        channel="webhook", event="delivered", provider_message_id=None, occurred_at=AT,
-        user_id=key[0], delivery_id=key[1],
-    )  # fmt: skip
-    assert ingest([early]) == {"early": 1}
-    assert replay_early() == 0  # still not sent
-    assert deliver([key[0]], [key[1]]) == 1
+def test_a_receipt_that_beats_the_record_of_its_send_is_applied_by_the_tick(receiver, monkeypatch):
+    """The provider's receipt arrives while the route's own send is still in flight (the
+    provider has the message; clarion has not recorded it): kept as early, applied later."""
+    early_seen: list[tuple[dict, int]] = []
+
+    def receipt_first(call: Call) -> int:
+        early = Receipt(
+            channel="webhook", event="delivered", provider_message_id=None, occurred_at=AT,
+            user_id=call.payload["user_id"], delivery_id=call.payload["delivery_id"],
+        )  # fmt: skip
+        early_seen.append((ingest([early]), replay_early()))
+        return 200
+
+    with Endpoint(receipt_first) as endpoint:
+        configure(monkeypatch, webhook_url=endpoint.url)
+        key = routed("o1")
+    assert endpoint.errors == [] and len(endpoint.calls) == 1
+    assert early_seen == [({"early": 1}, 0)]  # still not sent when the receipt came
+    assert state(key) == "sent"  # the route recorded its send
+    assert deliver([key[0]], [key[1]]) == 0  # and nothing is left for a deliver task
     assert replay_early() == 1
     assert state(key) == "delivered"
     assert [r["outcome"] for r in rows("SELECT outcome FROM receipts")] == ["applied"]
@@ -183,7 +198,7 @@ def arrivals(draw) -> tuple[tuple[str, ...], list[str]]:
 def test_duplicated_and_reordered_receipts_end_in_the_true_state(receiver, case):
     history, arrived = case
     if not rows("SELECT id FROM deliveries"):
-        sent()
+        sent(receiver)
     [row] = rows("SELECT user_id, id FROM deliveries")
     key = (row["user_id"], row["id"])
     with engine().begin() as conn:  # each example starts from a fresh send of the same row

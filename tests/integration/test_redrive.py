@@ -14,6 +14,7 @@ import yaml
 
 from adapters.base import idempotency_key
 from clarion import settings
+from clarion.errors import FaultInjected
 from db import ledger
 from db import redrive as store
 from db.engine import engine
@@ -23,7 +24,7 @@ from tasks import notify, register_recipient
 from tasks.deliver import deliver
 from tasks.route import route
 from tests.conftest import CATALOG
-from tests.support.pipeline import configure, counts, drain, rows
+from tests.support.pipeline import configure, counts, drain, expire_lease, rows
 
 pytestmark = pytest.mark.integration
 
@@ -59,15 +60,31 @@ def _failed_in_a_rolling_deploy(
     variables: dict | None = None,
 ) -> Key:
     """A request pinned by a newer producer, delivered by an older worker past the skew grace:
-    fails template_missing."""
+    fails template_missing.
+
+    The worker that routes a request sends it (in the same process), so a type the older worker
+    has is routed and sent by it. One it lacks altogether it would route as `unknown_type`, with
+    no delivery: that request is routed by a newer worker that stops right after its commit
+    (before its send), and the older worker's deliver task takes the row over once the claim's
+    lease has run out."""
     request = notify(
         user, type_key, event_id=f"e-{user}-{type_key}", variables=variables or {"order": "A-1"}
     )
-    assert route([user], [request.request_id]) == 1
+    old = _old_worker_catalog(tmp_path)
+    known_to_old = type_key in yaml.safe_load(old.read_text())["types"]
+    if known_to_old:
+        configure(monkeypatch, catalog=old, catalog_skew_grace=0.001)
+        assert route([user], [request.request_id]) == 1
+    else:
+        configure(monkeypatch, faults="route.after_commit=raise*1")
+        with pytest.raises(FaultInjected):
+            route([user], [request.request_id])
     [row] = rows("SELECT user_id, id FROM deliveries WHERE request_id = :r", r=request.request_id)
     key = (row["user_id"], row["id"])
-    configure(monkeypatch, catalog=_old_worker_catalog(tmp_path), catalog_skew_grace=0.001)
-    deliver([key[0]], [key[1]])
+    if not known_to_old:
+        expire_lease(key)
+        configure(monkeypatch, faults=None, catalog=old, catalog_skew_grace=0.001)
+        assert deliver([key[0]], [key[1]]) == 0
     configure(
         monkeypatch, catalog=CATALOG, catalog_skew_grace=None
     )  # the deploy finished: all have v2
@@ -178,7 +195,7 @@ def test_a_delivery_whose_occurrence_was_sent_by_another_is_not_redriven(
     row = _delivery(failed)
     assert row["state"] == "failed" and row["one_platform"]
     with engine().begin() as conn:  # the same one_platform occurrence, sent on another channel
-        [(user, other, _, _)] = ledger.insert_deliveries(
+        [(user, other, *_)] = ledger.insert_deliveries(
             conn,
             [
                 ledger.NewDelivery(

@@ -30,7 +30,13 @@ from adapters.slack import answered_blocks, error_for, find_posted, metadata, to
 from catalog import Button
 from clarion import clock
 from clarion import settings as clarion_settings
-from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
+from clarion.errors import (
+    FaultInjected,
+    PermanentSendError,
+    ThrottledError,
+    TransientSendError,
+    UnknownSendError,
+)
 from db import claims
 from db.engine import engine
 from db.interactions import interaction_target
@@ -118,6 +124,12 @@ def _nudge(
 
 def _deliver(*keys: Key) -> int:
     return deliver([k[0] for k in keys], [k[1] for k in keys])
+
+
+def _sent_by_route(key: Key) -> None:
+    """The route sent what it routed, itself: the row is recorded sent, with Slack's message."""
+    row = _delivery(key)
+    assert (row["state"], row["attempts"]) == ("sent", 1) and row["provider_message_id"]
 
 
 def _delivery(key: Key) -> dict:
@@ -309,7 +321,7 @@ def test_reconciliation_recognises_only_this_deliverys_metadata(history, found):
 
 def test_a_manager_with_a_slack_address_gets_the_nudge_with_catalog_buttons(ana, fake):
     key = _nudge(ana)
-    assert _deliver(key) == 1
+    _sent_by_route(key)
     [posted] = fake.posts()
     row = _delivery(key)
     assert (row["state"], row["platform"]) == ("sent", "slack")
@@ -337,8 +349,7 @@ def test_a_429_pauses_the_workspace_and_the_nudges_go_out_once_when_it_lifts(ana
     fake.fail("chat.postMessage", "ratelimited", status=429, retry_after=30)
     with frozen_clock() as clk:
         start = clk.now
-        first, second = _nudge(ana), _nudge("bob")
-        assert _deliver(first) == 0
+        first = _nudge(ana)  # the route's own send gets the 429
         assert _delivery(first)["state"] == "pending"
         assert _waited(first, start) == pytest.approx(30, abs=6.01)
         assert _delivery(first)["last_error"].startswith("ratelimited")
@@ -347,7 +358,8 @@ def test_a_429_pauses_the_workspace_and_the_nudges_go_out_once_when_it_lifts(ana
             "clarion:rl:{slack:*:pause"
         )
 
-        assert _deliver(second) == 0  # paused: not even tried
+        second = _nudge("bob")  # the route's own send: paused, not even tried
+        assert _delivery(second)["state"] == "pending"
         assert len(fake.called("chat.postMessage")) == 1
         assert _delivery(second)["last_error"].startswith("paused")
         assert 29 <= _waited(second, start) <= 36
@@ -371,8 +383,10 @@ def test_twenty_bounces_off_a_workspace_pause_do_not_fail_the_nudge(ana, fake, m
     configure(monkeypatch, max_attempts=3)
     fake.fail("chat.postMessage", "ratelimited", status=429, retry_after=30)
     with frozen_clock() as clk:
-        key = _nudge(ana)
-        for _ in range(21):  # one provider 429, then twenty bounces off clarion's own pause
+        key = _nudge(ana)  # the provider's 429, to the route's own send
+        assert _delivery(key)["state"] == "pending"
+        clk.advance(1)
+        for _ in range(20):  # then twenty bounces off clarion's own pause
             assert _deliver(key) == 0
             assert _delivery(key)["state"] == "pending"
             clk.advance(1)
@@ -386,8 +400,7 @@ def test_a_transient_slack_error_is_retried_and_a_permanent_one_fails_with_its_r
     fake.fail("chat.postMessage", "internal_error")
     fake.fail("chat.postMessage", "invalid_blocks")
     with frozen_clock() as clk:
-        key = _nudge(ana)
-        assert _deliver(key) == 0
+        key = _nudge(ana)  # the route's own send: internal_error
         assert (_delivery(key)["state"], _delivery(key)["last_error"][:14]) == (
             "pending",
             "internal_error",
@@ -404,8 +417,7 @@ def test_a_transient_slack_error_is_retried_and_a_permanent_one_fails_with_its_r
 
 def test_a_deactivated_user_fails_and_is_suppressed_for_the_next_nudge(ana, fake):
     fake.deactivate("U1")
-    key = _nudge(ana)
-    assert _deliver(key) == 0
+    key = _nudge(ana)  # the route's own send: user_disabled
     assert _delivery(key)["state"] == "failed"
     assert rows("SELECT gate, outcome, reason FROM decisions WHERE delivery_id = :d", d=key[1]) == [
         {"gate": "deliver", "outcome": "failed", "reason": "user_disabled"}
@@ -425,7 +437,7 @@ def test_a_deactivated_user_fails_and_is_suppressed_for_the_next_nudge(ana, fake
 
 def test_the_adapter_updates_a_sent_message_in_place_and_a_failed_update_raises(ana, fake):
     key = _nudge(ana)
-    assert _deliver(key) == 1
+    _sent_by_route(key)
     ref = _delivery(key)["provider_message_id"]
     with engine().begin() as conn:
         message = web_slack.message_for(interaction_target(conn, *key))
@@ -450,32 +462,64 @@ def test_the_adapter_updates_a_sent_message_in_place_and_a_failed_update_raises(
 # --- reconciliation after a takeover -----------------------------------------------------------------------
 
 
-def _claim_and_post(key: Key, *, post: bool) -> None:
-    """An earlier worker: claims, reaches the send, maybe posts, then dies before recording it;
-    its lease runs out (on PostgreSQL's clock)."""
+def _attempt(key: Key) -> tuple[str, int, bool]:
+    """(state, attempts, whether the last attempt reached the send: begin_send recorded it)."""
+    [row] = rows(
+        "SELECT state, attempts, send_started_at IS NOT NULL AS reached FROM deliveries"
+        " WHERE user_id = :u AND id = :i",
+        u=key[0],
+        i=key[1],
+    )
+    return row["state"], row["attempts"], row["reached"]
+
+
+def _posted_then_lost(user: str, monkeypatch) -> Key:
+    """The route's own send posts, then its "sent" record is lost (the flush fails, as when the
+    process dies between the two): the row stays claimed, its attempt marked as having reached
+    Slack, until its lease runs out (on PostgreSQL's clock)."""
+    configure(monkeypatch, faults="deliver.before_flush=raise*1")
+    key = _nudge(user)
+    assert key is not None
+    assert _attempt(key) == ("claimed", 1, True)
+    expire_lease(key)
+    return key
+
+
+def _died_before_the_send(user: str, monkeypatch) -> Key:
+    """The route claims its delivery, then dies before the send reaches Slack; the claim's lease
+    runs out."""
+    configure(monkeypatch, faults="deliver.after_claim=raise*1")
+    request = notify(user, "goal_prompt", event_id="e1", variables={"first_name": "Ana"})
+    with pytest.raises(FaultInjected):
+        route([user], [request.request_id])
+    drain("activation")
+    [found] = rows(
+        "SELECT user_id, id FROM deliveries WHERE request_id = :r AND channel = 'slack'",
+        r=request.request_id,
+    )
+    key = (found["user_id"], found["id"])
+    assert _attempt(key) == ("claimed", 1, False)
+    expire_lease(key)
+    return key
+
+
+def _take_over_and_die_sending(key: Key) -> None:
+    """A later worker takes the lapsed claim over and reaches the send (begin_send records that
+    the attempt may reach Slack), then dies before posting; its lease runs out too."""
     token = str(uuid.uuid4())
     with engine().begin() as conn:
         [row] = claims.claim_deliveries(
             conn, [key], token=token, now=clock.now(), lease=60, max_attempts=8
         )
+        assert row.taken_over
         assert claims.begin_send(conn, key, token=token, need=30) is not None
-    if post:
-        target = {
-            "id": row.id,
-            "user_id": row.user_id,
-            "type_key": row.type_key,
-            "occurrence_key": row.occurrence_key,
-            "template_version": row.template_version,
-            "variables": row.variables,
-            "addresses": row.addresses,
-        }
-        runtime.adapters()["slack"].send(web_slack.message_for(target))
     expire_lease(key)
 
 
-def test_a_takeover_finds_the_earlier_message_by_metadata_and_does_not_post_again(ana, fake):
-    key = _nudge(ana)
-    _claim_and_post(key, post=True)
+def test_a_takeover_finds_the_earlier_message_by_metadata_and_does_not_post_again(
+    ana, fake, monkeypatch
+):
+    key = _posted_then_lost(ana, monkeypatch)
     assert _deliver(key) == 1
     [posted] = fake.posts()
     row = _delivery(key)
@@ -496,8 +540,8 @@ def test_a_takeover_finds_the_earlier_message_by_metadata_and_does_not_post_agai
 def test_an_error_after_posting_is_reconciled_not_reposted(ana, fake, monkeypatch):
     configure(monkeypatch, faults="deliver.after_send=raise*1")
     with frozen_clock() as clk:
-        key = _nudge(ana)
-        assert _deliver(key) == 0  # posted, then an error: the outcome is unknown
+        key = _nudge(ana)  # the route's own send posted, then an error: the outcome is unknown
+        assert _delivery(key)["state"] == "pending"
         assert _delivery(key)["maybe_sent_at"] is not None
         clk.advance(3)
         assert tick()["deliveries"] == 1
@@ -506,30 +550,26 @@ def test_an_error_after_posting_is_reconciled_not_reposted(ana, fake, monkeypatc
     assert len(fake.called("conversations.history")) == 1 and count("incidents") == 0
 
 
-def test_a_takeover_that_finds_nothing_posts_once(ana, fake):
-    key = _nudge(ana)
-    _claim_and_post(key, post=False)  # died before posting
+def test_a_takeover_that_finds_nothing_posts_once(ana, fake, monkeypatch):
+    key = _died_before_the_send(ana, monkeypatch)
+    _take_over_and_die_sending(key)  # reached the send, died before posting
     assert _deliver(key) == 1
     assert len(fake.posts()) == 1
     assert len(fake.called("conversations.history")) == 1
     assert count("incidents") == 0
 
 
-def test_a_takeover_without_a_send_does_not_look(ana, fake):
+def test_a_takeover_without_a_send_does_not_look(ana, fake, monkeypatch):
     """An attempt that died before reaching the provider cannot have posted: no history call."""
-    key = _nudge(ana)
-    with engine().begin() as conn:
-        claims.claim_deliveries(
-            conn, [key], token=str(uuid.uuid4()), now=clock.now(), lease=60, max_attempts=8
-        )
-    expire_lease(key)
+    key = _died_before_the_send(ana, monkeypatch)
     assert _deliver(key) == 1
     assert len(fake.posts()) == 1 and fake.called("conversations.history") == []
 
 
-def test_a_rate_limited_reconciliation_asks_again_later_and_never_posts_twice(ana, fake):
-    key = _nudge(ana)
-    _claim_and_post(key, post=True)
+def test_a_rate_limited_reconciliation_asks_again_later_and_never_posts_twice(
+    ana, fake, monkeypatch
+):
+    key = _posted_then_lost(ana, monkeypatch)
     with frozen_clock() as clk:
         fake.fail("conversations.history", "ratelimited", status=429, retry_after=60)
         assert _deliver(key) == 0
@@ -568,7 +608,7 @@ def _outcomes() -> list[tuple[str, str]]:
 
 def test_a_click_answers_the_delivery_and_updates_the_message_in_place(ana, fake, web):
     key = _nudge(ana)
-    assert _deliver(key) == 1
+    _sent_by_route(key)
     response = _click(web, key, "ship_faster")
     assert response.status_code == 200
     assert _answered(key) == ("ship_faster", "answered")
@@ -591,7 +631,7 @@ def test_a_click_answers_the_delivery_and_updates_the_message_in_place(ana, fake
 
 def test_someone_elses_click_changes_nothing_and_gets_an_ephemeral_reply(ana, fake, web):
     key = _nudge(ana)
-    assert _deliver(key) == 1
+    _sent_by_route(key)
     assert _click(web, key, "quality", user="U2").status_code == 200
     assert _answered(key) == (None, "sent")
     assert fake.posts()[0].updates == []
@@ -603,7 +643,7 @@ def test_someone_elses_click_changes_nothing_and_gets_an_ephemeral_reply(ana, fa
 @pytest.mark.parametrize("forgery", ["bad_signature", "other_secret", "stale", "unsigned"])
 def test_a_request_not_signed_by_slack_now_gets_401_and_changes_nothing(ana, fake, web, forgery):
     key = _nudge(ana)
-    assert _deliver(key) == 1
+    _sent_by_route(key)
     channel, ts = _delivery(key)["provider_message_id"].split(":")
     body = block_actions(
         "U1", _value(key, "grow_team"), action_id="clarion:grow_team", channel=channel, ts=ts
@@ -722,7 +762,7 @@ def test_register_puts_clarions_handlers_on_a_hosts_own_bolt_app(ana, fake):
     handler = SlackRequestHandler(host)
     starlette = Starlette(routes=[Route("/host/slack", handler.handle, methods=["POST"])])
     key = _nudge(ana)
-    assert _deliver(key) == 1
+    _sent_by_route(key)
     channel, ts = _delivery(key)["provider_message_id"].split(":")
     with serving(starlette) as url:
         click = block_actions(
@@ -765,8 +805,13 @@ def three_deliveries(ana, fake) -> dict[str, Key]:
     register_recipient("bob", timezone="UTC", addresses={"slack": "U2"})
     register_recipient("cat", timezone="UTC", addresses={"slack": "U3"})
     fake.deactivate("U3")
-    keys = {u: _nudge(u) for u in ("ana", "bob", "cat")}
-    assert _deliver(*keys.values()) == 2
+    nudged = {u: _nudge(u) for u in ("ana", "bob", "cat")}
+    keys = {u: k for u, k in nudged.items() if k is not None}
+    assert len(keys) == 3
+    _sent_by_route(keys["ana"])
+    _sent_by_route(keys["bob"])
+    assert _delivery(keys["cat"])["state"] == "failed"
+    assert len(fake.posts()) == 2
     return keys
 
 

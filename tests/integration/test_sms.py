@@ -79,8 +79,15 @@ def world(clarion_env, monkeypatch) -> Iterator[World]:
             yield World(fake, web)
 
 
-def _route(user: str, type_key: str = "sms_receipt", event: str | None = None) -> Key | None:
-    request = notify(user, type_key, event_id=event or uuid.uuid4().hex)
+def _route(
+    user: str,
+    type_key: str = "sms_receipt",
+    event: str | None = None,
+    variables: dict[str, str] | None = None,
+) -> Key | None:
+    """Notify and route; the key of the delivery, or None. The route sends it itself (its lane
+    has no budget): when this returns the first attempt has been made."""
+    request = notify(user, type_key, event_id=event or uuid.uuid4().hex, variables=variables)
     assert route([user], [request.request_id]) == 1
     drain("transactional"), drain("activation")
     found = rows("SELECT user_id, id FROM deliveries WHERE request_id = :r", r=request.request_id)
@@ -88,9 +95,11 @@ def _route(user: str, type_key: str = "sms_receipt", event: str | None = None) -
 
 
 def _send(user: str, type_key: str = "sms_receipt") -> Key:
+    """Route, which makes the first attempt; a deliver task handed the same key after it finds
+    nothing to claim (what happens to a redelivered message)."""
     key = _route(user, type_key)
     assert key is not None, "no delivery"
-    deliver([key[0]], [key[1]])
+    assert deliver([key[0]], [key[1]]) == 0
     return key
 
 
@@ -321,37 +330,30 @@ def test_a_429_pauses_the_number_for_every_worker_and_refunds_the_attempt(world)
 def test_a_message_longer_than_the_budget_spends_it_and_pauses_for_the_rest(world, monkeypatch):
     configure(monkeypatch, sms_segments_per_second=1)
     with frozen_clock(datetime.now(UTC)):
-        key = _route("ana", "sms_receipt")
-        with engine().begin() as conn:  # a three-segment text
-            conn.execute(
-                text("UPDATE requests SET variables = :v WHERE user_id = 'ana'"),
-                {"v": '{"text": "' + "a" * 400 + '"}'},
-            )
+        key = _route("ana", "sms_receipt", variables={"text": "a" * 400})  # a three-segment text
         assert key is not None
-        deliver([key[0]], [key[1]])
-        assert _row(key)["state"] == "sent"  # not refused for costing more than a second holds
+        # sent by its route: not refused for costing more than a second holds
+        assert _row(key)["state"] == "sent"
         [message] = world.fake.messages()
         assert message.segments == 3
         paused = runtime.collaborators().limits.paused_for(budget_quota(1), FakeTwilio.NUMBER)
         assert paused is not None and 2.5 < paused <= 3.0
-        later = _route("bob")
+        later = _route("bob")  # its route's send finds the number paused
         assert later is not None
-        deliver([later[0]], [later[1]])
         assert _row(later)["state"] == "pending" and _row(later)["attempts"] == 0
         assert len(world.fake.messages()) == 1
 
 
 def test_a_worker_that_finds_the_budget_full_closes_it_a_little_past_its_window(world, monkeypatch):
     configure(monkeypatch, sms_segments_per_second=1)
-    first, second, third = _route("ana"), _route("bob"), _route("ana")
+    first, second, third = _route("ana"), _route("bob"), _route("ana")  # each route sends its own
     assert first and second and third
-    deliver([first[0]], [first[1]])
     assert _row(first)["state"] == "sent"
-    deliver([second[0]], [second[1]])  # the second's budget is spent: it closes the number
+    # the second's route found the budget spent: it closed the number
     assert _row(second)["state"] == "pending" and "budget_full" in _row(second)["last_error"]
     paused = runtime.collaborators().limits.paused_for(budget_quota(1), FakeTwilio.NUMBER)
     assert paused is not None and SETTLE < paused <= 1.0 + SETTLE  # the window's rest, and SETTLE
-    deliver([third[0]], [third[1]])
+    # the third's route found the number paused
     assert "paused" in _row(third)["last_error"] and len(world.fake.attempts) == 1
 
 

@@ -501,8 +501,11 @@ def nudge(
 
 
 def delivered(user: str = MIA, **kw: Any) -> Key:
+    """Notify and route one request, which the route sends itself; the key of its delivery."""
     key = nudge(user, **kw)
-    assert deliver([key[0]], [key[1]]) == 1
+    row = delivery(key)
+    assert (row["state"], row["attempts"]) == ("sent", 1)
+    assert deliver([key[0]], [key[1]]) == 0  # nothing left for a deliver task to claim
     return key
 
 
@@ -574,8 +577,7 @@ def test_a_recipient_with_only_a_teams_address_gets_the_nudge_as_an_adaptive_car
 
 def test_a_recipient_who_never_talked_to_the_bot_fails_with_a_reason(teams, connector):
     register_recipient("ned", timezone="UTC", addresses={"teams": "29:ned"})
-    key = nudge("ned")
-    assert deliver([key[0]], [key[1]]) == 0
+    key = nudge("ned")  # the route's own send: no conversation to write to
     assert delivery(key)["state"] == "failed"
     assert rows("SELECT reason FROM decisions WHERE gate = 'deliver'") == [
         {"reason": "no_conversation"}
@@ -747,10 +749,9 @@ async def _run(adapter: TestAdapter, activity: Activity) -> bool:
 
 def test_a_429_is_retried_after_retry_after_and_sent_once(mia, connector):
     with frozen_clock() as clk:
-        key = nudge()
         connector.fail_next(429, retry_after=30)
         start = clk.now
-        assert deliver([key[0]], [key[1]]) == 0
+        key = nudge()  # the route's own send gets the 429
         row = delivery(key)
         assert (row["state"], row["attempts"], row["last_error"][:8]) == ("pending", 0, "http_429")
         assert (
@@ -769,17 +770,15 @@ def test_a_429_is_retried_after_retry_after_and_sent_once(mia, connector):
 
 def test_a_429_pauses_the_conversation_for_every_worker(mia, connector):
     with frozen_clock() as clk:
-        first, second = (
-            nudge(),
-            nudge(
-                type_key="weekly_one_on_one",
-                event="w1",
-                variables={"first_name": "Mia", "report_name": "Ola"},
-            ),
-        )
         connector.fail_next(429, retry_after=5)
-        assert deliver([first[0]], [first[1]]) == 0
-        assert deliver([second[0]], [second[1]]) == 0  # paused: the provider is not asked
+        first = nudge()  # the route's own send gets the 429
+        assert delivery(first)["state"] == "pending"
+        second = nudge(  # the route's own send: paused, the provider is not asked
+            type_key="weekly_one_on_one",
+            event="w1",
+            variables={"first_name": "Mia", "report_name": "Ola"},
+        )
+        assert delivery(second)["state"] == "pending"
         assert delivery(second)["last_error"].startswith("paused")
         assert [c.status for c in connector.calls if c.activity_id is None] == [429]
         clk.advance(6.01)  # the pause, and at most a fifth of it in jitter
@@ -791,8 +790,7 @@ def test_a_403_fails_the_delivery_and_suppresses_the_address_until_she_is_back(
     mia, client, connector
 ):
     connector.remove_bot(CONVERSATION)
-    key = nudge()
-    assert deliver([key[0]], [key[1]]) == 0
+    key = nudge()  # the route's own send: the bot was removed (403)
     assert delivery(key)["state"] == "failed"
     assert [
         (d["gate"], d["outcome"], d["reason"])
@@ -821,7 +819,8 @@ def test_a_403_fails_the_delivery_and_suppresses_the_address_until_she_is_back(
 
 class _Store:
     def __init__(self, ref: ConversationRef | None) -> None:
-        self.ref, self.gone_calls = ref, []
+        self.ref = ref
+        self.gone_calls: list[tuple[str, str]] = []
 
     def reference(self, user_id: str, teams_user: str) -> ConversationRef | None:
         return self.ref

@@ -76,6 +76,15 @@ def _request(user: str, event: str) -> tuple[int, tuple[str, int]]:
     return made.request_id, (row["user_id"], row["id"])
 
 
+def _states(keys: list[tuple[str, int]]) -> list[str]:
+    """The states of these deliveries, in order (the route sends what it routes, in-process)."""
+    found = {
+        (r["user_id"], r["id"]): r["state"]
+        for r in rows("SELECT user_id, id, state FROM deliveries")
+    }
+    return [found[k] for k in keys]
+
+
 def _arrived(endpoint: Endpoint) -> dict[str, dict[str, str]]:
     return {c.payload["user_id"]: c.payload["content"] for c in endpoint.calls}
 
@@ -86,7 +95,8 @@ def test_each_recipient_gets_the_strings_of_their_locale_at_the_receiver(endpoin
     for user, locale in users.items():
         register_recipient(user, timezone="Europe/Vienna", locale=locale)
         keys.append(_request(user, "e1")[1])
-    assert deliver([k[0] for k in keys], [k[1] for k in keys]) == len(keys)
+    assert _states(keys) == ["sent"] * len(keys)  # each route sent its delivery
+    assert deliver([k[0] for k in keys], [k[1] for k in keys]) == 0  # nothing left to send
     late_de = "Sie kommt am Montag."
     assert _arrived(endpoint) == {
         "ann": {"title": "Order A-1 is late", "body": "It arrives on Montag."},
@@ -103,11 +113,21 @@ def test_a_catalog_edit_or_a_new_locale_after_notify_changes_nothing_in_flight(
     endpoint, monkeypatch, tmp_path
 ):
     register_recipient("bob", timezone="Europe/Berlin", locale="de")
-    request_id, key = _request("bob", "before")
+    # Made before the edit, routed (and so sent: the route sends in-process) after it.
+    before = notify("bob", "late", event_id="before", variables=VARIABLES)
     configure(monkeypatch, catalog=_write(tmp_path / "edited.yaml", V1, V2))  # the edit
     register_recipient("bob", timezone="Europe/Berlin", locale="fr")  # and bob moves to French
+    request_id = before.request_id
+    assert endpoint.calls == []  # nothing rendered yet: the request is in flight
+    assert route(["bob"], [request_id]) == 1
+    drain("transactional")
+    [key] = [
+        (r["user_id"], r["id"])
+        for r in rows("SELECT user_id, id FROM deliveries WHERE request_id = :r", r=request_id)
+    ]
     _, later = _request("bob", "after")
-    assert deliver([key[0], later[0]], [key[1], later[1]]) == 2
+    assert _states([key, later]) == ["sent", "sent"]
+    assert deliver([key[0], later[0]], [key[1], later[1]]) == 0  # each route sent its own
     by_event = {c.payload["occurrence_key"]: c.payload["content"] for c in endpoint.calls}
     assert by_event == {
         "event:before": {"title": "Bestellung A-1 verspätet sich", "body": "Sie kommt am Montag."},
@@ -164,7 +184,8 @@ def test_the_sms_twilio_takes_is_what_preview_shows_in_the_recipients_locale(
             )
             keys.append((row["user_id"], row["id"]))
         drain("transactional")
-        assert deliver([k[0] for k in keys], [k[1] for k in keys]) == 3
+        assert _states(keys) == ["sent"] * 3  # each route sent its SMS
+        assert deliver([k[0] for k in keys], [k[1] for k in keys]) == 0  # nothing left to send
 
         ntype = runtime.catalog().get("order_delayed")
         for locale, number in numbers.items():

@@ -12,7 +12,6 @@ answers 500). Counted at the server, not in clarion's tables:
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pytest
 from sqlalchemy import text
 
 from adapters.teams import ConversationRef
-from clarion import clock
+from clarion.errors import FaultInjected
 from db import claims
 from db.engine import engine
 from ops.fake_slack import FakeSlack
@@ -73,11 +72,12 @@ def servers(clarion_env, monkeypatch) -> Iterator[tuple[Receiver, FakeSlack, Fak
 
 def _send_once(type_key: str) -> tuple[str, int]:
     request = notify("u1", type_key, event_id="e1")
+    # Routed and sent in this process (the route sends what it routes): the answer was lost.
     assert route(["u1"], [request.request_id]) == 1
     drain("transactional"), drain("activation")
     [row] = rows("SELECT user_id, id FROM deliveries WHERE request_id = :r", r=request.request_id)
     key = (row["user_id"], row["id"])
-    assert deliver([key[0]], [key[1]]) == 0  # the answer was lost
+    assert deliver([key[0]], [key[1]]) == 0  # nothing to claim: not due again yet, or held
     return key
 
 
@@ -168,21 +168,26 @@ def test_teams_resends_an_at_least_once_type_and_says_so(servers, loss, type_key
     assert _unknowns("teams") - before == 1  # counted when the answer was lost, not again
 
 
-def test_a_send_whose_worker_died_mid_call_is_counted_unknown_by_the_taker(servers):
+def test_a_send_whose_worker_died_mid_call_is_counted_unknown_by_the_taker(servers, monkeypatch):
     """Nobody settled the lapsed attempt, so the attempt that takes its claim over counts its
     unknown outcome (once), and resends the at-least-once type with a `possible_duplicate`."""
     _, _, connector = servers
     request = notify("u1", "alert_teams", event_id="e1")
-    assert route(["u1"], [request.request_id]) == 1
+    # The route inserts its row claimed under its own token and sends it itself; here it commits
+    # and goes no further (a raise in place of its send) ...
+    configure(monkeypatch, faults="route.after_commit=raise*1")
+    with pytest.raises(FaultInjected):
+        route(["u1"], [request.request_id])
+    configure(monkeypatch, faults=None)
     drain("transactional"), drain("activation")
-    [row] = rows("SELECT user_id, id FROM deliveries WHERE request_id = :r", r=request.request_id)
+    [row] = rows(
+        "SELECT user_id, id, state, attempts, claim_token FROM deliveries WHERE request_id = :r",
+        r=request.request_id,
+    )
+    assert (row["state"], row["attempts"]) == ("claimed", 1) and len(connector.sent) == 0
     key = (row["user_id"], row["id"])
-    token = str(uuid.uuid4())
-    with engine().begin() as conn:  # a worker claims, reaches the provider call, and dies
-        assert claims.claim_deliveries(
-            conn, [key], token=token, now=clock.now(), lease=60, max_attempts=8
-        )
-        assert claims.begin_send(conn, key, token=token, need=10) is not None
+    with engine().begin() as conn:  # ... as if its send had reached the provider call and died
+        assert claims.begin_send(conn, key, token=str(row["claim_token"]), need=10) is not None
     expire_lease(key)
     before = _unknowns("teams")
     assert deliver([key[0]], [key[1]]) == 1
@@ -239,13 +244,12 @@ def test_a_stalled_send_holds_neither_its_row_nor_the_rest_of_its_batch(servers,
     configure(monkeypatch, webhook_timeout=30, send_timeout=1, send_concurrency=1)
     receiver.arrivals.losses.next("late", delay=3)
     requests = [notify("u1", "receipt_webhook", event_id=f"e{i}") for i in range(3)]
-    assert route(["u1"] * 3, [r.request_id for r in requests]) == 3
     drain("transactional")
-    ids = [r["id"] for r in rows("SELECT id FROM deliveries ORDER BY id")]
-    started = time.monotonic()
-    assert deliver(["u1"] * 3, ids) == 2
+    started = time.monotonic()  # the route sends what it routed, in this process
+    assert route(["u1"] * 3, [r.request_id for r in requests]) == 3
     assert time.monotonic() - started < 2.5
     states = rows("SELECT state, last_error FROM deliveries ORDER BY id")
     assert states[0]["state"] == "pending" and states[0]["last_error"].startswith("deadline")
-    assert [s["state"] for s in states[1:]] == ["sent", "sent"]
+    assert [s["state"] for s in states[1:]] == ["sent", "sent"]  # the two sends recorded
     assert receiver.arrivals.unique == 3
+    assert drain("transactional") == []  # sent in-process: nothing published for a deliver task
