@@ -289,14 +289,12 @@ _INSERT_DELIVERIES = text(
                             lane, state, not_before, due_at, created_at, updated_at, claim_token,
                             lease_until, attempts)
     SELECT u, r, t, o, c, p, l, CASE WHEN mine THEN 'claimed' ELSE 'pending' END,
-           coalesce(nb, :now),
-           CASE WHEN mine THEN clock_timestamp() + make_interval(secs => :lease)
-                ELSE greatest(nb, :due_at) END,
+           coalesce(nb, :now), CASE WHEN mine THEN lease_end ELSE greatest(nb, :due_at) END,
            :now, :now, CASE WHEN mine THEN CAST(:token AS uuid) END,
-           CASE WHEN mine THEN clock_timestamp() + make_interval(secs => :lease) END,
-           CASE WHEN mine THEN 1 ELSE 0 END
+           CASE WHEN mine THEN lease_end END, CAST(mine AS int)
     FROM (
-        SELECT *, CAST(:token AS uuid) IS NOT NULL AND (nb IS NULL OR nb <= :now) AS mine
+        SELECT *, CAST(:token AS uuid) IS NOT NULL AND (nb IS NULL OR nb <= :now) AS mine,
+               clock_timestamp() + make_interval(secs => :lease) AS lease_end
         FROM unnest(CAST(:users AS text[]), CAST(:requests AS bigint[]), CAST(:types AS text[]),
                     CAST(:occs AS text[]), CAST(:channels AS text[]), CAST(:platforms AS boolean[]),
                     CAST(:lanes AS text[]), CAST(:not_before AS timestamptz[]))
