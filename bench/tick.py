@@ -11,10 +11,10 @@ days from now. After each stage: VACUUM ANALYZE series (what autovacuum would do
 then, side by side at the same fixed `now`:
 
   clarion   tasks.series.fire_due_series(limit=--due): take_due_series (the partial index series_due,
-            FOR UPDATE SKIP LOCKED, joined with their recipients' calendars and locales) + plan_tick per
-            series, then per batch (50, 100, 200, then 400 series) one statement that advances them
-            (found by ctid) and inserts their occurrence requests and decisions, sent pipelined
-            (PostgreSQL writes one batch while Python plans the next).
+            FOR UPDATE SKIP LOCKED, then joined with their recipients' calendars and locales) +
+            plan_tick per series, then per batch (25, 50, then 100 series: tasks.series.FIRST_BATCH)
+            one statement that advances them (found by ctid) and inserts their occurrence requests
+            and decisions, sent pipelined (PostgreSQL writes one batch while Python plans the next).
   scan      what Celery's default and database schedulers do each tick: read every active series
             (the same columns), decide in Python which are due (next_due_at <= now, earliest first,
             at most --due), then the very same rest of fire_due_series for those (take_due_series

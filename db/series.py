@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import psycopg
 from sqlalchemy import Connection, text
@@ -40,21 +40,27 @@ def insert_series(
     return existing["id"], existing
 
 
-# Through psycopg itself: all rows in one fetch (SQLAlchemy's result fetches them one by one).
+# Through psycopg itself: all rows in one fetch (SQLAlchemy's result fetches them one by one). The
+# due rows are taken (sorted, limited, locked) before their recipients are joined: PostgreSQL then
+# probes or hashes the recipients of those rows only, never reads all of them (10,000 recipients:
+# 3.8 -> 2.9 ms for 1,000 due).
 _TAKE_DUE = """
-    SELECT CAST(s.ctid AS text) AS ctid, s.user_id, s.id, s.type_key, s.anchor_local, s.zone,
-           s.every, s.max_count, s.until, s.calendar_policy, s.next_n, s.next_due_at, s.created_at,
-           r.timezone, r.locale, r.country, r.workweek, r.subdivision
-    FROM series s JOIN recipients r ON r.user_id = s.user_id
-    WHERE s.state = 'active' AND s.next_due_at <= %(now)s
-      AND (SELECT value FROM clarion_meta WHERE key = %(tzdata_key)s) = %(tzdata)s
-    ORDER BY s.next_due_at LIMIT %(limit)s FOR UPDATE OF s SKIP LOCKED
+    SELECT s.*, r.timezone, r.locale, r.country, r.workweek, r.subdivision
+    FROM (
+        SELECT CAST(ctid AS text) AS ctid, user_id, id, type_key, anchor_local, zone, every,
+               max_count, until, calendar_policy, next_n, next_due_at, created_at
+        FROM series
+        WHERE state = 'active' AND next_due_at <= %(now)s
+          AND (SELECT value FROM clarion_meta WHERE key = %(tzdata_key)s) = %(tzdata)s
+        ORDER BY next_due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ) s JOIN recipients r ON r.user_id = s.user_id
+    ORDER BY s.next_due_at
     """
 
 
 def take_due_series(
     conn: Connection, *, now: datetime, limit: int, tzdata: str
-) -> list[dict[str, Any]]:
+) -> Sequence[dict[str, Any]]:
     """Due active series, locked for this transaction; another ticker skips them (no double fire).
     None while the tz database release the deployment recorded is not `tzdata` (this process's):
     checked in the same statement, so a tick costs no round trip for it.
@@ -65,12 +71,44 @@ def take_due_series(
     row's `ctid`, where fire_occurrences finds it again without an index lookup (a locked row
     stays where it is until this transaction changes it). Without `variables`: fire_occurrences
     copies them from the series row in SQL, so the tick never decodes and re-encodes one JSON
-    document per series."""
+    document per series.
+
+    The rows are all locked and received when this returns, but become dicts as they are read
+    (DueRows), so the tick's first write starts before the last row is converted."""
     cursor = _raw(conn).execute(
         _TAKE_DUE, {"now": now, "limit": limit, "tzdata_key": meta.TZDATA, "tzdata": tzdata}
     )
-    keys = [column.name for column in cursor.description or ()]
-    return [dict(zip(keys, row, strict=True)) for row in cursor.fetchall()]
+    return DueRows(cursor)
+
+
+class DueRows(Sequence[dict[str, Any]]):
+    """The rows of an executed query as dicts, converted in order as far as they are read: the
+    result is in client memory already, so reading it needs no round trip (and works inside a
+    pipeline). About 2 us per row of the due query; a tick of 1,000 due starts writing ~2 ms
+    earlier (bench/tick.py)."""
+
+    def __init__(self, cursor: psycopg.Cursor[Any]) -> None:
+        self._cursor = cursor
+        self._keys = [column.name for column in cursor.description or ()]
+        self._count = max(cursor.rowcount, 0)
+        self._read: list[dict[str, Any]] = []
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        wanted = range(self._count)[index]  # IndexError as for a list
+        last = (max(wanted) + 1 if wanted else 0) if isinstance(wanted, range) else wanted + 1
+        if last > len(self._read):
+            rows = self._cursor.fetchmany(last - len(self._read))
+            self._read += [dict(zip(self._keys, row, strict=True)) for row in rows]
+        return self._read[index]
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

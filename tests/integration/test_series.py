@@ -254,3 +254,22 @@ def test_grace_window_is_a_setting(gates_catalog, virtual_clock, monkeypatch):
     arm_series("u1", "weekly_one_on_one", anchor="2026-12-07T09:00", every="1d")
     tick(virtual_clock.advance(hours=1, minutes=2))  # two minutes late, grace is one
     assert rows("SELECT state FROM requests") == [("routed",)]
+
+
+def test_due_rows_read_as_a_list_of_dicts_converting_only_what_is_read(clarion_env):
+    from db.series import DueRows
+
+    with engine().connect() as conn:
+        raw = conn.connection.dbapi_connection
+        expected = [{"n": n, "sq": n * n} for n in range(1, 8)]
+        cursor = raw.execute("SELECT g AS n, g * g AS sq FROM generate_series(1, 7) g")
+        due = DueRows(cursor)
+        assert len(due) == 7 and bool(due)
+        assert due[0:2] == expected[0:2] and len(due._read) == 2  # only what was asked for
+        assert due[1] == expected[1] and len(due._read) == 2
+        assert due[5:100] == expected[5:] and len(due._read) == 7
+        assert due[-1] == expected[-1] and list(due) == expected and due[3:1] == []
+        with pytest.raises(IndexError):
+            due[7]
+        empty = DueRows(raw.execute("SELECT 1 AS n WHERE false"))
+        assert len(empty) == 0 and not empty and empty[0:25] == []
