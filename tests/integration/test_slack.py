@@ -380,20 +380,31 @@ def _waited(key: Key, since) -> float:
 
 
 def test_twenty_bounces_off_a_workspace_pause_do_not_fail_the_nudge(ana, fake, monkeypatch):
+    """Each round another manager's nudge meets a 429, which pauses the workspace for every
+    worker; Ana's retry, due by then, is claimed and bounces off that pause without calling Slack.
+    Twenty bounces with max_attempts 3: still pending, no attempt used, and sent once at the end."""
     configure(monkeypatch, max_attempts=3)
     fake.fail("chat.postMessage", "ratelimited", status=429, retry_after=30)
     with frozen_clock() as clk:
-        key = _nudge(ana)  # the provider's 429, to the route's own send
-        assert _delivery(key)["state"] == "pending"
-        clk.advance(1)
-        for _ in range(20):  # then twenty bounces off clarion's own pause
-            assert _deliver(key) == 0
-            assert _delivery(key)["state"] == "pending"
-            clk.advance(1)
-        assert _delivery(key)["attempts"] == 0
-        clk.advance(30)
-        assert _deliver(key) == 1
-    assert len(fake.called("chat.postMessage")) == 2 and len(fake.posts()) == 1
+        key = _nudge(ana)  # the route's own send meets the first 429
+        others = []
+        for n in range(20):
+            clk.advance(37)  # the pause Ana met has lifted and her retry is due
+            register_recipient(f"bob{n}", timezone="UTC", addresses={"slack": f"U{100 + n}"})
+            fake.fail("chat.postMessage", "ratelimited", status=429, retry_after=30)
+            others.append(_nudge(f"bob{n}"))  # a 429 again: the workspace is paused anew
+            calls = len(fake.called("chat.postMessage"))
+            assert _deliver(key) == 0  # claimed, and released at the pause: Slack not called
+            assert len(fake.called("chat.postMessage")) == calls == n + 2
+            row = _delivery(key)
+            assert (row["state"], row["attempts"]) == ("pending", 0)
+            assert row["last_error"].startswith("paused")
+        clk.advance(37)
+        assert _deliver(key, *others) == 21
+    assert _delivery(key)["state"] == "sent" and _delivery(key)["attempts"] == 1
+    assert sorted(p.channel for p in fake.posts()) == sorted(
+        ["DU1", *(f"DU{100 + n}" for n in range(20))]
+    )
 
 
 def test_a_transient_slack_error_is_retried_and_a_permanent_one_fails_with_its_reason(ana, fake):
