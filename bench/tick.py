@@ -249,7 +249,7 @@ def one_tick(
             try:
                 cpu, server = time.process_time(), backend_cpu(pid)
                 t0 = time.perf_counter()
-                fired = tseries.fire_due_series(conn, now=now, limit=limit)
+                fired = tseries.fire_due_series(conn, now=now, limit=limit).series
                 elapsed = time.perf_counter() - t0
                 cpu, after = time.process_time() - cpu, backend_cpu(pid)
                 CPU.append(None if server is None or after is None else cpu + after - server)

@@ -29,6 +29,7 @@ POINTS = frozenset(
         "deliver.after_send",  # provider accepted, "sent" not yet recorded
         "deliver.before_flush",  # a group of accepted sends about to be recorded (tasks.sentgroup)
         "click.before_commit",  # a button answer and what it stops applied, not committed
+        "tick.before_commit",  # due series advanced and their occurrences written, not committed
     }
 )
 

@@ -8,12 +8,12 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Connection
 
 from catalog.model import Catalog
-from clarion import clock, metrics, settings
+from clarion import clock, faults, metrics, settings
 from clarion import validation as check
 from clarion.errors import InvalidField, UnknownType
 from db import ledger, meta
@@ -200,8 +200,28 @@ FIRST_BATCH, MAX_BATCH = 25, 100
 _STATES = {"send": "pending", "moved": "deferred"}  # the rest are recorded resolved ("routed")
 
 
-def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> int:
-    """The tick step: record due occurrences as requests and advance each due series once.
+class Fired(NamedTuple):
+    """What fire_due_series did: the number of due series it advanced, and the (gate, outcome,
+    reason) of the decisions it recorded (missed, skipped, moved, merged occurrences), for the
+    caller to count once its transaction has committed (metrics.count_decisions)."""
+
+    series: int
+    decisions: list[tuple[str, str, str]]
+
+
+def tick_series(*, now: datetime, limit: int = 1000) -> int:
+    """The beat tick's series step in a transaction of its own: fire_due_series, commit, then
+    count its decisions (a commit that fails counts nothing). The number of series advanced."""
+    with engine().begin() as conn:
+        fired = fire_due_series(conn, now=now, limit=limit)
+        faults.hit("tick.before_commit")
+    metrics.count_decisions(fired.decisions)
+    return fired.series
+
+
+def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> Fired:
+    """The tick step: record due occurrences as requests and advance each due series once, in the
+    caller's transaction (tick_series runs it in one of its own and counts the decisions).
 
     Fires nothing while this process's tz database differs from the deployment's (one error log
     per tick): its due times would not be the ones every other worker computes. A few statements
@@ -212,7 +232,7 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
     if not due:
         if problem := tz_database_problem(conn):
             log.error(problem, extra={"action": "series_tz_database_mismatch"})
-        return 0
+        return Fired(0, [])
     grace = timedelta(seconds=settings.get().series_grace)
     catalog = runtime.catalog()
     written = []
@@ -222,9 +242,8 @@ def fire_due_series(conn: Connection, *, now: datetime, limit: int = 1000) -> in
             planned = _confirm_merges(conn, planned)
             occurrences = [_occurrence(catalog, s, occ, now) for s, occ in planned]
             written.append(store.fire_occurrences(conn, advances, occurrences, now=now))
-    # Counted once every write succeeded; only the caller's commit is left.
-    metrics.count_decisions(row for cursor in written if cursor is not None for row in cursor)
-    return len(due)
+    decisions = [(g, o, r) for cursor in written if cursor is not None for g, o, r in cursor]
+    return Fired(len(due), decisions)
 
 
 def _batches(due: Sequence[T]) -> Iterator[Sequence[T]]:

@@ -23,7 +23,7 @@ from db.engine import engine
 from tasks import escalation, refresh
 from tasks.publish import DELIVER, ROUTE, publish
 from tasks.receipts import replay_early
-from tasks.series import fire_due_series
+from tasks.series import tick_series
 
 LANE_LIMIT = 5000  # rows of each kind per lane per tick
 LANES = ("transactional", "activation")  # in the order they are served
@@ -53,9 +53,7 @@ def tick() -> dict[str, int]:
 def _tick() -> dict[str, int]:
     s = settings.get()
     now = clock.now()
-    with engine().begin() as conn:
-        series = fire_due_series(conn, now=now)
-    taken = {"series": series, "requests": 0, "deliveries": 0}
+    taken = {"series": tick_series(now=now), "requests": 0, "deliveries": 0}
     for lane in LANES:
         budget: _Budget = {
             "lane": lane,

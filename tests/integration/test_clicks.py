@@ -21,7 +21,7 @@ from tasks import register_recipient
 from tasks.deliver import deliver
 from tasks.interactions import handle_click, series_occurrence
 from tasks.route import route
-from tasks.series import arm_series, cancel_series, fire_due_series, snooze_occurrence
+from tasks.series import arm_series, cancel_series, snooze_occurrence, tick_series
 from tests.conftest import ROOT
 from tests.support.pipeline import (
     configure,
@@ -72,8 +72,7 @@ def _arm(user: str = "ana", every: str = "1w") -> tuple[int, datetime]:
 
 
 def _tick(now: datetime | None = None) -> None:
-    with engine().begin() as conn:
-        fire_due_series(conn, now=now or datetime.now(UTC))
+    tick_series(now=now or datetime.now(UTC))
 
 
 def _send_request(request_id: int, user: str = "ana") -> Key:

@@ -8,7 +8,13 @@ import pytest
 from sqlalchemy import text
 
 from clarion import clock, settings
-from clarion.errors import InvalidRequest, MissingVariables, UnknownRecipient, UnknownType
+from clarion.errors import (
+    FaultInjected,
+    InvalidRequest,
+    MissingVariables,
+    UnknownRecipient,
+    UnknownType,
+)
 from db.engine import engine
 from tasks import register_recipient
 from tasks.preferences import set_preferences
@@ -16,13 +22,13 @@ from tasks.route import route
 from tasks.series import (
     arm_series,
     cancel_series,
-    fire_due_series,
     pause_series,
     resume_series,
     snooze_occurrence,
+    tick_series,
 )
 from tests.conftest import ROOT
-from tests.support.pipeline import counted
+from tests.support.pipeline import configure, counted
 from tests.support.race import race
 
 pytestmark = pytest.mark.integration
@@ -62,8 +68,7 @@ def rows(sql: str, **params) -> list[tuple]:
 
 
 def tick(now: datetime) -> int:
-    with engine().begin() as conn:
-        return fire_due_series(conn, now=now)
+    return tick_series(now=now)
 
 
 def route_pending() -> None:
@@ -153,6 +158,22 @@ def test_beat_down_for_three_days_records_misses_and_sends_at_most_one(
     assert counted("clarion_suppressed_total", gate="schedule", reason="missed") - missed == 3
 
 
+def test_a_tick_whose_commit_fails_writes_and_counts_nothing(
+    gates_catalog, virtual_clock, monkeypatch
+):
+    register_recipient("u1", timezone="Europe/Berlin")
+    arm_series("u1", "weekly_one_on_one", anchor="2026-12-07T09:00", every="1d")
+    now = virtual_clock.advance(days=3, hours=1, minutes=30)  # three missed, one to send
+    missed = counted("clarion_suppressed_total", gate="schedule", reason="missed")
+    configure(monkeypatch, faults="tick.before_commit=raise*1")
+    with pytest.raises(FaultInjected):
+        tick(now)
+    assert rows("SELECT count(*) FROM requests UNION ALL SELECT next_n FROM series") == [(0,), (0,)]
+    assert counted("clarion_suppressed_total", gate="schedule", reason="missed") == missed
+    assert tick(now) == 1  # the fault fired once: this tick commits, then counts
+    assert counted("clarion_suppressed_total", gate="schedule", reason="missed") - missed == 3
+
+
 def test_an_anchor_far_in_the_past_records_missed_and_no_burst(gates_catalog, virtual_clock):
     register_recipient("u1", timezone="Europe/Berlin")
     arm_series("u1", "weekly_one_on_one", anchor="2024-01-01T09:00", every="1d")
@@ -223,8 +244,7 @@ def test_a_jerusalem_week_gets_sunday_and_no_friday_or_saturday(gates_catalog, v
 
 
 def _two_tickers(now: datetime) -> int:
-    with engine().begin() as conn:
-        return fire_due_series(conn, now=now, limit=400)
+    return tick_series(now=now, limit=400)
 
 
 def test_concurrent_ticks_never_create_an_occurrence_twice(gates_catalog):

@@ -19,7 +19,7 @@ from scheduling import zones
 from tasks import register_recipient
 from tasks.app import check_tz_database
 from tasks.route import route
-from tasks.series import arm_series, fire_due_series
+from tasks.series import arm_series, tick_series
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -50,8 +50,7 @@ def rows(sql: str, **params) -> list[tuple]:
 
 
 def tick(now: datetime) -> int:
-    with engine().begin() as conn:
-        return fire_due_series(conn, now=now)
+    return tick_series(now=now)
 
 
 def daily_from_friday(user: str = "ny", **kw):
