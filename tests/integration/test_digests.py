@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from sqlalchemy import text
 
 from clarion import settings
 from ops.explain import explain
@@ -35,6 +36,7 @@ from tests.support.gates import (
     send_and_route,
 )
 from tests.support.pipeline import configure, drain
+from tests.support.race import waiting_on
 
 pytestmark = pytest.mark.integration
 
@@ -278,19 +280,10 @@ def test_notify_of_a_digested_type_checks_its_variables_as_any_type(receiver, vc
     assert digest_requests("ivy") == []
 
 
-def _blocked_on_a_lock(query_like: str, deadline: float = 10.0) -> bool:
-    """Is another backend waiting on a lock while running a statement like `query_like`?"""
-    stop = time.monotonic() + deadline
-    while time.monotonic() < stop:
-        waiting = rows(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE :q",
-            q=query_like,
-        )[0][0]
-        if waiting:
-            return True
-        time.sleep(0.02)
-    return False
+def _blocked_on(held, statement: str) -> bool:
+    """Does a backend running `statement` wait on a lock that `held`'s transaction holds?"""
+    pid = held.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    return any(statement in query for query in waiting_on(pid, within=10))
 
 
 def test_an_item_meeting_an_uncommitted_close_waits_and_opens_the_next_window(receiver, vclock):
@@ -314,7 +307,7 @@ def test_an_item_meeting_an_uncommitted_close_waits_and_opens_the_next_window(re
         assert close_windows(held, resolved, runtime.catalog(), now=vclock.now) == 1
         worker = threading.Thread(target=lambda: joined.extend(_replies("kit", ["bob"])))
         worker.start()
-        assert _blocked_on_a_lock("%INSERT INTO digests%")
+        assert _blocked_on(held, "INSERT INTO digests")
         tx.commit()
     worker.join(30)
     assert digested_into("kit", joined[0]) not in (None, old)
@@ -351,7 +344,7 @@ def test_a_close_meeting_an_uncommitted_item_waits_and_carries_it(receiver, vclo
         flushed: list[int] = []
         worker = threading.Thread(target=lambda: flushed.append(route(["lin"], [old])))
         worker.start()
-        assert _blocked_on_a_lock("%UPDATE digests d SET state = 'closed'%")
+        assert _blocked_on(held, "UPDATE digests d SET state = 'closed'")
         tx.commit()
     worker.join(30)
     assert flushed == [1]

@@ -442,16 +442,6 @@ def _tick_in_child(at: datetime) -> tuple[int, int]:
     return _visible_due(at), _fire(at)
 
 
-def _waiting_on_locks() -> int:
-    with engine().connect() as conn:
-        return conn.execute(
-            text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock'"
-            )
-        ).scalar_one()
-
-
 def test_an_ack_holding_the_chain_makes_a_racing_tick_skip_it_and_nothing_fires(world):
     request_id, [key] = _page()
     due = T0 + timedelta(minutes=5)
@@ -470,15 +460,13 @@ def test_an_ack_holding_the_chain_makes_a_racing_tick_skip_it_and_nothing_fires(
 def test_a_step_firing_holds_the_chain_and_the_racing_ack_waits_then_stops_the_rest(world):
     request_id, [key] = _page()
     due = T0 + timedelta(minutes=5)
-    waited: list[int] = []
+    waited: list[list[str]] = []
     with engine().connect() as ticking:
         keys = fire_due(ticking, now=due)  # step 2 requested, not committed
+        pid = ticking.execute(text("SELECT pg_backend_pid()")).scalar_one()
 
         def commit_once_the_ack_waits() -> None:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and _waiting_on_locks() < 1:
-                time.sleep(0.01)
-            waited.append(_waiting_on_locks())
+            waited.append(waiting_on(pid, within=30))
             ticking.commit()
 
         releaser = threading.Thread(target=commit_once_the_ack_waits)
@@ -487,7 +475,7 @@ def test_a_step_firing_holds_the_chain_and_the_racing_ack_waits_then_stops_the_r
             [click] = race(1, lambda k: _click(k).outcome, lambda i: (key,))
         finally:
             releaser.join()
-    assert waited == [1], "the ack never queued behind the firing step's lock"
+    assert len(waited[0]) == 1, "the ack never queued behind the firing step's lock"
     assert click == "accepted"
     for user, rid, _lane in keys:
         _send_request(user, rid)
