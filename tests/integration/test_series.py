@@ -168,7 +168,7 @@ def test_a_tick_whose_commit_fails_writes_and_counts_nothing(
     configure(monkeypatch, faults="tick.before_commit=raise*1")
     with pytest.raises(FaultInjected):
         tick(now)
-    assert rows("SELECT count(*) FROM requests UNION ALL SELECT next_n FROM series") == [(0,), (0,)]
+    assert rows("SELECT (SELECT count(*) FROM requests), (SELECT next_n FROM series)") == [(0, 0)]
     assert counted("clarion_suppressed_total", gate="schedule", reason="missed") == missed
     assert tick(now) == 1  # the fault fired once: this tick commits, then counts
     assert counted("clarion_suppressed_total", gate="schedule", reason="missed") - missed == 3
