@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING
 import httpx
 import jwt
 
-from adapters.base import Message, clean_provider_id
-from adapters.push import DeviceOutcome, title_and_body, transport_outcome
-from adapters.ratelimit import Quota
 from clarion import clock
+from clarion.adapters.base import Message, clean_provider_id
+from clarion.adapters.push import DeviceOutcome, title_and_body, transport_outcome
+from clarion.adapters.ratelimit import Quota
 from clarion.errors import ConfigurationError
 
 if TYPE_CHECKING:

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from catalog import Button, NotificationType
+from clarion.catalog import Button, NotificationType
 
 if TYPE_CHECKING:
     import redis as redis_lib
 
-    from adapters.ratelimit import Quota, RateLimits
+    from clarion.adapters.ratelimit import Quota, RateLimits
 
 MAX_VALUE_BYTES = 512
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from adapters.base import Message, SendResult
-from adapters.escape import plain_text
+from clarion.adapters.base import Message, SendResult
+from clarion.adapters.escape import plain_text
 
 
 def to_line(message: Message) -> str:

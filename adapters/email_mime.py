@@ -27,8 +27,8 @@ from email import policy
 from email.message import EmailMessage
 from email.utils import format_datetime, formataddr, parseaddr
 
-from adapters.base import Message
-from adapters.escape import html, plain_text
+from clarion.adapters.base import Message
+from clarion.adapters.escape import html, plain_text
 from clarion.errors import PermanentSendError
 
 # Mirrors gates.preferences.LOCKED_CATEGORIES (adapters import nothing from gates/): mail a

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from adapters.base import Channel, Collaborators, Message, SendResult
-from adapters.escape import plain_text
+from clarion.adapters.base import Channel, Collaborators, Message, SendResult
+from clarion.adapters.escape import plain_text
 from clarion.errors import PermanentSendError, TransientSendError, UnknownSendError
 
 MAX_TITLE = 1000

@@ -49,9 +49,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
-from adapters.base import Channel, Collaborators, Message, SendResult, Suppressions
-from adapters.escape import plain_text
-from adapters.ratelimit import Quota, RateLimits
+from clarion.adapters.base import Channel, Collaborators, Message, SendResult, Suppressions
+from clarion.adapters.escape import plain_text
+from clarion.adapters.ratelimit import Quota, RateLimits
 from clarion.errors import (
     ConfigurationError,
     PermanentSendError,
@@ -211,11 +211,11 @@ class PushAdapter(Channel[PushRequest, PushResponse]):
     def from_settings(cls, s: Settings, parts: Collaborators) -> PushAdapter:
         senders: dict[str, DeviceSender] = {}
         if s.fcm_service_account:
-            from adapters.fcm import FcmSender
+            from clarion.adapters.fcm import FcmSender
 
             senders["fcm"] = FcmSender.from_settings(s)
         if s.apns_key:
-            from adapters.apns import ApnsSender
+            from clarion.adapters.apns import ApnsSender
 
             senders["apns"] = ApnsSender.from_settings(s)
         if not senders:

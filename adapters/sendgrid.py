@@ -47,10 +47,17 @@ from sendgrid.helpers.mail import (
     To,
 )
 
-from adapters.base import Channel, Collaborators, Message, Receipt, SendResult, clean_provider_id
-from adapters.email_mime import Identities, build, is_transactional
-from adapters.ratelimit import Quota, RateLimits
 from clarion import clock
+from clarion.adapters.base import (
+    Channel,
+    Collaborators,
+    Message,
+    Receipt,
+    SendResult,
+    clean_provider_id,
+)
+from clarion.adapters.email_mime import Identities, build, is_transactional
+from clarion.adapters.ratelimit import Quota, RateLimits
 from clarion.errors import (
     ConfigurationError,
     PermanentSendError,

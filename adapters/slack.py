@@ -29,10 +29,10 @@ from urllib.error import URLError
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
-from adapters.base import Collaborators, Message, SendResult, Suppressions
-from adapters.escape import slack_mrkdwn
-from adapters.ratelimit import Quota, RateLimits
-from catalog import Button
+from clarion.adapters.base import Collaborators, Message, SendResult, Suppressions
+from clarion.adapters.escape import slack_mrkdwn
+from clarion.adapters.ratelimit import Quota, RateLimits
+from clarion.catalog import Button
 from clarion.errors import (
     DeferredSendError,
     PermanentSendError,

@@ -43,7 +43,7 @@ from twilio.http.http_client import TwilioHttpClient
 from twilio.http.response import Response
 from twilio.rest import Client
 
-from adapters.base import (
+from clarion.adapters.base import (
     Channel,
     Collaborators,
     Message,
@@ -52,8 +52,8 @@ from adapters.base import (
     Suppressions,
     clean_provider_id,
 )
-from adapters.escape import plain_text
-from adapters.ratelimit import Quota, RateLimits, scope
+from clarion.adapters.escape import plain_text
+from clarion.adapters.ratelimit import Quota, RateLimits, scope
 from clarion.errors import (
     ConfigurationError,
     PermanentSendError,

@@ -26,10 +26,10 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from adapters.base import Channel, Collaborators, Message, SendResult, Suppressions
-from adapters.email_mime import Identities, build, to_bytes
-from adapters.ratelimit import Quota, RateLimits
 from clarion import clock
+from clarion.adapters.base import Channel, Collaborators, Message, SendResult, Suppressions
+from clarion.adapters.email_mime import Identities, build, to_bytes
+from clarion.adapters.ratelimit import Quota, RateLimits
 from clarion.errors import (
     ConfigurationError,
     PermanentSendError,

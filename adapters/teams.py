@@ -39,10 +39,10 @@ from botframework.connector import ConnectorClient
 from botframework.connector.auth import MicrosoftAppCredentials
 from msrest.exceptions import ClientRequestError
 
-from adapters.base import Collaborators, Message, SendResult
-from adapters.escape import card_markdown, plain_text
-from adapters.ratelimit import Quota, RateLimits
-from adapters.webhook import retry_after
+from clarion.adapters.base import Collaborators, Message, SendResult
+from clarion.adapters.escape import card_markdown, plain_text
+from clarion.adapters.ratelimit import Quota, RateLimits
+from clarion.adapters.webhook import retry_after
 from clarion.errors import (
     PermanentSendError,
     SendError,

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from adapters import http1
-from adapters.base import Channel, Message, SendResult, clean_provider_id
-from adapters.ratelimit import Quota, RateLimits
+from clarion.adapters import http1
+from clarion.adapters.base import Channel, Message, SendResult, clean_provider_id
+from clarion.adapters.ratelimit import Quota, RateLimits
 from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
 
 FAILED_STATUSES = frozenset({408, 425, 429})  # the receiver says it did not take the request

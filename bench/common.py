@@ -24,7 +24,7 @@ def start_services(name: str):
     url = os.environ.get("CLARION_DATABASE_URL")
     if url:
         return url, None
-    from db.embedded import ensure_running
+    from clarion.db.embedded import ensure_running
 
     handle = ensure_running(ROOT / ".clarion" / f"bench-{name}")
     return handle.database_url, handle

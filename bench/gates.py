@@ -55,11 +55,11 @@ from clarion import settings  # noqa: E402
 settings.reset()
 
 from bench.common import say, start_services, table, with_database  # noqa: E402
-from db import gating, ledger  # noqa: E402
-from db.engine import engine, migrate, one_off_engine  # noqa: E402
-from gates.apply import needs_address, snapshots  # noqa: E402
-from gates.pipeline import Snapshot, cap_buckets, plan  # noqa: E402
-from tasks import runtime  # noqa: E402
+from clarion.db import gating, ledger  # noqa: E402
+from clarion.db.engine import engine, migrate, one_off_engine  # noqa: E402
+from clarion.gates.apply import needs_address, snapshots  # noqa: E402
+from clarion.gates.pipeline import Snapshot, cap_buckets, plan  # noqa: E402
+from clarion.tasks import runtime  # noqa: E402
 
 ZONES = [
     "America/New_York",
@@ -700,7 +700,7 @@ def main() -> None:
                 pstats.Stats(profiler).sort_stats("cumulative").print_stats(14)
         print(f"total run time {time.perf_counter() - began:.0f} s")
     finally:
-        from db.engine import dispose_all
+        from clarion.db.engine import dispose_all
 
         dispose_all()
         with admin.connect() as conn:

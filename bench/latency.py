@@ -72,7 +72,7 @@ types:
 def _serve(secret: str, conn, nice: int) -> None:
     """The activation lane's provider stand-in, in a process of its own (at `nice`): its flood
     must not share the GIL with the producer and the transactional receiver being timed."""
-    from ops.receiver import Receiver
+    from clarion.ops.receiver import Receiver
 
     os.nice(nice)
     with Receiver(secret) as receiver:
@@ -112,10 +112,10 @@ class Latency:
         self.sequence = 0
 
     def start_workers(self) -> None:
-        from db.engine import engine
-        from ops.launch import beat_command, worker_command
-        from tasks import register_recipient
-        from tasks.app import app, use_broker
+        from clarion.db.engine import engine
+        from clarion.ops.launch import beat_command, worker_command
+        from clarion.tasks import register_recipient
+        from clarion.tasks.app import app, use_broker
 
         b = self.bench
         use_broker(b.broker_url)
@@ -156,7 +156,7 @@ class Latency:
         return out
 
     def key(self, item: dict) -> str:
-        from adapters.base import idempotency_key
+        from clarion.adapters.base import idempotency_key
 
         return idempotency_key(
             item["user_id"], item["type_key"], f"event:{item['event_id']}", "webhook"
@@ -167,7 +167,7 @@ class Latency:
         in one notify_many; returns idempotency key -> the time that call began (perf_counter),
         and the busy share. A latency starts when notify_many is called (the producer's own
         batching is not clarion's); the phase's achieved rate shows a producer that fell behind."""
-        from tasks import notify_many
+        from clarion.tasks import notify_many
 
         due: dict[str, float] = {}
         total = max(1, round(rate * seconds))
@@ -199,7 +199,7 @@ class Latency:
 
     def burst(self, n: int) -> float:
         """Receipts per second through the whole pipeline, for a burst of n."""
-        from tasks import notify_many
+        from clarion.tasks import notify_many
 
         batch = self.items(n)
         keys = [self.key(i) for i in batch]
@@ -212,7 +212,7 @@ class Latency:
 
     def backlog(self, n: int) -> float:
         """Queue n activation nudges; returns the seconds the enqueueing took."""
-        from tasks import notify_many
+        from clarion.tasks import notify_many
 
         t0 = time.perf_counter()
         for s in range(0, n, 1000):
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     try:
-        from ops.receiver import Receiver
+        from clarion.ops.receiver import Receiver
 
         # Bench wants throughput's arguments; only these are read by what latency uses
         bench = Bench(argparse.Namespace(profile=None, timeout=600, purge=False), cleanup)
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         catalog.write_text(CATALOG.format(url=other.url))
         os.environ["CLARION_CATALOG"] = bench.env["CLARION_CATALOG"] = str(catalog)
         from clarion import settings
-        from tasks import runtime
+        from clarion.tasks import runtime
 
         settings.reset()
         runtime.reset()
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(("under activation backlog", args.idle_rate, run.latencies(under), busy))
             from sqlalchemy import text
 
-            from db.engine import engine
+            from clarion.db.engine import engine
 
             with engine().connect() as conn:
                 left = conn.execute(

@@ -17,8 +17,8 @@ import time
 import psycopg
 import urllib3
 
-from adapters.base import Message, idempotency_key
-from adapters.webhook import to_request
+from clarion.adapters.base import Message, idempotency_key
+from clarion.adapters.webhook import to_request
 
 TYPE_KEY = "receipt"
 CHANNEL = "webhook"

@@ -15,8 +15,7 @@ import os
 import redis as redis_lib
 from celery import Celery
 
-import celeryconfig
-from clarion import settings
+from clarion import celeryconfig, settings
 
 QUEUE = "bench_noop"
 

@@ -25,8 +25,8 @@ import psycopg
 import redis as redis_lib
 import urllib3
 
-from adapters.base import idempotency_key
 from bench.naive import post
+from clarion.adapters.base import idempotency_key
 
 TYPE_KEY = "receipt"
 CHANNEL = "webhook"

@@ -494,7 +494,7 @@ class Bench:
         db_url = os.environ.get("CLARION_DATABASE_URL")
         redis_url = os.environ.get("CLARION_REDIS_URL")
         if not (db_url and redis_url):
-            from db.embedded import ensure_running
+            from clarion.db.embedded import ensure_running
 
             say(f"services: embedded PostgreSQL + Redis in {self.home.relative_to(ROOT)}")
             handle = ensure_running(self.home)
@@ -513,7 +513,7 @@ class Bench:
     def database(self) -> None:
         from sqlalchemy import text
 
-        from db.engine import migrate, one_off_engine
+        from clarion.db.engine import migrate, one_off_engine
 
         self.db_name = f"clarion_bench_{self.run_id}"
         admin = one_off_engine(self.server_url)
@@ -528,7 +528,7 @@ class Bench:
     def _drop_database(self, admin) -> None:
         from sqlalchemy import text
 
-        from db import engine
+        from clarion.db import engine
 
         engine.dispose_all()
         with admin.connect() as conn:
@@ -538,7 +538,7 @@ class Bench:
     def environment(self) -> None:
         """Point this process and every child at the bench database (CLARION_* variables)."""
         from clarion import settings
-        from tasks import runtime
+        from clarion.tasks import runtime
 
         self.logs.mkdir(parents=True, exist_ok=True)
         self.env = {
@@ -591,7 +591,7 @@ class Bench:
         *,
         env: dict[str, str] | None = None,
     ):
-        from ops.launch import Process
+        from clarion.ops.launch import Process
 
         process = Process(
             command, env={**self.env, **(env or {})}, log=self.logs / log_name, cwd=ROOT
@@ -734,12 +734,12 @@ class Bench:
     def clarion(self, receiver) -> Result:
         from sqlalchemy import text
 
-        from adapters.base import idempotency_key
         from clarion import settings
-        from db.engine import engine
-        from ops.launch import beat_command, worker_command
-        from tasks import notify_many, register_recipient
-        from tasks.app import app, use_broker
+        from clarion.adapters.base import idempotency_key
+        from clarion.db.engine import engine
+        from clarion.ops.launch import beat_command, worker_command
+        from clarion.tasks import notify_many, register_recipient
+        from clarion.tasks.app import app, use_broker
 
         use_broker(self.broker_url)  # the app read its config before this run's settings were set
         a = self.args
@@ -1134,7 +1134,7 @@ def _stop_multiprocessing(procs) -> None:
 
 
 def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    from ops.launch import wait_until
+    from clarion.ops.launch import wait_until
 
     if not wait_until(predicate, timeout, 0.05):
         raise RuntimeError(f"{what} did not finish within {timeout:.0f}s")
@@ -1311,8 +1311,8 @@ def main(argv: list[str] | None = None) -> int:
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     cleanup = Cleanup()
     try:
+        from clarion.ops.receiver import Receiver
         from clarion.settings import from_env
-        from ops.receiver import Receiver
 
         bench = Bench(args, cleanup)
         bench.services()

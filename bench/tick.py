@@ -60,12 +60,12 @@ from clarion import settings  # noqa: E402
 
 settings.reset()
 
-import tasks.series as tseries  # noqa: E402
+import clarion.tasks.series as tseries  # noqa: E402
 from bench.common import say, start_services, table, with_database  # noqa: E402
-from db import meta  # noqa: E402
-from db import series as store  # noqa: E402
-from db.engine import dispose_all, engine, migrate, one_off_engine  # noqa: E402
-from scheduling import recurrence, zones  # noqa: E402
+from clarion.db import meta  # noqa: E402
+from clarion.db import series as store  # noqa: E402
+from clarion.db.engine import dispose_all, engine, migrate, one_off_engine  # noqa: E402
+from clarion.scheduling import recurrence, zones  # noqa: E402
 
 RECIPIENTS = 10_000
 ZONES = [

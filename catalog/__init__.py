@@ -1,6 +1,6 @@
 """The catalog: notification types, categories, versioned templates. Imports nothing of ours."""
 
-from catalog.model import (
+from clarion.catalog.model import (
     CATEGORIES,
     Button,
     Catalog,

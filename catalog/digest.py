@@ -125,7 +125,7 @@ def _number(raw: dict, name: str, default: Any, kind: type, low: float, high: fl
 def render_fallback(spec: DigestSpec, context: dict[str, Any]) -> str:
     """The deterministic summary line: the spec's fallback template over the digest's variables
     (the default line if that template cannot render these items)."""
-    from catalog.sandbox import env, render
+    from clarion.catalog.sandbox import env, render
 
     for source in (spec.fallback, DEFAULT_FALLBACK):
         try:

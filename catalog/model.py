@@ -14,12 +14,12 @@ import yaml
 from jinja2 import TemplateSyntaxError, meta
 from jinja2.exceptions import SecurityError, TemplateAssertionError, UndefinedError
 
-from catalog import locales as _locales
-from catalog.digest import DIGEST_VARIABLES, DigestSpec, parse_digest
-from catalog.escalation import Escalation, check_escalations, parse_escalation
-from catalog.sandbox import Sample, compile_template
-from catalog.sandbox import env as _env
-from catalog.sandbox import render as _render
+from clarion.catalog import locales as _locales
+from clarion.catalog.digest import DIGEST_VARIABLES, DigestSpec, parse_digest
+from clarion.catalog.escalation import Escalation, check_escalations, parse_escalation
+from clarion.catalog.sandbox import Sample, compile_template
+from clarion.catalog.sandbox import env as _env
+from clarion.catalog.sandbox import render as _render
 
 CATEGORIES = ("transactional", "security", "alert", "activation", "digest", "marketing")
 LANES = ("transactional", "activation")

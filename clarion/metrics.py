@@ -102,9 +102,9 @@ class LedgerCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         from clarion import clock
-        from db import reports
-        from db.alerts import open_alerts
-        from db.engine import engine
+        from clarion.db import reports
+        from clarion.db.alerts import open_alerts
+        from clarion.db.engine import engine
 
         states = GaugeMetricFamily(
             "clarion_open_deliveries",
@@ -159,7 +159,7 @@ class LedgerCollector:
         )
         try:
             from clarion import settings
-            from ops.stats import queue_depths
+            from clarion.ops.stats import queue_depths
 
             for queue, waiting, _ in queue_depths(settings.get().urls()[2]):
                 depth.add_metric([queue], waiting)

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from email_validator import EmailNotValidError, validate_email
 
-from catalog.locales import normalise as normalise_locale
+from clarion.catalog.locales import normalise as normalise_locale
 from clarion.errors import InvalidField, InvalidOccurrence
 
 # Byte caps (UTF-8). The unique index of a delivery holds user_id + type_key + occurrence_key +

@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from db.ledger import KEY_PAIRS, Key, due_statement, key_params
+from clarion.db.ledger import KEY_PAIRS, Key, due_statement, key_params
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from clarion.db.ledger import KEY_PAIRS, Key, key_params
 from clarion.errors import ClarionError
-from db.ledger import KEY_PAIRS, Key, key_params
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ def ensure_running(home: Path, timeout: float = 60) -> Handle:
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "embedded.log", "ab")  # noqa: SIM115 - owned by the child process
     process = subprocess.Popen(
-        [sys.executable, "-m", "db.embedded", "--home", str(home)],
+        [sys.executable, "-m", "clarion.db.embedded", "--home", str(home)],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,

@@ -11,9 +11,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from clarion import settings
+from clarion.db import partitioning
+from clarion.db.schema import SCHEMA_REVISION
 from clarion.errors import ConfigurationError
-from db import partitioning
-from db.schema import SCHEMA_REVISION
 
 _engines: dict[tuple[int, str], Engine] = {}
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from db import ledger
-from db.schema import SENDING_STATES
+from clarion.db import ledger
+from clarion.db.schema import SENDING_STATES
 
 GATE = "escalation"
 ACK_EVENTS = frozenset({"answered", "read", "clicked"})

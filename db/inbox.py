@@ -23,8 +23,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from adapters.base import Receipt
-from db import receipts
+from clarion.adapters.base import Receipt
+from clarion.db import receipts
 
 NOTIFY_CHANNEL = "clarion_inbox"
 MARKS = ("seen", "read", "archived")

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, overload
 import psycopg
 from sqlalchemy import Connection, text
 
-from db import meta
+from clarion.db import meta
 
 _INSERT = text(
     """

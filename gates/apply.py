@@ -14,10 +14,10 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from catalog import Catalog, NotificationType
+from clarion.catalog import Catalog, NotificationType
+from clarion.db import digests, gating, inbox
 from clarion.errors import ClarionError, ConfigurationError
-from db import digests, gating, inbox
-from gates.pipeline import (
+from clarion.gates.pipeline import (
     DigestJoin,
     Fold,
     Plan,

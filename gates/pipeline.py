@@ -20,12 +20,12 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
-from catalog import NotificationType
-from catalog.model import Policy
-from gates import preferences
-from gates.quiet import outside_hours_until, parse_time, quiet_until
-from scheduling.digests import window_due
-from scheduling.zones import country_of, load_zone
+from clarion.catalog import NotificationType
+from clarion.catalog.model import Policy
+from clarion.gates import preferences
+from clarion.gates.quiet import outside_hours_until, parse_time, quiet_until
+from clarion.scheduling.digests import window_due
+from clarion.scheduling.zones import country_of, load_zone
 
 NOT_CAPPED = frozenset({"transactional", "security"})
 

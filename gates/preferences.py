@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from catalog import NotificationType
+from clarion.catalog import NotificationType
 
 LOCKED_CATEGORIES = frozenset({"transactional", "security"})
 MARKETING_OPT_OUT_COUNTRIES = frozenset({"US"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
-from scheduling.zones import load_zone
+from clarion.scheduling.zones import load_zone
 
 
 def _at(day: date, at: time, zone: ZoneInfo, after: datetime) -> datetime:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gates.pipeline import Plan, Snapshot
+from clarion.gates.pipeline import Plan, Snapshot
 
 
 def applied(snapshot: Snapshot, plan: Plan, request: dict[str, Any]) -> Snapshot:

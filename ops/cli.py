@@ -10,11 +10,11 @@ import uuid
 
 from clarion import settings
 from clarion.errors import ClarionError, InvalidRequest
-from ops import launch
+from clarion.ops import launch
 
 
 def _services(args: argparse.Namespace) -> int:
-    from db.embedded import serve
+    from clarion.db.embedded import serve
 
     serve(settings.get().home.resolve())
     return 0
@@ -22,9 +22,9 @@ def _services(args: argparse.Namespace) -> int:
 
 def _migrate(args: argparse.Namespace) -> int:
     from clarion import clock
-    from db import meta
-    from db.engine import engine, migrate
-    from scheduling import zones
+    from clarion.db import meta
+    from clarion.db.engine import engine, migrate
+    from clarion.scheduling import zones
 
     partitioned = migrate(partitions=args.partitions)
     if partitioned:
@@ -82,7 +82,7 @@ def _beat(args: argparse.Namespace) -> int:
 def _web(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from web.app import check_bind
+    from clarion.web.app import check_bind
 
     warning = check_bind(
         args.host, settings.get().teams_app_id, allow_insecure_teams=args.allow_insecure_teams
@@ -90,12 +90,12 @@ def _web(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     settings.get().urls()
-    uvicorn.run("web.app:app", host=args.host, port=args.port, log_level="info")
+    uvicorn.run("clarion.web.app:app", host=args.host, port=args.port, log_level="info")
     return 0
 
 
 def _flower(args: argparse.Namespace) -> int:
-    from ops.flower import plan
+    from clarion.ops.flower import plan
 
     s = settings.get()
     s.urls()
@@ -115,14 +115,14 @@ def _flower(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from ops.stats import report
+    from clarion.ops.stats import report
 
     print(report(*settings.get().urls()))
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ops.demo import run
+    from clarion.ops.demo import run
 
     return run(settings.get().home.resolve())
 
@@ -138,16 +138,16 @@ def _parse_vars(pairs: list[str]) -> dict[str, str]:
 
 
 def _send(args: argparse.Namespace) -> int:
-    from tasks import notify
-    from tasks.planning import preview
+    from clarion.tasks import notify
+    from clarion.tasks.planning import preview
 
     variables = _parse_vars(args.var)
     occurrence = {"event_id": args.event_id, "occurrence_key": args.occurrence_key}
     if args.event_id is None and args.occurrence_key is None:
         occurrence["event_id"] = f"cli:{uuid.uuid4()}"
     if args.dry_run:
-        from ops.explain import plan_table
-        from ops.preview import dry_run_renderings
+        from clarion.ops.explain import plan_table
+        from clarion.ops.preview import dry_run_renderings
 
         plan = preview(args.user, args.type, variables=variables, **occurrence)
         print(plan_table(plan))
@@ -164,7 +164,7 @@ def _send(args: argparse.Namespace) -> int:
 
 
 def _preview(args: argparse.Namespace) -> int:
-    from ops.preview import run
+    from clarion.ops.preview import run
 
     print(
         run(
@@ -180,7 +180,7 @@ def _preview(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from ops.explain import explain
+    from clarion.ops.explain import explain
 
     if args.limit < 1:
         raise InvalidRequest(f"--limit must be a positive whole number, not {args.limit}")
@@ -204,11 +204,11 @@ def _arm(args: argparse.Namespace) -> int:
         calendar_policy=args.calendar,
     )
     if args.dry_run:
-        from ops.schedule import arm_preview
+        from clarion.ops.schedule import arm_preview
 
         print(arm_preview(args.user, args.type, **arm))
         return 0
-    from tasks.series import arm_series
+    from clarion.tasks.series import arm_series
 
     armed = arm_series(args.user, args.type, series_key=args.key, **arm)
     print(
@@ -221,7 +221,7 @@ def _arm(args: argparse.Namespace) -> int:
 
 def _redrive(args: argparse.Namespace) -> int:
     from clarion import clock
-    from ops.redrive import Filters, parse_time, redrive
+    from clarion.ops.redrive import Filters, parse_time, redrive
 
     now = clock.now()
     filters = Filters(
@@ -237,14 +237,14 @@ def _redrive(args: argparse.Namespace) -> int:
 
 
 def _schedule(args: argparse.Namespace) -> int:
-    from ops.schedule import schedule
+    from clarion.ops.schedule import schedule
 
     print(schedule(args.user, args.days))
     return 0
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from ops.schedule import simulate
+    from clarion.ops.schedule import simulate
 
     print(simulate(args.user, args.days))
     return 0
@@ -253,7 +253,7 @@ def _simulate(args: argparse.Namespace) -> int:
 def _receiver(args: argparse.Namespace) -> int:
     import time
 
-    from ops.receiver import Receiver
+    from clarion.ops.receiver import Receiver
 
     with Receiver(settings.get().webhook_secret, port=args.port) as receiver:
         print(f"receiving on {receiver.url}; Ctrl-C to stop", flush=True)
@@ -271,15 +271,15 @@ def _receiver(args: argparse.Namespace) -> int:
 
 
 def _link(args: argparse.Namespace) -> int:
-    from tasks import preferences_link
+    from clarion.tasks import preferences_link
 
     print(preferences_link(args.user, ttl=args.ttl))
     return 0
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from ops.table import render
-    from web import api_auth
+    from clarion.ops.table import render
+    from clarion.web import api_auth
 
     if args.action == "create":
         made = api_auth.create_key(args.name, args.scope or [], api_auth.parse_rate(args.rate))

@@ -19,10 +19,10 @@ from sqlalchemy import make_url, text
 
 from clarion import settings
 from clarion.errors import ClarionError
-from ops import demo_chat, demo_digest, demo_escalation, demo_receipts, launch
-from ops.fake_slack import FakeSlack
-from ops.receiver import Receiver
-from ops.table import render
+from clarion.ops import demo_chat, demo_digest, demo_escalation, demo_receipts, launch
+from clarion.ops.fake_slack import FakeSlack
+from clarion.ops.receiver import Receiver
+from clarion.ops.table import render
 
 DATABASE = "clarion_demo"
 RECIPIENTS = 120
@@ -34,7 +34,7 @@ def say(message: str) -> None:
 
 
 def _prepare_database(server_url: str) -> str:
-    from db.engine import migrate, one_off_engine
+    from clarion.db.engine import migrate, one_off_engine
 
     with one_off_engine(server_url).connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
@@ -86,8 +86,8 @@ def _scenario(rng: random.Random) -> list[dict]:
 
 
 def _wait(url: str, expected_requests: int, timeout: float) -> bool:
-    from db import reports
-    from db.engine import engine
+    from clarion.db import reports
+    from clarion.db.engine import engine
 
     deadline = time.monotonic() + timeout
     tty, next_line = sys.stdout.isatty(), 0.0
@@ -119,7 +119,7 @@ def _webhook_secret() -> str:
 
 
 def run(home: Path) -> int:
-    from db.embedded import ensure_running
+    from clarion.db.embedded import ensure_running
 
     started = time.monotonic()
     say("clarion demo — starting embedded PostgreSQL and Redis")
@@ -199,8 +199,8 @@ def _start_processes(home: Path, env: dict[str, str]) -> list[launch.Process]:
 
 
 def _play(url, redis_url, receiver, processes, home, env, started, slack, providers) -> int:
-    from tasks import notify, notify_many, register_recipient
-    from tasks.publish import DELIVER, ROUTE, publish
+    from clarion.tasks import notify, notify_many, register_recipient
+    from clarion.tasks.publish import DELIVER, ROUTE, publish
 
     rng = random.Random(7)
     say(f"registering {RECIPIENTS} recipients in {len(ZONES)} time zones")
@@ -237,7 +237,7 @@ def _play(url, redis_url, receiver, processes, home, env, started, slack, provid
     )
 
     say("re-publishing route and deliver tasks for work already done (redelivered messages)")
-    from db.engine import engine
+    from clarion.db.engine import engine
 
     with engine(url).connect() as conn:
         reqs = conn.execute(
@@ -273,9 +273,9 @@ def _play(url, redis_url, receiver, processes, home, env, started, slack, provid
 
 
 def _summary(url: str, redis_url: str, receiver: Receiver, requested: int, repeated: int) -> None:
-    from db import reports
-    from db.engine import engine
-    from ops.stats import counters
+    from clarion.db import reports
+    from clarion.db.engine import engine
+    from clarion.ops.stats import counters
 
     with engine(url).connect() as conn:
         deliveries = reports.delivery_counts(conn)

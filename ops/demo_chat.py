@@ -10,13 +10,13 @@ from collections.abc import Callable
 
 from sqlalchemy import text
 
-from adapters.base import Message
-from adapters.teams import to_card
-from catalog.model import EXAMPLES, Catalog
+from clarion.adapters.base import Message
+from clarion.adapters.teams import to_card
+from clarion.catalog.model import EXAMPLES, Catalog
+from clarion.db.engine import engine
 from clarion.errors import ConfigurationError
-from db.engine import engine
-from ops.fake_slack import FakeSlack, block_actions, signed
-from ops.table import render
+from clarion.ops.fake_slack import FakeSlack, block_actions, signed
+from clarion.ops.table import render
 
 SIGNING_SECRET = "demo-signing-secret"
 MANAGER, SLACK_ID = "manager-ana", "U0ANA"
@@ -56,9 +56,9 @@ def _click(base: str, value: str, user: str, action: str) -> int:
 
 
 def run(fake: FakeSlack, say: Callable[[str], None]) -> bool:
-    from ops.fake_slack import serving
-    from tasks import notify, register_recipient
-    from web.app import create_app
+    from clarion.ops.fake_slack import serving
+    from clarion.tasks import notify, register_recipient
+    from clarion.web.app import create_app
 
     say("\nchat: a goal prompt with answer buttons, to a manager on Slack")
     register_recipient(MANAGER, timezone="Europe/Berlin", addresses={"slack": SLACK_ID})

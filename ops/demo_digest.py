@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from sqlalchemy import text
 
-from db.engine import engine
+from clarion.db.engine import engine
 
 BUYER = "buyer-dee"
 REPLIES = [
@@ -36,7 +36,7 @@ _BUFFERED = text(
 
 def send(say: Callable[[str], None]) -> None:
     """Register the buyer and notify the replies (the window opens with the first)."""
-    from tasks import notify_many, register_recipient
+    from clarion.tasks import notify_many, register_recipient
 
     register_recipient(BUYER, timezone="Europe/Berlin")
     notify_many(

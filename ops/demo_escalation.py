@@ -16,11 +16,11 @@ from collections.abc import Callable
 
 from sqlalchemy import text
 
-from db.engine import engine
-from ops import demo_chat
-from ops.demo_receipts import Providers
-from ops.receiver import Receiver
-from ops.table import render
+from clarion.db.engine import engine
+from clarion.ops import demo_chat
+from clarion.ops.demo_receipts import Providers
+from clarion.ops.receiver import Receiver
+from clarion.ops.table import render
 
 SECONDARY = "oncall-sam"
 PAGES = (  # (user, Slack id, phone, what happens)
@@ -74,7 +74,7 @@ def _wait(check: Callable[[], bool], timeout: float) -> bool:
 
 
 def run(p: Providers, receiver: Receiver, say: Callable[[str], None]) -> bool:
-    from tasks import notify, register_recipient
+    from clarion.tasks import notify, register_recipient
 
     say("\nescalation: page on Slack → no ack in 3 s → SMS → no ack in 10 s → the secondary")
     register_recipient(

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from sqlalchemy import text
 
-from db.engine import engine
-from ops.fake_sendgrid import EventKey, FakeSendGrid, event, post_events
-from ops.fake_twilio import FakeTwilio
-from ops.table import render
+from clarion.db.engine import engine
+from clarion.ops.fake_sendgrid import EventKey, FakeSendGrid, event, post_events
+from clarion.ops.fake_twilio import FakeTwilio
+from clarion.ops.table import render
 
 READER, BOUNCER, TEXTER = "reader-ana", "reader-bo", "texter-cy"
 ANA_EMAIL, BO_EMAIL, CY_PHONE = "ana@example.com", "bo@bounces.example", "+15555550123"
@@ -45,8 +45,8 @@ class Providers:
 @contextmanager
 def providers() -> Iterator[Providers]:
     """The stand-ins, and clarion web serving their webhooks on a local port."""
-    from ops.fake_slack import serving
-    from web.app import create_app
+    from clarion.ops.fake_slack import serving
+    from clarion.web.app import create_app
 
     with ExitStack() as stack:
         sendgrid = stack.enter_context(FakeSendGrid())
@@ -111,7 +111,7 @@ def _why_not(user: str, request_id: int) -> str:
 
 
 def run(p: Providers, say: Callable[[str], None]) -> bool:
-    from tasks import notify, register_recipient
+    from clarion.tasks import notify, register_recipient
 
     say("\nreceipts: email through SendGrid and SMS through Twilio (local stand-ins), and back")
     register_recipient(READER, timezone="Europe/Berlin", addresses={"email": ANA_EMAIL})

@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from clarion import clock
+from clarion.db import ledger, reports
+from clarion.db.engine import engine
+from clarion.db.schema import SENT_STATES
 from clarion.errors import InvalidRequest, UnknownRecipient
-from db import ledger, reports
-from db.engine import engine
-from db.schema import SENT_STATES
-from gates.pipeline import Plan
-from ops.table import render
+from clarion.gates.pipeline import Plan
+from clarion.ops.table import render
 
 
 def parse_since(value: str | None) -> datetime:

@@ -36,7 +36,7 @@ from typing import Any
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from ops.local_server import AnswerLoss, LocalServer, send_json
+from clarion.ops.local_server import AnswerLoss, LocalServer, send_json
 
 SIGNATURE = "X-Twilio-Email-Event-Webhook-Signature"
 TIMESTAMP = "X-Twilio-Email-Event-Webhook-Timestamp"

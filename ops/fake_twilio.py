@@ -37,8 +37,8 @@ from urllib.parse import parse_qsl, urlencode
 
 from twilio.request_validator import RequestValidator
 
-from adapters.sms import segments
-from ops.local_server import AnswerLoss, LocalServer, send_json
+from clarion.adapters.sms import segments
+from clarion.ops.local_server import AnswerLoss, LocalServer, send_json
 
 API_VERSION = "2010-04-01"
 REFUSED_CODES = {

@@ -20,7 +20,7 @@ log = logging.getLogger("clarion.supervisor")
 
 
 def celery_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "tasks.app", *args]
+    return [sys.executable, "-m", "celery", "-A", "clarion", *args]
 
 
 def worker_command(

@@ -15,16 +15,16 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import Message
-from catalog import NotificationType
-from catalog import locales as catalog_locales
+from clarion.adapters.base import Message
+from clarion.catalog import NotificationType
+from clarion.catalog import locales as catalog_locales
 from clarion.errors import InvalidRequest, SendError, UnknownType
+from clarion.ops.preview_channels import BUILDERS, generic
+from clarion.ops.table import render as table
 from clarion.settings import Settings
-from ops.preview_channels import BUILDERS, generic
-from ops.table import render as table
 
 if TYPE_CHECKING:
-    from gates.pipeline import Plan
+    from clarion.gates.pipeline import Plan
 
 PREVIEW_USER = "preview-user"
 PREVIEW_OCCURRENCE = "preview"
@@ -254,9 +254,9 @@ def dry_run_renderings(
     on, for the real recipient (their locale and address). Empty when it delivers on none."""
     from clarion import settings
     from clarion import validation as check
-    from db import ledger
-    from db.engine import engine
-    from tasks import runtime
+    from clarion.db import ledger
+    from clarion.db.engine import engine
+    from clarion.tasks import runtime
 
     ntype = runtime.catalog().get(type_key)
     channels = [c for c, _ in plan.channels]
@@ -286,7 +286,7 @@ def run(
 ) -> str:
     """The `clarion preview` command's output (ClarionError for anything unknown)."""
     from clarion import settings
-    from tasks import runtime
+    from clarion.tasks import runtime
 
     renderings = preview(
         runtime.catalog().get(type_key),

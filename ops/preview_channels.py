@@ -8,15 +8,15 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from adapters.base import Message
 from clarion import clock
+from clarion.adapters.base import Message
 from clarion.settings import Settings
 
 Built = tuple[dict[str, Any], list[tuple[str, str]]]
 
 
 def _email(message: Message, s: Settings) -> Built:
-    from adapters.email_mime import Identities, build
+    from clarion.adapters.email_mime import Identities, build
 
     email = build(
         message,
@@ -48,7 +48,7 @@ def _html_body(document: str) -> str:
 
 
 def _slack(message: Message, s: Settings) -> Built:
-    from adapters.slack import post_args
+    from clarion.adapters.slack import post_args
 
     request = {"channel": message.address, **post_args(message)}
     lines = [("text", request["text"])]
@@ -57,7 +57,7 @@ def _slack(message: Message, s: Settings) -> Built:
 
 
 def _teams(message: Message, s: Settings) -> Built:
-    from adapters.teams import to_card
+    from clarion.adapters.teams import to_card
 
     card = to_card(message)
     request = {"summary": message.content.get("title"), "card": card}
@@ -70,7 +70,7 @@ def _teams(message: Message, s: Settings) -> Built:
 def _sms(message: Message, s: Settings) -> Built:
     from twilio.rest import Client
 
-    from adapters.sms import SmsAdapter, budget_quota, encoding
+    from clarion.adapters.sms import SmsAdapter, budget_quota, encoding
 
     adapter = SmsAdapter(
         Client("AC" + "0" * 32, "preview"),  # never called: to_request is pure
@@ -90,8 +90,8 @@ def _sms(message: Message, s: Settings) -> Built:
 
 
 def _push(message: Message, s: Settings) -> Built:
-    from adapters import apns, fcm
-    from adapters.push import collapse_id, title_and_body
+    from clarion.adapters import apns, fcm
+    from clarion.adapters.push import collapse_id, title_and_body
 
     collapse = collapse_id(message)
     title, body = title_and_body(message)
@@ -110,7 +110,7 @@ def _push(message: Message, s: Settings) -> Built:
 
 
 def _in_app(message: Message, s: Settings) -> Built:
-    from adapters.inapp import to_request
+    from clarion.adapters.inapp import to_request
 
     item = asdict(to_request(message))
     return item, [
@@ -121,7 +121,7 @@ def _in_app(message: Message, s: Settings) -> Built:
 
 
 def _webhook(message: Message, s: Settings) -> Built:
-    from adapters.webhook import to_request
+    from clarion.adapters.webhook import to_request
 
     headers, body = to_request(message, s.webhook_secret, clock.now().timestamp())
     request = {"headers": headers, "body": json.loads(body)}
@@ -129,7 +129,7 @@ def _webhook(message: Message, s: Settings) -> Built:
 
 
 def _console(message: Message, s: Settings) -> Built:
-    from adapters.console import to_line
+    from clarion.adapters.console import to_line
 
     line = to_line(message)
     return {"line": line}, [("line", line)]

@@ -17,8 +17,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import BinaryIO, Self, cast
 
-from adapters.webhook import verify
-from ops.local_server import AnswerLoss, send_json
+from clarion.adapters.webhook import verify
+from clarion.ops.local_server import AnswerLoss, send_json
 
 MAX_LINE = 65536
 MAX_HEADERS = 100

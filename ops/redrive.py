@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from clarion import clock
+from clarion.db import ledger
+from clarion.db import redrive as store
+from clarion.db.engine import engine
 from clarion.errors import InvalidRequest
-from db import ledger
-from db import redrive as store
-from db.engine import engine
-from ops.table import render
+from clarion.ops.table import render
 
 log = logging.getLogger(__name__)
 SHOWN = 20  # rows listed one by one; the counts cover them all

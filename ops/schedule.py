@@ -7,18 +7,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from clarion import clock
+from clarion.db import ledger
+from clarion.db import series as store
+from clarion.db.engine import engine
 from clarion.errors import UnknownRecipient
-from db import ledger
-from db import series as store
-from db.engine import engine
-from gates.apply import needs_address, snapshots
-from gates.pipeline import Snapshot, plan
-from gates.simulate import applied
-from ops.table import render
-from scheduling.series import describe, preview
-from scheduling.zones import load_zone
-from tasks import runtime
-from tasks.series import recipient_calendar, validate
+from clarion.gates.apply import needs_address, snapshots
+from clarion.gates.pipeline import Snapshot, plan
+from clarion.gates.simulate import applied
+from clarion.ops.table import render
+from clarion.scheduling.series import describe, preview
+from clarion.scheduling.zones import load_zone
+from clarion.tasks import runtime
+from clarion.tasks.series import recipient_calendar, validate
 
 
 def _local(at: datetime, zone: str) -> str:

@@ -9,10 +9,10 @@ import kombu
 import redis as redis_lib
 
 from clarion import clock
-from db import alerts, meta, reports
-from db.engine import engine
-from ops.table import render
-from scheduling import zones
+from clarion.db import alerts, meta, reports
+from clarion.db.engine import engine
+from clarion.ops.table import render
+from clarion.scheduling import zones
 
 QUEUES = ("transactional", "activation", "control")
 

@@ -37,8 +37,8 @@ from typing import Literal
 import holidays
 from holidays import HolidayBase
 
-from scheduling.weekends import override_weekend
-from scheduling.zones import country_of_zone, load_zone
+from clarion.scheduling.weekends import override_weekend
+from clarion.scheduling.zones import country_of_zone, load_zone
 
 DAY_NAMES = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 MON_FRI: frozenset[int] = frozenset(range(5))

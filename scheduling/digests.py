@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, time, timedelta
 
-from scheduling.zones import load_zone
+from clarion.scheduling.zones import load_zone
 
 
 def window_due(

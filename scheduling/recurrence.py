@@ -32,7 +32,12 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Final, Literal, get_args
 
-from scheduling.calendars import WorkCalendar, add_working_days, load_zone, working_days_between
+from clarion.scheduling.calendars import (
+    WorkCalendar,
+    add_working_days,
+    load_zone,
+    working_days_between,
+)
 
 Unit = Literal["days", "weeks", "months", "working_days"]
 UNITS: tuple[Unit, ...] = get_args(Unit)

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from scheduling.calendars import WorkCalendar, adjust
-from scheduling.recurrence import (
+from clarion.scheduling.calendars import WorkCalendar, adjust
+from clarion.scheduling.recurrence import (
     Every,
     due_at,
     first_due_after,
@@ -32,7 +32,7 @@ from scheduling.recurrence import (
     parse_every,
     to_utc,
 )
-from scheduling.zones import load_zone
+from clarion.scheduling.zones import load_zone
 
 MAX_MISSED_ROWS = 50  # missed occurrences recorded one by one per tick; older ones are counted
 

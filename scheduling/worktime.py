@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime, time, timedelta
 
-from scheduling.calendars import WorkCalendar, is_working_day
-from scheduling.recurrence import to_utc
-from scheduling.zones import load_zone
+from clarion.scheduling.calendars import WorkCalendar, is_working_day
+from clarion.scheduling.recurrence import to_utc
+from clarion.scheduling.zones import load_zone
 
 MAX_DAYS = 3700  # ten years without a working minute is a calendar bug, not a wait
 

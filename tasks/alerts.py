@@ -26,12 +26,12 @@ import urllib3
 from celery import shared_task
 from sqlalchemy import Connection
 
-from adapters.webhook import sign
 from clarion import clock, settings
-from db import alerts, reports
-from db.alerts import Alert
-from db.engine import engine
-from tasks import sendrate
+from clarion.adapters.webhook import sign
+from clarion.db import alerts, reports
+from clarion.db.alerts import Alert
+from clarion.db.engine import engine
+from clarion.tasks import sendrate
 
 log = logging.getLogger(__name__)
 RATE, STUCK = "send_rate_drop", "stuck_work"

@@ -1,8 +1,8 @@
-"""The Celery app. Workers run `celery -A tasks.app worker`; `clarion worker` does that for you.
+"""The Celery app. Workers run `celery -A clarion worker`; `clarion worker` does that for you.
 
-clarion's Celery settings are the top-level `celeryconfig.py` installed with it, loaded from that file
-by path: `config_from_object("celeryconfig")` would take the first module of that name on sys.path,
-and a host app's own celeryconfig.py would silently replace clarion's (no lanes, no late acks).
+clarion's Celery settings are `clarion.celeryconfig` (the repository's top-level `celeryconfig.py`),
+loaded by its package name, so a host app's own `celeryconfig` module can neither replace nor
+shadow it.
 
 A worker refuses to start — one line on stderr, exit status 2, within seconds — unless the loaded
 config is clarion's, the broker answers, the catalog loads, the database is migrated and its
@@ -12,11 +12,8 @@ raised by signal handlers (celery #2738), so the refusal leaves the process with
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
-from pathlib import Path
-from types import ModuleType
 
 import kombu.pools
 from celery import Celery
@@ -26,50 +23,30 @@ from kombu.utils.url import maybe_sanitize_url
 from clarion import metrics, settings  # metrics first: it picks the multiprocess folder
 from clarion.errors import ClarionError, ConfigurationError
 
-CONFIG_FILE = Path(__file__).resolve().parent.parent / "celeryconfig.py"
-CONFIG_MODULE = (
-    "clarion_celeryconfig"  # its name in sys.modules: never shadowed by, nor shadowing, a host's
-)
+CONFIG_MODULE = "clarion.celeryconfig"
 LANE_QUEUES = frozenset({"transactional", "activation", "control"})
 BROKER_CHECK_TIMEOUT = 3.0  # seconds to reach the broker at start before refusing
 REFUSED = 2  # exit status of a worker that refuses to start
 
 
-def load_config(path: Path = CONFIG_FILE) -> ModuleType:
-    """clarion's celeryconfig module, executed from its own file once per process."""
-    if (loaded := sys.modules.get(CONFIG_MODULE)) is not None:
-        return loaded
-    spec = importlib.util.spec_from_file_location(CONFIG_MODULE, path)
-    if spec is None or spec.loader is None or not path.is_file():
-        raise ConfigurationError(f"clarion's Celery config {path} is missing: reinstall clarion")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[CONFIG_MODULE] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[CONFIG_MODULE]
-        raise
-    return module
-
-
 app = Celery(
     "clarion",
     include=[
-        "tasks.route",
-        "tasks.deliver",
-        "tasks.tick",
-        "tasks.alerts",
-        "tasks.refresh",
-        "tasks.retention",
+        "clarion.tasks.route",
+        "clarion.tasks.deliver",
+        "clarion.tasks.tick",
+        "clarion.tasks.alerts",
+        "clarion.tasks.refresh",
+        "clarion.tasks.retention",
     ],
 )
-app.config_from_object(load_config())
+app.config_from_object(CONFIG_MODULE)
 
 
 @worker_process_init.connect
 def _fresh_connections(**_: object) -> None:
     # A forked child must not share its parent's database or HTTP connections.
-    from db import engine
+    from clarion.db import engine
 
     engine.dispose_all()
 
@@ -104,7 +81,7 @@ def check_worker_start() -> None:
     check_config(app.conf)
     use_broker(settings.get().urls()[2])  # raises ServicesUnavailable when nothing is configured
     check_broker(app.conf.broker_url)
-    from tasks import runtime
+    from clarion.tasks import runtime
 
     runtime.check_catalog()  # every template renders for every channel, or the worker refuses
     check_tz_database()
@@ -118,8 +95,8 @@ def check_tz_database() -> None:
     batch, and refuses to fire)."""
     from sqlalchemy.exc import DBAPIError
 
-    from db.engine import engine
-    from tasks.series import tz_database_problem
+    from clarion.db.engine import engine
+    from clarion.tasks.series import tz_database_problem
 
     try:
         with engine().connect() as conn:

@@ -21,6 +21,9 @@ from sqlalchemy import Connection
 
 from clarion import clock
 from clarion import validation as check
+from clarion.db import ledger
+from clarion.db import series as store
+from clarion.db.engine import engine
 from clarion.errors import (
     InvalidField,
     MissingVariables,
@@ -28,14 +31,11 @@ from clarion.errors import (
     UnknownRecipient,
     UnknownType,
 )
-from db import ledger
-from db import series as store
-from db.engine import engine
-from scheduling.calendars import POLICIES, WorkCalendar, calendar_for
-from scheduling.recurrence import due_at, parse_every
-from scheduling.zones import load_zone
-from tasks import runtime
-from tasks.producer import checked_connection, checked_variables
+from clarion.scheduling.calendars import POLICIES, WorkCalendar, calendar_for
+from clarion.scheduling.recurrence import due_at, parse_every
+from clarion.scheduling.zones import load_zone
+from clarion.tasks import runtime
+from clarion.tasks.producer import checked_connection, checked_variables
 
 UNIT_DAYS = {"days": 1, "weeks": 7, "months": 31, "working_days": 1.4}
 MAX_INTERVAL_DAYS = 3660

@@ -27,8 +27,11 @@ from dataclasses import dataclass, field
 
 from celery import shared_task
 
-from adapters.base import Adapter, Message, SendResult
 from clarion import clock, faults, settings
+from clarion.adapters.base import Adapter, Message, SendResult
+from clarion.db import claims
+from clarion.db.claims import ClaimedDelivery
+from clarion.db.engine import engine
 from clarion.errors import (
     DeferredSendError,
     PermanentSendError,
@@ -36,18 +39,15 @@ from clarion.errors import (
     TransientSendError,
     UnknownSendError,
 )
-from db import claims
-from db.claims import ClaimedDelivery
-from db.engine import engine
-from tasks import runtime, sendrate
-from tasks.outcomes import (
+from clarion.tasks import runtime, sendrate
+from clarion.tasks.outcomes import (
     RowConnection,
     record_exhausted,
     settle_failure,
     settle_unknown,
 )
-from tasks.retry import RetryPolicy
-from tasks.sentgroup import Sent, SentGroup
+from clarion.tasks.retry import RetryPolicy
+from clarion.tasks.sentgroup import Sent, SentGroup
 
 log = logging.getLogger(__name__)
 MARGIN = 5.0  # seconds of lease kept beyond a send's budget, to record its outcome

@@ -28,16 +28,16 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from catalog import Catalog, NotificationType
 from clarion import clock, settings
-from db import escalations as store
-from db import ledger
-from db.engine import engine
-from gates.pipeline import Plan
-from scheduling.worktime import add_working_time
-from tasks import runtime
-from tasks.arming import recipient_calendar
-from tasks.publish import ROUTE, publish
+from clarion.catalog import Catalog, NotificationType
+from clarion.db import escalations as store
+from clarion.db import ledger
+from clarion.db.engine import engine
+from clarion.gates.pipeline import Plan
+from clarion.scheduling.worktime import add_working_time
+from clarion.tasks import runtime
+from clarion.tasks.arming import recipient_calendar
+from clarion.tasks.publish import ROUTE, publish
 
 log = logging.getLogger(__name__)
 LIMIT = 500  # chains fired per tick

@@ -14,11 +14,11 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from catalog import Catalog
-from catalog.digest import DigestSpec, render_fallback
+from clarion.catalog import Catalog
+from clarion.catalog.digest import DigestSpec, render_fallback
+from clarion.db import digests
 from clarion.errors import ConfigurationError
-from db import digests
-from tasks.summarise import SummaryRequest, resolve, summary_line
+from clarion.tasks.summarise import SummaryRequest, resolve, summary_line
 
 log = logging.getLogger(__name__)
 

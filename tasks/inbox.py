@@ -1,7 +1,7 @@
 """The in-app inbox for app code and the web door: the feed, marks, signed user tokens, and the
 store the in_app adapter writes through (handed to it by tasks.runtime). No SQL here: db.inbox.
 
-    from tasks.inbox import feed, mark, inbox_token
+    from clarion.tasks.inbox import feed, mark, inbox_token
     page = feed("user-42")                  # newest first; page.next is the cursor for older
     mark("user-42", [page.items[0].id], "read")  # the delivery moves sent -> read (a receipt)
     inbox_token("user-42", ttl=3600)        # for GET /v1/inbox/user-42/stream?token=...
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 from sqlalchemy.exc import DBAPIError
 
-from adapters.inapp import InboxRequest, Stored, StoreFailed
 from clarion import clock, settings
-from db import inbox
-from db.engine import engine
-from db.inbox import Cursor, Item
+from clarion.adapters.inapp import InboxRequest, Stored, StoreFailed
+from clarion.db import inbox
+from clarion.db.engine import engine
+from clarion.db.inbox import Cursor, Item
 
 log = logging.getLogger(__name__)
 TOKEN_PREFIX = "inb1"

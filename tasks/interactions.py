@@ -15,14 +15,14 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
-from adapters.base import ButtonValue, decode_value
-from catalog import Button
 from clarion import clock, faults
-from db import escalations
-from db import interactions as store
-from db import series as series_store
-from db.engine import engine
-from tasks import runtime
+from clarion.adapters.base import ButtonValue, decode_value
+from clarion.catalog import Button
+from clarion.db import escalations
+from clarion.db import interactions as store
+from clarion.db import series as series_store
+from clarion.db.engine import engine
+from clarion.tasks import runtime
 
 log = logging.getLogger(__name__)
 OPEN_STATES = ("sent", "delivered", "read")
@@ -179,7 +179,7 @@ def _follow_up(conn: Connection, click: Click, now: datetime) -> Click:
     """Answers that steer a series: stop it, or hold its next occurrence — in the answer's own
     transaction. A key that only looks like a series', or a series of someone else, another type or
     no longer active, changes nothing but the recorded reason."""
-    from tasks.series import cancel_series, snooze_occurrence
+    from clarion.tasks.series import cancel_series, snooze_occurrence
 
     target = click.target
     if target is None:  # _judge gives every accepted click its target: nothing to steer without one

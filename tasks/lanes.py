@@ -30,7 +30,7 @@ from collections.abc import Callable
 import redis as redis_lib
 
 from clarion import settings
-from tasks import runtime
+from clarion.tasks import runtime
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Signed preferences links for app code and `clarion link`.
 
-    from tasks import preferences_link
+    from clarion.tasks import preferences_link
     url = preferences_link("user-42", ttl="7d")  # put it in an email footer, a chat message...
 
 The link opens the recipient's preferences page (web/preferences.py) until it expires; whoever
@@ -14,9 +14,9 @@ from datetime import datetime, timedelta
 
 from clarion import clock, links, settings
 from clarion import validation as check
+from clarion.db import ledger
+from clarion.db.engine import engine
 from clarion.errors import UnknownRecipient
-from db import ledger
-from db.engine import engine
 
 PURPOSE = "preferences"
 PATH = "/preferences"

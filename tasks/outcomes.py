@@ -20,14 +20,14 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
-from adapters.base import Adapter
 from clarion import clock, metrics
+from clarion.adapters.base import Adapter
+from clarion.db import claims, escalations, ledger
+from clarion.db.claims import ClaimedDelivery
+from clarion.db.engine import autocommit, engine
 from clarion.errors import PermanentSendError, SendError
-from db import claims, escalations, ledger
-from db.claims import ClaimedDelivery
-from db.engine import autocommit, engine
-from tasks import runtime
-from tasks.retry import RetryPolicy, decide
+from clarion.tasks import runtime
+from clarion.tasks.retry import RetryPolicy, decide
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -7,13 +7,13 @@ from datetime import datetime
 from typing import Any
 
 from clarion import clock
+from clarion.db import ledger
+from clarion.db.engine import engine
 from clarion.errors import UnknownRecipient
-from db import ledger
-from db.engine import engine
-from gates.apply import needs_address, snapshots
-from gates.pipeline import Plan, plan
-from tasks import runtime
-from tasks.producer import build_request
+from clarion.gates.apply import needs_address, snapshots
+from clarion.gates.pipeline import Plan, plan
+from clarion.tasks import runtime
+from clarion.tasks.producer import build_request
 
 
 def preview(

@@ -14,12 +14,12 @@ from typing import Any
 from sqlalchemy import Connection
 
 from clarion import clock
+from clarion.db import gating, ledger
+from clarion.db.engine import engine
 from clarion.errors import InvalidRequest, UnknownRecipient
-from db import gating, ledger
-from db.engine import engine
-from gates import preferences as resolution
-from scheduling.zones import country_of
-from tasks import runtime
+from clarion.gates import preferences as resolution
+from clarion.scheduling.zones import country_of
+from clarion.tasks import runtime
 
 Row = tuple[str, str, str, bool | None]
 

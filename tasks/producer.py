@@ -16,6 +16,8 @@ from sqlalchemy import Connection
 
 from clarion import clock, faults, settings
 from clarion import validation as check
+from clarion.db import ledger
+from clarion.db.engine import engine
 from clarion.errors import (
     ClarionError,
     InvalidField,
@@ -24,11 +26,9 @@ from clarion.errors import (
     UnknownRecipient,
     UnknownType,
 )
-from db import ledger
-from db.engine import engine
-from scheduling.zones import zone_names
-from tasks import runtime
-from tasks.publish import ROUTE, publish
+from clarion.scheduling.zones import zone_names
+from clarion.tasks import runtime
+from clarion.tasks.publish import ROUTE, publish
 
 log = logging.getLogger(__name__)
 

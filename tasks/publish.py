@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from clarion import settings
-from tasks.app import app, use_broker
+from clarion.tasks.app import app, use_broker
 
 ROUTE = "clarion.route"
 DELIVER = "clarion.deliver"

@@ -7,11 +7,11 @@ from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
 
-from adapters.base import Keyword, Receipt
 from clarion import clock, metrics
-from db import receipts as ledger
-from db.engine import engine
-from tasks import runtime
+from clarion.adapters.base import Keyword, Receipt
+from clarion.db import receipts as ledger
+from clarion.db.engine import engine
+from clarion.tasks import runtime
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from datetime import datetime, timedelta
 from celery import shared_task
 
 from clarion import clock, settings
-from db import retention
-from db.engine import engine
+from clarion.db import retention
+from clarion.db.engine import engine
 
 log = logging.getLogger(__name__)
 MAX_BATCHES = 20  # per kind and run

@@ -14,15 +14,15 @@ from psycopg.errors import DeadlockDetected
 from sqlalchemy.exc import OperationalError
 
 from clarion import clock, faults, metrics, settings
-from db import ledger
-from db.claims import ClaimedDelivery
-from db.engine import engine
-from gates.apply import apply, needs_address, snapshots
-from gates.pipeline import Snapshot, plan
-from tasks import escalation, runtime
-from tasks.deliver import deliver_now, send_claimed
-from tasks.flush import close_windows
-from tasks.lanes import rate, slices, wait_turn
+from clarion.db import ledger
+from clarion.db.claims import ClaimedDelivery
+from clarion.db.engine import engine
+from clarion.gates.apply import apply, needs_address, snapshots
+from clarion.gates.pipeline import Snapshot, plan
+from clarion.tasks import escalation, runtime
+from clarion.tasks.deliver import deliver_now, send_claimed
+from clarion.tasks.flush import close_windows
+from clarion.tasks.lanes import rate, slices, wait_turn
 
 log = logging.getLogger(__name__)
 

@@ -13,17 +13,17 @@ from typing import Any, Generic, TypeVar
 
 import redis as redis_lib
 
-from adapters import webhook
-from adapters.base import Adapter, Collaborators
-from adapters.console import ConsoleAdapter
-from adapters.inapp import InAppAdapter
-from adapters.ratelimit import RateLimits
-from adapters.webhook import WebhookAdapter
-from catalog import Catalog
-from catalog.model import EXAMPLES
 from clarion import clock, settings
+from clarion.adapters import webhook
+from clarion.adapters.base import Adapter, Collaborators
+from clarion.adapters.console import ConsoleAdapter
+from clarion.adapters.inapp import InAppAdapter
+from clarion.adapters.ratelimit import RateLimits
+from clarion.adapters.webhook import WebhookAdapter
+from clarion.catalog import Catalog
+from clarion.catalog.model import EXAMPLES
 from clarion.errors import ConfigurationError
-from tasks.inbox import LedgerInbox
+from clarion.tasks.inbox import LedgerInbox
 
 T = TypeVar("T")
 
@@ -111,8 +111,8 @@ class LedgerSuppressions:
     """The suppression list and recipients' addresses in clarion's database (db.gating)."""
 
     def suppress(self, user_id: str, channel: str, address: str, reason: str, detail: str) -> None:
-        from db import gating
-        from db.engine import engine
+        from clarion.db import gating
+        from clarion.db.engine import engine
 
         with engine().begin() as conn:
             gating.suppress_address(
@@ -126,8 +126,8 @@ class LedgerSuppressions:
             )
 
     def forget_address(self, user_id: str, channel: str, value: str) -> None:
-        from db import gating
-        from db.engine import engine
+        from clarion.db import gating
+        from clarion.db.engine import engine
 
         with engine().begin() as conn:
             gating.forget_address(conn, user_id, channel=channel, value=value, now=clock.now())
@@ -140,9 +140,9 @@ class TeamsReferences:
         self.suppressions = suppressions
 
     def reference(self, user_id: str, teams_user: str) -> Any:
-        from adapters.teams import ConversationRef
-        from db import teams
-        from db.engine import engine
+        from clarion.adapters.teams import ConversationRef
+        from clarion.db import teams
+        from clarion.db.engine import engine
 
         with engine().connect() as conn:
             return ConversationRef.from_json(
@@ -186,27 +186,27 @@ def adapters() -> dict[str, Adapter]:
     ]
     found.append(InAppAdapter.from_collaborators(parts))  # needs nothing but the database
     if s.slack_token:
-        from adapters.slack import SlackAdapter
+        from clarion.adapters.slack import SlackAdapter
 
         found.append(SlackAdapter.from_settings(s, parts))
     if s.teams_app_id:
-        from adapters.teams import TeamsAdapter
+        from clarion.adapters.teams import TeamsAdapter
 
         found.append(TeamsAdapter.from_settings(s, parts))
     if s.fcm_service_account or s.apns_key:
-        from adapters.push import PushAdapter
+        from clarion.adapters.push import PushAdapter
 
         found.append(PushAdapter.from_settings(s, parts))
     if s.sendgrid_api_key:  # SendGrid when its key is set, else the SMTP relay
-        from adapters.sendgrid import SendGridAdapter
+        from clarion.adapters.sendgrid import SendGridAdapter
 
         found.append(SendGridAdapter.from_settings(s, parts))
     elif s.smtp_url:
-        from adapters.smtp import SmtpAdapter
+        from clarion.adapters.smtp import SmtpAdapter
 
         found.append(SmtpAdapter.from_settings(s, parts))
     if s.twilio_account_sid:
-        from adapters.sms import SmsAdapter
+        from clarion.adapters.sms import SmsAdapter
 
         found.append(SmsAdapter.from_settings(s, parts))
     return {a.channel: a for a in found}

@@ -20,7 +20,7 @@ from datetime import datetime
 import redis as redis_lib
 
 from clarion import clock, settings
-from tasks import runtime
+from clarion.tasks import runtime
 
 KEY = "clarion:sendrate:{minute}"
 GOOD = frozenset({"sent"})

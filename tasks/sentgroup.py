@@ -26,13 +26,13 @@ from datetime import datetime
 
 from sqlalchemy.exc import DBAPIError
 
-from adapters.base import SendResult, clean_provider_id
 from clarion import clock, faults, metrics
-from db import claims, ledger
-from db.claims import ClaimedDelivery, SentMark
-from db.engine import engine
-from tasks import sendrate
-from tasks.outcomes import RowConnection, record_incident
+from clarion.adapters.base import SendResult, clean_provider_id
+from clarion.db import claims, ledger
+from clarion.db.claims import ClaimedDelivery, SentMark
+from clarion.db.engine import engine
+from clarion.tasks import sendrate
+from clarion.tasks.outcomes import RowConnection, record_incident
 
 log = logging.getLogger(__name__)
 

@@ -12,18 +12,18 @@ from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Connection
 
-from catalog.model import Catalog
 from clarion import clock, faults, metrics, settings
 from clarion import validation as check
+from clarion.catalog.model import Catalog
+from clarion.db import ledger, meta
+from clarion.db import series as store
+from clarion.db.engine import engine
 from clarion.errors import InvalidField, UnknownType
-from db import ledger, meta
-from db import series as store
-from db.engine import engine
-from scheduling import zones
-from scheduling.recurrence import due_at, first_due_after, parse_every
-from scheduling.series import Occurrence, describe, plan_tick
-from tasks import runtime
-from tasks.arming import (  # noqa: F401  (the series API in one place)
+from clarion.scheduling import zones
+from clarion.scheduling.recurrence import due_at, first_due_after, parse_every
+from clarion.scheduling.series import Occurrence, describe, plan_tick
+from clarion.tasks import runtime
+from clarion.tasks.arming import (  # noqa: F401  (the series API in one place)
     MAX_COUNT,
     Armed,
     arm_series,

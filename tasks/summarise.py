@@ -36,7 +36,7 @@ class SummaryRequest:
 
 
 Summariser = Callable[[SummaryRequest], object]
-BUILT_IN = {"anthropic": "tasks.summarise_anthropic:summarise"}
+BUILT_IN = {"anthropic": "clarion.tasks.summarise_anthropic:summarise"}
 
 
 @cache

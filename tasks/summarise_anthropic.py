@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from clarion.errors import ClarionError
-from tasks.summarise import SummaryRequest
+from clarion.tasks.summarise import SummaryRequest
 
 PROMPT = (
     "Write one plain-text line, at most {max_chars} characters, that tells the recipient what "

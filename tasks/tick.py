@@ -18,12 +18,12 @@ from typing import TypedDict
 from celery import shared_task
 
 from clarion import clock, metrics, settings
-from db import claims, ledger
-from db.engine import engine
-from tasks import escalation, refresh
-from tasks.publish import DELIVER, ROUTE, publish
-from tasks.receipts import replay_early
-from tasks.series import tick_series
+from clarion.db import claims, ledger
+from clarion.db.engine import engine
+from clarion.tasks import escalation, refresh
+from clarion.tasks.publish import DELIVER, ROUTE, publish
+from clarion.tasks.receipts import replay_early
+from clarion.tasks.series import tick_series
 
 LANE_LIMIT = 5000  # rows of each kind per lane per tick
 LANES = ("transactional", "activation")  # in the order they are served

@@ -72,7 +72,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if not _needs_services(config):
         return
-    from db.embedded import ensure_running
+    from clarion.db.embedded import ensure_running
 
     handle = ensure_running(ROOT / ".clarion" / "test")
     _EMBEDDED.append(handle)
@@ -104,7 +104,7 @@ def _redis_for_worker(url: str) -> str:
 
 @pytest.fixture(scope="session")
 def services() -> Iterator[Services]:
-    from db.embedded import ensure_running
+    from clarion.db.embedded import ensure_running
 
     db_url = os.environ.get("CLARION_DATABASE_URL") or os.environ.get("TEST_CLARION_DATABASE_URL")
     redis_url = os.environ.get("CLARION_REDIS_URL") or os.environ.get("TEST_CLARION_REDIS_URL")
@@ -131,7 +131,7 @@ def partitions_under_test() -> int | None:
 
 @pytest.fixture(scope="session")
 def template_database(services: Services) -> Iterator[str]:
-    from db.engine import migrate, one_off_engine
+    from clarion.db.engine import migrate, one_off_engine
 
     name = f"clarion_tpl_{os.getpid()}"
     admin = one_off_engine(services.database_url)
@@ -146,8 +146,8 @@ def template_database(services: Services) -> Iterator[str]:
 
 def reset_process_state() -> None:
     from clarion import faults, settings
-    from db import engine
-    from tasks import runtime
+    from clarion.db import engine
+    from clarion.tasks import runtime
 
     settings.reset()
     faults.reset()
@@ -160,7 +160,7 @@ def clarion_env(
     services: Services, template_database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[TestEnv]:
     """A fresh database and Redis, with CLARION_* set for this process and for children."""
-    from db.engine import one_off_engine
+    from clarion.db.engine import one_off_engine
 
     name = f"clarion_t_{uuid.uuid4().hex[:12]}"
     admin = one_off_engine(services.database_url)
@@ -181,7 +181,7 @@ def clarion_env(
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     reset_process_state()
-    from tasks.app import app, use_broker
+    from clarion.tasks.app import app, use_broker
 
     use_broker(services.broker_url)
     if services.broker_url != services.redis_url:
@@ -195,7 +195,7 @@ def clarion_env(
 @pytest.fixture
 def unmigrated_database(clarion_env: TestEnv) -> Iterator[str]:
     """The URL of a new, empty database beside this test's (never migrated), dropped after it."""
-    from db.engine import dispose_all, one_off_engine
+    from clarion.db.engine import dispose_all, one_off_engine
 
     name = f"clarion_bare_{uuid.uuid4().hex[:12]}"
     admin = one_off_engine(clarion_env.database_url)

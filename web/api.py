@@ -31,14 +31,14 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from clarion import validation as check
+from clarion.db import reports
+from clarion.db.api_keys import ApiKey
+from clarion.db.engine import engine
 from clarion.errors import ClarionError, InvalidRequest, UnknownRecipient
-from db import reports
-from db.api_keys import ApiKey
-from db.engine import engine
-from tasks import runtime
-from tasks.preferences import get_preferences, parse_setting, set_preferences
-from web.api_auth import authenticate, limit
-from web.api_errors import (
+from clarion.tasks import runtime
+from clarion.tasks.preferences import get_preferences, parse_setting, set_preferences
+from clarion.web.api_auth import authenticate, limit
+from clarion.web.api_errors import (
     ApiError,
     AsciiJSONResponse,
     api_error_handler,
@@ -47,8 +47,8 @@ from web.api_errors import (
     safe_field,
     validation_handler,
 )
-from web.api_ingest import Answer, idempotency_key, ingest
-from web.api_models import (
+from clarion.web.api_ingest import Answer, idempotency_key, ingest
+from clarion.web.api_models import (
     Accepted,
     Batch,
     BatchAccepted,
@@ -60,7 +60,7 @@ from web.api_models import (
     PreferencesPut,
     RequestReport,
 )
-from web.inbound import Refused, read_body
+from clarion.web.inbound import Refused, read_body
 
 EVENT_BYTES = 256 * 1024
 BATCH_BYTES = 5 * 1024 * 1024

@@ -26,13 +26,13 @@ import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from adapters.ratelimit import Quota
 from clarion import clock
+from clarion.adapters.ratelimit import Quota
+from clarion.db import api_keys
+from clarion.db.api_keys import ApiKey
+from clarion.db.engine import engine
 from clarion.errors import InvalidRequest, ThrottledError
-from db import api_keys
-from db.api_keys import ApiKey
-from db.engine import engine
-from web.api_errors import ApiError
+from clarion.web.api_errors import ApiError
 
 SCOPES = ("events:write", "requests:read", "preferences:read", "preferences:write")
 KEY = re.compile(r"clk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")

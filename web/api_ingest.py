@@ -26,14 +26,14 @@ from typing import Any
 
 from clarion import clock, settings
 from clarion import validation as check
+from clarion.db import idempotency
+from clarion.db.api_keys import ApiKey
+from clarion.db.engine import engine
 from clarion.errors import ClarionError, InvalidField, UnknownRecipient
-from db import idempotency
-from db.api_keys import ApiKey
-from db.engine import engine
-from tasks import notify_many, runtime
-from tasks.producer import publish_after_commit
-from web.api_errors import ApiError, ascii_json, contract_field, from_clarion, item_index
-from web.api_models import Event
+from clarion.tasks import notify_many, runtime
+from clarion.tasks.producer import publish_after_commit
+from clarion.web.api_errors import ApiError, ascii_json, contract_field, from_clarion, item_index
+from clarion.web.api_models import Event
 
 RETENTION = timedelta(hours=24)
 MAX_IDEMPOTENCY_KEY = 255

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from adapters.teams import local_mode
+from clarion.adapters.teams import local_mode
 from clarion.errors import ConfigurationError
 
 
@@ -32,7 +32,7 @@ async def metrics(request: Request) -> Response:
 
 def create_app() -> Starlette:
     routes = [Route("/healthz", health), Route("/metrics", metrics)]
-    from web import api, email, inbox, preferences, slack, sms, teams
+    from clarion.web import api, email, inbox, preferences, slack, sms, teams
 
     routes += slack.routes() + teams.routes() + email.routes() + inbox.routes()
     routes += sms.routes() + preferences.routes()
@@ -65,7 +65,7 @@ def check_bind(
     unauthenticated Teams endpoint lets anyone who reaches it act as any Teams user."""
     if not local_mode(teams_app_id):
         return None
-    from web.teams import LOCAL_MODE_WARNING
+    from clarion.web.teams import LOCAL_MODE_WARNING
 
     if not is_loopback(host) and not allow_insecure_teams:
         raise ConfigurationError(

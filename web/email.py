@@ -28,13 +28,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from adapters import sendgrid
-from adapters.base import Receipt
-from adapters.email_mime import ONE_CLICK, UNSUBSCRIBE_PATH, read_unsubscribe_token
-from adapters.escape import html
 from clarion import clock, settings
-from tasks import receipts as receipt_tasks
-from web.inbound import Refused, clean, decode_json, read_body, refusal, text
+from clarion.adapters import sendgrid
+from clarion.adapters.base import Receipt
+from clarion.adapters.email_mime import ONE_CLICK, UNSUBSCRIBE_PATH, read_unsubscribe_token
+from clarion.adapters.escape import html
+from clarion.tasks import receipts as receipt_tasks
+from clarion.web.inbound import Refused, clean, decode_json, read_body, refusal, text
 
 log = logging.getLogger(__name__)
 

@@ -46,13 +46,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from clarion import settings
+from clarion.db import inbox as store
+from clarion.db.engine import engine
+from clarion.db.inbox import Cursor, Item
+from clarion.tasks import inbox
 from clarion.validation import USER_ID_BYTES
-from db import inbox as store
-from db.engine import engine
-from db.inbox import Cursor, Item
-from tasks import inbox
-from web.api_models import MAX_MARK_IDS, InboxFeed, InboxMarked, ItemId
-from web.inbound import Refused, decode_json, read_body, refusal
+from clarion.web.api_models import MAX_MARK_IDS, InboxFeed, InboxMarked, ItemId
+from clarion.web.inbound import Refused, decode_json, read_body, refusal
 
 log = logging.getLogger(__name__)
 MAX_BODY = 64 * 1024

@@ -31,10 +31,10 @@ from starlette.routing import Route
 
 from clarion.errors import InvalidRequest, UnknownRecipient
 from clarion.links import BadLink, ExpiredLink
-from tasks import links, runtime
-from tasks.preferences import get_preferences, set_preferences
-from web import preferences_view as view
-from web.inbound import Refused, read_body
+from clarion.tasks import links, runtime
+from clarion.tasks.preferences import get_preferences, set_preferences
+from clarion.web import preferences_view as view
+from clarion.web.inbound import Refused, read_body
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from catalog import CATEGORIES, Catalog, NotificationType
-from gates import preferences as resolution
+from clarion.catalog import CATEGORIES, Catalog, NotificationType
+from clarion.gates import preferences as resolution
 
 CATEGORY_TITLES = {
     "transactional": ("Receipts and account messages", "About things you did or asked for."),

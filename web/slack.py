@@ -29,17 +29,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from adapters.base import Message
-from adapters.slack import update_message
 from clarion import settings
-from db.chat import user_for_address
-from db.engine import engine
-from gates.preferences import LOCKED_CATEGORIES
-from tasks import runtime
-from tasks.interactions import Click, handle_click
-from tasks.preferences import get_preferences, set_preferences
-from web.inbound import Refused, read_body, refusal
-from web.slack_envelope import (
+from clarion.adapters.base import Message
+from clarion.adapters.slack import update_message
+from clarion.db.chat import user_for_address
+from clarion.db.engine import engine
+from clarion.gates.preferences import LOCKED_CATEGORIES
+from clarion.tasks import runtime
+from clarion.tasks.interactions import Click, handle_click
+from clarion.tasks.preferences import get_preferences, set_preferences
+from clarion.web.inbound import Refused, read_body, refusal
+from clarion.web.slack_envelope import (
     BODY_LIMIT,
     BlockActions,
     SslCheck,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
-from web.inbound import Refused, decode_json, ident, json_value, obj, text
+from clarion.web.inbound import Refused, decode_json, ident, json_value, obj, text
 
 BODY_LIMIT = 64 * 1024
 MAX_SKEW = 300  # seconds between Slack's timestamp and ours (Slack's own rule)

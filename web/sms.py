@@ -27,11 +27,11 @@ from starlette.routing import Route
 from twilio.request_validator import SIGNATURE_HEADER, RequestValidator
 from twilio.twiml.messaging_response import MessagingResponse
 
-from adapters.base import Keyword
-from adapters.sms import HELP_REPLY, keyword_of, status_receipt
 from clarion import clock, settings
-from tasks import receipts
-from web.inbound import IDENT, Refused, clean, read_body, refusal
+from clarion.adapters.base import Keyword
+from clarion.adapters.sms import HELP_REPLY, keyword_of, status_receipt
+from clarion.tasks import receipts
+from clarion.web.inbound import IDENT, Refused, clean, read_body, refusal
 
 log = logging.getLogger(__name__)
 

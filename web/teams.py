@@ -42,8 +42,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from adapters.base import Message
-from adapters.teams import (
+from clarion import clock, settings
+from clarion.adapters.base import Message
+from clarion.adapters.teams import (
     TeamsAction,
     answered_card,
     card_attachment,
@@ -54,16 +55,15 @@ from adapters.teams import (
     reference_from_activity,
     split_message_id,
 )
-from clarion import clock, settings
+from clarion.db import teams as store
+from clarion.db.engine import engine
 from clarion.errors import ClarionError
-from db import teams as store
-from db.engine import engine
-from gates.preferences import LOCKED_CATEGORIES
-from tasks import runtime
-from tasks.interactions import Click, handle_click
-from tasks.preferences import get_preferences, set_preferences
-from web.inbound import Refused, decode_json, read_body, refusal
-from web.teams_envelope import BODY_LIMIT, check_bearer, probe, read_activity
+from clarion.gates.preferences import LOCKED_CATEGORIES
+from clarion.tasks import runtime
+from clarion.tasks.interactions import Click, handle_click
+from clarion.tasks.preferences import get_preferences, set_preferences
+from clarion.web.inbound import Refused, decode_json, read_body, refusal
+from clarion.web.teams_envelope import BODY_LIMIT, check_bearer, probe, read_activity
 
 log = logging.getLogger(__name__)
 

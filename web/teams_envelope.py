@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from botbuilder.schema import Activity, ChannelAccount
 
-from web.inbound import Refused, ident, json_value, obj, text
+from clarion.web.inbound import Refused, ident, json_value, obj, text
 
 BODY_LIMIT = 256 * 1024
 MAX_TOKEN = 16 * 1024

@@ -2,7 +2,7 @@
 
 from alembic import context
 
-from db.schema import metadata
+from clarion.db.schema import metadata
 
 connection = context.config.attributes["connection"]
 context.configure(connection=connection, target_metadata=metadata)

@@ -9,10 +9,10 @@ import time
 import pytest
 from sqlalchemy import text
 
-from db.engine import engine
-from ops.receiver import Receiver
-from tasks import notify_many, register_recipient
-from tasks.publish import DELIVER, ROUTE, publish
+from clarion.db.engine import engine
+from clarion.ops.receiver import Receiver
+from clarion.tasks import notify_many, register_recipient
+from clarion.tasks.publish import DELIVER, ROUTE, publish
 from tests.support.cluster import Cluster, counts, wait_settled
 
 pytestmark = pytest.mark.acceptance

@@ -16,13 +16,13 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlalchemy import text
 
-from db.engine import engine
-from scheduling import zones
-from tasks import notify, register_recipient
-from tasks.preferences import set_preferences
-from tasks.route import route
-from tasks.series import arm_series
-from tasks.tick import tick
+from clarion.db.engine import engine
+from clarion.scheduling import zones
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.preferences import set_preferences
+from clarion.tasks.route import route
+from clarion.tasks.series import arm_series
+from clarion.tasks.tick import tick
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.acceptance

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from catalog.model import EXAMPLES
-from tasks import register_recipient
+from clarion.catalog.model import EXAMPLES
+from clarion.tasks import register_recipient
 from tests.conftest import reset_process_state
 
 pytestmark = pytest.mark.acceptance

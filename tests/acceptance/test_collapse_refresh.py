@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ops import launch
-from ops.fake_slack import FakeSlack
-from tasks import notify, notify_many, register_recipient
+from clarion.ops import launch
+from clarion.ops.fake_slack import FakeSlack
+from clarion.tasks import notify, notify_many, register_recipient
 from tests.support.cluster import Cluster, counts
 from tests.support.pipeline import configure
 

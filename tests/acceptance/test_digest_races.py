@@ -21,9 +21,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from clarion import clock, faults, settings
-from ops.receiver import Receiver
-from tasks import notify, register_recipient
-from tasks.route import route
+from clarion.ops.receiver import Receiver
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.route import route
 from tests.integration.test_digests import _flush_due
 from tests.support.digests import digest_requests, use_digest_catalog
 from tests.support.gates import VirtualClock, rows
@@ -93,7 +93,7 @@ def test_items_at_the_window_close_land_in_exactly_one_sent_digest(receiver):
             notify_and_route(user, "first")
         digests = {user: digest_requests(user)[0]["id"] for user in USERS}
         clock.set_source(lambda: CLOSE)
-        from tasks.tick import tick
+        from clarion.tasks.tick import tick
 
         tick()  # 11:00: the beat tick takes the due digest requests (pending now)
         drain("activation")

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from clarion import settings
-from ops.receiver import Receiver
-from ops.stats import counters
-from tasks import notify, register_recipient
-from tasks.publish import ROUTE, publish
+from clarion.ops.receiver import Receiver
+from clarion.ops.stats import counters
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.publish import ROUTE, publish
 from tests.support.cluster import Cluster, wait_settled
 from tests.support.digests import DIGESTS, use_digest_catalog
 from tests.support.gates import rows

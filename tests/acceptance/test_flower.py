@@ -18,7 +18,7 @@ import httpx
 import kombu
 import pytest
 
-from ops import launch
+from clarion.ops import launch
 
 pytestmark = pytest.mark.acceptance
 
@@ -119,7 +119,7 @@ def test_unauthenticated_on_loopback_is_open_as_asked(clarion_env, tmp_path):
     ],
 )
 def test_the_plan(address, configured, environ, auth):
-    from ops.flower import plan
+    from clarion.ops.flower import plan
 
     chosen = plan(address, unauthenticated=False, configured=configured, environ=environ)
     given = chosen.env.get("FLOWER_BASIC_AUTH")

@@ -12,11 +12,11 @@ from collections import Counter
 import pytest
 
 from clarion import settings
-from db.engine import engine
-from ops import launch
-from ops.receiver import Receiver
-from tasks import notify, register_recipient
-from tasks.app import app
+from clarion.db.engine import engine
+from clarion.ops import launch
+from clarion.ops.receiver import Receiver
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.app import app
 from tests.support.cluster import Cluster, counts
 
 pytestmark = pytest.mark.acceptance

@@ -18,8 +18,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from clarion import settings
-from ops.receiver import Receiver
-from tasks import notify_many, register_recipient
+from clarion.ops.receiver import Receiver
+from clarion.tasks import notify_many, register_recipient
 from tests.support.cluster import Cluster, counts
 from tests.support.gates import GATES, rows, use_gates_catalog
 

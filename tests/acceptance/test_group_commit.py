@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from adapters.teams import ConversationRef
-from ops.receiver import Receiver
-from tasks import notify_many, register_recipient
+from clarion.adapters.teams import ConversationRef
+from clarion.ops.receiver import Receiver
+from clarion.tasks import notify_many, register_recipient
 from tests.support.cluster import Cluster, counts, wait_settled
 from tests.support.fake_connector import FakeConnector
 from tests.support.pipeline import configure
@@ -100,7 +100,7 @@ def test_a_kill_with_a_group_pending_settles_each_row_by_the_unknown_outcome_pol
 def _rows(sql: str) -> list[tuple]:
     from sqlalchemy import text
 
-    from db.engine import engine
+    from clarion.db.engine import engine
 
     with engine().connect() as conn:
         return [tuple(r) for r in conn.execute(text(sql))]

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from adapters.base import idempotency_key
-from ops.receiver import Receiver
-from tasks import notify_many, register_recipient
+from clarion.adapters.base import idempotency_key
+from clarion.ops.receiver import Receiver
+from clarion.tasks import notify_many, register_recipient
 from tests.support.cluster import Cluster, wait_settled
 
 pytestmark = pytest.mark.acceptance

@@ -16,18 +16,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 from starlette.testclient import TestClient
 
-from adapters.base import Receipt
 from clarion import clock, metrics, settings
-from db import gating
-from db.engine import engine
-from db.schema import SENT_STATES
-from ops.receiver import Receiver
-from tasks import notify_many, register_recipient
-from tasks.preferences import set_preferences
-from tasks.receipts import ingest
+from clarion.adapters.base import Receipt
+from clarion.db import gating
+from clarion.db.engine import engine
+from clarion.db.schema import SENT_STATES
+from clarion.ops.receiver import Receiver
+from clarion.tasks import notify_many, register_recipient
+from clarion.tasks.preferences import set_preferences
+from clarion.tasks.receipts import ingest
+from clarion.web.app import create_app
 from tests.support.cluster import Cluster, counts
 from tests.support.pipeline import configure, rows
-from web.app import create_app
 
 pytestmark = pytest.mark.acceptance
 
@@ -319,7 +319,7 @@ def test_the_grafana_dashboard_only_charts_metrics_clarion_exports(clarion_env):
     import re
     from pathlib import Path
 
-    import ops
+    from clarion import ops
 
     dashboard = json.loads((Path(ops.__file__).parent / "grafana" / "clarion.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
@@ -335,8 +335,8 @@ def test_the_grafana_dashboard_only_charts_metrics_clarion_exports(clarion_env):
 
 def test_digest_windows_and_waiting_escalations_are_gauges(clarion_env):
 
-    from db.engine import engine
-    from tasks import notify
+    from clarion.db.engine import engine
+    from clarion.tasks import notify
 
     register_recipient("ann", timezone="UTC")
     request = notify("ann", "receipt", event_id="e1", variables={"order": "A-1"})

@@ -22,15 +22,15 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from ops.fake_slack import FakeSlack, block_actions, signed
-from tasks import notify_many, register_recipient
-from tasks.deliver import deliver
-from tasks.route import route
+from clarion.ops.fake_slack import FakeSlack, block_actions, signed
+from clarion.tasks import notify_many, register_recipient
+from clarion.tasks.deliver import deliver
+from clarion.tasks.route import route
+from clarion.web import slack as web_slack
+from clarion.web.app import create_app
 from tests.conftest import ROOT
 from tests.support.pipeline import configure, drain, publishing_to_this_tests_broker, rows
 from tests.support.race import race
-from web import slack as web_slack
-from web.app import create_app
 
 pytestmark = pytest.mark.acceptance
 

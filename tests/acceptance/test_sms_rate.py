@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.fake_twilio import FakeTwilio
-from tasks import notify_many, register_recipient
+from clarion.ops.fake_twilio import FakeTwilio
+from clarion.tasks import notify_many, register_recipient
 from tests.support.cluster import Cluster, counts
 from tests.support.pipeline import configure, publishing_to_this_tests_broker
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from db.engine import engine
-from ops import launch
-from tasks import register_recipient
-from tasks.series import arm_series
+from clarion.db.engine import engine
+from clarion.ops import launch
+from clarion.tasks import register_recipient
+from clarion.tasks.series import arm_series
 from tests.conftest import ROOT
 from tests.support.cluster import Cluster, counts
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ops import launch
+from clarion.ops import launch
 
 pytestmark = pytest.mark.acceptance
 
@@ -29,7 +29,7 @@ FOREIGN_CONFIG = textwrap.dedent("""
 """)
 HOST_APP = textwrap.dedent("""
     # a host module that wires clarion's app to its own settings by module name
-    from tasks.app import app
+    from clarion.tasks.app import app
     app.config_from_object("celeryconfig")
 """)
 BAD_CATALOG = textwrap.dedent("""
@@ -62,7 +62,7 @@ def _celery_worker(*app: str) -> list[str]:
         "-m",
         "celery",
         "-A",
-        *(app or ("tasks.app",)),
+        *(app or ("clarion.tasks.app",)),
         "worker",
         "-P",
         "solo",

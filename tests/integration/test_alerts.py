@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from clarion import settings
-from db.engine import engine
-from ops.receiver import Receiver
-from ops.stats import report
-from tasks import notify, register_recipient
-from tasks.alerts import Reading, evaluate, rate_readings, stuck_readings
-from tasks.deliver import deliver
-from tasks.publish import DELIVER
-from tasks.route import route
+from clarion.db.engine import engine
+from clarion.ops.receiver import Receiver
+from clarion.ops.stats import report
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.alerts import Reading, evaluate, rate_readings, stuck_readings
+from clarion.tasks.deliver import deliver
+from clarion.tasks.publish import DELIVER
+from clarion.tasks.route import route
 from tests.support.pipeline import (
     configure,
     count,

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from tasks import register_recipient
-from tasks.publish import ROUTE
-from tasks.route import route
+from clarion.tasks import register_recipient
+from clarion.tasks.publish import ROUTE
+from clarion.tasks.route import route
+from clarion.web.api_auth import SCOPES, create_key
+from clarion.web.app import create_app
 from tests.support.pipeline import count, counts, published, publishing_to_this_tests_broker, rows
-from web.api_auth import SCOPES, create_key
-from web.app import create_app
 
 pytestmark = pytest.mark.integration
 
@@ -277,7 +277,7 @@ def test_bodies_that_are_not_json_objects_are_refused_at_the_body(client, ann):
 
 
 def test_every_unauthenticated_request_is_a_401_before_its_body_is_read(client, ann, capsys):
-    from ops.cli import main
+    from clarion.ops.cli import main
 
     live = create_key("live", ["events:write"]).secret
     revoked = create_key("gone", ["events:write"]).secret
@@ -332,7 +332,7 @@ def test_a_key_without_the_scope_is_a_403(client, ann):
 
 
 def test_keys_are_shown_once_and_stored_hashed(clarion_env, capsys):
-    from ops.cli import main
+    from clarion.ops.cli import main
 
     with pytest.raises(SystemExit):
         main(["keys", "create", "--name", "billing", "--scope", "events:write", "--rate", "50/10s"])
@@ -445,7 +445,7 @@ def test_a_request_report_has_its_decisions_and_deliveries(client, ann):
 
 
 def test_preferences_round_trip_through_the_preference_functions(client, ann):
-    from tasks.preferences import get_preferences
+    from clarion.tasks.preferences import get_preferences
 
     headers = bearer()
     start = client.get("/v1/users/ann/preferences", headers=headers)

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clarion.web.api_errors import safe_field
 from tests.integration.test_api import _broker, ann, bearer, client, event, nested, written
 from tests.support.pipeline import published
-from web.api_errors import safe_field
 
 pytestmark = pytest.mark.integration
 __all__ = ["_broker", "ann", "client"]

@@ -17,11 +17,11 @@ import pytest
 import uvicorn
 from sqlalchemy import text
 
-from db.engine import engine
-from tasks.publish import ROUTE
+from clarion.db.engine import engine
+from clarion.tasks.publish import ROUTE
+from clarion.web.app import create_app
 from tests.integration.test_api import _broker, ann, bearer, client, event, refused, written
 from tests.support.pipeline import count, frozen_clock, published, rows
-from web.app import create_app
 
 pytestmark = pytest.mark.integration
 __all__ = ["_broker", "ann", "client"]  # fixtures shared with test_api.py

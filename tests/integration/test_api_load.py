@@ -23,13 +23,13 @@ from typing import Any
 import httpx
 import pytest
 
-from ops.fake_slack import serving
-from tasks import register_recipient
-from tasks.publish import ROUTE
+from clarion.ops.fake_slack import serving
+from clarion.tasks import register_recipient
+from clarion.tasks.publish import ROUTE
+from clarion.web.api_auth import create_key
+from clarion.web.app import create_app
 from tests.integration.test_api import _broker
 from tests.support.pipeline import count, published, rows
-from web.api_auth import create_key
-from web.app import create_app
 
 pytestmark = pytest.mark.integration
 __all__ = ["_broker"]  # a fixture shared with test_api.py

@@ -32,13 +32,13 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from clarion import clock
-from db import inbox
-from db.engine import engine
-from tasks import notify, register_recipient
-from tasks.inbox import inbox_token
+from clarion.db import inbox
+from clarion.db.engine import engine
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.inbox import inbox_token
+from clarion.web.api_auth import SCOPES, create_key
+from clarion.web.app import create_app
 from tests.integration.test_api import _broker
-from web.api_auth import SCOPES, create_key
-from web.app import create_app
 
 pytestmark = pytest.mark.integration
 __all__ = ["_broker"]  # a fixture shared with test_api.py

@@ -12,11 +12,11 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
 from clarion import clock, settings
-from db import claims, ledger
-from db.engine import engine
-from tasks import notify, register_recipient
-from tasks.deliver import deliver
-from tasks.route import route
+from clarion.db import claims, ledger
+from clarion.db.engine import engine
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.deliver import deliver
+from clarion.tasks.route import route
 from tests.support.endpoint import Call, Endpoint
 from tests.support.pipeline import (
     configure,
@@ -286,8 +286,8 @@ def test_a_group_flush_records_only_the_rows_whose_claim_is_still_ours(clarion_e
     """Group commit is conditional per row: a row taken over while its send waited for the
     group's statement is not marked by the old token; it becomes a possible_duplicate incident,
     and the rows still held are recorded by the same statement (>11 runs: prepared statements)."""
-    from adapters.base import SendResult
-    from tasks.sentgroup import Sent, SentGroup
+    from clarion.adapters.base import SendResult
+    from clarion.tasks.sentgroup import Sent, SentGroup
 
     keys = [_pending_delivery(f"g{i}", f"e{i}") for i in range(14)]
     token = str(uuid.uuid4())

@@ -14,14 +14,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from db import ledger
-from db.engine import engine
-from ops.fake_slack import FakeSlack
-from tasks import register_recipient
-from tasks.deliver import deliver
-from tasks.interactions import handle_click, series_occurrence
-from tasks.route import route
-from tasks.series import arm_series, cancel_series, snooze_occurrence, tick_series
+from clarion.db import ledger
+from clarion.db.engine import engine
+from clarion.ops.fake_slack import FakeSlack
+from clarion.tasks import register_recipient
+from clarion.tasks.deliver import deliver
+from clarion.tasks.interactions import handle_click, series_occurrence
+from clarion.tasks.route import route
+from clarion.tasks.series import arm_series, cancel_series, snooze_occurrence, tick_series
 from tests.conftest import ROOT
 from tests.support.pipeline import (
     configure,

@@ -12,16 +12,17 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from slack_sdk import WebClient
 
-from adapters.base import ButtonValue, Message
-from adapters.teams import ConversationRef
+from clarion.adapters.base import ButtonValue, Message
+from clarion.adapters.teams import ConversationRef
 from clarion.errors import PermanentSendError
-from ops.fake_slack import FakeSlack
-from tasks import notify, register_recipient, runtime
-from tasks.deliver import deliver
-from tasks.inbox import feed
-from tasks.interactions import handle_click
-from tasks.refresh import refresh_due
-from tasks.route import route
+from clarion.ops.fake_slack import FakeSlack
+from clarion.tasks import notify, register_recipient, runtime
+from clarion.tasks.deliver import deliver
+from clarion.tasks.inbox import feed
+from clarion.tasks.interactions import handle_click
+from clarion.tasks.refresh import refresh_due
+from clarion.tasks.route import route
+from clarion.web.slack import show_answer
 from tests.conftest import ROOT
 from tests.support.fake_connector import FakeConnector
 from tests.support.pipeline import (
@@ -33,7 +34,6 @@ from tests.support.pipeline import (
     publishing_to_this_tests_broker,
     rows,
 )
-from web.slack import show_answer
 
 pytestmark = pytest.mark.integration
 

@@ -12,11 +12,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ops.fake_slack import FakeSlack
-from tasks import notify_many, register_recipient
-from tasks.deliver import deliver
-from tasks.refresh import refresh_due
-from tasks.route import route
+from clarion.ops.fake_slack import FakeSlack
+from clarion.tasks import notify_many, register_recipient
+from clarion.tasks.deliver import deliver
+from clarion.tasks.refresh import refresh_due
+from clarion.tasks.route import route
 from tests.conftest import ROOT
 from tests.support.pipeline import (
     configure,

@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 import pytest
 
 from clarion import clock, settings
-from ops.fake_anthropic import FakeAnthropic
-from ops.receiver import Receiver
-from tasks import register_recipient
+from clarion.ops.fake_anthropic import FakeAnthropic
+from clarion.ops.receiver import Receiver
+from clarion.tasks import register_recipient
 from tests.support.digests import digest_requests, use_digest_catalog
 from tests.support.gates import VirtualClock, deliveries_of, rows, send_and_route
 from tests.support.pipeline import configure

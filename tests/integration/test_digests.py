@@ -18,13 +18,13 @@ import pytest
 from sqlalchemy import text
 
 from clarion import settings
-from ops.explain import explain
-from ops.receiver import Receiver
-from tasks import notify, register_recipient
-from tasks.deliver import deliver
-from tasks.preferences import set_preferences
-from tasks.route import route
-from tasks.tick import tick
+from clarion.ops.explain import explain
+from clarion.ops.receiver import Receiver
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.deliver import deliver
+from clarion.tasks.preferences import set_preferences
+from clarion.tasks.route import route
+from clarion.tasks.tick import tick
 from tests.support import summarisers
 from tests.support.digests import digest_requests, digested_into, use_digest_catalog
 from tests.support.gates import (
@@ -290,10 +290,10 @@ def test_an_item_meeting_an_uncommitted_close_waits_and_opens_the_next_window(re
     """Hold the flush's transaction open after it resolved the digest request and closed its
     window: the item's join waits on
     the window's row, then (the close committed) finds it closed and opens the next window."""
-    from db import ledger
-    from db.engine import engine
-    from tasks import runtime
-    from tasks.flush import close_windows
+    from clarion.db import ledger
+    from clarion.db.engine import engine
+    from clarion.tasks import runtime
+    from clarion.tasks.flush import close_windows
 
     register_recipient("kit", timezone="UTC")
     [first] = _replies("kit", ["ann"])
@@ -317,8 +317,8 @@ def test_an_item_meeting_an_uncommitted_close_waits_and_opens_the_next_window(re
 def test_a_close_meeting_an_uncommitted_item_waits_and_carries_it(receiver, vclock):
     """The other order: the item joined but has not committed; the close waits on the row, then
     returns the item with the others."""
-    from db import digests as digest_rows
-    from db.engine import engine
+    from clarion.db import digests as digest_rows
+    from clarion.db.engine import engine
 
     register_recipient("lin", timezone="UTC")
     [first] = _replies("lin", ["ann"])
@@ -353,7 +353,7 @@ def test_a_close_meeting_an_uncommitted_item_waits_and_carries_it(receiver, vclo
 
 
 def test_the_dry_run_shows_the_digest_step_and_writes_nothing(receiver, vclock):
-    from tasks.planning import preview
+    from clarion.tasks.planning import preview
 
     register_recipient("max", timezone="UTC")
     before = rows("SELECT (SELECT count(*) FROM digests), (SELECT count(*) FROM requests)")

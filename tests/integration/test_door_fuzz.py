@@ -28,14 +28,14 @@ from hypothesis import strategies as st
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from ops.fake_slack import sign
+from clarion.ops.fake_slack import sign
+from clarion.web import teams as web_teams
+from clarion.web.app import create_app
 from tests.integration import test_slack as slack_tests
 from tests.integration import test_teams as teams_tests
 from tests.integration.test_slack import FORM, SECRET
 from tests.integration.test_teams import CONVERSATION, EVE_TEAMS, _keys, delivered, value
 from tests.support.pipeline import configure, count, rows
-from web import teams as web_teams
-from web.app import create_app
 
 pytestmark = pytest.mark.integration
 

@@ -27,11 +27,13 @@ from markdown_it import MarkdownIt
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from adapters.base import ButtonValue
-from ops.fake_slack import block_actions, signed
-from tasks import notify, register_recipient
-from tasks.deliver import deliver
-from tasks.route import route
+from clarion.adapters.base import ButtonValue
+from clarion.ops.fake_slack import block_actions, signed
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.deliver import deliver
+from clarion.tasks.route import route
+from clarion.web import teams as web_teams
+from clarion.web.app import create_app
 from tests.conftest import ROOT
 from tests.integration import test_slack as slack_tests
 from tests.integration import test_teams as teams_tests
@@ -48,12 +50,10 @@ from tests.integration.test_teams import (
 )
 from tests.support.fake_connector import FakeConnector
 from tests.support.pipeline import configure, count, drain, rows
-from web import teams as web_teams
-from web.app import create_app
 
 pytestmark = pytest.mark.integration
 
-CLI = [sys.executable, "-m", "ops.cli"]
+CLI = [sys.executable, "-m", "clarion.ops.cli"]
 
 # the channel tests' fixtures: the local Slack and connector, the recipients ana (Slack) and mia (Teams)
 fake, slack_env, ana = slack_tests.fake, slack_tests.slack_env, slack_tests.ana
@@ -442,7 +442,7 @@ def test_clarion_web_binds_a_public_host_in_local_mode_only_when_told(clarion_en
 # --- the app served by a process ------------------------------------------------------------------
 
 SERVERS = {
-    "uvicorn web.app:app": [sys.executable, "-m", "uvicorn", "web.app:app", "--port", "0"],
+    "uvicorn web.app:app": [sys.executable, "-m", "uvicorn", "clarion.web.app:app", "--port", "0"],
     "clarion web": [*CLI, "web", "--port", "0"],
 }
 

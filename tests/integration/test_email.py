@@ -16,13 +16,13 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from sqlalchemy import text
 
-from adapters.base import idempotency_key
-from adapters.email_mime import read_unsubscribe_token
-from db.engine import engine
-from ops.fake_smtp import FakeSmtp, self_signed
-from tasks import notify, register_recipient
-from tasks.deliver import deliver
-from tasks.route import route
+from clarion.adapters.base import idempotency_key
+from clarion.adapters.email_mime import read_unsubscribe_token
+from clarion.db.engine import engine
+from clarion.ops.fake_smtp import FakeSmtp, self_signed
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.deliver import deliver
+from clarion.tasks.route import route
 from tests.conftest import WEBHOOK_SECRET
 from tests.support.pipeline import configure, drain, publishing_to_this_tests_broker, rows
 

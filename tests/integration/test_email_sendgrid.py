@@ -19,10 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ops.fake_sendgrid import EventKey, FakeSendGrid, Sent, event, post_events
-from ops.fake_slack import serving
-from tasks import register_recipient
-from tasks.deliver import deliver
+from clarion.ops.fake_sendgrid import EventKey, FakeSendGrid, Sent, event, post_events
+from clarion.ops.fake_slack import serving
+from clarion.tasks import register_recipient
+from clarion.tasks.deliver import deliver
+from clarion.web.app import create_app
 from tests.integration.test_email import (
     Key,
     decisions,
@@ -40,7 +41,6 @@ from tests.support.pipeline import (
     publishing_to_this_tests_broker,
     rows,
 )
-from web.app import create_app
 
 pytestmark = pytest.mark.integration
 

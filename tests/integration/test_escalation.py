@@ -22,24 +22,25 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from adapters.base import Receipt
 from clarion import settings as clarion_settings
-from db import escalations
-from db.engine import engine
-from ops.explain import explain
-from ops.fake_fcm import FakeFcm
-from ops.fake_sendgrid import EventKey, FakeSendGrid, event, post_events
-from ops.fake_slack import FakeSlack, serving
-from ops.fake_twilio import FakeTwilio
-from ops.receiver import Receiver
-from tasks import notify, register_recipient
-from tasks.deliver import deliver
-from tasks.escalation import fire_due
-from tasks.inbox import feed, mark
-from tasks.interactions import handle_click
-from tasks.receipts import ingest
-from tasks.route import route
-from tasks.tick import _tick
+from clarion.adapters.base import Receipt
+from clarion.db import escalations
+from clarion.db.engine import engine
+from clarion.ops.explain import explain
+from clarion.ops.fake_fcm import FakeFcm
+from clarion.ops.fake_sendgrid import EventKey, FakeSendGrid, event, post_events
+from clarion.ops.fake_slack import FakeSlack, serving
+from clarion.ops.fake_twilio import FakeTwilio
+from clarion.ops.receiver import Receiver
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.deliver import deliver
+from clarion.tasks.escalation import fire_due
+from clarion.tasks.inbox import feed, mark
+from clarion.tasks.interactions import handle_click
+from clarion.tasks.receipts import ingest
+from clarion.tasks.route import route
+from clarion.tasks.tick import _tick
+from clarion.web.app import create_app
 from tests.support.pipeline import (
     Clock,
     configure,
@@ -49,7 +50,6 @@ from tests.support.pipeline import (
     rows,
 )
 from tests.support.race import race, waiting_on
-from web.app import create_app
 
 pytestmark = pytest.mark.integration
 

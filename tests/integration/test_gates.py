@@ -25,18 +25,18 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from clarion import settings
+from clarion.db import gating
+from clarion.db.engine import engine
 from clarion.errors import InvalidRequest, UnknownRecipient
-from db import gating
-from db.engine import engine
-from ops.explain import explain, plan_table
-from ops.receiver import Receiver
-from tasks import notify, notify_many, register_recipient
-from tasks.deliver import deliver
-from tasks.planning import preview
-from tasks.preferences import get_preferences, set_preferences
-from tasks.route import route
-from tasks.series import arm_series, fire_due_series
-from tasks.tick import tick
+from clarion.ops.explain import explain, plan_table
+from clarion.ops.receiver import Receiver
+from clarion.tasks import notify, notify_many, register_recipient
+from clarion.tasks.deliver import deliver
+from clarion.tasks.planning import preview
+from clarion.tasks.preferences import get_preferences, set_preferences
+from clarion.tasks.route import route
+from clarion.tasks.series import arm_series, fire_due_series
+from clarion.tasks.tick import tick
 from tests.support.gates import (
     VirtualClock,
     decisions_of,

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import make_url, text
 
-from db.engine import engine
-from tasks import register_recipient
-from tasks.deliver import deliver
+from clarion.db.engine import engine
+from clarion.tasks import register_recipient
+from clarion.tasks.deliver import deliver
 from tests.integration.test_inbox import items, routed
 from tests.support.pipeline import configure, publishing_to_this_tests_broker, rows
 

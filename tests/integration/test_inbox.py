@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from adapters.inapp import InAppAdapter
+from clarion.adapters.inapp import InAppAdapter
+from clarion.db import gating, inbox
+from clarion.db.engine import engine
 from clarion.errors import FaultInjected, PermanentSendError
-from db import gating, inbox
-from db.engine import engine
-from ops.receiver import Receiver
-from tasks import inbox as app_inbox
-from tasks import notify, register_recipient, runtime
-from tasks.deliver import deliver
-from tasks.route import route
+from clarion.ops.receiver import Receiver
+from clarion.tasks import inbox as app_inbox
+from clarion.tasks import notify, register_recipient, runtime
+from clarion.tasks.deliver import deliver
+from clarion.tasks.route import route
 from tests.support.pipeline import (
     configure,
     drain,
@@ -137,14 +137,14 @@ def test_a_notification_becomes_one_inbox_item_and_a_repeat_adds_none(inapp):
 
 
 def _message(key: tuple[str, int]):
-    from adapters.base import Message
+    from clarion.adapters.base import Message
 
     return Message(key[1], key[0], "inbox_note", "event:e1", "in_app", {"title": "Note 1"})
 
 
 def test_an_item_without_content_fails_for_good():
-    from adapters.base import Message
-    from adapters.inapp import to_request
+    from clarion.adapters.base import Message
+    from clarion.adapters.inapp import to_request
 
     with pytest.raises(PermanentSendError):
         to_request(Message(1, "u", "t", "o", "in_app", {"title": "", "body": ""}))

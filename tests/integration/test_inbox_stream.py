@@ -17,8 +17,8 @@ import pytest
 import uvicorn
 from httpx_sse import connect_sse
 
-from tasks import register_recipient
-from tasks.inbox import inbox_token
+from clarion.tasks import register_recipient
+from clarion.tasks.inbox import inbox_token
 from tests.integration.test_inbox import items, routed, send
 from tests.support.pipeline import configure, frozen_clock, publishing_to_this_tests_broker
 
@@ -32,7 +32,7 @@ def web(clarion_env, monkeypatch) -> Iterator[str]:
     # arrives, arrives through NOTIFY
     configure(monkeypatch, catalog=CATALOG, inbox_heartbeat=30)
     register_recipient("ana", timezone="UTC")
-    from web.app import create_app
+    from clarion.web.app import create_app
 
     config = uvicorn.Config(
         create_app(), host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=2

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from adapters.base import idempotency_key
 from clarion import settings
-from ops.receiver import Receiver
-from tasks import lanes, notify_many, register_recipient, runtime
-from tasks.route import route
+from clarion.adapters.base import idempotency_key
+from clarion.ops.receiver import Receiver
+from clarion.tasks import lanes, notify_many, register_recipient, runtime
+from clarion.tasks.route import route
 from tests.support.pipeline import configure, count, drain, publishing_to_this_tests_broker
 from tests.support.race import race
 

@@ -9,12 +9,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
+from clarion.db import ledger, meta, partitioning
+from clarion.db import series as store
+from clarion.db.engine import engine, migrate
+from clarion.db.schema import metadata
 from clarion.errors import ConfigurationError
-from db import ledger, meta, partitioning
-from db import series as store
-from db.engine import engine, migrate
-from db.schema import metadata
-from scheduling import zones
+from clarion.scheduling import zones
 
 pytestmark = pytest.mark.integration
 

@@ -18,17 +18,17 @@ import pytest
 import yaml
 from sqlalchemy import text
 
-from adapters.base import idempotency_key
 from clarion import clock, settings
+from clarion.adapters.base import idempotency_key
+from clarion.db import claims
+from clarion.db.engine import engine
 from clarion.errors import FaultInjected
-from db import claims
-from db.engine import engine
-from ops.receiver import Receiver
-from tasks import notify, notify_many, register_recipient
-from tasks.deliver import deliver
-from tasks.publish import DELIVER, ROUTE
-from tasks.route import route
-from tasks.tick import tick
+from clarion.ops.receiver import Receiver
+from clarion.tasks import notify, notify_many, register_recipient
+from clarion.tasks.deliver import deliver
+from clarion.tasks.publish import DELIVER, ROUTE
+from clarion.tasks.route import route
+from clarion.tasks.tick import tick
 from tests.support.endpoint import Endpoint
 from tests.support.pipeline import (
     configure,
@@ -595,8 +595,8 @@ def _dead_worker(key: Key, token: str, *, posted: bool) -> None:
         assert claims.begin_send(conn, key, token=token, need=30) is not None
     [row] = rows("SELECT id, user_id, type_key, occurrence_key, attempts FROM deliveries")
     if posted:
-        from adapters.base import Message
-        from tasks import runtime
+        from clarion.adapters.base import Message
+        from clarion.tasks import runtime
 
         runtime.adapters()["webhook"].send(
             Message(
@@ -838,7 +838,7 @@ def test_a_published_batch_is_described_in_a_few_words(ann):
 
 
 def test_a_pace_asks_for_as_many_senders_as_keep_one_busy() -> None:
-    from tasks.deliver import _Pace
+    from clarion.tasks.deliver import _Pace
 
     pace = _Pace()
     assert pace.senders(8) == 8  # nothing seen yet: all of them
@@ -856,7 +856,7 @@ def test_a_batch_against_a_provider_that_slows_down_adds_senders_within_the_batc
     import threading
     import time
 
-    from tasks import deliver as deliver_task
+    from clarion.tasks import deliver as deliver_task
 
     fast = deliver_task._Pace()
     for _ in range(50):

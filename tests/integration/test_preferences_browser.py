@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from ops.fake_slack import serving
-from tasks import preferences_link, register_recipient
-from tasks.links import preferences_token
-from tasks.preferences import get_preferences
+from clarion.ops.fake_slack import serving
+from clarion.tasks import preferences_link, register_recipient
+from clarion.tasks.links import preferences_token
+from clarion.tasks.preferences import get_preferences
 from tests.conftest import ROOT
 from tests.support.gates import decisions_of, rows, send_and_route, use_gates_catalog
 from tests.support.pipeline import Clock, configure, frozen_clock, publishing_to_this_tests_broker
@@ -38,7 +38,7 @@ MONDAY = datetime(2026, 12, 7, 9, 0, tzinfo=UTC)
 def web(clarion_env, monkeypatch) -> Iterator[str]:
     use_gates_catalog(monkeypatch)
     register_recipient("ann", timezone="Europe/Berlin", country="DE")
-    from web.app import create_app
+    from clarion.web.app import create_app
 
     with serving(create_app()) as url, publishing_to_this_tests_broker():
         configure(monkeypatch, public_url=url)

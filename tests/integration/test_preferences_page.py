@@ -19,13 +19,13 @@ from starlette.testclient import TestClient
 
 from clarion import clock
 from clarion.errors import InvalidRequest, UnknownRecipient
-from ops import cli
-from tasks import preferences_link, register_recipient
-from tasks.links import preferences_token
-from tasks.preferences import get_preferences, set_preferences
+from clarion.ops import cli
+from clarion.tasks import preferences_link, register_recipient
+from clarion.tasks.links import preferences_token
+from clarion.tasks.preferences import get_preferences, set_preferences
+from clarion.web.app import create_app
 from tests.support.gates import decisions_of, rows, send_and_route, use_gates_catalog
 from tests.support.pipeline import configure
-from web.app import create_app
 
 pytestmark = pytest.mark.integration
 
@@ -248,7 +248,7 @@ def test_forms_the_page_did_not_offer_change_nothing(client) -> None:
 
 
 def test_output_is_escaped() -> None:
-    from web.preferences import _html
+    from clarion.web.preferences import _html
 
     page = _html(200, title='<script>alert("x")</script>', text=["a & b <i>"]).body.decode()
     assert "<script>" not in page and "&lt;script&gt;" in page and "a &amp; b &lt;i&gt;" in page

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from clarion.db.engine import engine
 from clarion.errors import (
     InvalidOccurrence,
     InvalidRequest,
@@ -18,9 +19,8 @@ from clarion.errors import (
     UnknownRecipient,
     UnknownType,
 )
-from db.engine import engine
-from tasks import notify, notify_many, register_recipient
-from tasks.publish import ROUTE
+from clarion.tasks import notify, notify_many, register_recipient
+from clarion.tasks.publish import ROUTE
 from tests.support.pipeline import (
     configure,
     count,

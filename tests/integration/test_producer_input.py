@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
+from clarion.db.engine import engine
+from clarion.db.schema import metadata
 from clarion.errors import ClarionError, InvalidField, InvalidOccurrence
-from db.engine import engine
-from db.schema import metadata
-from tasks import notify, notify_many, register_recipient
-from tasks.publish import ROUTE
-from tasks.series import (
+from clarion.tasks import notify, notify_many, register_recipient
+from clarion.tasks.publish import ROUTE
+from clarion.tasks.series import (
     arm_series,
     cancel_series,
     pause_series,
@@ -410,7 +410,7 @@ def test_register_recipient_refuses_bad_addresses_and_writes_nothing(clarion_env
 
 def test_notify_with_the_broker_down_commits_logs_and_returns(ann, monkeypatch, caplog):
     configure(monkeypatch, broker_url="redis://127.0.0.1:1/0")
-    caplog.set_level(logging.WARNING, logger="tasks.producer")
+    caplog.set_level(logging.WARNING, logger="clarion.tasks.producer")
     started = clock_time.monotonic()
     enqueued = notify(ann, "receipt", event_id="e1", variables=ORDER)
     elapsed = clock_time.monotonic() - started

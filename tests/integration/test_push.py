@@ -18,19 +18,19 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from adapters.apns import DEFAULT_PAUSE as APNS_PAUSE
-from adapters.apns import apns_id
-from adapters.base import idempotency_key
 from clarion import clock
 from clarion import settings as clarion_settings
-from db.engine import engine
-from ops.explain import explain
-from ops.fake_apns import FakeApns
-from ops.fake_fcm import FakeFcm
-from tasks import notify, register_recipient
-from tasks.deliver import deliver
-from tasks.route import route
-from tasks.tick import tick
+from clarion.adapters.apns import DEFAULT_PAUSE as APNS_PAUSE
+from clarion.adapters.apns import apns_id
+from clarion.adapters.base import idempotency_key
+from clarion.db.engine import engine
+from clarion.ops.explain import explain
+from clarion.ops.fake_apns import FakeApns
+from clarion.ops.fake_fcm import FakeFcm
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.deliver import deliver
+from clarion.tasks.route import route
+from clarion.tasks.tick import tick
 from tests.support.pipeline import (
     configure,
     drain,

@@ -13,7 +13,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from adapters.ratelimit import Quota, RateLimits
+from clarion.adapters.ratelimit import Quota, RateLimits
 from clarion.errors import ThrottledError
 
 pytestmark = pytest.mark.integration
@@ -107,7 +107,7 @@ def _hammer(url: str, prefix: str, start: float, out) -> None:
 
 
 def test_four_processes_share_one_budget_and_no_second_holds_more(clarion_env):
-    from tasks.app import app
+    from clarion.tasks.app import app
 
     # A forked child drops the AMQP connections it inherits, resetting the parent's (DESIGN §7):
     # close them first, as tests/support/race.py does; the next publish reconnects.

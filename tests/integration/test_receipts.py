@@ -15,15 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
-from adapters.base import Receipt
 from clarion import settings as clarion_settings
-from db.engine import engine
-from ops.explain import explain
-from ops.receiver import Receiver
-from tasks import notify, register_recipient
-from tasks.deliver import deliver
-from tasks.receipts import ingest, replay_early
-from tasks.route import route
+from clarion.adapters.base import Receipt
+from clarion.db.engine import engine
+from clarion.ops.explain import explain
+from clarion.ops.receiver import Receiver
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.deliver import deliver
+from clarion.tasks.receipts import ingest, replay_early
+from clarion.tasks.route import route
 from tests.support.endpoint import Call, Endpoint
 from tests.support.pipeline import configure, drain, rows
 

@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from adapters.base import idempotency_key
 from clarion import settings
+from clarion.adapters.base import idempotency_key
+from clarion.db import ledger
+from clarion.db import redrive as store
+from clarion.db.engine import engine
 from clarion.errors import FaultInjected
-from db import ledger
-from db import redrive as store
-from db.engine import engine
-from ops.receiver import Receiver
-from ops.redrive import Filters, parse_time, redrive
-from tasks import notify, register_recipient
-from tasks.deliver import deliver
-from tasks.route import route
+from clarion.ops.receiver import Receiver
+from clarion.ops.redrive import Filters, parse_time, redrive
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.deliver import deliver
+from clarion.tasks.route import route
 from tests.conftest import CATALOG
 from tests.support.pipeline import configure, counts, drain, expire_lease, rows
 

@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-import celeryconfig
-from db.engine import engine
-from tasks.retention import remove_old
-from tasks.series import cancel_series, snooze_occurrence
+from clarion import celeryconfig
+from clarion.db.engine import engine
+from clarion.tasks.retention import remove_old
+from clarion.tasks.series import cancel_series, snooze_occurrence
 from tests.support.pipeline import count, frozen_clock
 
 pytestmark = pytest.mark.integration

@@ -8,11 +8,11 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-import db
+from clarion import db
+from clarion.db import partitioning
+from clarion.db.engine import engine, migrate
+from clarion.db.schema import SCHEMA_REVISION, metadata
 from clarion.errors import ConfigurationError
-from db import partitioning
-from db.engine import engine, migrate
-from db.schema import SCHEMA_REVISION, metadata
 
 pytestmark = pytest.mark.integration
 

@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy import text
 
 from clarion import clock, settings
+from clarion.db.engine import engine
 from clarion.errors import (
     FaultInjected,
     InvalidRequest,
@@ -15,11 +16,10 @@ from clarion.errors import (
     UnknownRecipient,
     UnknownType,
 )
-from db.engine import engine
-from tasks import register_recipient
-from tasks.preferences import set_preferences
-from tasks.route import route
-from tasks.series import (
+from clarion.tasks import register_recipient
+from clarion.tasks.preferences import set_preferences
+from clarion.tasks.route import route
+from clarion.tasks.series import (
     arm_series,
     cancel_series,
     pause_series,
@@ -277,7 +277,7 @@ def test_grace_window_is_a_setting(gates_catalog, virtual_clock, monkeypatch):
 
 
 def test_due_rows_read_as_a_list_of_dicts_converting_only_what_is_read(clarion_env):
-    from db.series import DueRows
+    from clarion.db.series import DueRows
 
     with engine().connect() as conn:
         raw = conn.connection.dbapi_connection

@@ -9,17 +9,17 @@ import pytest
 from sqlalchemy import text
 
 from clarion import clock
+from clarion.db.engine import engine
 from clarion.errors import ConfigurationError, SeriesConflict
-from db.engine import engine
-from ops import cli
-from ops.explain import explain
-from ops.schedule import arm_preview, schedule
-from ops.stats import tz_database
-from scheduling import zones
-from tasks import register_recipient
-from tasks.app import check_tz_database
-from tasks.route import route
-from tasks.series import arm_series, tick_series
+from clarion.ops import cli
+from clarion.ops.explain import explain
+from clarion.ops.schedule import arm_preview, schedule
+from clarion.ops.stats import tz_database
+from clarion.scheduling import zones
+from clarion.tasks import register_recipient
+from clarion.tasks.app import check_tz_database
+from clarion.tasks.route import route
+from clarion.tasks.series import arm_series, tick_series
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration

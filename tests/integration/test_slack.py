@@ -25,11 +25,14 @@ from slack_sdk import WebClient
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from adapters.base import Message, decode_value
-from adapters.slack import answered_blocks, error_for, find_posted, metadata, to_blocks
-from catalog import Button
 from clarion import clock
 from clarion import settings as clarion_settings
+from clarion.adapters.base import Message, decode_value
+from clarion.adapters.slack import answered_blocks, error_for, find_posted, metadata, to_blocks
+from clarion.catalog import Button
+from clarion.db import claims
+from clarion.db.engine import engine
+from clarion.db.interactions import interaction_target
 from clarion.errors import (
     FaultInjected,
     PermanentSendError,
@@ -37,22 +40,21 @@ from clarion.errors import (
     TransientSendError,
     UnknownSendError,
 )
-from db import claims
-from db.engine import engine
-from db.interactions import interaction_target
-from ops.fake_slack import (
+from clarion.ops.fake_slack import (
     FakeSlack,
     block_actions,
     event_callback,
     serving,
     signed,
 )
-from tasks import notify, register_recipient, runtime
-from tasks.deliver import deliver
-from tasks.interactions import handle_click
-from tasks.preferences import get_preferences
-from tasks.route import route
-from tasks.tick import tick
+from clarion.tasks import notify, register_recipient, runtime
+from clarion.tasks.deliver import deliver
+from clarion.tasks.interactions import handle_click
+from clarion.tasks.preferences import get_preferences
+from clarion.tasks.route import route
+from clarion.tasks.tick import tick
+from clarion.web import slack as web_slack
+from clarion.web.app import create_app
 from tests.conftest import ROOT
 from tests.support.pipeline import (
     configure,
@@ -63,8 +65,6 @@ from tests.support.pipeline import (
     publishing_to_this_tests_broker,
     rows,
 )
-from web import slack as web_slack
-from web.app import create_app
 
 pytestmark = pytest.mark.integration
 

@@ -24,13 +24,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
-from adapters.sms import HELP_REPLY, SETTLE, budget_quota
-from db.engine import engine
-from ops.fake_slack import serving
-from ops.fake_twilio import FakeTwilio, sign
-from tasks import notify, register_recipient, runtime
-from tasks.deliver import deliver
-from tasks.route import route
+from clarion.adapters.sms import HELP_REPLY, SETTLE, budget_quota
+from clarion.db.engine import engine
+from clarion.ops.fake_slack import serving
+from clarion.ops.fake_twilio import FakeTwilio, sign
+from clarion.tasks import notify, register_recipient, runtime
+from clarion.tasks.deliver import deliver
+from clarion.tasks.route import route
+from clarion.web.app import create_app
 from tests.support.pipeline import (
     configure,
     count,
@@ -39,7 +40,6 @@ from tests.support.pipeline import (
     publishing_to_this_tests_broker,
     rows,
 )
-from web.app import create_app
 
 pytestmark = pytest.mark.integration
 

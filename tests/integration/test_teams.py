@@ -41,9 +41,9 @@ from redis.retry import Retry
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from adapters.base import ButtonValue, Message, decode_value
-from adapters.ratelimit import Quota, RateLimits
-from adapters.teams import (
+from clarion.adapters.base import ButtonValue, Message, decode_value
+from clarion.adapters.ratelimit import Quota, RateLimits
+from clarion.adapters.teams import (
     ConversationRef,
     TeamsAction,
     TeamsAdapter,
@@ -56,13 +56,15 @@ from adapters.teams import (
     split_message_id,
     to_card,
 )
-from catalog import Button
+from clarion.catalog import Button
 from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
-from tasks import notify, register_recipient, runtime
-from tasks.deliver import deliver
-from tasks.preferences import get_preferences
-from tasks.route import route
-from tasks.tick import tick
+from clarion.tasks import notify, register_recipient, runtime
+from clarion.tasks.deliver import deliver
+from clarion.tasks.preferences import get_preferences
+from clarion.tasks.route import route
+from clarion.tasks.tick import tick
+from clarion.web import teams as web_teams
+from clarion.web.app import create_app
 from tests.conftest import ROOT
 from tests.support.fake_connector import FakeConnector
 from tests.support.pipeline import (
@@ -73,8 +75,6 @@ from tests.support.pipeline import (
     publishing_to_this_tests_broker,
     rows,
 )
-from web import teams as web_teams
-from web.app import create_app
 
 pytestmark = pytest.mark.integration
 

@@ -12,14 +12,14 @@ import pytest
 import yaml
 from sqlalchemy import text
 
-from catalog.model import EXAMPLES
 from clarion import settings
-from db.engine import engine
-from ops.fake_twilio import FakeTwilio
-from ops.preview import for_recipient
-from tasks import notify, register_recipient, runtime
-from tasks.deliver import deliver
-from tasks.route import route
+from clarion.catalog.model import EXAMPLES
+from clarion.db.engine import engine
+from clarion.ops.fake_twilio import FakeTwilio
+from clarion.ops.preview import for_recipient
+from clarion.tasks import notify, register_recipient, runtime
+from clarion.tasks.deliver import deliver
+from clarion.tasks.route import route
 from tests.support.endpoint import Endpoint
 from tests.support.pipeline import (
     configure,

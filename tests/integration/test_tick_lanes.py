@@ -9,11 +9,11 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import text
 
-from db.engine import engine
-from tasks import notify, register_recipient
-from tasks.publish import ROUTE
-from tasks.route import route
-from tasks.tick import LANE_LIMIT, tick
+from clarion.db.engine import engine
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.publish import ROUTE
+from clarion.tasks.route import route
+from clarion.tasks.tick import LANE_LIMIT, tick
 from tests.support.pipeline import frozen_clock, published, publishing_to_this_tests_broker, rows
 
 pytestmark = pytest.mark.integration

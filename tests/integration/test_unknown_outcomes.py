@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from adapters.teams import ConversationRef
+from clarion.adapters.teams import ConversationRef
+from clarion.db import claims
+from clarion.db.engine import engine
 from clarion.errors import FaultInjected
-from db import claims
-from db.engine import engine
-from ops.fake_slack import FakeSlack
-from ops.receiver import Receiver
-from tasks import notify, register_recipient
-from tasks.deliver import deliver
-from tasks.route import route
+from clarion.ops.fake_slack import FakeSlack
+from clarion.ops.receiver import Receiver
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.deliver import deliver
+from clarion.tasks.route import route
 from tests.support.fake_connector import FakeConnector
 from tests.support.pipeline import (
     configure,
@@ -224,7 +224,7 @@ def test_an_error_after_every_send_ends_failed_at_the_cap_with_one_message(serve
 
 def test_an_operator_redrives_a_held_unknown_send_under_the_same_row(servers):
     from clarion import clock
-    from db import redrive
+    from clarion.db import redrive
 
     _, _, connector = servers
     connector.losses.next("drop")

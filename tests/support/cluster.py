@@ -9,8 +9,8 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from db.engine import engine
-from ops import launch
+from clarion.db.engine import engine
+from clarion.ops import launch
 
 
 class Cluster:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 
-from ops.local_server import LocalServer, send_json
+from clarion.ops.local_server import LocalServer, send_json
 
 
 @dataclass(frozen=True)

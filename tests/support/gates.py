@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from clarion import clock
-from db.engine import engine
+from clarion.db.engine import engine
 from tests.conftest import ROOT, reset_process_state
 
 GATES = ROOT / "tests" / "catalog_gates.yaml"
@@ -138,8 +138,8 @@ def send_and_route(
     event_id: str | None = None,
 ) -> int:
     """notify() then route() in-process at the clock's current time; returns the request id."""
-    from tasks import notify
-    from tasks.route import route
+    from clarion.tasks import notify
+    from clarion.tasks.route import route
 
     request = notify(user_id, type_key, event_id=event_id or fresh_event(), variables=variables)
     route([user_id], [request.request_id])

@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
 from clarion import clock, faults, metrics, settings
-from db.engine import engine
-from tasks import runtime
-from tasks.app import app
+from clarion.db.engine import engine
+from clarion.tasks import runtime
+from clarion.tasks.app import app
 
 
 def configure(monkeypatch: pytest.MonkeyPatch, **values: Any) -> None:

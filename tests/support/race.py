@@ -13,7 +13,7 @@ import kombu.pools
 
 
 def _run(fn: Callable[..., Any], args: tuple, barrier, queue) -> None:
-    from db import engine
+    from clarion.db import engine
 
     engine.dispose_all()  # never reuse the parent's connections
     try:
@@ -32,7 +32,7 @@ def race(
     n: int, fn: Callable[..., Any], args_for: Callable[[int], tuple] = lambda i: ()
 ) -> list[Any]:
     """Fork n processes; each waits at a barrier, then runs fn(*args_for(i)). Raises on any error."""
-    from tasks.app import app
+    from clarion.tasks.app import app
 
     # A forked child drops the broker connections it inherits, and py-amqp's finaliser shuts down
     # the socket the parent shares. Close them before forking; the next publish reconnects.
@@ -57,7 +57,7 @@ def waiting_on(pid: int, within: float) -> list[str]:
     transaction."""
     from sqlalchemy import text
 
-    from db.engine import engine
+    from clarion.db.engine import engine
 
     deadline = time.monotonic() + within
     while True:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from tasks.summarise import SummaryRequest
+from clarion.tasks.summarise import SummaryRequest
 
 RELEASE = threading.Event()  # a stalled summariser waits on this (the test sets it at the end)
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduling.calendars import (
+from clarion.scheduling.calendars import (
     MON_FRI,
     WorkCalendar,
     _holidays,
@@ -19,8 +19,8 @@ from scheduling.calendars import (
     non_working_reason,
     working_days_between,
 )
-from scheduling.recurrence import Every, local_occurrence
-from scheduling.zones import country_of_zone, zone_names
+from clarion.scheduling.recurrence import Every, local_occurrence
+from clarion.scheduling.zones import country_of_zone, zone_names
 
 
 def recipient(zone: str, *, workweek=None, country=None, subdivision=None) -> WorkCalendar:

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from jinja2.exceptions import SecurityError, UndefinedError
 
-from catalog import CATEGORIES, Catalog, CatalogError
-from catalog.model import DEFAULT_LANE, EXAMPLES
+from clarion.catalog import CATEGORIES, Catalog, CatalogError
+from clarion.catalog.model import DEFAULT_LANE, EXAMPLES
 
 TESTS = Path(__file__).resolve().parents[1]
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from jinja2.exceptions import SecurityError
 
-from catalog import Catalog, CatalogError, NotificationType, Template
-from catalog.model import CHANNELS
-from catalog.sandbox import MAX_OUTPUT, RenderLimitExceeded
 from clarion import settings
+from clarion.catalog import Catalog, CatalogError, NotificationType, Template
+from clarion.catalog.model import CHANNELS
+from clarion.catalog.sandbox import MAX_OUTPUT, RenderLimitExceeded
 from clarion.errors import ConfigurationError
-from tasks import runtime
+from clarion.tasks import runtime
 
 WEEKLY = """\
 types:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from twilio.rest import Client
 
-from adapters import apns, console, fcm, inapp, slack, teams
-from adapters.base import Message
-from adapters.email_mime import Identities, build
-from adapters.sms import SmsAdapter, budget_quota
+from clarion.adapters import apns, console, fcm, inapp, slack, teams
+from clarion.adapters.base import Message
+from clarion.adapters.email_mime import Identities, build
+from clarion.adapters.sms import SmsAdapter, budget_quota
 
 ADAPTERS = Path(slack.__file__).parent
 # What a variable could carry: a Slack ping and link, card/markdown link, HTML, a bidi override
@@ -112,6 +112,6 @@ def test_no_adapter_escapes_on_its_own() -> None:
         }
         assert not imported & escapers, path.name
     users = {
-        p.name for p in ADAPTERS.glob("*.py") if "from adapters.escape import" in p.read_text()
+        p.name for p in ADAPTERS.glob("*.py") if "from clarion.adapters.escape import" in p.read_text()
     }
     assert {"slack.py", "teams.py", "email_mime.py", "sms.py", "push.py", "inapp.py"} <= users

@@ -7,13 +7,13 @@ from datetime import timedelta
 
 import pytest
 
-from adapters.base import Channel, can_update
-from adapters.inapp import InAppAdapter
-from adapters.slack import SlackAdapter
-from adapters.teams import TeamsAdapter
-from adapters.webhook import WebhookAdapter
-from catalog import Catalog
-from catalog.model import CatalogError
+from clarion.adapters.base import Channel, can_update
+from clarion.adapters.inapp import InAppAdapter
+from clarion.adapters.slack import SlackAdapter
+from clarion.adapters.teams import TeamsAdapter
+from clarion.adapters.webhook import WebhookAdapter
+from clarion.catalog import Catalog
+from clarion.catalog.model import CatalogError
 from tests.unit.test_gate_pipeline import NOW, ORG_CAPPED, run, user_cap
 
 

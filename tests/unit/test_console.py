@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from adapters.base import Message, SendResult
-from adapters.console import ConsoleAdapter, to_line
+from clarion.adapters.base import Message, SendResult
+from clarion.adapters.console import ConsoleAdapter, to_line
 
 
 def message(content: dict[str, str]) -> Message:

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from catalog import Catalog, CatalogError
-from catalog.digest import DigestSpec, parse_window, render_fallback
-from gates.pipeline import Snapshot, plan
-from scheduling.digests import window_due
-from tasks.summarise import SummaryRequest, clean, summary_line
+from clarion.catalog import Catalog, CatalogError
+from clarion.catalog.digest import DigestSpec, parse_window, render_fallback
+from clarion.gates.pipeline import Snapshot, plan
+from clarion.scheduling.digests import window_due
+from clarion.tasks.summarise import SummaryRequest, clean, summary_line
 
 
 def _catalog(digest: Any, target: dict | None = None) -> Catalog:
@@ -176,8 +176,8 @@ def test_the_fallback_line_is_deterministic_and_survives_bad_items():
 
 
 def test_a_summariser_that_does_not_load_gives_the_fallback():
-    from db.digests import Closed
-    from tasks.flush import digest_variables
+    from clarion.db.digests import Closed
+    from clarion.tasks.flush import digest_variables
 
     window = Closed("u", 1, 2, "replies", "", datetime(2026, 12, 7, tzinfo=UTC), [{"at": "t"}])
     spec = DigestSpec(type="replies", summariser="no_such_module:summarise")

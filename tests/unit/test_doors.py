@@ -10,10 +10,10 @@ from urllib.parse import parse_qsl, urlencode
 import pytest
 
 from clarion.errors import ClarionError, ConfigurationError
-from ops.fake_slack import FakeSlack, block_actions, event_callback, sign
-from web.app import check_bind, is_loopback
-from web.inbound import Refused, json_value
-from web.slack_envelope import (
+from clarion.ops.fake_slack import FakeSlack, block_actions, event_callback, sign
+from clarion.web.app import check_bind, is_loopback
+from clarion.web.inbound import Refused, json_value
+from clarion.web.slack_envelope import (
     Action,
     BlockActions,
     EventCallback,
@@ -23,7 +23,7 @@ from web.slack_envelope import (
     parse,
     verify,
 )
-from web.teams_envelope import check_bearer, probe, read_activity
+from clarion.web.teams_envelope import check_bearer, probe, read_activity
 
 SECRET = "s3cret"
 BODY = b'{"type":"url_verification","challenge":"c"}'

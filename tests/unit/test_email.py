@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapters.base import Message
-from adapters.email_mime import (
+from clarion.adapters.base import Message
+from clarion.adapters.email_mime import (
     Identities,
     build,
     read_unsubscribe_token,
@@ -25,9 +25,15 @@ from adapters.email_mime import (
     to_bytes,
     unsubscribe_token,
 )
-from adapters.sendgrid import SendGridResponse, event_name, message_id_of, receipts, to_payload
-from adapters.sendgrid import from_response as sendgrid_outcome
-from adapters.smtp import Relay, SmtpReply, dot_stuffed, names_bad_address, outcome
+from clarion.adapters.sendgrid import (
+    SendGridResponse,
+    event_name,
+    message_id_of,
+    receipts,
+    to_payload,
+)
+from clarion.adapters.sendgrid import from_response as sendgrid_outcome
+from clarion.adapters.smtp import Relay, SmtpReply, dot_stuffed, names_bad_address, outcome
 from clarion.errors import (
     ConfigurationError,
     PermanentSendError,

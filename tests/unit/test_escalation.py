@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from catalog import Catalog, CatalogError
-from catalog.escalation import Escalation, EscalationStep, parse_duration
-from scheduling.calendars import calendar_for
-from scheduling.worktime import add_working_time
-from scheduling.zones import load_zone
-from tasks.escalation import occurrence_key, timer
+from clarion.catalog import Catalog, CatalogError
+from clarion.catalog.escalation import Escalation, EscalationStep, parse_duration
+from clarion.scheduling.calendars import calendar_for
+from clarion.scheduling.worktime import add_working_time
+from clarion.scheduling.zones import load_zone
+from clarion.tasks.escalation import occurrence_key, timer
 
 
 def _type(**extra: Any) -> dict[str, Any]:

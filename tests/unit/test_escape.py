@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
-from adapters.escape import card_markdown, html, plain_text, slack_mrkdwn
+from clarion.adapters.escape import card_markdown, html, plain_text, slack_mrkdwn
 
 COMMONMARK = MarkdownIt("commonmark")
 ALLOWED_TAGS = {

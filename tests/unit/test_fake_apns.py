@@ -17,7 +17,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from ops.fake_apns import FakeApns
+from clarion.ops.fake_apns import FakeApns
 
 DEVICE = "ab" * 32
 ID = "0a9b8c7d-6e5f-4a3b-9c2d-1e0f9a8b7c6d"

@@ -16,7 +16,7 @@ from google.auth import exceptions as auth_errors
 from google.auth.transport.urllib3 import Request
 from google.oauth2 import service_account
 
-from ops.fake_fcm import GOOGLE_TOKEN_AUDIENCE, JWT_BEARER, SCOPE, FakeFcm
+from clarion.ops.fake_fcm import GOOGLE_TOKEN_AUDIENCE, JWT_BEARER, SCOPE, FakeFcm
 
 TOKEN = "fcm-device-token-0001"
 

@@ -15,7 +15,14 @@ from sendgrid import SendGridAPIClient
 from sendgrid.helpers.eventwebhook import EventWebhook, EventWebhookHeader
 from sendgrid.helpers.mail import Mail
 
-from ops.fake_sendgrid import SIGNATURE, TIMESTAMP, EventKey, FakeSendGrid, event, payload_errors
+from clarion.ops.fake_sendgrid import (
+    SIGNATURE,
+    TIMESTAMP,
+    EventKey,
+    FakeSendGrid,
+    event,
+    payload_errors,
+)
 
 MAIL = {
     "personalizations": [{"to": [{"email": "ana@example.com"}]}],

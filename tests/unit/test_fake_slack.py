@@ -9,7 +9,7 @@ import pytest
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
-from ops.fake_slack import FakeSlack
+from clarion.ops.fake_slack import FakeSlack
 
 
 class Clock:

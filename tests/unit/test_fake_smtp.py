@@ -10,7 +10,7 @@ from email.message import EmailMessage
 
 import pytest
 
-from ops.fake_smtp import FakeSmtp, self_signed
+from clarion.ops.fake_smtp import FakeSmtp, self_signed
 
 
 @pytest.fixture

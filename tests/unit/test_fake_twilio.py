@@ -15,9 +15,9 @@ from twilio.base.exceptions import TwilioRestException
 from twilio.request_validator import RequestValidator
 from twilio.rest import Client
 
-from adapters.sms import RoutedHttpClient
-from ops.fake_twilio import Accepted, FakeTwilio, sign
-from ops.local_server import LocalServer
+from clarion.adapters.sms import RoutedHttpClient
+from clarion.ops.fake_twilio import Accepted, FakeTwilio, sign
+from clarion.ops.local_server import LocalServer
 
 MESSAGES = f"/2010-04-01/Accounts/{FakeTwilio.ACCOUNT_SID}/Messages.json"
 AUTH = (FakeTwilio.ACCOUNT_SID, FakeTwilio.AUTH_TOKEN)

@@ -12,9 +12,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from catalog import Catalog
-from catalog.model import Policy
-from gates.pipeline import (
+from clarion.catalog import Catalog
+from clarion.catalog.model import Policy
+from clarion.gates.pipeline import (
     CapClaim,
     Fold,
     Plan,

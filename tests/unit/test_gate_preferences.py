@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from catalog import Catalog, NotificationType
-from gates.preferences import Preference, Resolution, category_default, resolve
+from clarion.catalog import Catalog, NotificationType
+from clarion.gates.preferences import Preference, Resolution, category_default, resolve
 
 OFF, ON = False, True
 

@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gates.quiet import outside_hours_until, parse_time, quiet_until
+from clarion.gates.quiet import outside_hours_until, parse_time, quiet_until
 
 LA, NY, BERLIN = "America/Los_Angeles", "America/New_York", "Europe/Berlin"
 TOKYO, AUCKLAND, KOLKATA = "Asia/Tokyo", "Pacific/Auckland", "Asia/Kolkata"

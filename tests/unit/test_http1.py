@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import trustme
 
-from adapters import http1
+from clarion.adapters import http1
 
 Script = Callable[[socket.socket, bytes], None]  # the connection, and the request it read
 

@@ -9,14 +9,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from catalog import Catalog
 from clarion import clock, links, settings
+from clarion.catalog import Catalog
 from clarion.errors import ConfigurationError, InvalidRequest
 from clarion.links import BadLink, ExpiredLink
 from clarion.settings import Settings, from_env
-from tasks import links as preference_links
+from clarion.tasks import links as preference_links
+from clarion.web import preferences_view as view
 from tests.conftest import ROOT
-from web import preferences_view as view
 
 KEY = b"k" * 32
 NOW = datetime(2026, 12, 7, 9, 0, tzinfo=UTC)

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from catalog import Catalog, CatalogError
-from catalog.locales import chain, normalise
+from clarion.catalog import Catalog, CatalogError
+from clarion.catalog.locales import chain, normalise
 
 
 @pytest.mark.parametrize(
@@ -223,7 +223,7 @@ def test_variables_and_targets_cover_every_locale() -> None:
 
 
 def test_a_python_built_catalog_is_checked_for_canonical_locale_keys() -> None:
-    from catalog import NotificationType, Strings, Template
+    from clarion.catalog import NotificationType, Strings, Template
 
     def built(tag: str) -> Catalog:
         template = Template(1, {"body": "x"}, locales={tag: Strings({"body": "y"})})

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from catalog import Catalog
+from clarion.catalog import Catalog
 from clarion.errors import InvalidRequest, UnknownType
+from clarion.ops.preview import preview, readable
+from clarion.ops.preview_channels import BUILDERS
 from clarion.settings import Settings
-from ops.preview import preview, readable
-from ops.preview_channels import BUILDERS
 
 CHANNELS = ["console", "webhook", "slack", "teams", "email", "sms", "push", "in_app"]
 CATALOG = Catalog.from_dict(

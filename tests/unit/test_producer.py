@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clarion.errors import InvalidRequest, InvalidTimezone
-from tasks.producer import validate_timezone
+from clarion.tasks.producer import validate_timezone
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from adapters import apns, fcm
-from adapters.base import Message
-from adapters.push import DeviceOutcome, collapse_id, combine, parse_devices, web_topic
+from clarion.adapters import apns, fcm
+from clarion.adapters.base import Message
+from clarion.adapters.push import DeviceOutcome, collapse_id, combine, parse_devices, web_topic
 from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
 
 MESSAGE = Message(

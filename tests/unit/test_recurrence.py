@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduling import recurrence
-from scheduling.calendars import WorkCalendar, calendar_for, is_working_day
-from scheduling.recurrence import (
+from clarion.scheduling import recurrence
+from clarion.scheduling.calendars import WorkCalendar, calendar_for, is_working_day
+from clarion.scheduling.recurrence import (
     FOLD_POLICY,
     GAP_POLICY,
     Every,
@@ -22,7 +22,7 @@ from scheduling.recurrence import (
     parse_every,
     to_utc,
 )
-from scheduling.zones import load_zone, zone_names
+from clarion.scheduling.zones import load_zone, zone_names
 
 # Every IANA zone this machine knows. "localtime" is a copy of the host's own zone, not an IANA name.
 ZONES = sorted(zone_names())

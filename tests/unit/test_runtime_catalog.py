@@ -7,10 +7,10 @@ import types
 
 import pytest
 
-from catalog import Catalog
 from clarion import settings
+from clarion.catalog import Catalog
 from clarion.errors import ConfigurationError
-from tasks import runtime
+from clarion.tasks import runtime
 
 SPEC = {
     "types": {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from scheduling.calendars import calendar_for
-from scheduling.series import MAX_MISSED_ROWS, describe, plan_tick, preview
+from clarion.scheduling.calendars import calendar_for
+from clarion.scheduling.series import MAX_MISSED_ROWS, describe, plan_tick, preview
 
 NEW_YORK = calendar_for(workweek=None, country=None, subdivision=None, zone="America/New_York")
 MON_THU = calendar_for(workweek=[0, 1, 2, 3], country=None, subdivision=None, zone="UTC")

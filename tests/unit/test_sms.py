@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twilio.rest import Client
 
-from adapters.base import Message
-from adapters.sms import (
+from clarion.adapters.base import Message
+from clarion.adapters.sms import (
     GSM_BASIC,
     GSM_EXTENSION,
     LIMITS,
@@ -33,7 +33,7 @@ from adapters.sms import (
     status_receipt,
 )
 from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
-from ops.fake_twilio import FakeTwilio
+from clarion.ops.fake_twilio import FakeTwilio
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 MESSAGE = Message(

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jinja2 import Template
 
-from catalog.sandbox import (
+from clarion.catalog.sandbox import (
     MAX_OUTPUT,
     RenderLimitExceeded,
     Substitution,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.launch import REFUSED, Backoff, wait_until
+from clarion.ops.launch import REFUSED, Backoff, wait_until
 
 # A stand-in worker: records its pid, then exits with the next status in EXITS (or runs until told).
 CHILD = textwrap.dedent("""
@@ -33,7 +33,7 @@ CHILD = textwrap.dedent("""
 """)
 SUPERVISOR = textwrap.dedent("""
     import logging, sys
-    from ops.launch import Backoff, supervise
+    from clarion.ops.launch import Backoff, supervise
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     sys.exit(supervise([sys.executable, sys.argv[1], *sys.argv[2:]],
                        backoff=Backoff(first=0.2, most=0.8, stable=5), stop_timeout=1.5))

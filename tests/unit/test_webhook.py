@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from adapters import base
-from adapters.base import Message, SendResult
-from adapters.webhook import (
+from clarion.adapters import base
+from clarion.adapters.base import Message, SendResult
+from clarion.adapters.webhook import (
     FAILED_STATUSES,
     WebhookAdapter,
     from_response,

@@ -12,10 +12,10 @@ from datetime import date, datetime, timedelta
 
 import pytest
 
-from scheduling.calendars import calendar_for, is_working_day, non_working_reason
-from scheduling.recurrence import Every, local_occurrence
-from scheduling.series import preview
-from scheduling.weekends import (
+from clarion.scheduling.calendars import calendar_for, is_working_day, non_working_reason
+from clarion.scheduling.recurrence import Every, local_occurrence
+from clarion.scheduling.series import preview
+from clarion.scheduling.weekends import (
     OVERRIDES,
     SAT,
     SUN,
@@ -24,7 +24,7 @@ from scheduling.weekends import (
     disagreements,
     holidays_weekend,
 )
-from scheduling.zones import country_of_zone, load_zone, zone_names
+from clarion.scheduling.zones import country_of_zone, load_zone, zone_names
 
 
 def test_every_country_is_checked_including_every_zones_country() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from ops.cli import parser, worker_command
+from clarion.ops.cli import parser, worker_command
 
 
 def node(argv: list[str]) -> str:

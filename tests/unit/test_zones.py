@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduling.zones import country_of, country_of_zone, load_zone, zone_names
+from clarion.scheduling.zones import country_of, country_of_zone, load_zone, zone_names
 
 
 @pytest.mark.parametrize(
@@ -113,10 +113,10 @@ def test_load_zone_takes_only_names_from_the_tzdata_list() -> None:
 PROBE = """
 import json, zoneinfo
 from datetime import UTC, datetime, time, timedelta
-from gates.pipeline import cap_buckets
-from gates.quiet import quiet_until
-from scheduling.recurrence import Every, due_at
-from tasks.producer import validate_timezone
+from clarion.gates.pipeline import cap_buckets
+from clarion.gates.quiet import quiet_until
+from clarion.scheduling.recurrence import Every, due_at
+from clarion.tasks.producer import validate_timezone
 
 zones = ["Africa/Casablanca", "America/New_York", "Asia/Kathmandu", "Australia/Lord_Howe"]
 every = {"weekly": Every(1, "weeks"), "daily": Every(3, "days"), "monthly": Every(1, "months")}
