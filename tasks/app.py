@@ -17,10 +17,10 @@ import sys
 
 import kombu.pools
 from celery import Celery
-from celery.signals import celeryd_init, worker_process_init, worker_process_shutdown
+from celery.signals import beat_init, celeryd_init, worker_process_init, worker_process_shutdown
 from kombu.utils.url import maybe_sanitize_url
 
-from clarion import metrics, settings  # metrics first: it picks the multiprocess folder
+from clarion import metrics, settings
 from clarion.errors import ClarionError, ConfigurationError
 
 CONFIG_MODULE = "clarion.celeryconfig"
@@ -67,10 +67,20 @@ def _refuse_a_wrong_start(**_: object) -> None:
         refuse(f"{type(exc).__name__}: {exc}")
 
 
-def refuse(message: str) -> None:
+@beat_init.connect
+def _refuse_a_wrong_beat(**_: object) -> None:
+    """Beat sends and counts nothing itself, but it runs the same start check of the metrics as a
+    worker: a process that would count privately is refused, never silently left to run."""
+    try:
+        metrics.check()
+    except ClarionError as exc:
+        refuse(str(exc), what="beat")
+
+
+def refuse(message: str, what: str = "worker") -> None:
     """Stop this process now: Celery logs and carries on after any exception a signal handler
     raises, so say why on stderr and leave without unwinding (no pool or consumer exists yet)."""
-    print(f"clarion: worker refused to start: {message}", file=sys.stderr, flush=True)
+    print(f"clarion: {what} refused to start: {message}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(REFUSED)
 
@@ -79,6 +89,7 @@ def check_worker_start() -> None:
     """Raise ConfigurationError unless this worker has clarion's config, a broker, a catalog and
     a migrated database."""
     check_config(app.conf)
+    metrics.check()  # clarion's counters land in the folder /metrics reads, whoever came first
     use_broker(settings.get().urls()[2])  # raises ServicesUnavailable when nothing is configured
     check_broker(app.conf.broker_url)
     from clarion.tasks import runtime
