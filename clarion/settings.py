@@ -178,6 +178,12 @@ class Settings:
     )  # seconds the oldest due row may wait before the stuck-work alarm fires
     alert_webhook_url: str | None = None  # each firing and clearing is POSTed here, signed
     flower_basic_auth: str | None = None  # "user:password[,user2:password2]" for `clarion flower`
+    log_format: str = field(
+        default="text", metadata={"check": lambda v: v in ("text", "json"), "rule": "text or json"}
+    )  # json: one JSON object per line, from every process
+    metrics_db_timeout: float = field(
+        default=2.0, metadata=positive()
+    )  # seconds /metrics waits for PostgreSQL (and the broker); then clarion_database_up 0
 
     # --- scale (db/partitioning.py, tasks/retention.py) ---------------------------------------
     partitions: int | None = field(

@@ -8,7 +8,7 @@ import os
 import sys
 import uuid
 
-from clarion import settings
+from clarion import logs, settings
 from clarion.errors import ClarionError, InvalidRequest
 from clarion.ops import launch
 
@@ -59,23 +59,14 @@ def _worker(args: argparse.Namespace) -> int:
     command = worker_command(args)
     if args.no_restart:  # under an outside supervisor (systemd, Kubernetes): be the worker itself
         os.execv(command[0], command)
-    _log_to_stderr()
     return launch.supervise(command, backoff=launch.Backoff(first=args.restart_delay))
-
-
-def _log_to_stderr() -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="[%(asctime)s: %(levelname)s/clarion] %(message)s",
-    )
 
 
 def _beat(args: argparse.Namespace) -> int:
     s = settings.get()
     s.urls()
     s.home.mkdir(parents=True, exist_ok=True)
-    command = launch.beat_command(s.home, loglevel=args.loglevel)
+    command = launch.beat_command(s.home, loglevel=args.loglevel, quiet=s.log_format == "json")
     os.execv(command[0], command)
 
 
@@ -90,7 +81,13 @@ def _web(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     settings.get().urls()
-    uvicorn.run("clarion.web.app:app", host=args.host, port=args.port, log_level="info")
+    uvicorn.run(
+        "clarion.web.app:app",
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        log_config=logs.uvicorn_config(settings.get().log_format),
+    )
     return 0
 
 
@@ -493,9 +490,17 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
+        json_logs = settings.get().log_format == "json"
+    except ClarionError:  # a bad setting: said below, by the command that reads it, in text
+        json_logs = False
+    logs.configure("json" if json_logs else "text")
+    try:
         sys.exit(args.fn(args))
     except ClarionError as exc:
-        print(f"clarion: {exc}", file=sys.stderr)
+        if json_logs:
+            logging.getLogger("clarion.cli").error("%s", exc, extra={"action": "command_failed"})
+        else:
+            print(f"clarion: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

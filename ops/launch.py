@@ -53,8 +53,12 @@ def worker_command(
     )
 
 
-def beat_command(home: Path, loglevel: str = "WARNING") -> list[str]:
-    return celery_command("beat", "--loglevel", loglevel, "-s", str(home / "celerybeat-schedule"))
+def beat_command(home: Path, loglevel: str = "WARNING", *, quiet: bool = False) -> list[str]:
+    """`quiet`: without beat's plain-text start banner (CLARION_LOG_FORMAT=json)."""
+    schedule = str(home / "celerybeat-schedule")
+    return celery_command(
+        *(["--quiet"] if quiet else []), "beat", "--loglevel", loglevel, "-s", schedule
+    )
 
 
 def _die_with_parent() -> None:

@@ -12,15 +12,23 @@ raised by signal handlers (celery #2738), so the refusal leaves the process with
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
 import kombu.pools
 from celery import Celery
-from celery.signals import celeryd_init, worker_process_init, worker_process_shutdown
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    beat_init,
+    celeryd_init,
+    worker_process_init,
+    worker_process_shutdown,
+)
 from kombu.utils.url import maybe_sanitize_url
 
-from clarion import metrics, settings  # metrics first: it picks the multiprocess folder
+from clarion import logs, metrics, settings
 from clarion.errors import ClarionError, ConfigurationError
 
 CONFIG_MODULE = "clarion.celeryconfig"
@@ -41,6 +49,41 @@ app = Celery(
     ],
 )
 app.config_from_object(CONFIG_MODULE)
+# The beat's own work (the tick every second, alerts, refreshes, retention): no INFO line per run.
+logs.quiet_control_tasks(
+    {name for name, route in app.conf.task_routes.items() if route.get("queue") == "control"}
+)
+
+
+def log_format() -> str:
+    """CLARION_LOG_FORMAT, or text while the settings are broken (the start check says why)."""
+    try:
+        return settings.get().log_format
+    except ClarionError:
+        return "text"
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def _log_format(logger: object = None, **_: object) -> None:
+    if isinstance(logger, logging.Logger):
+        logs.reformat(logger, log_format())
+
+
+@celeryd_init.connect
+def _json_from_the_start(instance: object = None, **_: object) -> None:
+    """With CLARION_LOG_FORMAT=json, what a worker writes before Celery sets up its logging is
+    JSON too: warnings (the superuser warning comes next) go through a JSON handler, and the
+    plain-text start banner is not printed."""
+    if log_format() != "json":
+        return
+    logs.configure("json")
+    logging.captureWarnings(True)
+    import celery.apps.worker
+
+    celery.apps.worker.safe_say = logs.say_json  # "worker: Warm shutdown", printed past logging
+    if instance is not None:
+        instance.quiet = True  # type: ignore[attr-defined]
 
 
 @worker_process_init.connect
@@ -67,10 +110,20 @@ def _refuse_a_wrong_start(**_: object) -> None:
         refuse(f"{type(exc).__name__}: {exc}")
 
 
-def refuse(message: str) -> None:
+@beat_init.connect
+def _refuse_a_wrong_beat(**_: object) -> None:
+    """Beat sends and counts nothing itself, but it runs the same start check of the metrics as a
+    worker: a process that would count privately is refused, never silently left to run."""
+    try:
+        metrics.check()
+    except ClarionError as exc:
+        refuse(str(exc), what="beat")
+
+
+def refuse(message: str, what: str = "worker") -> None:
     """Stop this process now: Celery logs and carries on after any exception a signal handler
     raises, so say why on stderr and leave without unwinding (no pool or consumer exists yet)."""
-    print(f"clarion: worker refused to start: {message}", file=sys.stderr, flush=True)
+    print(f"clarion: {what} refused to start: {message}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(REFUSED)
 
@@ -79,6 +132,7 @@ def check_worker_start() -> None:
     """Raise ConfigurationError unless this worker has clarion's config, a broker, a catalog and
     a migrated database."""
     check_config(app.conf)
+    metrics.check()  # clarion's counters land in the folder /metrics reads, whoever came first
     use_broker(settings.get().urls()[2])  # raises ServicesUnavailable when nothing is configured
     check_broker(app.conf.broker_url)
     from clarion.tasks import runtime

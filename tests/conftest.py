@@ -29,7 +29,6 @@ METRICS = os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(ROOT / ".clarion
 if WORKER:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = f"{METRICS}-{WORKER}"
 
-import clarion.metrics  # noqa: E402, F401 - before any prometheus_client import: it chooses prometheus_client's multiprocess folder
 
 CATALOG = Path(__file__).parent / "catalog.yaml"
 # With CLARION_DATABASE_URL set, the public development secret is refused (clarion/settings.py).

@@ -31,6 +31,9 @@ async def metrics(request: Request) -> Response:
 
 
 def create_app() -> Starlette:
+    from clarion import metrics as counted
+
+    counted.check()  # receipts counted here must reach the scrape too: refuse to serve otherwise
     routes = [Route("/healthz", health), Route("/metrics", metrics)]
     from clarion.web import api, email, inbox, preferences, slack, sms, teams
 

@@ -1,15 +1,32 @@
-"""/metrics under Celery's prefork pool: two lane workers (two pool processes each) send, each
-pool process writes its own counts to the multiprocess folder, and every scrape sums them —
-including scrapes taken while the sends are in flight. The counters are checked against the
-ledger (GROUP BY over deliveries, decisions and incidents) and against what the receiving fake
-servers counted; the ledger's gauges against the ledger."""
+"""/metrics under the documented commands, and under Celery's prefork pool.
+
+The first test runs what the README says to run — `clarion worker`, a plain `celery -A clarion
+worker`, `clarion beat` and `clarion web` — with the README's environment and nothing else (no
+PROMETHEUS_MULTIPROC_DIR: the `celery` command imports prometheus_client before clarion, which once
+left every worker counting in private memory), sends N notifications counted at a receiver, and
+finds them and the ticks in one scrape of `clarion web`; then it freezes and stops its own
+PostgreSQL and the same scrape still answers 200, with `clarion_database_up 0`.
+
+The second: two lane workers (two pool processes each) send, each pool process writes its own
+counts to the multiprocess folder, and every scrape sums them — including scrapes taken while the
+sends are in flight. The counters are checked against the ledger (GROUP BY over deliveries,
+decisions and incidents) and against what the receiving fake servers counted; the ledger's gauges
+against the ledger."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import socket
+import sys
 import time
+import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
+import pgserver
 import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,13 +36,16 @@ from starlette.testclient import TestClient
 from clarion import clock, metrics, settings
 from clarion.adapters.base import Receipt
 from clarion.db import gating
-from clarion.db.engine import engine
+from clarion.db.engine import engine, migrate, one_off_engine
 from clarion.db.schema import SENT_STATES
+from clarion.ops import launch
 from clarion.ops.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient
 from clarion.tasks.preferences import set_preferences
 from clarion.tasks.receipts import ingest
 from clarion.web.app import create_app
+from tests.conftest import TestEnv as Env
+from tests.conftest import reset_process_state
 from tests.support.cluster import Cluster, counts
 from tests.support.pipeline import configure, rows
 
@@ -71,11 +91,7 @@ def scrape() -> Samples:
         answer = client.get("/metrics")
     assert answer.status_code == 200
     assert answer.headers["content-type"].startswith("text/plain")
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(answer.text)
-        for s in family.samples
-    }
+    return parse(answer.text)
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
@@ -85,6 +101,158 @@ def value(samples: Samples, name: str, **labels: str) -> float:
         for (n, ls), v in samples.items()
         if n == name and all(dict(ls).get(k) == want for k, want in labels.items())
     )
+
+
+def parse(body: str) -> Samples:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body)
+        for s in family.samples
+    }
+
+
+SENDING = """
+types:
+  receipt:
+    category: transactional
+    channels: [webhook]
+    templates: [{version: 1, body: "Thanks for your order."}]
+  nudge:
+    category: activation
+    channels: [webhook]
+    options: {window_exempt: true}
+    templates: [{version: 1, body: "Your plan is waiting."}]
+"""
+EACH = 15  # notifications per lane: one lane on `clarion worker`, the other on plain `celery`
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def own_postgres(
+    clarion_env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[dict[str, str], object]]:
+    """A PostgreSQL of this test's own (to freeze and stop) and the README's environment only:
+    no PROMETHEUS_MULTIPROC_DIR (the test harness sets one for in-process tests; not here)."""
+    postgres = pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
+    with one_off_engine(postgres.get_uri()).connect() as conn:
+        conn.execute(text("CREATE DATABASE metrics"))
+    url = postgres.get_uri("metrics")
+    env = {**clarion_env.env, "CLARION_DATABASE_URL": url}
+    monkeypatch.setenv("CLARION_DATABASE_URL", url)
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    reset_process_state()
+    migrate(url)
+    try:
+        yield env, postgres
+    finally:
+        reset_process_state()
+        with contextlib.suppress(Exception):  # already stopped by the test
+            pgserver.pg_ctl(
+                ["-w", "-m", "immediate", "stop"],
+                pgdata=postgres.pgdata,
+                user=postgres.system_user,
+                timeout=60,
+            )
+
+
+def scrape_web(port: int) -> tuple[int, Samples, float]:
+    """One GET of `clarion web`'s /metrics: status, samples, seconds it took."""
+    started = time.monotonic()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
+        body = answer.read().decode()
+        return answer.status, parse(body), time.monotonic() - started
+
+
+def test_documented_commands_count_in_one_scrape_that_answers_without_the_database(
+    own_postgres, tmp_path, monkeypatch
+):
+    env, postgres = own_postgres
+    bin_dir = Path(sys.executable).parent
+    clarion, celery, port = str(bin_dir / "clarion"), str(bin_dir / "celery"), _free_port()
+    catalog = tmp_path / "sending.yaml"
+    catalog.write_text(SENDING)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with Receiver(env["CLARION_WEBHOOK_SECRET"]) as hooks:
+        env = {**env, "CLARION_CATALOG": str(catalog), "CLARION_WEBHOOK_URL": hooks.url}
+        for key in ("CLARION_CATALOG", "CLARION_WEBHOOK_URL"):  # this process notifies too
+            monkeypatch.setenv(key, env[key])
+        reset_process_state()
+        commands = {
+            "transactional": [clarion, "worker", "--lane", "transactional", "-c", "2"],
+            "activation": [celery, "-A", "clarion", "worker", "-Q", "activation", "-c", "2"]
+            + ["-n", "activation@%h", "--loglevel", "INFO"],
+            "control": [clarion, "worker", "--lane", "control", "-c", "1"],
+            "beat": [clarion, "beat"],
+            "web": [clarion, "web", "--port", str(port)],
+        }
+        processes = {
+            name: launch.Process(command, env=env, log=logs / f"{name}.log", cwd=tmp_path)
+            for name, command in commands.items()
+        }
+        try:
+            for n in range(EACH):
+                register_recipient(f"r{n}", timezone="UTC")
+            notify_many(
+                {"user_id": f"r{n}", "type_key": kind, "event_id": "o"}
+                for n in range(EACH)
+                for kind in ("receipt", "nudge")
+            )
+            deadline = time.monotonic() + 90
+            while True:
+                with contextlib.suppress(OSError):
+                    status, seen, _ = scrape_web(port)
+                    if value(seen, "clarion_sends_total", outcome="sent") >= 2 * EACH and value(
+                        seen, "clarion_tick_seconds_count"
+                    ):
+                        break
+                dead = [name for name, p in processes.items() if not p.alive()]
+                assert not dead, f"{dead} exited: see {logs}"
+                assert time.monotonic() < deadline, f"not counted after 90 s: see {logs}"
+                time.sleep(0.5)
+
+            # One scrape: each lane's sends (one lane per command), the ticks, the database.
+            assert status == 200
+            assert hooks.arrivals.unique == 2 * EACH
+            for lane in ("transactional", "activation"):
+                assert value(seen, "clarion_sends_total", lane=lane, outcome="sent") == EACH
+            assert value(seen, "clarion_event_to_sent_seconds_count") == 2 * EACH
+            assert value(seen, "clarion_tick_seconds_count") > 0
+            assert value(seen, "clarion_database_up") == 1
+            assert ("clarion_open_deliveries", ()) not in seen  # a family, with labels, if any
+
+            # A database that hangs (postmaster stopped, not dead): the scrape is bounded.
+            postmaster = int((Path(postgres.pgdata) / "postmaster.pid").read_text().split()[0])
+            os.kill(postmaster, signal.SIGSTOP)
+            try:
+                status, frozen, took = scrape_web(port)
+            finally:
+                os.kill(postmaster, signal.SIGCONT)
+            assert status == 200 and took < 5, (status, took)
+            assert value(frozen, "clarion_database_up") == 0
+            assert value(frozen, "clarion_sends_total", outcome="sent") == 2 * EACH
+
+            # A database that is down: 200, the counters, clarion_database_up 0, no ledger gauges.
+            pgserver.pg_ctl(
+                ["-w", "-m", "fast", "stop"],
+                pgdata=postgres.pgdata,
+                user=postgres.system_user,
+                timeout=60,
+            )
+            status, down, took = scrape_web(port)
+            assert status == 200 and took < 5, (status, took)
+            assert value(down, "clarion_database_up") == 0
+            assert value(down, "clarion_sends_total", outcome="sent") == 2 * EACH
+            assert value(down, "clarion_tick_seconds_count") > 0
+            assert not any(name == "clarion_open_deliveries" for name, _ in down)
+        finally:
+            for process in processes.values():
+                process.stop()
 
 
 def grown(after: Samples, before: Samples, name: str, *keys: str) -> dict[tuple[str, ...], float]:
@@ -162,7 +330,6 @@ def test_counters_of_four_pool_processes_add_up_to_the_ledger_while_they_send(
                 "CLARION_BATCH_SIZE": "5",  # many deliver tasks, spread over the pool processes
                 "CLARION_SEND_CONCURRENCY": "1",  # a batch makes its sends one after another
                 "CLARION_MAX_ATTEMPTS": "2",  # a lost answer is resent once; a stalled row fails
-                "PROMETHEUS_MULTIPROC_DIR": metrics.folder(),
             },
             tmp_path / "logs",
         )
