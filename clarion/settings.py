@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import Field, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
@@ -45,6 +46,24 @@ def share() -> dict[str, Any]:
 
 def positive() -> dict[str, Any]:
     return {"check": lambda v: v > 0, "rule": "> 0"}
+
+
+# A PostgreSQL schema name that needs no quoting; not one PostgreSQL or a host app owns. At most
+# 52 characters: its partitions' schema adds "_partitions" within PostgreSQL's 63.
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,51}")
+_RESERVED_SCHEMAS = frozenset({"public", "information_schema"})
+
+
+def schema_name() -> dict[str, Any]:
+    return {
+        "check": lambda v: (
+            _SCHEMA_NAME.fullmatch(v) is not None
+            and v not in _RESERVED_SCHEMAS
+            and not v.startswith("pg_")
+        ),
+        "rule": "a lower-case identifier (a-z, 0-9, _; at most 52 characters), "
+        "not public, information_schema or pg_*",
+    }
 
 
 @dataclass(frozen=True, repr=False)
@@ -184,6 +203,10 @@ class Settings:
     metrics_db_timeout: float = field(
         default=2.0, metadata=positive()
     )  # seconds /metrics waits for PostgreSQL (and the broker); then clarion_database_up 0
+
+    schema: str = field(
+        default="clarion", metadata=schema_name()
+    )  # the PostgreSQL schema holding all of clarion's tables (db/engine.py); partitions: <schema>_partitions
 
     # --- scale (db/partitioning.py, tasks/retention.py) ---------------------------------------
     partitions: int | None = field(

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 
 from clarion import settings
-from clarion.db import partitioning
+from clarion.db import partitioning, relocate
 from clarion.db.schema import SCHEMA_REVISION
 from clarion.errors import ConfigurationError
 
-_engines: dict[tuple[int, str], Engine] = {}
+_engines: dict[tuple[int, str, str], Engine] = {}
+T = TypeVar("T")
+# Set in a connection's pool record (Connection.info) when clarion's search_path is its own.
+_PATH_KEY = "clarion_search_path"
 
 
 @lru_cache(maxsize=64)
@@ -31,7 +37,7 @@ def normalise_url(url: str) -> str:
 def engine(url: str | None = None) -> Engine:
     """The engine for `url` (default: the configured database) in this process."""
     url = normalise_url(url or settings.get().urls()[0])
-    key = (os.getpid(), url)
+    key = (os.getpid(), url, settings.get().schema)
     if key not in _engines:
         # prepare_threshold=0: every statement is a server-side prepared statement from its first
         # run on a connection (psycopg's default prepares on the 5th run). The ledger's statements run
@@ -45,12 +51,63 @@ def engine(url: str | None = None) -> Engine:
             pool_pre_ping=True,
             connect_args={"prepare_threshold": 0},
         )
+        use_schema(created, settings.get().schema)
         check_schema(created)
         _engines[key] = created
     return _engines[key]
 
 
-_HAS_VERSIONS = text("SELECT to_regclass('alembic_version') IS NOT NULL")
+def use_schema(eng: Engine, schema: str) -> None:
+    """Every connection `eng` opens reads and writes clarion's tables: its search_path is `schema`
+    alone (the unqualified names in db/ never reach a host app's tables of the same name)."""
+
+    @event.listens_for(eng, "connect", insert=True)  # first: before SQLAlchemy reads current_schema
+    def _search_path(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        autocommit = dbapi_connection.autocommit
+        dbapi_connection.autocommit = True
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(f'SET search_path TO "{schema}"')
+        dbapi_connection.autocommit = autocommit
+        record.info[_PATH_KEY] = f'"{schema}"'
+
+
+_SWITCH = text("SELECT current_setting('search_path'), set_config('search_path', :path, :local)")
+_RESTORE = text("SELECT set_config('search_path', :path, :local)")
+
+
+@contextmanager
+def clarion_search_path(conn: Connection) -> Iterator[Connection]:
+    """Run clarion's statements on a host app's connection (`notify(..., connection=conn)`): its
+    search_path is clarion's schema for the duration, then what it was, so the host's own later
+    statements in the same transaction see its own tables. Transaction-local (set_config(..., true)),
+    so even a path left set by a failed statement ends with the host's rollback."""
+    path = f'"{settings.get().schema}"'
+    if conn.info.get(_PATH_KEY) == path:  # one of clarion's own connections
+        yield conn
+        return
+    local = not getattr(conn.connection.dbapi_connection, "autocommit", False)
+    before = conn.execute(_SWITCH, {"path": path, "local": local}).scalar_one()
+    aborted = False
+    try:
+        yield conn
+    except DBAPIError:
+        aborted = True  # the transaction is aborted: only its rollback (which restores) can follow
+        raise
+    finally:
+        if not aborted:
+            conn.execute(_RESTORE, {"path": before, "local": local})
+
+
+def in_transaction(connection: Connection | None, work: Callable[[Connection], T]) -> T:
+    """Run `work` in the caller's transaction (on clarion's tables), or in a new one of its own."""
+    if connection is not None:
+        with clarion_search_path(connection):
+            return work(connection)
+    with engine().begin() as conn:
+        return work(conn)
+
+
+_HAS_VERSIONS = text("SELECT to_regclass(format('%I.alembic_version', CAST(:schema AS text)))")
 _REVISION = text("SELECT max(version_num) FROM alembic_version")
 
 
@@ -61,17 +118,16 @@ def check_schema(eng: Engine) -> None:
     with an SQL traceback about a missing table."""
     try:
         with eng.connect() as conn:
-            found = (
-                conn.execute(_REVISION).scalar() if conn.execute(_HAS_VERSIONS).scalar() else None
-            )
+            has = conn.execute(_HAS_VERSIONS, {"schema": settings.get().schema}).scalar()
+            found = conn.execute(_REVISION).scalar() if has else None
     except DBAPIError:
         return  # unreachable now: the caller's own statement reports that, with its retry policy
     if found is None or str(found) < SCHEMA_REVISION:
         where = eng.url.render_as_string(hide_password=True)
         have = f"at revision {found}" if found else "not migrated"
         raise ConfigurationError(
-            f"the database {where} is {have}; this clarion needs revision {SCHEMA_REVISION}: "
-            "run `clarion migrate`"
+            f"the database {where} is {have} (schema {settings.get().schema}); this clarion needs "
+            f"revision {SCHEMA_REVISION}: run `clarion migrate`"
         )
 
 
@@ -99,19 +155,39 @@ def migrate(
     down: bool = False,
     partitions: int | None = None,
 ) -> list[str]:
-    """Bring the database up (or, with down=True, down) to `revision` with Alembic; then, with
+    """Bring clarion's schema (CLARION_SCHEMA) up (or, with down=True, down) to `revision` with
+    Alembic, its version in `<schema>.alembic_version`; a database whose clarion tables are still in
+    `public` (before revision 0018) is moved into the schema first (db/relocate.py). Then, with
     `partitions` (default CLARION_PARTITIONS) and going up, hash-partition the per-recipient tables
-    by user_id (db/partitioning.py) in the same transaction. The tables partitioned now."""
+    by user_id (db/partitioning.py) in the same transaction. The tables partitioned now. Nothing
+    outside clarion's schemas is read or written, except a `public.alembic_version` of clarion's."""
     from alembic import command
+
+    schema = settings.get().schema
+    eng = create_engine(normalise_url(url or settings.get().urls()[0]), poolclass=NullPool)
+    with eng.begin() as connection:
+        # one migration at a time per schema (two `clarion migrate` racing on CREATE SCHEMA)
+        connection.execute(text("SELECT pg_advisory_xact_lock(hashtext(:s))"), {"s": schema})
+        if not down:
+            connection.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
+            relocate.from_public(connection, schema, relocate.revisions(alembic_config()))
+        connection.execute(text("SELECT set_config('search_path', :p, true)"), {"p": schema})
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        config.attributes["schema"] = schema
+        (command.downgrade if down else command.upgrade)(config, revision)
+        parts = partitions if partitions is not None else settings.get().partitions
+        done = [] if down or not parts else partitioning.apply(connection, parts)
+        if down and revision == "base":
+            relocate.drop_if_empty(connection, schema)
+    eng.dispose()
+    return done
+
+
+def alembic_config() -> Any:
+    """Alembic's configuration for clarion's migrations (db/migrations)."""
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
-    eng = create_engine(normalise_url(url or settings.get().urls()[0]), poolclass=NullPool)
-    with eng.begin() as connection:
-        config.attributes["connection"] = connection
-        (command.downgrade if down else command.upgrade)(config, revision)
-        parts = partitions if partitions is not None else settings.get().partitions
-        done = [] if down or not parts else partitioning.apply(connection, parts)
-    eng.dispose()
-    return done
+    return config

@@ -12,8 +12,9 @@ Running it again changes nothing; a database partitioned with another N is refus
 Each rebuild keeps names: columns (LIKE, with defaults, identity, CHECKs), the primary key and
 unique constraints, the other indexes, the triggers (recreated after the rows are copied, so the
 copy does not fire them), the foreign keys out of the table and into it, and the identity
-sequence's position. The partitions live in the schema `clarion_partitions`, out of the
-way of `public` (where the schema check compares tables with db/schema.py). Rows are copied: fine
+sequence's position. The partitions live in the schema `<CLARION_SCHEMA>_partitions`
+(`clarion_partitions`), beside clarion's own (where the schema check compares tables with
+db/schema.py). Rows are copied: fine
 for a new or small deployment; a large one would partition by pg_dump/restore or logical
 replication, and a Citus one calls create_distributed_table instead (README "Beyond one machine").
 
@@ -29,7 +30,7 @@ from sqlalchemy import Connection, text
 
 from clarion.errors import ConfigurationError
 
-SCHEMA = "clarion_partitions"
+SUFFIX = "_partitions"  # the partitions of schema S live in schema S_partitions
 PARTITIONED = (
     "recipients",
     "requests",
@@ -124,14 +125,15 @@ def apply(conn: Connection, partitions: int) -> list[str]:
         )
     plain = {r[0] for r in conn.execute(_EXISTING, {"tables": list(PARTITIONED)})}
     todo = [t for t in PARTITIONED if t in plain]
+    where = f'"{conn.execute(text("SELECT current_schema()")).scalar_one()}{SUFFIX}"'
     if todo:
-        conn.execute(text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
+        conn.execute(text(f"CREATE SCHEMA IF NOT EXISTS {where}"))
     for table in todo:
-        _rebuild(conn, table, partitions)
+        _rebuild(conn, table, partitions, where)
     return todo
 
 
-def _rebuild(conn: Connection, table: str, partitions: int) -> None:
+def _rebuild(conn: Connection, table: str, partitions: int, where: str) -> None:
     params = {"t": table}
     own = conn.execute(_OWN_CONSTRAINTS, params).all()
     inbound = conn.execute(_INBOUND, params).all()
@@ -155,7 +157,7 @@ def _rebuild(conn: Connection, table: str, partitions: int) -> None:
     for i in range(partitions):
         conn.execute(
             text(
-                f'CREATE TABLE {SCHEMA}."{table}_p{i}" PARTITION OF "{table}" '
+                f'CREATE TABLE {where}."{table}_p{i}" PARTITION OF "{table}" '
                 f"FOR VALUES WITH (MODULUS {partitions}, REMAINDER {i})"
             )
         )
@@ -175,7 +177,7 @@ def _rebuild(conn: Connection, table: str, partitions: int) -> None:
         # "deliveries_one_send_p0", not "deliveries_p0_user_id_type_key_occurrence_key_channel_idx":
         # a violation names the partition's index, and should still say which rule it broke
         suffix = partition.removeprefix(f"{table}_")
-        conn.execute(text(f'ALTER INDEX {SCHEMA}."{child}" RENAME TO "{parent}_{suffix}"'))
+        conn.execute(text(f'ALTER INDEX {where}."{child}" RENAME TO "{parent}_{suffix}"'))
 
 
 def _sequence(conn: Connection, table: str, column: str) -> str:

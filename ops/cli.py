@@ -26,6 +26,10 @@ def _migrate(args: argparse.Namespace) -> int:
     from clarion.db.engine import engine, migrate
     from clarion.scheduling import zones
 
+    if args.down:
+        migrate(revision="base", down=True)
+        print(f"removed clarion's tables and schema {settings.get().schema}; nothing else touched")
+        return 0
     partitioned = migrate(partitions=args.partitions)
     if partitioned:
         print(f"hash-partitioned by user_id: {', '.join(partitioned)}")
@@ -323,6 +327,12 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="hash-partition the per-recipient tables by user_id into N partitions (the shape "
         "Citus distributes); default CLARION_PARTITIONS; running it again changes nothing",
+    )
+    mig.add_argument(
+        "--down",
+        action="store_true",
+        help="remove clarion from the database: every revision down, then its version table and "
+        "(if empty) its schema; a host app's tables and Alembic history are untouched",
     )
     mig.set_defaults(fn=_migrate)
     w = sub.add_parser("worker", help="run a Celery worker for one or more lanes")

@@ -23,7 +23,7 @@ from clarion import clock
 from clarion import validation as check
 from clarion.db import ledger
 from clarion.db import series as store
-from clarion.db.engine import engine
+from clarion.db.engine import in_transaction
 from clarion.errors import (
     InvalidField,
     MissingVariables,
@@ -227,7 +227,4 @@ def arm_series(
             raise SeriesConflict(series_id, key, changed)
         return Armed(series_id, existing is None, first)
 
-    if connection is not None:
-        return write(connection)
-    with engine().begin() as conn:
-        return write(conn)
+    return in_transaction(connection, write)

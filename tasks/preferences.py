@@ -15,7 +15,7 @@ from sqlalchemy import Connection
 
 from clarion import clock
 from clarion.db import gating, ledger
-from clarion.db.engine import engine
+from clarion.db.engine import engine, in_transaction
 from clarion.errors import InvalidRequest, UnknownRecipient
 from clarion.gates import preferences as resolution
 from clarion.scheduling.zones import country_of
@@ -55,10 +55,7 @@ def set_preferences(
 ) -> None:
     """Change some of a recipient's settings; all are validated before any is written."""
     rows = [parse_setting(name, value) for name, value in settings.items()]
-    if connection is not None:
-        return _write(connection, user_id, rows)
-    with engine().begin() as conn:
-        _write(conn, user_id, rows)
+    in_transaction(connection, lambda conn: _write(conn, user_id, rows))
 
 
 def _write(conn: Connection, user_id: str, rows: list[Row]) -> None:

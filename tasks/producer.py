@@ -17,7 +17,7 @@ from sqlalchemy import Connection
 from clarion import clock, faults, settings
 from clarion import validation as check
 from clarion.db import ledger
-from clarion.db.engine import engine
+from clarion.db.engine import clarion_search_path, engine, in_transaction
 from clarion.errors import (
     ClarionError,
     InvalidField,
@@ -130,12 +130,10 @@ def register_recipient(
         workweek=workweek,
         subdivision=subdivision,
     )
-    connection = checked_connection(connection)
-    if connection is not None:
-        ledger.upsert_recipient(connection, **fields, now=clock.now())
-        return
-    with engine().begin() as conn:
-        ledger.upsert_recipient(conn, **fields, now=clock.now())
+    in_transaction(
+        checked_connection(connection),
+        lambda conn: ledger.upsert_recipient(conn, **fields, now=clock.now()),
+    )
 
 
 def build_request(
@@ -223,7 +221,8 @@ def _enqueue(rows: list[ledger.NewRequest], connection: Connection | None) -> li
         return []
     now = clock.now()
     if connection is not None:
-        return _insert(connection, rows, now=now, due_at=now)
+        with clarion_search_path(connection):
+            return _insert(connection, rows, now=now, due_at=now)
     with engine().begin() as conn:
         result = _insert(
             conn, rows, now=now, due_at=now + timedelta(seconds=settings.get().stray_after)

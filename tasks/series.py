@@ -5,7 +5,7 @@ Arming lives in tasks.arming (re-exported here)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeVar
@@ -17,7 +17,7 @@ from clarion import validation as check
 from clarion.catalog.model import Catalog
 from clarion.db import ledger, meta
 from clarion.db import series as store
-from clarion.db.engine import engine
+from clarion.db.engine import engine, in_transaction
 from clarion.errors import InvalidField, UnknownType
 from clarion.scheduling import zones
 from clarion.scheduling.recurrence import due_at, first_due_after, parse_every
@@ -34,14 +34,6 @@ from clarion.tasks.arming import (  # noqa: F401  (the series API in one place)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-def _in_transaction(connection: Connection | None, work: Callable[[Connection], T]) -> T:
-    """Run `work` in the caller's transaction, or in a new one of its own."""
-    if connection is not None:
-        return work(connection)
-    with engine().begin() as conn:
-        return work(conn)
 
 
 def _transition(
@@ -80,7 +72,7 @@ def _transition(
             _drop_held_occurrences(conn, (user_id, series_id), now)
         return moved
 
-    return _in_transaction(connection, apply)
+    return in_transaction(connection, apply)
 
 
 def _drop_held_occurrences(conn: Connection, key: tuple[str, int], now: datetime) -> None:
@@ -173,7 +165,7 @@ def snooze_occurrence(
             is not None
         )
 
-    return _in_transaction(connection, hold)
+    return in_transaction(connection, hold)
 
 
 def tz_database_problem(conn: Connection) -> str | None:

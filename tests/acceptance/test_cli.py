@@ -16,7 +16,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlalchemy import text
 
-from clarion.db.engine import engine
+from clarion import settings
+from clarion.db.engine import engine, one_off_engine
 from clarion.scheduling import zones
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.preferences import set_preferences
@@ -568,6 +569,18 @@ def test_migrate_on_a_migrated_database_succeeds_and_changes_nothing(cli):
         assert (
             conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == revision
         )
+
+
+def test_migrate_down_removes_clarions_schema_and_migrate_brings_it_back(cli):
+    engine().dispose()
+    out = ok(cli("migrate", "--down"))
+    assert out == "removed clarion's tables and schema clarion; nothing else touched\n"
+    with one_off_engine(settings.get().urls()[0]).connect() as conn:
+        assert conn.execute(text("SELECT to_regnamespace('clarion')")).scalar() is None
+    assert ok(cli("migrate")).startswith("database is at the latest revision\n")
+    engine().dispose()
+    with engine().connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM requests")).scalar_one() == 0
 
 
 # --- a series the CLI should not have armed ----------------------------------------------------

@@ -21,7 +21,7 @@ def _ours(obj, name, type_, reflected, compare_to) -> bool:
     """On the partitioned layout PostgreSQL adds a foreign key per partition of the table referred
     to (clarion_partitions.requests_p0 …); SQLAlchemy reflects those beside the real one."""
     if type_ == "foreign_key_constraint" and reflected:
-        return obj.referred_table.schema != partitioning.SCHEMA
+        return not (obj.referred_table.schema or "").endswith(partitioning.SUFFIX)
     return True
 
 

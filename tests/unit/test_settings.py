@@ -317,3 +317,16 @@ def test_the_development_secret_is_fine_on_the_embedded_default() -> None:
     assert from_env({"CLARION_REDIS_URL": "redis://r/0"}).webhook_secret == "clarion-dev-secret"
     own = from_env({"CLARION_DATABASE_URL": "postgresql://db/c", "CLARION_WEBHOOK_SECRET": "mine"})
     assert own.webhook_secret == "mine"
+
+
+@pytest.mark.parametrize(
+    "bad", ["public", "Clarion", "a-b", "x; DROP TABLE requests", "pg_clarion", "a" * 53, "1st"]
+)
+def test_the_schema_is_an_identifier_not_public_naming_the_variable(bad):
+    with pytest.raises(ConfigurationError, match="CLARION_SCHEMA=.*lower-case identifier"):
+        from_env({"CLARION_SCHEMA": bad})
+
+
+def test_the_schema_defaults_to_clarion_and_takes_another_name():
+    assert from_env({}).schema == "clarion"
+    assert from_env({"CLARION_SCHEMA": "acme_notify"}).schema == "acme_notify"
