@@ -31,6 +31,7 @@ SECRETS = frozenset(
         "twilio_auth_token",
         "flower_basic_auth",
         "link_secret",
+        "address_secret",
     }
 )
 URLS = frozenset({"database_url", "redis_url", "broker_url"})  # their passwords are masked in repr
@@ -137,6 +138,9 @@ class Settings:
     # HMAC key of the signed preferences links (clarion/links.py); unset: a key derived from
     # CLARION_WEBHOOK_SECRET (itself refused as the public development secret with a database URL)
     link_secret: str | None = None
+    # HMAC key of erased recipients' suppressed addresses (clarion/hashing.py); unset: derived from
+    # CLARION_WEBHOOK_SECRET. Changing it makes those suppressions stop matching.
+    address_secret: str | None = None
 
     # --- email ---------------------------------------------------------------------------------
     # smtp://host:port, smtp+starttls://user:pass@host:587 or smtps://user:pass@host:465

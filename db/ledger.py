@@ -55,7 +55,8 @@ _UPSERT_RECIPIENT = text(
             THEN jsonb_build_object('teams_conversation', recipients.addresses->'teams_conversation')
             ELSE '{}'::jsonb END,
         quiet_end = excluded.quiet_end, workweek = excluded.workweek, subdivision = excluded.subdivision,
-        updated_at = excluded.updated_at
+        updated_at = excluded.updated_at, erased_at = NULL
+    RETURNING (xmax = 0) AS inserted
     """
 )
 
@@ -74,9 +75,10 @@ def upsert_recipient(
     workweek: list[int] | None = None,
     subdivision: str | None = None,
     now: datetime,
-) -> None:
-    """Create or replace a recipient."""
-    conn.execute(
+) -> bool:
+    """Create or replace a recipient (an erased one becomes a new registration); True if the
+    row was inserted rather than updated."""
+    return conn.execute(
         _UPSERT_RECIPIENT,
         {
             "user_id": user_id,
@@ -91,7 +93,7 @@ def upsert_recipient(
             "subdivision": subdivision,
             "now": now,
         },
-    )
+    ).scalar_one()
 
 
 # Joined with the ids, not `user_id = ANY(:users)`: once psycopg prepares a statement, PostgreSQL
@@ -111,13 +113,32 @@ def recipients(conn: Connection, user_ids: Iterable[str]) -> dict[str, dict[str,
     return {row["user_id"]: row for row in rows}
 
 
-_LOCALES = text(f"SELECT user_id, locale FROM recipients {_THESE}")
+_LOCALES = text(f"SELECT user_id, locale FROM recipients {_THESE} WHERE erased_at IS NULL")
 
 
 def recipient_locales(conn: Connection, user_ids: Iterable[str]) -> dict[str, str]:
-    """Which of these user ids are registered, with their locales (unknown ids are absent)."""
+    """Which of these user ids are registered, with their locales (unknown and erased ids are
+    absent)."""
     rows = conn.execute(_LOCALES, {"users": list(set(user_ids))}).all()
     return {user_id: locale for user_id, locale in rows}
+
+
+_RECIPIENT = text(
+    "SELECT user_id, timezone, locale, country, org_id, addresses, quiet_start, quiet_end, workweek, "
+    "subdivision, created_at, updated_at FROM recipients WHERE user_id = :u AND erased_at IS NULL"
+)
+_RECIPIENT_STATE = text("SELECT erased_at IS NULL FROM recipients WHERE user_id = :u FOR UPDATE")
+
+
+def recipient(conn: Connection, user_id: str) -> dict[str, Any] | None:
+    """One registered recipient's row; None if unknown or erased."""
+    found = dicts(conn.execute(_RECIPIENT, {"u": user_id}))
+    return found[0] if found else None
+
+
+def is_live_recipient(conn: Connection, user_id: str) -> bool:
+    """True if the recipient exists and is not erased; locks its row until the transaction ends."""
+    return bool(conn.execute(_RECIPIENT_STATE, {"u": user_id}).scalar())
 
 
 # --- requests ---------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0018"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0019"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -88,6 +88,8 @@ recipients = Table(
     Column("quiet_end", Time),
     Column("workweek", ARRAY(SmallInteger)),
     Column("subdivision", Text),
+    # set by erasure (db/erasure.py, migration 0019): the row stays, emptied, for the occurrence keys
+    _ts("erased_at"),
     Index(
         "recipients_sms",
         text("(addresses ->> 'sms')"),
@@ -266,6 +268,8 @@ suppressions = Table(
     Column("detail", Text, nullable=False, server_default=""),
     _ts("created_at", False),
     PrimaryKeyConstraint("user_id", "channel", "address", name="suppressions_pkey"),
+    # an erased recipient's address is kept only as `hmac:<hex>` (clarion/hashing.py, 0019)
+    Index("suppressions_hashed", "address", postgresql_where=text("address LIKE 'hmac:%'")),
 )
 
 activation_windows = Table(

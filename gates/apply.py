@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from clarion import hashing, settings
 from clarion.catalog import Catalog, NotificationType
 from clarion.db import digests, gating, inbox
 from clarion.errors import ClarionError, ConfigurationError
@@ -37,8 +38,9 @@ def snapshots(
     scopes = {
         user: [scope for scope, _, _ in cap_buckets(r, now)] for user, r in recipients.items()
     }
+    by_hash = _address_hashes(recipients)
     rows = gating.snapshot_rows(
-        conn, recipients, [s for each in scopes.values() for s in each], now=now
+        conn, recipients, [s for each in scopes.values() for s in each], now=now, hashed=by_hash
     )
     prefs: defaultdict[str, list[tuple[Any, ...]]] = defaultdict(list)
     suppressed: defaultdict[str, dict[tuple[str, str], str]] = defaultdict(dict)  # -> reason
@@ -47,6 +49,9 @@ def snapshots(
         prefs[user].append(tuple(pref))
     for user, channel, address, reason in rows["suppressions"]:
         suppressed[user][(channel, address)] = reason
+    for channel, digest, reason in rows["hashed_suppressions"]:
+        for user, plain in by_hash.get(digest, ()):
+            suppressed[user].setdefault((channel, plain), reason)
     for user, key, leader, until, count in rows["collapses"]:
         collapses[user][key] = (leader, until, count)
     windows = {user: (until, type_key) for user, until, type_key in rows["windows"]}
@@ -64,6 +69,20 @@ def snapshots(
         )
         for user, recipient in recipients.items()
     }
+
+
+def _address_hashes(
+    recipients: Mapping[str, Mapping[str, Any]],
+) -> dict[str, list[tuple[str, str]]]:
+    """hash → (user, address) for every address (every push device) of these recipients."""
+    key = hashing.address_key(settings.get())
+    found: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)
+    for user, recipient in recipients.items():
+        for channel, address in (recipient.get("addresses") or {}).items():
+            values = str(address).split() if channel == "push" else [str(address)]
+            for value in values:
+                found[hashing.hashed(key, channel, value)].append((user, value))
+    return found
 
 
 def apply(

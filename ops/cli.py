@@ -189,6 +189,17 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _forget(args: argparse.Namespace) -> int:
+    from clarion.tasks.recipients import forget
+
+    erased = forget(args.user)
+    if erased is None:
+        raise InvalidRequest(f"unknown recipient {args.user!r}")
+    changed = ", ".join(f"{t} {n}" for t, n in erased.changed.items() if n) or "nothing left"
+    print(f"erased {args.user} (since {erased.erased_at.isoformat()}); rows changed: {changed}")
+    return 0
+
+
 def _arm(args: argparse.Namespace) -> int:
     from datetime import datetime
 
@@ -424,6 +435,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--since", help="2d, 6h, 30m or an ISO time (default: 30 days)")
     e.add_argument("--limit", type=int, default=20)
     e.set_defaults(fn=_explain)
+    fg = sub.add_parser("forget", help="erase a recipient's personal data (README § Erasure)")
+    fg.add_argument("--user", required=True)
+    fg.set_defaults(fn=_forget)
     a = sub.add_parser("arm", help="arm a recurring series (try --dry-run first)")
     a.add_argument("type")
     a.add_argument("--user", required=True)

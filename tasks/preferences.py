@@ -68,7 +68,7 @@ def get_preferences(user_id: str) -> dict[str, Any]:
     """The recipient's own settings, and the resolved answer for every type × channel with its rule."""
     catalog = runtime.catalog()
     with engine().connect() as conn:
-        recipient = ledger.recipients(conn, [user_id]).get(user_id)
+        recipient = ledger.recipient(conn, user_id)  # None when unknown or erased
         if recipient is None:
             raise UnknownRecipient(user_id)
         rows = [

@@ -35,7 +35,7 @@ from clarion.db import reports
 from clarion.db.api_keys import ApiKey
 from clarion.db.engine import engine
 from clarion.errors import ClarionError, InvalidRequest, UnknownRecipient
-from clarion.tasks import runtime
+from clarion.tasks import recipients, runtime
 from clarion.tasks.preferences import get_preferences, parse_setting, set_preferences
 from clarion.web.api_auth import authenticate, limit
 from clarion.web.api_errors import (
@@ -47,17 +47,20 @@ from clarion.web.api_errors import (
     safe_field,
     validation_handler,
 )
-from clarion.web.api_ingest import Answer, idempotency_key, ingest
+from clarion.web.api_ingest import Answer, idempotency_key, ingest, inline_recipient
 from clarion.web.api_models import (
     Accepted,
     Batch,
     BatchAccepted,
+    ErasedRecipient,
     Error,
     Event,
     InboxMark,
     InboxRefusal,
     Preferences,
     PreferencesPut,
+    Recipient,
+    RecipientPut,
     RequestReport,
 )
 from clarion.web.inbound import Refused, read_body
@@ -65,6 +68,7 @@ from clarion.web.inbound import Refused, read_body
 EVENT_BYTES = 256 * 1024
 BATCH_BYTES = 5 * 1024 * 1024
 PREFERENCES_BYTES = 64 * 1024
+RECIPIENT_BYTES = 64 * 1024
 
 bearer = HTTPBearer(
     auto_error=False,
@@ -137,6 +141,9 @@ EventsWrite = Annotated[ApiKey, Depends(require("events:write"))]
 RequestsRead = Annotated[ApiKey, Depends(require("requests:read"))]
 PreferencesRead = Annotated[ApiKey, Depends(require("preferences:read"))]
 PreferencesWrite = Annotated[ApiKey, Depends(require("preferences:write"))]
+RecipientsRead = Annotated[ApiKey, Depends(require("recipients:read"))]
+RecipientsWrite = Annotated[ApiKey, Depends(require("recipients:write"))]
+RecipientsErase = Annotated[ApiKey, Depends(require("recipients:erase"))]
 UserId = Annotated[str, Path(description="A registered recipient.", examples=["user-42"])]
 IdempotencyKey = Annotated[
     str | None,
@@ -259,6 +266,60 @@ def _set_preferences(user: str, changes: dict[str, bool | None]) -> dict[str, An
         raise _not_found(user) from exc
 
 
+# Declared after the preferences routes: `{user_id:path}` would otherwise take `.../preferences`.
+@router.get(
+    "/users/{user_id:path}",
+    response_model=Recipient,
+    responses=_refusals(404),
+    summary="A recipient's settings; 404 when unknown or erased (scope recipients:read)",
+)
+def get_user(user_id: UserId, key: RecipientsRead) -> dict[str, Any]:
+    user = _user(user_id)
+    found = recipients.read(user)
+    if found is None:
+        raise _not_found(user)
+    return found
+
+
+@router.put(
+    "/users/{user_id:path}",
+    response_model=Recipient,
+    responses={**_refusals(400, 413, 415), 201: {"model": Recipient}},
+    openapi_extra=_body_doc(RecipientPut),
+    summary="Create (201) or replace (200) a recipient, as register_recipient() (recipients:write)",
+)
+async def put_user(request: Request, user_id: UserId, key: RecipientsWrite) -> Response:
+    user = _user(user_id)
+    body = shaped(RecipientPut, await read_json(request, RECIPIENT_BYTES))
+    fields = inline_recipient(user, body, "", member="")
+    assert fields is not None
+    created, found = await run_in_threadpool(_save_recipient, fields)
+    shown = Recipient.model_validate(found).model_dump(mode="json")
+    return AsciiJSONResponse(shown, status_code=201 if created else 200)
+
+
+def _save_recipient(fields: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+    with engine().begin() as conn:
+        created = recipients.save(conn, fields)
+    found = recipients.read(fields["user_id"])
+    assert found is not None  # just written; erasure of it in between would be a 404 race
+    return created, found
+
+
+@router.delete(
+    "/users/{user_id:path}",
+    response_model=ErasedRecipient,
+    responses=_refusals(404),
+    summary="Erase a recipient's personal data; keys and hashed suppressions stay (recipients:erase)",
+)
+def delete_user(user_id: UserId, key: RecipientsErase) -> dict[str, Any]:
+    user = _user(user_id)
+    erased = recipients.forget(user)
+    if erased is None:
+        raise _not_found(user)
+    return {"user_id": user, "erased_at": erased.erased_at, "changed": erased.changed}
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     """Routing's 404/405 under /v1 in the API's shape; elsewhere FastAPI's default."""
     assert isinstance(exc, StarletteHTTPException)
@@ -280,7 +341,7 @@ def openapi(app: FastAPI) -> dict[str, Any]:
             title=app.title, version=app.version, description=app.description, routes=app.routes
         )
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in (Event, Batch, PreferencesPut, InboxMark, InboxRefusal):
+        for model in (Event, Batch, PreferencesPut, RecipientPut, InboxMark, InboxRefusal):
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema

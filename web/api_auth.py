@@ -11,7 +11,9 @@ every API request, which is an easy way to take a 2-core web process down. (bcry
 everything past 72 bytes.)
 
 Scopes: `events:write` (POST /v1/events…), `requests:read` (GET /v1/requests/…),
-`preferences:read` and `preferences:write` (/v1/users/{user_id}/preferences). Other surfaces add
+`preferences:read` and `preferences:write` (/v1/users/{user_id}/preferences), `recipients:read`,
+`recipients:write` (GET/PUT /v1/users/{user_id}, and an event's inline `recipient` also needs it)
+and `recipients:erase` (DELETE /v1/users/{user_id}), kept apart from write. Other surfaces add
 theirs to SCOPES. Per-key rate limits spend one unit per HTTP request from the shared Redis
 budgets of adapters/ratelimit.py.
 """
@@ -34,7 +36,15 @@ from clarion.db.engine import engine
 from clarion.errors import InvalidRequest, ThrottledError
 from clarion.web.api_errors import ApiError
 
-SCOPES = ("events:write", "requests:read", "preferences:read", "preferences:write")
+SCOPES = (
+    "events:write",
+    "requests:read",
+    "preferences:read",
+    "preferences:write",
+    "recipients:read",
+    "recipients:write",
+    "recipients:erase",
+)
 KEY = re.compile(r"clk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 DEFAULT_RATE = (100, 1)  # requests per seconds
 

@@ -24,13 +24,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from pydantic import BaseModel
+
 from clarion import clock, settings
 from clarion import validation as check
 from clarion.db import idempotency
 from clarion.db.api_keys import ApiKey
 from clarion.db.engine import engine
 from clarion.errors import ClarionError, InvalidField, UnknownRecipient
-from clarion.tasks import notify_many, runtime
+from clarion.tasks import notify_many, recipients, runtime
 from clarion.tasks.producer import publish_after_commit
 from clarion.web.api_errors import ApiError, ascii_json, contract_field, from_clarion, item_index
 from clarion.web.api_models import Event
@@ -106,6 +108,20 @@ def check_priority(event: Event, prefix: str) -> str | None:
     return ntype.lane
 
 
+def inline_recipient(
+    user_id: str, body: BaseModel | None, prefix: str, member: str = "recipient"
+) -> dict[str, Any] | None:
+    """The checked recipient fields of an event's `recipient` (or, member "", a PUT's body); a bad
+    one is a 422 naming `<member>.<field>` under `prefix` (the user id itself as `user_id`)."""
+    if body is None:
+        return None
+    try:
+        return recipients.checked(user_id, body.model_dump())
+    except InvalidField as exc:
+        inner = prefix if exc.field == "user_id" or not member else contract_field(member, prefix)
+        raise from_clarion(exc, inner) from exc
+
+
 def _prefix(batch: bool, index: int | None) -> str:
     return f"items[{index}]" if batch and index is not None else ""
 
@@ -121,8 +137,18 @@ def ingest(
     key: ApiKey, idem: str | None, where: str, payload: Any, events: list[Event], *, batch: bool
 ) -> Answer:
     """Accept the events, all or none; replay the stored answer for a used Idempotency-Key."""
+    if any(e.recipient is not None for e in events) and "recipients:write" not in key.scopes:
+        raise ApiError(
+            403,
+            "forbidden",
+            "Authorization",
+            "an event with a `recipient` needs the scope recipients:write as well",
+        )
     lanes = [check_priority(e, _prefix(batch, i)) for i, e in enumerate(events)]
     items = [notify_item(e, _prefix(batch, i)) for i, e in enumerate(events)]
+    people = [
+        inline_recipient(e.user_id, e.recipient, _prefix(batch, i)) for i, e in enumerate(events)
+    ]
     mark = fingerprint("POST", where, payload) if idem is not None else ""
     now = clock.now()
     with engine().begin() as conn:
@@ -139,6 +165,9 @@ def ingest(
                         "this key was used for a different request; use a new key per request",
                     )
                 return Answer(stored.status, stored.response, replayed=True)
+        for fields in people:
+            if fields is not None:
+                recipients.save(conn, fields)
         try:
             results = notify_many(items, connection=conn)
         except ClarionError as exc:

@@ -20,6 +20,57 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class RecipientPut(Strict):
+    """A recipient's settings, as register_recipient() takes them. PUT replaces them all: a member
+    left out takes its default (locale "en", the rest none)."""
+
+    timezone: str = Field(description="An IANA zone name.", examples=["Europe/Berlin"])
+    locale: str = Field(default="en", description="A BCP 47 language tag.", examples=["de-DE"])
+    country: str | None = Field(
+        default=None, description="ISO 3166-1 alpha-2: the holiday calendar.", examples=["de"]
+    )
+    org_id: str | None = Field(default=None, description="The recipient's organisation.")
+    addresses: dict[str, str] | None = Field(
+        default=None,
+        description="Channel → the recipient's address on it (checked per channel).",
+        examples=[{"email": "ann@example.com", "sms": "+4915112345678"}],
+    )
+    quiet_hours: list[str] | None = Field(
+        default=None,
+        description="A daily local window [start, end] as HH:MM.",
+        examples=[["22:00", "07:00"]],
+    )
+    workweek: list[int] | None = Field(
+        default=None, description="Working weekdays, Monday=0, when they differ from the country's."
+    )
+    subdivision: str | None = Field(
+        default=None, description="ISO 3166-2 region code for regional holidays.", examples=["BY"]
+    )
+
+
+class Recipient(BaseModel):
+    user_id: str
+    timezone: str
+    locale: str
+    country: str | None
+    org_id: str | None
+    addresses: dict[str, str]
+    quiet_hours: list[str] | None
+    workweek: list[int] | None
+    subdivision: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class ErasedRecipient(BaseModel):
+    """What DELETE did. Repeating it is harmless: it answers the first erasure's time, with the
+    rows it changed this time (zeros, unless something arrived since)."""
+
+    user_id: str
+    erased_at: datetime
+    changed: dict[str, int] = Field(description="table → rows changed or removed by this call")
+
+
 class Event(Strict):
     """One event for one recipient (the seed's request contract)."""
 
@@ -45,6 +96,11 @@ class Event(Strict):
         default=None,
         description="The lane the caller expects. The lane is decided by the type's category in "
         "the catalog, never by the caller: a priority that differs from it is refused (422).",
+    )
+    recipient: RecipientPut | None = Field(
+        default=None,
+        description="Create or replace the recipient `user_id` in the same transaction as the "
+        "event (as PUT /v1/users/{user_id}): a new user can be notified in one call.",
     )
 
 

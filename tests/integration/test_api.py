@@ -521,6 +521,7 @@ def test_openapi_is_valid_and_lists_every_endpoint(client):
         "/v1/events/batch": ["post"],
         "/v1/requests/{request_id}": ["get"],
         "/v1/users/{user_id}/preferences": ["get", "put"],
+        "/v1/users/{user_id}": ["delete", "get", "put"],
         "/v1/inbox/{user_id}": ["get"],
         "/v1/inbox/{user_id}/mark": ["post"],
         "/v1/inbox/{user_id}/stream": ["get"],
@@ -536,6 +537,7 @@ def test_openapi_is_valid_and_lists_every_endpoint(client):
         "variables",
         "dedup_key",
         "priority",
+        "recipient",
     }
     error = {"$ref": "#/components/schemas/Error"}
     for status in ("401", "403", "422", "429"):
