@@ -15,6 +15,15 @@ class ServicesUnavailable(ConfigurationError):
     """No database/Redis URL is configured and no embedded services are running."""
 
 
+class DependencyMissing(ClarionError):
+    """A service the worker needs (broker, database) does not answer yet: transient, unlike a
+    ConfigurationError. `missing` names each one and why."""
+
+    def __init__(self, missing: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{name}: {why}" for name, why in missing.items()))
+        self.missing = missing
+
+
 class InvalidRequest(ClarionError):
     """A notify() call that cannot be accepted. Nothing was written."""
 

@@ -60,7 +60,11 @@ def _worker(args: argparse.Namespace) -> int:
     if args.no_restart:  # under an outside supervisor (systemd, Kubernetes): be the worker itself
         os.execv(command[0], command)
     _log_to_stderr()
-    return launch.supervise(command, backoff=launch.Backoff(first=args.restart_delay))
+    return launch.supervise(
+        command,
+        backoff=launch.Backoff(first=args.restart_delay),
+        stop_timeout=settings.get().shutdown_grace,
+    )
 
 
 def _log_to_stderr() -> None:
