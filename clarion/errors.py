@@ -59,6 +59,14 @@ class UnknownRecipient(InvalidRequest):
         self.user_id = user_id
 
 
+class NotInChain(InvalidRequest):
+    """An acknowledgement for a request that belongs to no escalation chain (or does not exist)."""
+
+    def __init__(self, user_id: str, request_id: int) -> None:
+        super().__init__(f"request {request_id} of {user_id!r} belongs to no escalation chain")
+        self.user_id, self.request_id = user_id, request_id
+
+
 class SeriesConflict(InvalidRequest):
     """arm_series with a series key already armed with other options. Nothing was written: the
     existing series is kept as it was, and the caller decides (cancel it and arm again, or pass

@@ -34,7 +34,13 @@ from clarion.db.engine import engine
 from clarion.errors import InvalidRequest, ThrottledError
 from clarion.web.api_errors import ApiError
 
-SCOPES = ("events:write", "requests:read", "preferences:read", "preferences:write")
+SCOPES = (
+    "events:write",
+    "requests:read",
+    "preferences:read",
+    "preferences:write",
+    "escalations:write",
+)
 KEY = re.compile(r"clk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 DEFAULT_RATE = (100, 1)  # requests per seconds
 
