@@ -15,6 +15,15 @@ class ServicesUnavailable(ConfigurationError):
     """No database/Redis URL is configured and no embedded services are running."""
 
 
+class DependencyMissing(ClarionError):
+    """A service the worker needs (broker, database) does not answer yet: transient, unlike a
+    ConfigurationError. `missing` names each one and why."""
+
+    def __init__(self, missing: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{name}: {why}" for name, why in missing.items()))
+        self.missing = missing
+
+
 class InvalidRequest(ClarionError):
     """A notify() call that cannot be accepted. Nothing was written."""
 
@@ -48,6 +57,14 @@ class UnknownRecipient(InvalidRequest):
     def __init__(self, user_id: str) -> None:
         super().__init__(f"unknown recipient {user_id!r}")
         self.user_id = user_id
+
+
+class NotInChain(InvalidRequest):
+    """An acknowledgement for a request that belongs to no escalation chain (or does not exist)."""
+
+    def __init__(self, user_id: str, request_id: int) -> None:
+        super().__init__(f"request {request_id} of {user_id!r} belongs to no escalation chain")
+        self.user_id, self.request_id = user_id, request_id
 
 
 class SeriesConflict(InvalidRequest):

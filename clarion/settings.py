@@ -223,6 +223,14 @@ class Settings:
         default=5000, metadata=at_least(1)
     )  # rows of one table removed per statement (each in its own short transaction)
 
+    # --- start and stop (tasks/startup.py, ops/launch.py) ---------------------------------------
+    start_wait: float = field(
+        default=60.0, metadata=at_least(0)
+    )  # seconds a starting worker waits for its broker and database before exiting 75 (retry)
+    shutdown_grace: float = field(
+        default=60.0, metadata=at_least(0)
+    )  # seconds `clarion worker` lets running tasks finish after SIGTERM before a cold stop
+
     faults: str = ""
     faults_dir: Path | None = None
 

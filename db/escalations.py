@@ -391,3 +391,15 @@ def hurry(
         now,
     )
     return reason
+
+
+def acknowledge(
+    conn: Connection, user_id: str, request_id: int, by: str, now: datetime
+) -> str | None:
+    """An acknowledgement from outside any delivery (the API, a signed link) of the chain that
+    request (user_id, request_id) belongs to (any step's request), under the chain's row lock:
+    `acked` (later steps are not sent), `ack_after_finish`, `already_acked`; None: no chain."""
+    chain = lock_by_request(conn, user_id, request_id)
+    if chain is None:
+        return None
+    return _acknowledge(conn, chain, by, now) or "already_acked"

@@ -63,7 +63,11 @@ def _worker(args: argparse.Namespace) -> int:
     command = worker_command(args)
     if args.no_restart:  # under an outside supervisor (systemd, Kubernetes): be the worker itself
         os.execv(command[0], command)
-    return launch.supervise(command, backoff=launch.Backoff(first=args.restart_delay))
+    return launch.supervise(
+        command,
+        backoff=launch.Backoff(first=args.restart_delay),
+        stop_timeout=settings.get().shutdown_grace,
+    )
 
 
 def _beat(args: argparse.Namespace) -> int:

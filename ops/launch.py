@@ -16,6 +16,8 @@ from pathlib import Path
 
 QUEUES = ("transactional", "activation", "control")
 REFUSED = 2  # a worker's exit status when it refused to start (tasks.app): restarting cannot help
+UNAVAILABLE = 75  # its broker or database was not there (tasks.startup): start it again later
+COLD_STOP = 10.0  # seconds a cold-stopped worker gets to leave before its group is SIGKILLed
 log = logging.getLogger("clarion.supervisor")
 
 
@@ -110,15 +112,21 @@ class Process:
         self.popen.wait()
 
     def stop(self, timeout: float = 15) -> None:
-        """Warm shutdown (SIGTERM), then SIGKILL if it does not finish in time."""
+        """Warm shutdown (SIGTERM to the main process only: a Celery worker lets its pool finish
+        the running tasks), then SIGKILL to the group if it does not finish in time."""
         if not self.alive():
             self.signal_group(signal.SIGKILL)  # reap any orphaned pool children
             return
-        self.signal_group(signal.SIGTERM)
+        self.signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout)
         self.signal_group(signal.SIGKILL)
         self.popen.wait()
+
+    def signal(self, sig: int) -> None:
+        """`sig` to the main process alone (not its pool children)."""
+        with contextlib.suppress(ProcessLookupError):
+            self.popen.send_signal(sig)
 
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -154,9 +162,14 @@ class Supervisor:
     """Run a command (a celery worker) and start it again whenever it exits unexpectedly.
 
     A kombu 5.7 worker can die on a Redis restart (restore_unacked -> _connparams: AttributeError)
-    and does not come back by itself. SIGTERM or SIGINT stops the child warmly (SIGTERM to its
-    process group, SIGKILL after `stop_timeout`) and then the supervisor; an exit with REFUSED (the
-    worker refused to start: wrong config, no broker, bad catalog) is final, not retried."""
+    and does not come back by itself. An exit with UNAVAILABLE (its broker or database did not
+    answer within CLARION_START_WAIT) is retried like a crash; one with REFUSED (wrong config, bad
+    catalog, unmigrated database) is final.
+
+    Stopping: the first SIGTERM or SIGINT is a warm shutdown: SIGTERM to the Celery main process
+    only (never its pool children, which would die mid-task: WorkerLostError), so running tasks
+    finish; after `stop_timeout` seconds (CLARION_SHUTDOWN_GRACE), or at a second SIGTERM/SIGINT,
+    a cold one: SIGQUIT to the main process, and SIGKILL to the group COLD_STOP seconds later."""
 
     def __init__(
         self,
@@ -173,6 +186,7 @@ class Supervisor:
             stop_timeout,
         )
         self.stop_signal: int | None = None  # set by the handler only: no locks in a signal handler
+        self.stop_signals = 0  # how many arrived: the second means stop cold now
         self.starts = 0
         self.child: Process | None = None
 
@@ -190,6 +204,11 @@ class Supervisor:
                     "worker refused to start; not restarting", extra={"action": "worker_refused"}
                 )
                 return REFUSED
+            if code == UNAVAILABLE:
+                log.warning(
+                    "worker's broker or database is not there yet",
+                    extra={"action": "worker_unavailable"},
+                )
             delay = self.backoff.next(delay, time.monotonic() - started)
             log.warning(
                 "worker exited with %s; restarting in %.1f s",
@@ -219,25 +238,39 @@ class Supervisor:
     def _run_once(self) -> int:
         self.starts += 1
         self.child = Process(self.command, env=self.env, inherit_output=True, die_with_parent=True)
-        deadline = None
+        warm: float | None = None  # when the warm stop began
+        cold: float | None = None  # when the cold stop began
         while (code := self.child.popen.poll()) is None:
-            if self.stop_signal is not None and deadline is None:  # i.e. self.stopping
+            now = time.monotonic()
+            if self.stop_signal is not None and warm is None:  # i.e. self.stopping
                 log.info(
-                    "stopping the worker (%s)",
+                    "stopping the worker warmly (%s): running tasks finish, at most %g s",
                     signal.Signals(self.stop_signal).name,
-                    extra={"action": "worker_stopping"},
+                    self.stop_timeout,
+                    extra={"action": "worker_stopping", "grace": self.stop_timeout},
                 )
-                self.child.signal_group(signal.SIGTERM)
-                deadline = time.monotonic() + self.stop_timeout
-            if deadline is not None and time.monotonic() > deadline:
+                self.child.signal(signal.SIGTERM)
+                warm = now
+            if cold is None and warm is not None:
+                why = "second signal" if self.stop_signals > 1 else None
+                if why is None and now - warm > self.stop_timeout:
+                    why = f"grace of {self.stop_timeout:g} s over"
+                if why is not None:
+                    log.warning(
+                        "stopping the worker cold (%s)", why, extra={"action": "worker_cold_stop"}
+                    )
+                    self.child.signal(signal.SIGQUIT)  # Celery's cold shutdown
+                    cold = now
+            if cold is not None and now - cold > COLD_STOP:
                 self.child.signal_group(signal.SIGKILL)
-            time.sleep(0.2)
+            time.sleep(0.1)
         self.child.signal_group(signal.SIGKILL)  # pool children the worker left behind
         return code
 
     def _handle_signals(self) -> None:
         def stop(signum: int, _frame: object) -> None:
             self.stop_signal = self.stop_signal or signum
+            self.stop_signals += 1
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)

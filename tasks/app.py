@@ -5,9 +5,11 @@ loaded by its package name, so a host app's own `celeryconfig` module can neithe
 shadow it.
 
 A worker refuses to start — one line on stderr, exit status 2, within seconds — unless the loaded
-config is clarion's, the broker answers, the catalog loads, the database is migrated and its
-recorded tz database release is this install's (scheduling/zones.py). Celery logs and swallows exceptions
-raised by signal handlers (celery #2738), so the refusal leaves the process with os._exit.
+config is clarion's, the catalog loads, the database is migrated and its recorded tz database
+release is this install's (scheduling/zones.py). A broker or database that does not answer yet is
+not a refusal: the worker waits for them with backoff (tasks/startup.py, CLARION_START_WAIT) and
+then exits 75 (UNAVAILABLE) so that its supervisor starts it again. Celery logs and swallows
+exceptions raised by signal handlers (celery #2738), so both leave the process with os._exit.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from celery.signals import (
 from kombu.utils.url import maybe_sanitize_url
 
 from clarion import logs, metrics, settings
-from clarion.errors import ClarionError, ConfigurationError
+from clarion.errors import ClarionError, ConfigurationError, DependencyMissing
+from clarion.tasks import startup
 
 CONFIG_MODULE = "clarion.celeryconfig"
 LANE_QUEUES = frozenset({"transactional", "activation", "control"})
@@ -104,6 +107,9 @@ def _refuse_a_wrong_start(**_: object) -> None:
     """Runs in the `celery worker` main process before it builds its pool or consumes anything."""
     try:
         check_worker_start()
+    except DependencyMissing as exc:
+        print(f"clarion: worker not ready, giving up for now: {exc}", file=sys.stderr, flush=True)
+        os._exit(startup.UNAVAILABLE)
     except ClarionError as exc:
         refuse(str(exc))
     except Exception as exc:  # anything unexpected here is as fatal: never start half-configured
@@ -129,15 +135,22 @@ def refuse(message: str, what: str = "worker") -> None:
 
 
 def check_worker_start() -> None:
-    """Raise ConfigurationError unless this worker has clarion's config, a broker, a catalog and
-    a migrated database."""
+    """Raise ConfigurationError unless this worker has clarion's config, a catalog and a migrated
+    database; wait for the broker and the database first (DependencyMissing if they stay away)."""
     check_config(app.conf)
     metrics.check()  # clarion's counters land in the folder /metrics reads, whoever came first
-    use_broker(settings.get().urls()[2])  # raises ServicesUnavailable when nothing is configured
-    check_broker(app.conf.broker_url)
+    database_url, _, broker_url = settings.get().urls()  # ServicesUnavailable: nothing configured
+    use_broker(broker_url)
     from clarion.tasks import runtime
 
     runtime.check_catalog()  # every template renders for every channel, or the worker refuses
+    startup.wait_for(
+        {
+            "broker": startup.broker_probe(lambda: check_broker(app.conf.broker_url)),
+            "database": startup.database_probe(database_url),
+        },
+        within=settings.get().start_wait,
+    )
     check_tz_database()
 
 

@@ -15,7 +15,9 @@ step and every reason not to escalate as a decision (gate `escalation`, `clarion
 - **Steps that cannot reach anyone.** A step's request routed to no channel, or whose every
   delivery failed for good, brings the next step forward to now (db.escalations.hurry). A
   deferred step does not hold the chain: the next step keeps its time.
-- **Stop.** db.escalations.delivery_event: an acknowledgement on any step's delivery stops it.
+- **Stop.** db.escalations.delivery_event: an acknowledgement on any step's delivery stops it;
+  so does the app (`POST /v1/requests/{id}/ack`) or a person opening the signed `ack_link` every
+  step request carries (tasks/escalation_ack.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from clarion.gates.pipeline import Plan
 from clarion.scheduling.worktime import add_working_time
 from clarion.tasks import runtime
 from clarion.tasks.arming import recipient_calendar
+from clarion.tasks.escalation_ack import ack_link
 from clarion.tasks.publish import ROUTE, publish
 
 log = logging.getLogger(__name__)
@@ -245,7 +248,11 @@ def _step(
         occurrence_key(chain.id, step),
         ntype.lane if ntype else "transactional",
         ntype.version if ntype else 0,
-        {**(own.defaults if own else {}), **chain.variables},  # a step may need a defaulted one
+        {
+            **(own.defaults if own else {}),  # a step may need a defaulted one
+            **chain.variables,
+            "ack_link": ack_link(chain.user_id, chain.request_id, now=now),
+        },
     )
     return _Firing(chain, step, spec, next_due, row)
 

@@ -361,6 +361,9 @@ def application(routes: Sequence[BaseRoute]) -> FastAPI:
         redoc_url=None,
     )
     app.include_router(router)
+    from clarion.web.escalation_ack import router as escalations  # it builds on this module
+
+    app.include_router(escalations)
     app.add_exception_handler(ClarionError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error)

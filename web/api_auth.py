@@ -44,6 +44,7 @@ SCOPES = (
     "recipients:read",
     "recipients:write",
     "recipients:erase",
+    "escalations:write",
 )
 KEY = re.compile(r"clk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 DEFAULT_RATE = (100, 1)  # requests per seconds

@@ -39,6 +39,9 @@ def create_app() -> Starlette:
 
     routes += slack.routes() + teams.routes() + email.routes() + inbox.routes()
     routes += sms.routes() + preferences.routes()
+    from clarion.web import escalation_ack
+
+    routes += escalation_ack.routes()
     return api.application(routes)  # FastAPI, a Starlette: the /v1 API, /openapi.json and /docs
 
 

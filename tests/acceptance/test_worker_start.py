@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from clarion.ops import launch
+from clarion.ops.launch import UNAVAILABLE
 
 pytestmark = pytest.mark.acceptance
 
@@ -93,9 +94,27 @@ def foreign(tmp_path: Path) -> Path:
     return folder
 
 
-def test_an_unreachable_broker_is_refused(tmp_path):
-    line = _refused(_celery_worker(), _env(tmp_path, **NOWHERE), tmp_path, within=15)
-    assert "broker redis://127.0.0.1:1/0 cannot be reached" in line
+def test_an_unreachable_broker_and_database_are_waited_for_then_exit_75_not_refused(tmp_path):
+    """Not there yet is not wrong: the worker retries with backoff for CLARION_START_WAIT, one
+    line per attempt, then exits UNAVAILABLE (its supervisor starts it again)."""
+    env = _env(tmp_path, **NOWHERE, CLARION_START_WAIT="8")
+    began = time.monotonic()
+    result = subprocess.run(
+        _celery_worker(), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert 4 <= time.monotonic() - began < 40
+    assert result.returncode == UNAVAILABLE, f"{result.stdout}\n{result.stderr}"
+    waits = [x for x in result.stderr.splitlines() if "worker not ready (attempt" in x]
+    assert 2 <= len(waits) <= 5, result.stderr  # pauses 0.5, 1, 2, 4 s plus the probes' time
+    assert (
+        "broker: ConfigurationError: the broker redis://127.0.0.1:1/0 cannot be reached"
+        in (waits[0])
+    )
+    assert "database: OperationalError" in waits[0]
+    assert "refused" not in result.stderr.replace("Connection refused", "").replace(
+        "connection refused", ""
+    )
+    assert "Traceback" not in result.stderr
 
 
 def test_a_bad_setting_is_refused_in_one_line_not_a_traceback(tmp_path):

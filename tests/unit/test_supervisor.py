@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clarion.ops.launch import REFUSED, Backoff, wait_until
+from clarion.ops.launch import REFUSED, UNAVAILABLE, Backoff, wait_until
 
 # A stand-in worker: records its pid, then exits with the next status in EXITS (or runs until told).
 CHILD = textwrap.dedent("""
@@ -26,21 +26,42 @@ CHILD = textwrap.dedent("""
     exits = [int(x) for x in sys.argv[2].split(",") if x]
     if sys.argv[3] == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if sys.argv[3] == "celery-like":  # a pool child in its group; a task that takes 1 s to finish
+        def note(what):
+            with open(starts + ".signals", "a") as f:
+                f.write(what + "\\n")
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, lambda *_: note("pool child got SIGTERM"))
+            while True:
+                time.sleep(0.1)
+        def warm(*_):
+            note("main got SIGTERM")
+            time.sleep(1.0)
+            note("task finished")
+            sys.exit(0)
+        def cold(*_):
+            note("main got SIGQUIT")
+            os._exit(1)
+        signal.signal(signal.SIGTERM, warm)
+        signal.signal(signal.SIGQUIT, cold)
     if n <= len(exits):
         sys.exit(exits[n - 1])
     while True:
         time.sleep(0.1)
 """)
 SUPERVISOR = textwrap.dedent("""
-    import logging, sys
+    import logging, os, sys
     from clarion.ops.launch import Backoff, supervise
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     sys.exit(supervise([sys.executable, sys.argv[1], *sys.argv[2:]],
-                       backoff=Backoff(first=0.2, most=0.8, stable=5), stop_timeout=1.5))
+                       backoff=Backoff(first=0.2, most=0.8, stable=5),
+                       stop_timeout=float(os.environ.get("GRACE", "1.5"))))
 """)
 
 
-def _supervise(tmp_path: Path, exits: str, mode: str = "") -> tuple[subprocess.Popen, Path]:
+def _supervise(
+    tmp_path: Path, exits: str, mode: str = "", grace: float = 1.5
+) -> tuple[subprocess.Popen, Path]:
     child, starts = tmp_path / "child.py", tmp_path / "starts"
     child.write_text(CHILD)
     starts.touch()
@@ -49,6 +70,7 @@ def _supervise(tmp_path: Path, exits: str, mode: str = "") -> tuple[subprocess.P
         stderr=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "GRACE": str(grace)},
     )
     return proc, starts
 
@@ -96,6 +118,60 @@ def test_a_worker_that_refused_to_start_is_not_restarted(tmp_path):
     assert "refused to start; not restarting" in err
 
 
+def test_a_worker_whose_broker_or_database_is_not_there_yet_is_started_again(tmp_path):
+    proc, starts = _supervise(tmp_path, f"{UNAVAILABLE},{UNAVAILABLE}")  # then runs
+    try:
+        assert wait_until(lambda: len(_pids(starts)) == 3, timeout=20)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert err.count("broker or database is not there yet") == 2, err
+    assert f"exited with {UNAVAILABLE}; restarting in 0.2 s" in err
+    assert "restarting in 0.4 s" in err and "not restarting" not in err
+
+
+def _signals(starts: Path) -> list[str]:
+    path = Path(f"{starts}.signals")
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_sigterm_is_a_warm_stop_of_the_main_process_alone(tmp_path):
+    """The pool child never gets SIGTERM (it would die mid-task); the running task finishes."""
+    proc, starts = _supervise(tmp_path, "", "celery-like", grace=30)
+    try:
+        assert wait_until(lambda: len(_pids(starts)) == 1, timeout=20)
+        time.sleep(0.5)  # let the child install its handlers
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert _signals(starts) == ["main got SIGTERM", "task finished"], err
+    assert proc.returncode == 0, err
+    assert "stopping the worker warmly" in err and "cold" not in err
+
+
+def test_a_second_sigterm_stops_cold_at_once(tmp_path):
+    proc, starts = _supervise(tmp_path, "", "celery-like", grace=30)
+    try:
+        assert wait_until(lambda: len(_pids(starts)) == 1, timeout=20)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        assert wait_until(lambda: "main got SIGTERM" in _signals(starts), timeout=10)
+        began = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert time.monotonic() - began < 5  # not the 30 s grace
+    assert "main got SIGQUIT" in _signals(starts), err
+    assert "pool child got SIGTERM" not in _signals(starts)
+    assert "stopping the worker cold (second signal)" in err
+    assert proc.returncode == 1  # not a warm stop
+    assert all(_gone(pid) for pid in _pids(starts))
+
+
 def test_a_child_that_ignores_sigterm_is_killed_after_the_stop_timeout(tmp_path):
     proc, starts = _supervise(tmp_path, "", "ignore-term")
     try:
@@ -137,7 +213,9 @@ def test_a_supervisor_killed_outright_takes_its_worker_with_it(tmp_path):
     import sys
     import time
 
-    script = "import sys; from ops import launch; sys.exit(launch.supervise(['sleep', '60']))"
+    script = (
+        "import sys; from clarion.ops import launch; sys.exit(launch.supervise(['sleep', '60']))"
+    )
     supervisor = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     try:
         deadline, child = time.monotonic() + 10, None
