@@ -6,7 +6,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy import Connection, Engine, create_engine, make_url, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
@@ -54,23 +54,29 @@ _HAS_VERSIONS = text("SELECT to_regclass('alembic_version') IS NOT NULL")
 _REVISION = text("SELECT max(version_num) FROM alembic_version")
 
 
+def schema_problem(conn: Connection) -> str | None:
+    """Why this code cannot use the database `conn` reaches ("not migrated", "at revision
+    0009"), or None when it is at this code's revision or newer (migrations are additive, so a
+    rolling deploy's older workers keep running). Shared by check_schema and /readyz."""
+    found = conn.execute(_REVISION).scalar() if conn.execute(_HAS_VERSIONS).scalar() else None
+    if found is not None and str(found) >= SCHEMA_REVISION:
+        return None
+    return f"at revision {found}" if found else "not migrated"
+
+
 def check_schema(eng: Engine) -> None:
-    """Refuse a database this code cannot use: never migrated, or at an older revision (a newer
-    one is fine: migrations are additive, so a rolling deploy's older workers keep running).
+    """Refuse a database this code cannot use: never migrated, or at an older revision.
     Checked once per process and engine, so a first notify() says what to do instead of failing
     with an SQL traceback about a missing table."""
     try:
         with eng.connect() as conn:
-            found = (
-                conn.execute(_REVISION).scalar() if conn.execute(_HAS_VERSIONS).scalar() else None
-            )
+            problem = schema_problem(conn)
     except DBAPIError:
         return  # unreachable now: the caller's own statement reports that, with its retry policy
-    if found is None or str(found) < SCHEMA_REVISION:
+    if problem is not None:
         where = eng.url.render_as_string(hide_password=True)
-        have = f"at revision {found}" if found else "not migrated"
         raise ConfigurationError(
-            f"the database {where} is {have}; this clarion needs revision {SCHEMA_REVISION}: "
+            f"the database {where} is {problem}; this clarion needs revision {SCHEMA_REVISION}: "
             "run `clarion migrate`"
         )
 
