@@ -73,7 +73,8 @@ def admin_app() -> Starlette:
         return get_swagger_ui_html(openapi_url=f"{root}/openapi.json", title="clarion - Swagger UI")
 
     routes = [Route("/metrics", metrics), Route("/openapi.json", openapi), Route("/docs", docs)]
-    return Starlette(routes=routes + ready.routes())
+    # the whole app's error handlers: an admin route answers exactly as it would on the public one
+    return Starlette(routes=routes + ready.routes(), exception_handlers=whole.exception_handlers)
 
 
 def __getattr__(name: str) -> Starlette:

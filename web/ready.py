@@ -32,10 +32,6 @@ CHECK_SECONDS = 2.0  # each check's budget; they run concurrently
 CONNECT_SECONDS = 1  # the drivers' connect timeout (whole seconds for libpq), inside the budget
 
 
-class NotReady(Exception):
-    """A dependency's one-line reason (an internal signal, answered as a 503's entry)."""
-
-
 @lru_cache(maxsize=8)
 def _probe_engine(url: str) -> Engine:
     """A pool-less engine with short connect and statement timeouts (one per database URL)."""
