@@ -108,26 +108,37 @@ def in_transaction(connection: Connection | None, work: Callable[[Connection], T
 
 
 _HAS_VERSIONS = text("SELECT to_regclass(format('%I.alembic_version', CAST(:schema AS text)))")
-_REVISION = text("SELECT max(version_num) FROM alembic_version")
+
+
+def schema_problem(conn: Connection) -> str | None:
+    """Why this code cannot use the database `conn` reaches ("not migrated", "at revision
+    0009"), or None when it is at this code's revision or newer (migrations are additive, so a
+    rolling deploy's older workers keep running). Shared by check_schema and /readyz."""
+    schema = settings.get().schema  # an identifier checked by settings: safe to quote into SQL
+    found = None
+    if conn.execute(_HAS_VERSIONS, {"schema": schema}).scalar() is not None:
+        found = conn.execute(
+            text(f'SELECT max(version_num) FROM "{schema}".alembic_version')
+        ).scalar()
+    if found is not None and str(found) >= SCHEMA_REVISION:
+        return None
+    return f"at revision {found} (schema {schema})" if found else f"not migrated (schema {schema})"
 
 
 def check_schema(eng: Engine) -> None:
-    """Refuse a database this code cannot use: never migrated, or at an older revision (a newer
-    one is fine: migrations are additive, so a rolling deploy's older workers keep running).
+    """Refuse a database this code cannot use: never migrated, or at an older revision.
     Checked once per process and engine, so a first notify() says what to do instead of failing
     with an SQL traceback about a missing table."""
     try:
         with eng.connect() as conn:
-            has = conn.execute(_HAS_VERSIONS, {"schema": settings.get().schema}).scalar()
-            found = conn.execute(_REVISION).scalar() if has else None
+            problem = schema_problem(conn)
     except DBAPIError:
         return  # unreachable now: the caller's own statement reports that, with its retry policy
-    if found is None or str(found) < SCHEMA_REVISION:
+    if problem is not None:
         where = eng.url.render_as_string(hide_password=True)
-        have = f"at revision {found}" if found else "not migrated"
         raise ConfigurationError(
-            f"the database {where} is {have} (schema {settings.get().schema}); this clarion needs "
-            f"revision {SCHEMA_REVISION}: run `clarion migrate`"
+            f"the database {where} is {problem}; this clarion needs revision {SCHEMA_REVISION}: "
+            "run `clarion migrate`"
         )
 
 

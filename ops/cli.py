@@ -10,7 +10,7 @@ import uuid
 
 from clarion import logs, settings
 from clarion.errors import ClarionError, InvalidRequest
-from clarion.ops import launch
+from clarion.ops import launch, web_command
 
 
 def _services(args: argparse.Namespace) -> int:
@@ -76,27 +76,6 @@ def _beat(args: argparse.Namespace) -> int:
     s.home.mkdir(parents=True, exist_ok=True)
     command = launch.beat_command(s.home, loglevel=args.loglevel, quiet=s.log_format == "json")
     os.execv(command[0], command)
-
-
-def _web(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from clarion.web.app import check_bind
-
-    warning = check_bind(
-        args.host, settings.get().teams_app_id, allow_insecure_teams=args.allow_insecure_teams
-    )
-    if warning:
-        print(warning, file=sys.stderr, flush=True)
-    settings.get().urls()
-    uvicorn.run(
-        "clarion.web.app:app",
-        host=args.host,
-        port=args.port,
-        log_level="info",
-        log_config=logs.uvicorn_config(settings.get().log_format),
-    )
-    return 0
 
 
 def _flower(args: argparse.Namespace) -> int:
@@ -381,19 +360,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--loglevel", default="INFO")
     b.set_defaults(fn=_beat)
     sub.add_parser("stats", help="print counts by state, reason and queue").set_defaults(fn=_stats)
-    wb = sub.add_parser(
-        "web",
-        help="serve the HTTP API, Slack and Teams endpoints, provider webhooks, the preferences "
-        "page and /metrics (ASGI, uvicorn)",
-    )
-    wb.add_argument("--host", default="127.0.0.1")
-    wb.add_argument("--port", type=int, default=8000)
-    wb.add_argument(
-        "--allow-insecure-teams",
-        action="store_true",
-        help="with CLARION_TEAMS_APP_ID=none, serve on a non-loopback host anyway (unauthenticated!)",
-    )
-    wb.set_defaults(fn=_web)
+    web_command.add_web(sub)
+    web_command.add_ping(sub)
     fl = sub.add_parser("flower", help="run Flower on the clarion broker")
     fl.add_argument("--port", type=int, default=5555)
     fl.add_argument("--address", default="127.0.0.1", help="interface to listen on")

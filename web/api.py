@@ -63,7 +63,7 @@ from clarion.web.api_models import (
     RecipientPut,
     RequestReport,
 )
-from clarion.web.inbound import Refused, read_body
+from clarion.web.inbound import Refused, local_path, read_body
 
 EVENT_BYTES = 256 * 1024
 BATCH_BYTES = 5 * 1024 * 1024
@@ -166,7 +166,7 @@ async def post_event(request: Request, key: EventsWrite, idem: IdempotencyKey = 
     payload = await read_json(request, EVENT_BYTES)
     event = shaped(Event, payload)
     answer = await run_in_threadpool(
-        ingest, key, idempotency_key(idem), request.url.path, payload, [event], batch=False
+        ingest, key, idempotency_key(idem), local_path(request), payload, [event], batch=False
     )
     return _answer(answer)
 
@@ -183,7 +183,7 @@ async def post_events(request: Request, key: EventsWrite, idem: IdempotencyKey =
     payload = await read_json(request, BATCH_BYTES)
     batch = shaped(Batch, payload)
     answer = await run_in_threadpool(
-        ingest, key, idempotency_key(idem), request.url.path, payload, batch.items, batch=True
+        ingest, key, idempotency_key(idem), local_path(request), payload, batch.items, batch=True
     )
     return _answer(answer)
 
@@ -323,7 +323,7 @@ def delete_user(user_id: UserId, key: RecipientsErase) -> dict[str, Any]:
 async def _http_error(request: Request, exc: Exception) -> Response:
     """Routing's 404/405 under /v1 in the API's shape; elsewhere FastAPI's default."""
     assert isinstance(exc, StarletteHTTPException)
-    if not request.url.path.startswith("/v1/"):
+    if not local_path(request).startswith("/v1/"):
         return await http_exception_handler(request, exc)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "refused")
     return AsciiJSONResponse(
@@ -349,15 +349,16 @@ def openapi(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
-def application(routes: Sequence[BaseRoute]) -> FastAPI:
-    """The ASGI app: `routes` (Slack, Teams, /healthz) and the /v1 API, docs at /docs."""
+def application(routes: Sequence[BaseRoute], *, docs: bool = True) -> FastAPI:
+    """The ASGI app: `routes` (Slack, Teams, /healthz) and the /v1 API, docs at /docs (with
+    docs=False, no /docs nor /openapi.json: `clarion web --admin-bind` serves them elsewhere)."""
     app = FastAPI(
         title="clarion",
         version="1",
         description="Notifications that cannot double-send. See README § HTTP API.",
         routes=list(routes),
-        openapi_url="/openapi.json",
-        docs_url="/docs",
+        openapi_url="/openapi.json" if docs else None,
+        docs_url="/docs" if docs else None,
         redoc_url=None,
     )
     app.include_router(router)

@@ -1,4 +1,5 @@
-"""The ASGI app (`clarion web`, or `uvicorn web.app:app`): mounts each surface's routes.
+"""The ASGI app (`clarion web`, `uvicorn clarion.web.app:app`, or mounted by a host app under a
+prefix: `clarion.web.asgi_app()`): each surface's routes in one app.
 
 `app` is built on first use (module `__getattr__`), so importing this module stays cheap (the CLI
 imports it for check_bind) and settings are read when the app is served, not when it is imported."""
@@ -6,18 +7,20 @@ imports it for check_bind) and settings are read when the app is served, not whe
 from __future__ import annotations
 
 import ipaddress
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import BaseRoute, Route
 
 from clarion.adapters.teams import local_mode
 from clarion.errors import ConfigurationError
 
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
-async def health(request: Request) -> JSONResponse:
-    return JSONResponse({"status": "ok"})
+ADMIN_PATHS = ("/metrics", "/docs", "/openapi.json")  # off the public listener with --admin-bind
 
 
 async def metrics(request: Request) -> Response:
@@ -30,19 +33,52 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
-def create_app() -> Starlette:
-    from clarion import metrics as counted
+def _surfaces() -> list[BaseRoute]:
+    from clarion.web import email, inbox, preferences, ready, slack, sms, teams
 
-    counted.check()  # receipts counted here must reach the scrape too: refuse to serve otherwise
-    routes = [Route("/healthz", health), Route("/metrics", metrics)]
-    from clarion.web import api, email, inbox, preferences, slack, sms, teams
-
+    routes: list[BaseRoute] = [*ready.routes()]
     routes += slack.routes() + teams.routes() + email.routes() + inbox.routes()
-    routes += sms.routes() + preferences.routes()
     from clarion.web import escalation_ack
 
-    routes += escalation_ack.routes()
-    return api.application(routes)  # FastAPI, a Starlette: the /v1 API, /openapi.json and /docs
+    return routes + sms.routes() + preferences.routes() + escalation_ack.routes()
+
+
+def create_app(*, admin: bool = True) -> FastAPI:
+    """clarion's whole HTTP surface as one ASGI app: what `clarion web` serves, and what a host
+    app mounts (`host.mount("/notify", clarion.web.asgi_app())`). admin=False leaves out /metrics,
+    /docs and /openapi.json (404), for a public listener whose admin routes are served elsewhere."""
+    from clarion import metrics as counted
+    from clarion.web import api
+
+    counted.check()  # receipts counted here must reach the scrape too: refuse to serve otherwise
+    routes = _surfaces() + ([Route("/metrics", metrics)] if admin else [])
+    return api.application(routes, docs=admin)  # FastAPI, a Starlette: /v1, /openapi.json, /docs
+
+
+def public_app() -> Starlette:
+    """`clarion web --admin-bind`'s public listener: everything but the admin routes."""
+    return create_app(admin=False)
+
+
+def admin_app() -> Starlette:
+    """`clarion web --admin-bind`'s second listener: /metrics, /docs and /openapi.json (of the
+    whole API), /healthz and /readyz; nothing else."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+
+    from clarion.web import ready
+
+    whole = create_app()
+
+    async def openapi(request: Request) -> JSONResponse:
+        return JSONResponse(whole.openapi())
+
+    async def docs(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "").rstrip("/")
+        return get_swagger_ui_html(openapi_url=f"{root}/openapi.json", title="clarion - Swagger UI")
+
+    routes = [Route("/metrics", metrics), Route("/openapi.json", openapi), Route("/docs", docs)]
+    # the whole app's error handlers: an admin route answers exactly as it would on the public one
+    return Starlette(routes=routes + ready.routes(), exception_handlers=whole.exception_handlers)
 
 
 def __getattr__(name: str) -> Starlette:

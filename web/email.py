@@ -173,7 +173,7 @@ async def unsubscribe_page(request: Request) -> Response:
     except Refused as error:
         refusal(error, "email_unsubscribe")
         return _page(f"<p>{html(BAD_LINK)}</p>", status=error.status)
-    action = html(f"{UNSUBSCRIBE_PATH}?t={token}")
+    action = html(f"?t={token}")  # this same path: right under any prefix clarion is mounted at
     name, _, value = ONE_CLICK.partition("=")
     return _page(
         f"<p>{html(CONFIRM_TEXT)}</p>"

@@ -38,6 +38,13 @@ class Refused(ClarionError):
         self.status, self.reason = status, reason[:200]
 
 
+def local_path(request: Request) -> str:
+    """The request's path below clarion's own root: "/v1/events" whether clarion is served at
+    the top or mounted by a host app under a prefix (Starlette keeps the prefix in `root_path`)."""
+    path, root = request.url.path, request.scope.get("root_path", "").rstrip("/")
+    return path[len(root) :] or "/" if root and path.startswith(root) else path
+
+
 def refusal(error: Refused, door: str) -> JSONResponse:
     """The short answer to a refused request (logged at info: a refusal is not an error)."""
     log.info(

@@ -31,7 +31,7 @@ from clarion import clock, settings
 from clarion.adapters.base import Keyword
 from clarion.adapters.sms import HELP_REPLY, keyword_of, status_receipt
 from clarion.tasks import receipts
-from clarion.web.inbound import IDENT, Refused, clean, read_body, refusal
+from clarion.web.inbound import IDENT, Refused, clean, local_path, read_body, refusal
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +40,11 @@ TWIML = "application/xml"
 
 
 def public_url(request: Request) -> str:
-    """The URL Twilio called, as it signed it: the configured public base, path and raw query."""
+    """The URL Twilio called, as it signed it: the configured public base (which carries a host
+    app's mount prefix), the path below clarion's root, and the raw query."""
     query = request.scope.get("query_string", b"").decode("latin-1")
     base = settings.get().public_url.rstrip("/")
-    return f"{base}{request.url.path}" + (f"?{query}" if query else "")
+    return f"{base}{local_path(request)}" + (f"?{query}" if query else "")
 
 
 async def verified_form(request: Request, token: str) -> ImmutableMultiDict[str, str]:
