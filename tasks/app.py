@@ -12,12 +12,19 @@ raised by signal handlers (celery #2738), so the refusal leaves the process with
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
 import kombu.pools
 from celery import Celery
-from celery.signals import celeryd_init, worker_process_init, worker_process_shutdown
+from celery.signals import (
+    beat_init,
+    celeryd_init,
+    task_prerun,
+    worker_process_init,
+    worker_process_shutdown,
+)
 from kombu.utils.url import maybe_sanitize_url
 
 from clarion import metrics, settings  # metrics first: it picks the multiprocess folder
@@ -54,6 +61,27 @@ def _fresh_connections(**_: object) -> None:
 @worker_process_shutdown.connect
 def _metrics_of_a_finished_child(pid: int | None = None, **_: object) -> None:
     metrics.process_exited(pid or os.getpid())
+
+
+@task_prerun.connect
+def _look_at_the_catalog(**_: object) -> None:
+    """Every task, ticks included, looks at the catalog file (at most once a second: one stat),
+    so an edit reaches every pool process within about a second (tasks/catalogs.py)."""
+    from clarion.tasks import runtime
+
+    with contextlib.suppress(ClarionError):  # never loaded: the task that needs it says so
+        runtime.catalog()
+
+
+@beat_init.connect
+def _name_the_catalog(**_: object) -> None:
+    """Beat renders nothing, but says which catalog the deployment runs (tasks/catalogs.py)."""
+    from clarion.tasks import runtime
+
+    try:
+        runtime.catalog()
+    except ClarionError as exc:
+        print(f"clarion: beat: the catalog does not load: {exc}", file=sys.stderr, flush=True)
 
 
 @celeryd_init.connect

@@ -6,6 +6,7 @@ imports it for check_bind) and settings are read when the app is served, not whe
 from __future__ import annotations
 
 import ipaddress
+import logging
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -13,7 +14,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from clarion.adapters.teams import local_mode
-from clarion.errors import ConfigurationError
+from clarion.errors import ClarionError, ConfigurationError
+
+log = logging.getLogger(__name__)
 
 
 async def health(request: Request) -> JSONResponse:
@@ -32,7 +35,13 @@ async def metrics(request: Request) -> Response:
 
 def create_app() -> Starlette:
     routes = [Route("/healthz", health), Route("/metrics", metrics)]
+    from clarion.tasks import runtime
     from clarion.web import api, email, inbox, preferences, slack, sms, teams
+
+    try:  # loaded, and named in the log (tasks/catalogs.py), before the first request
+        runtime.catalog()
+    except ClarionError as exc:  # served anyway: the routes that need a catalog say so
+        log.error("the catalog does not load: %s", exc, extra={"action": "catalog_broken"})
 
     routes += slack.routes() + teams.routes() + email.routes() + inbox.routes()
     routes += sms.routes() + preferences.routes()
