@@ -2,6 +2,7 @@
 
 from clarion.catalog.model import (
     CATEGORIES,
+    RECIPIENT_CHANNELS,
     Button,
     Catalog,
     CatalogError,
@@ -11,6 +12,7 @@ from clarion.catalog.model import (
 )
 
 __all__ = [
+    "RECIPIENT_CHANNELS",
     "CATEGORIES",
     "Button",
     "Catalog",

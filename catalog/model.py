@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
 import re
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -35,6 +36,12 @@ DEFAULT_LANE = {
 # Every channel name a type may list: the adapters that exist and those on their way. A name not in
 # here is a typo (`webhok`) and refused at load. Extend it when a channel is added.
 CHANNELS = frozenset({"console", "webhook", "slack", "teams", "email", "sms", "push", "in_app"})
+# The channels a recipient may turn on or off on the preferences page: those that reach the person.
+# `console` (the operator's terminal) and `webhook` (the operator's own endpoint, escalation hooks)
+# reach a system, not the recipient, so the page never offers them.
+RECIPIENT_CHANNELS = frozenset({"slack", "teams", "email", "sms", "push", "in_app"})
+LABEL_CHARS = 80  # longest type label
+DESCRIPTION_CHARS = 300  # longest type description
 
 
 # Per-type gate options: window_exempt (neither blocked by nor opening the activation window),
@@ -65,6 +72,20 @@ GUARANTEE = {
 
 class CatalogError(ValueError):
     """The catalog itself is malformed (raised at load time)."""
+
+
+def readable(key: str) -> str:
+    """A key as words, for a type without a label: `stalled_plan` -> "Stalled plan"."""
+    words = key.replace("_", " ").replace("-", " ").strip()
+    return words[:1].upper() + words[1:]
+
+
+@dataclass(frozen=True)
+class TypeText:
+    """What a recipient reads about a type (the preferences page), in one locale."""
+
+    label: str | None = None
+    description: str | None = None
 
 
 BUTTON_ACTIONS = ("answer", "stop_series", "snooze")
@@ -173,6 +194,29 @@ class NotificationType:
     samples: dict[str, Any] = field(default_factory=dict)  # for every version without its own
     default_locale: str = _locales.DEFAULT  # the locale of the versions' own fields
     escalation: Escalation | None = None  # steps after this one when nobody acknowledges it
+    text: TypeText = field(default_factory=TypeText)  # label and description in the default locale
+    texts: dict[str, TypeText] = field(default_factory=dict)  # canonical tag -> its text
+
+    def label(self, locale: str | None = None) -> str:
+        """The type's name for people in `locale` (its fallback chain), else its key as words."""
+        found = self._text(locale, "label")
+        return found or readable(self.key)
+
+    def description(self, locale: str | None = None) -> str | None:
+        """What the type is for, in `locale` through its fallback chain; None if not given."""
+        return self._text(locale, "description")
+
+    def _text(self, locale: str | None, name: str) -> str | None:
+        for tag in _locales.chain(locale, self.default_locale):
+            text = self.text if tag == self.default_locale else self.texts.get(tag)
+            if text is not None and getattr(text, name):
+                return str(getattr(text, name))
+        return None
+
+    @property
+    def recipient_channels(self) -> tuple[str, ...]:
+        """The type's channels a recipient may choose (RECIPIENT_CHANNELS), in catalog order."""
+        return tuple(c for c in self.channels if c in RECIPIENT_CHANNELS)
 
     @property
     def version(self) -> int:
@@ -466,6 +510,7 @@ def _build_type(key: str, spec: Any, default_locale: str = _locales.DEFAULT) -> 
             if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
                 raise fail(f"options.collapse.{name} must be a positive number of seconds")
     _check_digest(options, required, defaults, fail)
+    text, texts = _type_texts(spec, default_locale, fail)
     ntype = NotificationType(
         key=key,
         category=category,
@@ -482,9 +527,43 @@ def _build_type(key: str, spec: Any, default_locale: str = _locales.DEFAULT) -> 
         escalation=parse_escalation(
             key, spec.get("escalation"), set(required) | set(defaults), fail
         ),
+        text=text,
+        texts=texts,
     )
     check_renders(ntype)
     return ntype
+
+
+def _type_text(raw: dict[str, Any], what: str, fail) -> TypeText:
+    """`label` and `description` of a type or of one of its locales: short plain text."""
+    found: dict[str, str | None] = {}
+    for name, longest in (("label", LABEL_CHARS), ("description", DESCRIPTION_CHARS)):
+        value = raw.get(name)
+        if value is not None and (
+            not isinstance(value, str) or not value.strip() or len(value) > longest
+        ):
+            raise fail(f"{what}{name} must be text of 1-{longest} characters, not {value!r}")
+        found[name] = value.strip() if isinstance(value, str) else None
+    return TypeText(found["label"], found["description"])
+
+
+def _type_texts(spec: dict[str, Any], default: str, fail) -> tuple[TypeText, dict[str, TypeText]]:
+    """The type's own label/description and its `locales:` (tag -> label and description)."""
+    raw = spec.get("locales") or {}
+    if not isinstance(raw, dict):
+        raise fail("locales must map a language tag to a label and description")
+    texts: dict[str, TypeText] = {}
+    for tag, strings in raw.items():
+        canonical = _locales.normalise(tag)
+        if canonical is None or canonical == default or canonical in texts:
+            raise fail(
+                f"locales: {tag!r} must be a language tag, given once, other than the "
+                f"default locale {default!r}"
+            )
+        if not isinstance(strings, dict) or not set(strings) <= {"label", "description"}:
+            raise fail(f"locales {tag}: only label and description, not {strings!r}")
+        texts[canonical] = _type_text(strings, f"locales {tag} ", fail)
+    return _type_text(spec, "", fail), texts
 
 
 def _check_digest(options: dict, required: tuple[str, ...], defaults: dict, fail) -> None:
@@ -659,9 +738,15 @@ class Catalog:
     source: str = "<python>"
     policy: Policy = field(default_factory=Policy)
     locale: str = _locales.DEFAULT  # the default locale: of the versions' own fields, and last
+    digest: str = ""  # sha256 of the file's bytes (hex); "" for a catalog built in Python
 
     def get(self, type_key: str) -> NotificationType | None:
         return self.types.get(type_key)
+
+    @property
+    def name(self) -> str:
+        """Which catalog this is, for logs and errors: `/path/catalog.yaml (sha256 1a2b3c4d5e6f)`."""
+        return f"{self.source} (sha256 {self.digest[:12]})" if self.digest else self.source
 
     def check(self) -> Catalog:
         """The load-time checks again, for a Catalog built in Python rather than by from_dict:
@@ -686,7 +771,7 @@ class Catalog:
         return frozenset(c for t in self.types.values() for c in t.channels)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "<python>") -> Catalog:
+    def from_dict(cls, data: dict[str, Any], source: str = "<python>", digest: str = "") -> Catalog:
         """Build and check a catalog; every CatalogError names `source` (the file) first."""
         try:
             types = data.get("types") if isinstance(data, dict) else None
@@ -696,7 +781,7 @@ class Catalog:
             built = {str(key): _build_type(str(key), spec, default) for key, spec in types.items()}
             check_escalations(built, CatalogError)
             _check_digest_targets(built)
-            return cls(built, source, _policy(data.get("policy"), built), default)
+            return cls(built, source, _policy(data.get("policy"), built), default, digest)
         except CatalogError as exc:  # the same error with the file named; keep the original cause
             raise CatalogError(f"{source}: {exc}") from (exc.__cause__ or exc)
 
@@ -704,10 +789,18 @@ class Catalog:
     def from_yaml(cls, path: Path | str) -> Catalog:
         path = Path(path)
         try:
-            data = yaml.load(path.read_text(), Loader=CatalogLoader)  # noqa: S506 (a SafeLoader)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            return cls.from_bytes(path.read_bytes(), str(path))
+        except OSError as exc:
             raise CatalogError(f"cannot read catalog {path}: {exc}") from exc
-        return cls.from_dict(data, str(path))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, source: str) -> Catalog:
+        """A catalog from a YAML file's bytes; its digest is their sha256."""
+        try:
+            data = yaml.load(raw.decode(), Loader=CatalogLoader)  # noqa: S506 (a SafeLoader)
+        except (UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise CatalogError(f"cannot read catalog {source}: {exc}") from exc
+        return cls.from_dict(data, source, hashlib.sha256(raw).hexdigest())
 
 
 class CatalogLoader(yaml.SafeLoader):

@@ -41,9 +41,13 @@ class InvalidField(InvalidRequest):
 
 
 class UnknownType(InvalidRequest):
-    def __init__(self, type_key: str) -> None:
-        super().__init__(f"unknown notification type {type_key!r}")
+    """`catalog` names the catalog looked in: `/path/catalog.yaml (sha256 1a2b3c4d5e6f)`."""
+
+    def __init__(self, type_key: str, catalog: str | None = None) -> None:
+        where = f": not in catalog {catalog}" if catalog else ""
+        super().__init__(f"unknown notification type {type_key!r}{where}")
         self.type_key = type_key
+        self.catalog = catalog
 
 
 class MissingVariables(InvalidRequest):

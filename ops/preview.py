@@ -288,8 +288,11 @@ def run(
     from clarion import settings
     from clarion.tasks import runtime
 
+    catalog = runtime.catalog()
+    if catalog.get(type_key) is None:
+        raise UnknownType(type_key, catalog.name)
     renderings = preview(
-        runtime.catalog().get(type_key),
+        catalog.get(type_key),
         type_key,
         settings.get(),
         version=version,

@@ -69,9 +69,20 @@ def alert_rows(conn) -> list[tuple]:
     ]
 
 
+def catalog_rows() -> list[tuple]:
+    """The catalog this command loads (CLARION_CATALOG, as every clarion process reads it)."""
+    from clarion.tasks import runtime
+
+    loaded = runtime.loaded()
+    catalog = loaded.current()
+    source = f"{catalog.source} (built-in demo)" if loaded.demo else catalog.source
+    return [(source, catalog.digest or "-", len(catalog.types))]
+
+
 def report(database_url: str, redis_url: str, broker_url: str) -> str:
     with engine(database_url).connect() as conn:
         parts = [
+            render(["path", "sha256", "types"], catalog_rows(), "Catalog"),
             render(["lane", "state", "requests"], reports.request_counts(conn), "Requests"),
             render(
                 ["lane", "channel", "state", "deliveries"],

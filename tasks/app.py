@@ -14,6 +14,7 @@ exceptions raised by signal handlers (celery #2738), so both leave the process w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -25,6 +26,7 @@ from celery.signals import (
     after_setup_task_logger,
     beat_init,
     celeryd_init,
+    task_prerun,
     worker_process_init,
     worker_process_shutdown,
 )
@@ -100,6 +102,27 @@ def _fresh_connections(**_: object) -> None:
 @worker_process_shutdown.connect
 def _metrics_of_a_finished_child(pid: int | None = None, **_: object) -> None:
     metrics.process_exited(pid or os.getpid())
+
+
+@task_prerun.connect
+def _look_at_the_catalog(**_: object) -> None:
+    """Every task, ticks included, looks at the catalog file (at most once a second: one stat),
+    so an edit reaches every pool process within about a second (tasks/catalogs.py)."""
+    from clarion.tasks import runtime
+
+    with contextlib.suppress(ClarionError):  # never loaded: the task that needs it says so
+        runtime.catalog()
+
+
+@beat_init.connect
+def _name_the_catalog(**_: object) -> None:
+    """Beat renders nothing, but says which catalog the deployment runs (tasks/catalogs.py)."""
+    from clarion.tasks import runtime
+
+    try:
+        runtime.catalog()
+    except ClarionError as exc:
+        print(f"clarion: beat: the catalog does not load: {exc}", file=sys.stderr, flush=True)
 
 
 @celeryd_init.connect

@@ -128,9 +128,9 @@ def validate(
     """Check an arm request; returns the series row to write (and to preview in a dry run).
     Everything but the recipient is checked before the first query."""
     type_key = check.text("type_key", type_key, max_bytes=check.TYPE_KEY_BYTES)
-    ntype = runtime.catalog().get(type_key)
+    ntype = runtime.catalog().get(type_key) or runtime.catalog_now().get(type_key)
     if ntype is None:
-        raise UnknownType(type_key)
+        raise UnknownType(type_key, runtime.catalog().name)
     user_id = check.text("user_id", user_id, max_bytes=check.USER_ID_BYTES)
     variables = checked_variables(variables)
     if missing := ntype.missing(variables):

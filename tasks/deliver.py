@@ -365,6 +365,8 @@ def _prepare(row: ClaimedDelivery, batch: Batch) -> tuple[Adapter, Message]:
             row, batch, "no_adapter", f"channel {row.channel!r} is not configured on this worker"
         )
     version = row.template_version
+    if ntype is None or version not in ntype.templates:  # the file may have it by now
+        ntype = runtime.catalog_now().get(row.type_key)
     if ntype is None or version not in ntype.templates:
         raise _skew(
             row, batch, "template_missing", f"{row.type_key} v{version} is not in the catalog"

@@ -142,9 +142,9 @@ def build_request(
     """Check one notify() call; returns the request row to write (nothing is written here).
     The arguments are the caller's, unchecked (notify_many passes whatever an item holds)."""
     key_text = check.text("type_key", type_key, max_bytes=check.TYPE_KEY_BYTES)
-    ntype = runtime.catalog().get(key_text)
+    ntype = runtime.catalog().get(key_text) or runtime.catalog_now().get(key_text)
     if ntype is None:
-        raise UnknownType(key_text)
+        raise UnknownType(key_text, runtime.catalog().name)
     user_text = check.text("user_id", user_id, max_bytes=check.USER_ID_BYTES)
     key = check.occurrence_key(event_id, occurrence_key)
     plain = checked_variables(variables)

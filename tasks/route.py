@@ -90,6 +90,8 @@ def _route(users: list[str], ids: list[int], *, lane: str | None = None) -> int:
     decisions: list[ledger.Decision] = []
     with engine().begin() as conn:
         resolved = ledger.resolve_requests(conn, zip(users, ids, strict=True), now=now)
+        if any(catalog.get(r["type_key"]) is None for r in resolved):
+            catalog = runtime.catalog_now()  # a type added to the file since the last look
         close_windows(conn, resolved, catalog, now=now)  # a digest request's items, if any
         requests = _known_types(conn, resolved, catalog, now)
         recipients = ledger.recipients(conn, (r["user_id"] for r in requests))

@@ -23,6 +23,7 @@ from clarion.adapters.webhook import WebhookAdapter
 from clarion.catalog import Catalog
 from clarion.catalog.model import EXAMPLES
 from clarion.errors import ConfigurationError
+from clarion.tasks import catalogs
 from clarion.tasks.inbox import LedgerInbox
 
 T = TypeVar("T")
@@ -68,26 +69,39 @@ def per_process(factory: Callable[[], T]) -> PerProcess[T]:
 
 
 @per_process
-def catalog() -> Catalog:
-    """The catalog named by CLARION_CATALOG: a YAML file, or `package.module:NAME` holding a
-    Catalog or the same mapping as the YAML (default: the demo catalog)."""
-    source = settings.get().catalog or EXAMPLES / "demo.yaml"
+def loaded() -> catalogs.Loaded | catalogs.Fixed:
+    """The catalog named by CLARION_CATALOG: a YAML file (reloaded when it changes:
+    tasks/catalogs.py), or `package.module:NAME` holding a Catalog or the same mapping as the
+    YAML. Unset: the built-in demo catalog, with a warning."""
+    source = settings.get().catalog
     try:
+        if source is None:
+            return catalogs.Loaded(EXAMPLES / "demo.yaml", demo=True)
         if not Path(source).exists() and ":" in str(source):
-            return _from_python(str(source))
-        return Catalog.from_yaml(source)
+            return catalogs.Fixed(_from_python(str(source)))
+        return catalogs.Loaded(Path(source))
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from exc
+
+
+def catalog() -> Catalog:
+    """The running catalog (looks at its file at most once a second: tasks/catalogs.py)."""
+    return loaded().current()
+
+
+def catalog_now() -> Catalog:
+    """The catalog after looking at its file now: for a type or version this process lacks."""
+    return loaded().check_now()
 
 
 def check_catalog() -> Catalog:
     """Load the configured catalog afresh and check it as a worker must before it starts: every
     channel a known one, every template version rendered for every channel it targets with its
     sample variables. Raises ConfigurationError naming file, type, version and field."""
-    catalog.cache_clear()
-    loaded = catalog()
+    loaded.cache_clear()
+    running = catalog()
     try:
-        return loaded.check()
+        return running.check()
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from exc
 
@@ -226,5 +240,5 @@ def count(name: str, amount: int = 1) -> None:
 
 def reset() -> None:
     """Forget cached resources (tests that switch catalogs or settings)."""
-    for cached in (catalog, collaborators, adapters, redis):
+    for cached in (loaded, collaborators, adapters, redis):
         cached.cache_clear()

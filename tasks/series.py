@@ -149,7 +149,7 @@ def snooze_occurrence(
             return True  # its own schedule already holds it that long: nothing to write
         ntype = runtime.catalog().get(row["type_key"])
         if ntype is None:
-            raise UnknownType(row["type_key"])
+            raise UnknownType(row["type_key"], runtime.catalog().name)
         return (
             store.snooze_occurrence(
                 conn,

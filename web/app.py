@@ -7,6 +7,7 @@ imports it for check_bind) and settings are read when the app is served, not whe
 from __future__ import annotations
 
 import ipaddress
+import logging
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
@@ -15,7 +16,9 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from clarion.adapters.teams import local_mode
-from clarion.errors import ConfigurationError
+from clarion.errors import ClarionError, ConfigurationError
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -51,6 +54,12 @@ def create_app(*, admin: bool = True) -> FastAPI:
     from clarion.web import api
 
     counted.check()  # receipts counted here must reach the scrape too: refuse to serve otherwise
+    from clarion.tasks import runtime
+
+    try:  # loaded, and named in the log (tasks/catalogs.py), before the first request
+        runtime.catalog()
+    except ClarionError as exc:  # served anyway: the routes that need a catalog say so
+        log.error("the catalog does not load: %s", exc, extra={"action": "catalog_broken"})
     routes = _surfaces() + ([Route("/metrics", metrics)] if admin else [])
     return api.application(routes, docs=admin)  # FastAPI, a Starlette: /v1, /openapi.json, /docs
 

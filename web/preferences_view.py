@@ -1,8 +1,9 @@
 """What the preferences page shows and what its form means, apart from HTTP (web/preferences.py).
 
 `groups()` turns the recipient's resolved preferences (tasks.preferences.get_preferences, the
-function the API answers with) into one group per category, one row per type, one cell per
-channel. `changes()` reads the posted form back into settings for set_preferences: only the cells
+function the API answers with) into one group per category, one row per type (titled with the
+type's catalog `label`, else its key as words, and its `description`), one cell per channel a
+recipient may choose (catalog RECIPIENT_CHANNELS: never console or webhook). `changes()` reads the posted form back into settings for set_preferences: only the cells
 the recipient changed since the page was shown (each cell carries the state it was shown in), so
 a save never re-asserts a default or undoes a change made elsewhere in between.
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clarion.catalog import CATEGORIES, Catalog, NotificationType
+from clarion.catalog.model import readable
 from clarion.gates import preferences as resolution
 
 CATEGORY_TITLES = {
@@ -33,8 +35,6 @@ CHANNEL_NAMES = {
     "in_app": "In the app",
     "slack": "Slack",
     "teams": "Microsoft Teams",
-    "webhook": "Webhook",
-    "console": "Console",
 }
 LOCKED_NOTE = (
     "Always sent: {what} cannot be turned off, not even by unsubscribing from everything, "
@@ -65,6 +65,13 @@ class Row:
     note: str | None
     note_id: str
     cells: list[Cell]
+    description: str | None = None
+
+    @property
+    def described_by(self) -> str:
+        """The ids of the row's description and note, for aria-describedby."""
+        ids = [f"{self.note_id}-d" if self.description else "", self.note_id if self.note else ""]
+        return " ".join(i for i in ids if i)
 
 
 @dataclass(frozen=True)
@@ -79,11 +86,6 @@ class StaleForm(Exception):
     """The posted form names cells the catalog does not have (or may not change)."""
 
 
-def _title(key: str) -> str:
-    words = key.replace("_", " ").replace("-", " ").strip()
-    return words[:1].upper() + words[1:]
-
-
 def _note(ntype: NotificationType) -> str | None:
     if resolution.locked(ntype):
         return LOCKED_NOTE.format(
@@ -92,28 +94,33 @@ def _note(ntype: NotificationType) -> str | None:
     return CRITICAL_NOTE if ntype.critical else None
 
 
-def groups(catalog: Catalog, resolved: Mapping[str, Any]) -> list[Group]:
-    """The page's groups for `resolved` (get_preferences' answer), categories in catalog order."""
+def groups(catalog: Catalog, resolved: Mapping[str, Any], locale: str | None = None) -> list[Group]:
+    """The page's groups for `resolved` (get_preferences' answer), categories in catalog order;
+    a type with no channel a recipient may choose has no row."""
     found, n = [], 0
     for category in CATEGORIES:
         rows = []
         for ntype in sorted(
-            (t for t in catalog.types.values() if t.category == category), key=lambda t: t.key
+            (t for t in catalog.types.values() if t.category == category),
+            key=lambda t: (t.label(locale).casefold(), t.key),  # in the order a person reads
         ):
+            states = resolved["types"].get(ntype.key)  # None: added to the catalog just now
+            if states is None or not ntype.recipient_channels:
+                continue
             cells = []
-            for channel in ntype.channels:
+            for channel in ntype.recipient_channels:
                 n += 1
-                state = resolved["types"][ntype.key][channel]
                 cells.append(
                     Cell(
                         value=f"{ntype.key}/{channel}",
                         id=f"c{n}",
-                        label=CHANNEL_NAMES.get(channel, _title(channel)),
-                        enabled=bool(state["enabled"]),
+                        label=CHANNEL_NAMES.get(channel, readable(channel)),
+                        enabled=bool(states[channel]["enabled"]),
                         locked=resolution.locked(ntype),
                     )
                 )
-            rows.append(Row(ntype.key, _title(ntype.key), _note(ntype), f"n{n}", cells))
+            title, about = ntype.label(locale), ntype.description(locale)
+            rows.append(Row(ntype.key, title, _note(ntype), f"n{n}", cells, about))
         if rows:
             title, blurb = CATEGORY_TITLES[category]
             found.append(Group(category, title, blurb, rows))
@@ -147,5 +154,5 @@ def changes(catalog: Catalog, form: Mapping[str, list[str]]) -> dict[str, bool]:
 def _editable(catalog: Catalog, value: str) -> None:
     key, _, channel = value.rpartition("/")
     ntype = catalog.get(key)
-    if ntype is None or channel not in ntype.channels or resolution.locked(ntype):
+    if ntype is None or channel not in ntype.recipient_channels or resolution.locked(ntype):
         raise StaleForm(f"{value[:80]!r} is not a setting the page offers")

@@ -387,7 +387,7 @@ def _choices(user_id: str) -> list[tuple[str, str, bool]]:
     """(type key, label, enabled on Teams) for every type a recipient may switch off on Teams."""
     resolved = get_preferences(user_id)["types"]
     return [
-        (t.key, t.key.replace("_", " ").capitalize(), resolved[t.key]["teams"]["enabled"])
+        (t.key, t.label(), resolved[t.key]["teams"]["enabled"])  # a plain-text toggle title
         for t in runtime.catalog().types.values()
         if "teams" in t.channels and t.category not in LOCKED_CATEGORIES
     ]

@@ -4,6 +4,7 @@ routing are set up in this process through the public API; everything else goes 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -32,6 +33,8 @@ CLARION = Path(sys.executable).parent / "clarion"
 GATES = ROOT / "tests" / "catalog_gates.yaml"
 ONE_ON_ONE = "weekly_one_on_one"  # window-exempt activation type, no required variables
 EXTRA = {"CLARION_CATALOG": str(GATES), "CLARION_WEBHOOK_URL": "http://127.0.0.1:9/hook"}
+GATES_SHA256 = hashlib.sha256(GATES.read_bytes()).hexdigest()
+NOT_IN = f": not in catalog {GATES} (sha256 {GATES_SHA256[:12]})"  # how UnknownType ends
 # A schedule / simulate row: "Sun 2026-12-06 09:00 IST  weekly_one_on_one  #1/0  deliver  why"
 ROW = re.compile(
     r"^(Mon|Tue|Wed|Thu|Fri|Sat|Sun) (\d{4}-\d\d-\d\d) (\d\d:\d\d) \S+\s+(\S+)\s+#(\d+)/(\d+)\s+"
@@ -143,7 +146,7 @@ def test_send_enqueues_once_per_event_id(cli):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("send", "nope", "--user", "ana"), "clarion: unknown notification type 'nope'"),
+        (("send", "nope", "--user", "ana"), "clarion: unknown notification type 'nope'" + NOT_IN),
         (("send", "receipt", "--user", "ana"), "clarion: type 'receipt' needs variables: order"),
         (
             ("send", "receipt", "--user", "ghost", "--var", "order=1"),
@@ -174,7 +177,7 @@ def test_send_enqueues_once_per_event_id(cli):
         ),
         (
             ("arm", "nope", "--user", "ana", "--anchor", "2026-12-06T09:00", "--every", "1d"),
-            "clarion: unknown notification type 'nope'",
+            "clarion: unknown notification type 'nope'" + NOT_IN,
         ),
         (
             (
@@ -536,6 +539,7 @@ def test_stats_prints_its_sections(cli):
     out = ok(cli("stats"))
     titles = [block.splitlines()[0] for block in out.split("\n\n")]
     assert titles == [
+        "Catalog",
         "Requests",
         "Deliveries",
         "Not delivered, with the recorded reason",
@@ -547,6 +551,7 @@ def test_stats_prints_its_sections(cli):
         "Work found already done (duplicates prevented)",
         "Broker queues",
     ]
+    assert re.search(rf"^{GATES}\s+{GATES_SHA256}\s+11$", out, re.M), out  # path, sha256, types
     assert re.search(r"^activation\s+routed\s+1$", out, re.M), out
     assert re.search(rf"^recorded in the database\s+{zones.TZ_DATABASE} \(the same\)$", out, re.M)
     assert re.search(r"^preferences\s+suppress\s+opted_out\s+1$", out, re.M), out

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from clarion.catalog import RECIPIENT_CHANNELS
 from clarion.ops.fake_slack import serving
 from clarion.tasks import preferences_link, register_recipient
 from clarion.tasks.links import preferences_token
 from clarion.tasks.preferences import get_preferences
 from tests.conftest import ROOT
-from tests.support.gates import decisions_of, rows, send_and_route, use_gates_catalog
+from tests.support.gates import decisions_of, rows, send_and_route, use_page_catalog
 from tests.support.pipeline import Clock, configure, frozen_clock, publishing_to_this_tests_broker
 
 pytestmark = pytest.mark.integration
@@ -35,8 +36,8 @@ MONDAY = datetime(2026, 12, 7, 9, 0, tzinfo=UTC)
 
 
 @pytest.fixture
-def web(clarion_env, monkeypatch) -> Iterator[str]:
-    use_gates_catalog(monkeypatch)
+def web(clarion_env, monkeypatch, tmp_path) -> Iterator[str]:
+    use_page_catalog(monkeypatch, tmp_path)
     register_recipient("ann", timezone="Europe/Berlin", country="DE")
     from clarion.web.app import create_app
 
@@ -109,10 +110,11 @@ def test_toggle_off_in_chromium_then_notify_is_opted_out(web, browser, tmp_path,
     assert page.locator("fieldset").count() == page.locator("fieldset > legend").count() == 6
 
     boxes = page.get_by_role("checkbox")
-    assert boxes.count() == sum(len(c) for c in get_preferences("ann")["types"].values())
+    resolved = get_preferences("ann")["types"]  # one box per type and channel a person may choose
+    assert boxes.count() == sum(c in RECIPIENT_CHANNELS for t in resolved.values() for c in t)
     for i in range(boxes.count()):  # every box has a label naming its type and channel
         assert page.locator(f"label[for='{boxes.nth(i).get_attribute('id')}']").count() == 1
-    receipt = page.get_by_role("checkbox", name="Receipt: Webhook (always on)")
+    receipt = page.get_by_role("checkbox", name="Order receipts: In the app (always on)")
     assert receipt.is_disabled() and receipt.is_checked()
     reason = page.locator(f"#{receipt.get_attribute('aria-describedby')}")
     assert "cannot be turned off" in reason.inner_text()
@@ -128,8 +130,8 @@ def test_toggle_off_in_chromium_then_notify_is_opted_out(web, browser, tmp_path,
         now = focused(page)
         assert now["outline"] != "none" and now["width"] >= 2, now  # focus is visible
         reached.append(now)
-        if now["value"] == "stalled_plan/webhook":
-            target = page.get_by_role("checkbox", name="Stalled plan: Webhook")
+        if now["value"] == "stalled_plan/in_app":
+            target = page.get_by_role("checkbox", name="A quiet growth plan: In the app")
             assert target.is_checked()
             page.keyboard.press("Space")
             assert not target.is_checked()
@@ -149,13 +151,13 @@ def test_toggle_off_in_chromium_then_notify_is_opted_out(web, browser, tmp_path,
     with page.expect_navigation():
         page.keyboard.press("Enter")  # on the focused Save button
     assert "Saved. 1 setting changed." in page.get_by_role("status").inner_text()
-    assert not page.get_by_role("checkbox", name="Stalled plan: Webhook").is_checked()
+    assert not page.get_by_role("checkbox", name="A quiet growth plan: In the app").is_checked()
     keep(page, tmp_path, "preferences-saved.png")
-    assert get_preferences("ann")["settings"] == {"type:stalled_plan/webhook": False}
+    assert get_preferences("ann")["settings"] == {"type:stalled_plan/in_app": False}
 
     request_id = send_and_route("ann", "stalled_plan")
     first = decisions_of("ann", request_id)[0]
-    assert first[:4] == ("preferences", "suppress", "opted_out", "webhook")
+    assert first[:4] == ("preferences", "suppress", "opted_out", "in_app")
 
 
 def test_expired_and_tampered_links_get_a_clear_page_and_change_nothing(
@@ -180,9 +182,34 @@ def test_expired_and_tampered_links_get_a_clear_page_and_change_nothing(
 
     # a page opened in time whose link expires before the form is sent saves nothing
     page.goto(preferences_link("ann", ttl="10m"))
-    page.get_by_role("checkbox", name="Tip: Webhook").uncheck()
+    page.get_by_role("checkbox", name="Weekly tips: In the app").uncheck()
     vclock.advance(600)
     with page.expect_navigation():
         page.get_by_role("button", name="Save settings").click()
     assert page.get_by_role("heading", level=1).inner_text() == "This link has expired"
     assert stored() == before
+
+
+def test_types_show_their_labels_and_no_internal_channel(web, browser, tmp_path, vclock) -> None:
+    """Titles are the catalog's labels (the key as words without one), with the description; no
+    checkbox offers webhook or console (catalog.RECIPIENT_CHANNELS)."""
+    page = browser.new_context().new_page()
+    answer = page.goto(preferences_link("ann", ttl="1h"))
+    assert answer is not None and answer.status == 200
+    titles = page.locator("h3").all_inner_texts()
+    assert {"Order receipts", "A quiet growth plan", "Weekly tips"} <= set(titles)
+    assert {"Security code", "Daily summary"} <= set(titles)  # unlabelled: the key as words
+    assert not any("_" in t for t in titles), titles
+    quiet = page.get_by_role("group", name="A quiet growth plan")
+    assert quiet.get_attribute("aria-describedby")
+    about = page.locator(f"#{quiet.get_attribute('aria-describedby').split()[0]}")
+    assert about.inner_text() == "A reminder when your plan has had no activity for a while."
+    assert about.is_visible()
+    labels = page.locator("label").all_inner_texts()
+    assert labels and all(t.split(":")[-1].split()[:3] == ["In", "the", "app"] for t in labels), (
+        labels
+    )
+    text = page.inner_text("main")
+    assert "Webhook" not in text and "Console" not in text
+    assert page.locator("input[value$='/webhook'], input[value$='/console']").count() == 0
+    keep(page, tmp_path, "preferences-labels.png")

@@ -24,15 +24,15 @@ from clarion.tasks import preferences_link, register_recipient
 from clarion.tasks.links import preferences_token
 from clarion.tasks.preferences import get_preferences, set_preferences
 from clarion.web.app import create_app
-from tests.support.gates import decisions_of, rows, send_and_route, use_gates_catalog
+from tests.support.gates import decisions_of, rows, send_and_route, use_page_catalog
 from tests.support.pipeline import configure
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def client(clarion_env, monkeypatch) -> Iterator[TestClient]:
-    use_gates_catalog(monkeypatch)
+def client(clarion_env, monkeypatch, tmp_path) -> Iterator[TestClient]:
+    use_page_catalog(monkeypatch, tmp_path)
     configure(monkeypatch, public_url="http://testserver")
     register_recipient("ann", timezone="Europe/Berlin", country="DE")
     with TestClient(create_app()) as c:
@@ -101,7 +101,7 @@ def post(client: TestClient, url: str, fields: list, **headers: str):
     )
 
 
-def test_the_page_shows_every_type_by_category_and_channel(client) -> None:
+def test_the_page_shows_every_type_by_category_and_recipient_channel(client) -> None:
     answer = client.get(path())
     assert answer.status_code == 200
     page = answer.text
@@ -115,7 +115,11 @@ def test_the_page_shows_every_type_by_category_and_channel(client) -> None:
     assert "script-src" not in answer.headers["content-security-policy"]  # default-src 'none'
     form = Form(page)
     resolved = get_preferences("ann")["types"]
-    assert len(form.boxes) == sum(len(channels) for channels in resolved.values())
+    # one box per type and channel a recipient may choose: in_app here, never webhook or console
+    assert len(form.boxes) == len(resolved)
+    offered = {(b.get("value") or "").partition("/")[2] for b in form.boxes.values()}
+    assert offered == {"", "in_app"}  # "": the locked boxes, which post nothing
+    assert "Webhook" not in page and "Console" not in page
     assert set(form.boxes) == set(form.labels)  # a label for every checkbox
     for box_id, box in form.boxes.items():
         if "disabled" in box:
@@ -135,16 +139,16 @@ def test_saving_writes_through_the_preference_functions_and_notify_is_opted_out(
     url = path()
     form = Form(client.get(url).text)
     assert form.action == "?" + url.partition("?")[2]
-    answer = post(client, url, form.submit(off={"stalled_plan/webhook"}, on={"promo/console"}))
+    answer = post(client, url, form.submit(off={"stalled_plan/in_app"}, on={"promo/in_app"}))
     assert answer.status_code == 200, answer.text
     assert "Saved. 2 settings changed." in answer.text
     assert get_preferences("ann")["settings"] == {
-        "type:stalled_plan/webhook": False,
-        "type:promo/console": True,
+        "type:stalled_plan/in_app": False,
+        "type:promo/in_app": True,
     }
     again = Form(answer.text)  # the page after saving shows the new state
     assert not any(
-        "checked" in b for b in again.boxes.values() if b.get("value") == "stalled_plan/webhook"
+        "checked" in b for b in again.boxes.values() if b.get("value") == "stalled_plan/in_app"
     )
 
     request_id = send_and_route("ann", "stalled_plan")
@@ -165,12 +169,12 @@ def test_a_save_sends_only_what_the_recipient_changed(client) -> None:
     the page with other changes."""
     url = path()
     form = Form(client.get(url).text)
-    set_preferences("ann", {"type:tip/webhook": False})
-    answer = post(client, url, form.submit(off={"kickoff/webhook"}))
+    set_preferences("ann", {"type:tip/in_app": False})
+    answer = post(client, url, form.submit(off={"kickoff/in_app"}))
     assert "Saved. 1 setting changed." in answer.text
     assert get_preferences("ann")["settings"] == {
-        "type:tip/webhook": False,
-        "type:kickoff/webhook": False,
+        "type:tip/in_app": False,
+        "type:kickoff/in_app": False,
     }
 
 
@@ -182,7 +186,7 @@ def tampered(token: str) -> list[str]:
 
 def test_an_expired_or_tampered_link_gets_a_clear_page_and_changes_nothing(client) -> None:
     good = path()
-    fields = Form(client.get(good).text).submit(off={"stalled_plan/webhook", "tip/webhook"})
+    fields = Form(client.get(good).text).submit(off={"stalled_plan/in_app", "tip/in_app"})
     expired = preferences_token("ann", ttl=60, now=clock.now() - timedelta(minutes=2))
     before = stored()
     for method in ("get", "post"):
@@ -205,7 +209,7 @@ def test_an_expired_or_tampered_link_gets_a_clear_page_and_changes_nothing(clien
 def test_the_form_needs_its_csrf_token_and_a_same_site_origin(client) -> None:
     register_recipient("bob", timezone="UTC")
     url, bobs = path(), path("bob")
-    fields = Form(client.get(url).text).submit(off={"stalled_plan/webhook"})
+    fields = Form(client.get(url).text).submit(off={"stalled_plan/in_app"})
     bob_csrf = dict(Form(client.get(bobs).text).fields)["csrf"]
     without = [f for f in fields if f[0] != "csrf"]
     before = stored()
@@ -229,9 +233,10 @@ def test_forms_the_page_did_not_offer_change_nothing(client) -> None:
     fields = Form(client.get(url).text).submit()
     before = stored()
     bad = [
-        fields + [("was", "receipt/webhook:1")],  # a locked type
-        fields + [("was", "nope/webhook:0")],
+        fields + [("was", "receipt/in_app:1")],  # a locked type
+        fields + [("was", "nope/in_app:0")],
         fields + [("on", "promo/email")],
+        fields + [("was", "tip/webhook:1")],  # a channel the page never offers
     ]
     for body in bad:
         answer = post(client, url, body)
@@ -275,3 +280,13 @@ def test_clarion_link_prints_a_link_that_opens_the_page(client, capsys) -> None:
         cli.main(["link", "--user", "nobody"])
     assert refused.value.code == 2
     assert "unknown recipient 'nobody'" in capsys.readouterr().err
+
+
+def test_types_are_titled_with_their_labels_and_descriptions(client) -> None:
+    page = client.get(path()).text
+    titles = re.findall(r'<h3 id="n\d+-t">([^<]*)</h3>', page)
+    assert {"Order receipts", "A quiet growth plan", "Weekly tips"} <= set(titles)
+    assert "Security code" in titles and "Daily summary" in titles  # no label: the key as words
+    assert not {"stalled_plan", "receipt", "security_code"} & set(titles)
+    assert '<p class="description" id="n' in page
+    assert "A reminder when your plan has had no activity for a while." in page

@@ -1111,6 +1111,8 @@ def test_the_preferences_card_lists_her_types_and_saves_toggles(mia, client, con
     assert post(client, teams_activity("message", connector, text="preferences")).status_code == 201
     reply = connector.replies[-1]
     toggles = {i["id"]: i["value"] for i in reply.card["body"] if i["type"] == "Input.Toggle"}
+    titles = {i["id"]: i["title"] for i in reply.card["body"] if i["type"] == "Input.Toggle"}
+    assert titles["type:stalled_plan"] == "A quiet plan"  # the catalog's label, not the key
     assert toggles == {
         f"type:{k}": "true"
         for k in (

@@ -5,9 +5,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from sqlalchemy import text
 
 from clarion import clock
@@ -144,3 +146,34 @@ def send_and_route(
     request = notify(user_id, type_key, event_id=event_id or fresh_event(), variables=variables)
     route([user_id], [request.request_id])
     return request.request_id
+
+
+# Labels for some of the gate catalog's types (the rest read as their keys)
+PAGE_LABELS = {
+    "receipt": {"label": "Order receipts", "description": "A receipt for each order you place."},
+    "stalled_plan": {
+        "label": "A quiet growth plan",
+        "description": "A reminder when your plan has had no activity for a while.",
+        "locales": {"de": {"label": "Ein ruhiger Wachstumsplan"}},
+    },
+    "tip": {"label": "Weekly tips"},
+}
+
+
+def page_catalog() -> dict[str, Any]:
+    """The gate catalog as the preferences page sees a real one: every type also on `in_app` (a
+    channel a recipient may choose), some types labelled (PAGE_LABELS)."""
+    spec = yaml.safe_load(GATES.read_text())
+    for key, ntype in spec["types"].items():
+        ntype["channels"] = ["in_app", *ntype["channels"]]
+        ntype.update(PAGE_LABELS.get(key, {}))
+    return spec
+
+
+def use_page_catalog(monkeypatch: pytest.MonkeyPatch, folder: Path) -> Path:
+    """Point this process at page_catalog(), written to `folder`."""
+    path = folder / "catalog_page.yaml"
+    path.write_text(yaml.safe_dump(page_catalog(), sort_keys=False))
+    monkeypatch.setenv("CLARION_CATALOG", str(path))
+    reset_process_state()
+    return path

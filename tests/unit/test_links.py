@@ -16,7 +16,7 @@ from clarion.links import BadLink, ExpiredLink
 from clarion.settings import Settings, from_env
 from clarion.tasks import links as preference_links
 from clarion.web import preferences_view as view
-from tests.conftest import ROOT
+from tests.support.gates import page_catalog
 
 KEY = b"k" * 32
 NOW = datetime(2026, 12, 7, 9, 0, tzinfo=UTC)
@@ -196,17 +196,17 @@ def test_bad_ttls_name_the_field(given) -> None:
 
 @pytest.fixture(scope="module")
 def gates_catalog() -> Catalog:
-    return Catalog.from_yaml(ROOT / "tests" / "catalog_gates.yaml")
+    return Catalog.from_dict(page_catalog(), "page catalog")
 
 
 def test_only_the_changed_cells_become_settings(gates_catalog) -> None:
     form = {
-        "was": ["tip/webhook:1", "promo/webhook:0", "promo/console:0", "kickoff/webhook:1"],
-        "on": ["promo/webhook", "kickoff/webhook"],
+        "was": ["tip/in_app:1", "promo/in_app:0", "kickoff/in_app:1"],
+        "on": ["promo/in_app", "kickoff/in_app"],
     }
     assert view.changes(gates_catalog, form) == {
-        "type:tip/webhook": False,
-        "type:promo/webhook": True,
+        "type:tip/in_app": False,
+        "type:promo/in_app": True,
     }
     assert view.changes(gates_catalog, {}) == {}
 
@@ -214,14 +214,15 @@ def test_only_the_changed_cells_become_settings(gates_catalog) -> None:
 @pytest.mark.parametrize(
     "form",
     [
-        {"was": ["receipt/webhook:1"]},  # locked: transactional
-        {"was": ["security_code/webhook:0"]},  # locked: security
-        {"was": ["nope/webhook:1"]},
+        {"was": ["receipt/in_app:1"]},  # locked: transactional
+        {"was": ["security_code/in_app:0"]},  # locked: security
+        {"was": ["nope/in_app:1"]},
         {"was": ["tip/email:1"]},  # a channel the type does not have
-        {"was": ["tip/webhook:2"]},
-        {"was": ["tip/webhook"]},
-        {"was": ["tip/webhook:1", "tip/webhook:0"]},
-        {"was": ["tip/webhook:1"], "on": ["promo/webhook"]},  # checked but never shown
+        {"was": ["tip/webhook:1"]},  # a channel the page never offers
+        {"was": ["tip/in_app:2"]},
+        {"was": ["tip/in_app"]},
+        {"was": ["tip/in_app:1", "tip/in_app:0"]},
+        {"was": ["tip/in_app:1"], "on": ["promo/in_app"]},  # checked but never shown
     ],
 )
 def test_a_form_the_page_did_not_offer_is_stale(gates_catalog, form) -> None:
@@ -251,6 +252,6 @@ def test_locked_types_are_shown_fixed_with_the_reason(gates_catalog) -> None:
     outage = next(r for r in groups["alert"].rows if r.key == "outage")
     assert outage.note == view.CRITICAL_NOTE and not outage.cells[0].locked
     promo = groups["marketing"].rows[0]
-    assert [(c.label, c.enabled) for c in promo.cells] == [("Webhook", False), ("Console", False)]
+    assert [(c.label, c.enabled) for c in promo.cells] == [("In the app", False)]  # no webhook
     ids = [c.id for g in groups.values() for r in g.rows for c in r.cells]
     assert len(ids) == len(set(ids))
