@@ -21,6 +21,8 @@ class ApiKey:
     rate_window: int
     created_at: datetime
     revoked_at: datetime | None
+    last_used_at: datetime | None
+    expires_at: datetime | None
 
     @classmethod
     def from_row(cls, row) -> ApiKey:
@@ -28,13 +30,16 @@ class ApiKey:
 
 
 _COLUMNS = (
-    "id, prefix, name, secret_sha256, scopes, rate_limit, rate_window, created_at, revoked_at"
+    "id, prefix, name, secret_sha256, scopes, rate_limit, rate_window, created_at, revoked_at, "
+    "last_used_at, expires_at"
 )
 
 _INSERT = text(
     f"""
-    INSERT INTO api_keys (prefix, name, secret_sha256, scopes, rate_limit, rate_window, created_at)
-    VALUES (:prefix, :name, :secret_sha256, CAST(:scopes AS text[]), :rate_limit, :rate_window, :now)
+    INSERT INTO api_keys
+        (prefix, name, secret_sha256, scopes, rate_limit, rate_window, created_at, expires_at)
+    VALUES (:prefix, :name, :secret_sha256, CAST(:scopes AS text[]), :rate_limit, :rate_window, :now,
+            :expires_at)
     RETURNING {_COLUMNS}
     """
 )
@@ -46,6 +51,15 @@ _REVOKE = text(
     RETURNING {_COLUMNS}
     """
 )
+# At most one write a minute per key, whichever process sees the key first: the others find the
+# row fresh and write nothing (an UPDATE matching no row writes no tuple and no WAL).
+_TOUCH = text(
+    """
+    UPDATE api_keys SET last_used_at = :now
+    WHERE id = :id AND (last_used_at IS NULL OR last_used_at <= :now - interval '1 minute')
+    """
+)
+TOUCH_EVERY_SECONDS = 60
 
 
 def insert_key(
@@ -58,6 +72,7 @@ def insert_key(
     rate_limit: int,
     rate_window: int,
     now: datetime,
+    expires_at: datetime | None = None,
 ) -> ApiKey:
     """Store a new key (its hash only)."""
     params = dict(
@@ -68,6 +83,7 @@ def insert_key(
         rate_limit=rate_limit,
         rate_window=rate_window,
         now=now,
+        expires_at=expires_at,
     )
     return ApiKey.from_row(conn.execute(_INSERT, params).mappings().one())
 
@@ -86,3 +102,9 @@ def revoke_key(conn: Connection, prefix: str, *, now: datetime) -> ApiKey | None
     """Revoke a live key; None if there is no such key or it was revoked already."""
     row = conn.execute(_REVOKE, {"prefix": prefix, "now": now}).mappings().first()
     return None if row is None else ApiKey.from_row(row)
+
+
+def touch_key(conn: Connection, key_id: int, *, now: datetime) -> bool:
+    """Record that the key was used at `now`, unless it was recorded less than a minute before;
+    True if this call wrote it."""
+    return conn.execute(_TOUCH, {"id": key_id, "now": now}).rowcount == 1

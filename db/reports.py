@@ -89,16 +89,26 @@ _EXPLAIN_RECEIPTS = text(
     "JOIN deliveries d ON d.user_id = e.user_id AND d.id = e.delivery_id "
     "WHERE e.user_id = :user_id AND d.request_id = ANY(CAST(:ids AS bigint[])) ORDER BY e.id"
 )
+# next_attempt_at: a pending row is tried once both its claim time (not_before) and the tick's
+# republish time (due_at) have come; a claimed row again only if its holder lets the lease run out.
 _EXPLAIN_DELIVERIES = text(
-    "SELECT request_id, channel, state, attempts, sent_at, platform, last_error, not_before FROM deliveries "
+    "SELECT request_id, channel, state, attempts, sent_at, platform, last_error, not_before, "
+    "CASE WHEN state = 'pending' THEN greatest(not_before, due_at) "
+    "WHEN state = 'claimed' THEN lease_until END AS next_attempt_at FROM deliveries "
     "WHERE user_id = :user_id AND request_id = ANY(CAST(:ids AS bigint[])) ORDER BY id"
+)
+_EXPLAIN_INCIDENTS = text(
+    "SELECT d.request_id, d.channel, i.kind, i.detail, i.created_at FROM incidents i "
+    "JOIN deliveries d ON d.user_id = i.user_id AND d.id = i.delivery_id "
+    "WHERE i.user_id = :user_id AND d.request_id = ANY(CAST(:ids AS bigint[])) ORDER BY i.id"
 )
 
 
 def explain_rows(
     conn: Connection, user_id: str, *, type_key: str | None, since, limit: int
 ) -> list[dict]:
-    """A recipient's requests, newest first, each with its decisions and deliveries."""
+    """A recipient's requests, newest first, each with its decisions, deliveries, receipts and
+    incidents (deliveries carry next_attempt_at: when a pending or claimed one is tried next)."""
     params = {"user_id": user_id, "type_key": type_key, "since": since, "limit": limit}
     requests = [dict(r) for r in conn.execute(_EXPLAIN_REQUESTS, params).mappings()]
     return _with_history(conn, user_id, requests)
@@ -111,7 +121,8 @@ _REQUEST = text(
 
 
 def request_row(conn: Connection, user_id: str, request_id: int) -> dict | None:
-    """One request with its decisions, deliveries and receipts (explain_rows' shape), or None."""
+    """One request with its decisions, deliveries, receipts and incidents (explain_rows' shape),
+    or None."""
     found = conn.execute(_REQUEST, {"user_id": user_id, "id": request_id}).mappings().first()
     return _with_history(conn, user_id, [dict(found)])[0] if found else None
 
@@ -125,8 +136,11 @@ def _with_history(conn: Connection, user_id: str, requests: list[dict]) -> list[
         by_id[row["request_id"]]["deliveries"].append(dict(row))
     for key in by_id.values():
         key["receipts"] = []
+        key["incidents"] = []
     for row in conn.execute(_EXPLAIN_RECEIPTS, {"user_id": user_id, "ids": ids}).mappings():
         by_id[row["request_id"]]["receipts"].append(dict(row))
+    for row in conn.execute(_EXPLAIN_INCIDENTS, {"user_id": user_id, "ids": ids}).mappings():
+        by_id[row["request_id"]]["incidents"].append(dict(row))
     return [by_id[i] for i in ids]
 
 

@@ -30,7 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0019"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0020"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -272,6 +272,25 @@ suppressions = Table(
     Index("suppressions_hashed", "address", postgresql_where=text("address LIKE 'hmac:%'")),
 )
 
+# Suppressions an operator lifted, with who, when and why (migration 0020, db/suppressions.py).
+# An audit log, not a per-recipient table: user_id is nullable for per-address entries.
+suppression_lifts = Table(
+    "suppression_lifts",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("user_id", Text),
+    Column("channel", Text, nullable=False),
+    Column("address", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("detail", Text, nullable=False, server_default=""),
+    _ts("suppressed_at", False),
+    Column("lifted_by", Text, nullable=False),
+    _ts("lifted_at", False),
+    Column("why", Text, nullable=False),
+    PrimaryKeyConstraint("id", name="suppression_lifts_pkey"),
+    Index("suppression_lifts_address", "channel", "address"),
+)
+
 activation_windows = Table(
     "activation_windows",
     metadata,
@@ -487,6 +506,8 @@ api_keys = Table(
     Column("rate_window", Integer, nullable=False),
     _ts("created_at", False),
     _ts("revoked_at"),
+    _ts("last_used_at"),
+    _ts("expires_at"),
     PrimaryKeyConstraint("id", name="api_keys_pkey"),
     UniqueConstraint("prefix", name="api_keys_prefix_key"),
     CheckConstraint("rate_limit > 0 AND rate_window > 0", name="api_keys_rate_check"),

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import uuid
+from datetime import UTC, datetime
 
 from clarion import logs, settings
 from clarion.errors import ClarionError, InvalidRequest
@@ -166,9 +167,12 @@ def _preview(args: argparse.Namespace) -> int:
 def _explain(args: argparse.Namespace) -> int:
     from clarion.ops.explain import explain
 
+    named = {u for u in (args.who, args.user) if u is not None}
+    if len(named) != 1:
+        raise InvalidRequest("name one recipient: `explain USER` or `explain --user USER`")
     if args.limit < 1:
         raise InvalidRequest(f"--limit must be a positive whole number, not {args.limit}")
-    print(explain(args.user, type_key=args.type, since=args.since, limit=args.limit))
+    print(explain(named.pop(), type_key=args.type, since=args.since, limit=args.limit))
     return 0
 
 
@@ -277,11 +281,18 @@ def _keys(args: argparse.Namespace) -> int:
     from clarion.web import api_auth
 
     if args.action == "create":
-        made = api_auth.create_key(args.name, args.scope or [], api_auth.parse_rate(args.rate))
+        made = api_auth.create_key(
+            args.name,
+            args.scope or [],
+            api_auth.parse_rate(args.rate),
+            api_auth.parse_expires(args.expires),
+        )
+        expires = made.record.expires_at
         print(made.secret)
         print(
             f"API key {made.record.prefix} ({made.record.name}): {', '.join(made.record.scopes)}; "
-            "shown once, only its hash is stored",
+            + (f"expires {_minute(expires)} UTC; " if expires else "")
+            + "shown once, only its hash is stored",
             file=sys.stderr,
         )
     elif args.action == "revoke":
@@ -294,12 +305,37 @@ def _keys(args: argparse.Namespace) -> int:
                 k.name,
                 " ".join(k.scopes),
                 f"{k.rate_limit}/{k.rate_window}s",
-                k.created_at.strftime("%Y-%m-%d %H:%M"),
-                k.revoked_at.strftime("%Y-%m-%d %H:%M") if k.revoked_at else "",
+                _minute(k.created_at),
+                _minute(k.last_used_at),
+                _minute(k.expires_at),
+                _minute(k.revoked_at),
             )
             for k in api_auth.list_keys()
         ]
-        print(render(["prefix", "name", "scopes", "rate", "created", "revoked"], rows, "API keys"))
+        headers = ["prefix", "name", "scopes", "rate", "created", "last used", "expires", "revoked"]
+        print(render(headers, rows, "API keys (UTC; last use recorded to the minute)"))
+    return 0
+
+
+def _minute(at: datetime | None) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M") if at else ""
+
+
+def _suppressions(args: argparse.Namespace) -> int:
+    from clarion.ops import suppressions
+
+    if args.action == "lift":
+        print(suppressions.lift(args.user, args.channel, args.address, why=args.reason, by=args.by))
+        return 0
+    print(
+        suppressions.listing(
+            user_id=args.user,
+            channel=args.channel,
+            address=args.address,
+            lifted=args.lifted,
+            limit=args.limit,
+        )
+    )
     return 0
 
 
@@ -402,7 +438,8 @@ def parser() -> argparse.ArgumentParser:
     pv.add_argument("--json", action="store_true", help="the renderings and requests as JSON")
     pv.set_defaults(fn=_preview)
     e = sub.add_parser("explain", help="why did (or didn't) a recipient get something")
-    e.add_argument("--user", required=True)
+    e.add_argument("who", nargs="?", metavar="USER", help="the recipient (or --user)")
+    e.add_argument("--user")
     e.add_argument("--type")
     e.add_argument("--since", help="2d, 6h, 30m or an ISO time (default: 30 days)")
     e.add_argument("--limit", type=int, default=20)
@@ -473,14 +510,40 @@ def parser() -> argparse.ArgumentParser:
         help="events:write, requests:read, preferences:read, preferences:write (repeatable)",
     )
     kc.add_argument("--rate", default="100/s", help="requests per window: 100/s, 6000/m, 50/10s")
-    ks.add_parser("list", help="every key, live and revoked (never the secrets)")
+    kc.add_argument(
+        "--expires", help="refuse the key (401) after 30m, 12h, 90d, 2w (default: never)"
+    )
+    ks.add_parser(
+        "list", help="every key, live and revoked, its last use and expiry (never the secrets)"
+    )
     kr = ks.add_parser("revoke", help="revoke a key: its next request is a 401")
     kr.add_argument("prefix", help="the key's prefix (from keys list) or the whole key")
     k.set_defaults(fn=_keys)
+    _suppressions_parser(sub)
     r = sub.add_parser("receiver", help="a local webhook receiver that verifies and counts")
     r.add_argument("--port", type=int, default=8099)
     r.set_defaults(fn=_receiver)
     return p
+
+
+def _suppressions_parser(sub: argparse._SubParsersAction) -> None:
+    sp = sub.add_parser("suppressions", help="list the suppression list; lift an entry (audited)")
+    ss = sp.add_subparsers(dest="action", required=True)
+    sl = ss.add_parser("list", help="entries matching every filter given, newest first")
+    sl.add_argument("--user")
+    sl.add_argument("--channel")
+    sl.add_argument("--address")
+    sl.add_argument(
+        "--lifted", action="store_true", help="the audit log of lifted entries: who, when, why"
+    )
+    sl.add_argument("--limit", type=int, default=100)
+    lift = ss.add_parser("lift", help="take one entry off the list, recording who, when and why")
+    lift.add_argument("--user", required=True)
+    lift.add_argument("--channel", required=True)
+    lift.add_argument("--address", required=True)
+    lift.add_argument("--reason", required=True, help="why, e.g. 'false bounce, ticket 812'")
+    lift.add_argument("--by", help="who lifts it (default: the login name)")
+    sp.set_defaults(fn=_suppressions)
 
 
 def main(argv: list[str] | None = None) -> None:

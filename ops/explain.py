@@ -33,6 +33,33 @@ def _when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
 
 
+def relative(at: datetime, now: datetime) -> str:
+    """'in 4m 10s', '2h 0m ago', 'now': how far `at` is from `now`, in its largest unit and the
+    next one (rounded down to whole seconds)."""
+    seconds = int((at - now).total_seconds())
+    if seconds == 0:
+        return "now"
+    left = abs(seconds)
+    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+    first = next(i for i, (_, size) in enumerate(units) if left >= size)
+    parts = [f"{left // units[first][1]}{units[first][0]}"]
+    if first + 1 < len(units):
+        unit, size = units[first + 1]
+        parts.append(f"{left % units[first][1] // size}{unit}")
+    text = " ".join(parts)
+    return f"in {text}" if seconds > 0 else f"{text} ago"
+
+
+def _next_attempt(d: dict, now: datetime) -> tuple:
+    """The row for when a pending delivery is tried next (a claimed one: when its lease runs out)."""
+    at = d["next_attempt_at"]
+    if d["state"] == "claimed":
+        what = f"lease ends {relative(at, now)}; tried again then if not settled"
+    else:
+        what = f"{relative(at, now)}" + (" (overdue: waits for a tick)" if at < now else "")
+    return ("next", at, d["channel"], "attempt", f"#{d['attempts'] + 1}", "", what)
+
+
 def explain(
     user_id: str, *, type_key: str | None = None, since: str | None = None, limit: int = 20
 ) -> str:
@@ -43,6 +70,7 @@ def explain(
             conn, user_id, type_key=type_key, since=parse_since(since), limit=limit
         )
         listed = reports.suppression_rows(conn, user_id)
+    now = clock.now()
     blocks = []
     if listed:
         blocks.append(
@@ -65,7 +93,7 @@ def explain(
     for r in rows:
         title = (
             f"request {r['id']}  {r['type_key']}  ({r['occurrence_key']})  requested "
-            f"{_when(r['created_at'])} UTC — {_verdict(r)}"
+            f"{_when(r['created_at'])} UTC — {_verdict(r, now)}"
         )
         lines = [
             (
@@ -95,6 +123,11 @@ def explain(
             ("receipt", e["received_at"], e["channel"], e["event"], e["outcome"], "", e["detail"])
             for e in r["receipts"]
         ]
+        lines += [_next_attempt(d, now) for d in r["deliveries"] if d["next_attempt_at"]]
+        lines += [
+            ("incident", i["created_at"], i["channel"], i["kind"], "", "", i["detail"])
+            for i in r["incidents"]
+        ]
         lines.sort(key=lambda x: x[1] or datetime.max.replace(tzinfo=clock.now().tzinfo))
         blocks.append(
             render(
@@ -106,7 +139,7 @@ def explain(
     return "\n\n".join(blocks)
 
 
-def _verdict(r: dict) -> str:
+def _verdict(r: dict, now: datetime) -> str:
     sent = [
         d["channel"] + ("" if d["state"] == "sent" else f" ({d['state']})")
         for d in r["deliveries"]
@@ -115,10 +148,14 @@ def _verdict(r: dict) -> str:
     if sent:
         return "sent on " + ", ".join(sent)
     if r["state"] == "deferred":
-        return f"deferred until {_when(r['due_at'])} UTC"
+        return f"deferred until {_when(r['due_at'])} UTC ({relative(r['due_at'], now)})"
     if r["state"] == "pending":
         return "waiting to be routed"
-    if any(d["state"] in ("pending", "claimed") for d in r["deliveries"]):
+    waiting = [d["next_attempt_at"] for d in r["deliveries"] if d["state"] == "pending"]
+    if waiting:
+        first = min(waiting)
+        return f"being delivered; next attempt {_when(first)} UTC ({relative(first, now)})"
+    if any(d["state"] == "claimed" for d in r["deliveries"]):
         return "being delivered"
     reasons = [
         d["reason"] for d in r["decisions"] if d["channel"] is None and d["reason"] != "no_channel"

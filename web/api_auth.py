@@ -16,6 +16,11 @@ Scopes: `events:write` (POST /v1/events…), `requests:read` (GET /v1/requests/�
 and `recipients:erase` (DELETE /v1/users/{user_id}), kept apart from write. Other surfaces add
 theirs to SCOPES. Per-key rate limits spend one unit per HTTP request from the shared Redis
 budgets of adapters/ratelimit.py.
+
+A key may expire (`clarion keys create --expires 90d`): past `expires_at` it is refused with a 401
+that says so. Its last use is recorded at most once a minute (`last_used_at`): the request reads the
+key anyway, and writes only when the time it read is a minute old, with a conditional UPDATE so that
+processes racing on one key still write once.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import re
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from clarion import clock
 from clarion.adapters.ratelimit import Quota
@@ -34,6 +40,7 @@ from clarion.db import api_keys
 from clarion.db.api_keys import ApiKey
 from clarion.db.engine import engine
 from clarion.errors import InvalidRequest, ThrottledError
+from clarion.links import parse_ttl
 from clarion.web.api_errors import ApiError
 
 SCOPES = (
@@ -89,11 +96,30 @@ def parse_rate(value: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2) or 1) * unit
 
 
-def create_key(name: str, scopes: Iterable[str], rate: tuple[int, int] = DEFAULT_RATE) -> NewKey:
-    """Make and store a key; the returned secret is not stored anywhere."""
+def parse_expires(value: str | None) -> timedelta | None:
+    """'90d', '12h', '2w' (at most 366 days) → how long a new key lives; None → for ever."""
+    if value is None:
+        return None
+    try:
+        return timedelta(seconds=parse_ttl(value))
+    except InvalidRequest as exc:
+        raise InvalidRequest(
+            f"--expires takes 30m, 12h, 90d or 2w (at most 366 days), not {value[:40]!r}"
+        ) from exc
+
+
+def create_key(
+    name: str,
+    scopes: Iterable[str],
+    rate: tuple[int, int] = DEFAULT_RATE,
+    expires: timedelta | None = None,
+) -> NewKey:
+    """Make and store a key, valid for `expires` (None: until revoked); the returned secret is not
+    stored anywhere."""
     if not name.strip() or len(name) > 200 or "\x00" in name:
         raise InvalidRequest("a key needs a name of 1 to 200 characters")
     prefix, secret = generate()
+    now = clock.now()
     with engine().begin() as conn:
         record = api_keys.insert_key(
             conn,
@@ -103,7 +129,8 @@ def create_key(name: str, scopes: Iterable[str], rate: tuple[int, int] = DEFAULT
             scopes=checked_scopes(scopes),
             rate_limit=rate[0],
             rate_window=rate[1],
-            now=clock.now(),
+            now=now,
+            expires_at=None if expires is None else now + expires,
         )
     return NewKey(secret, record)
 
@@ -145,9 +172,21 @@ def authenticate(header: str | None, scope: str) -> ApiKey:
         raise _unauthorized("unknown API key")
     if record.revoked_at is not None:
         raise _unauthorized("this API key was revoked")
+    now = clock.now()
+    if record.expires_at is not None and record.expires_at <= now:
+        raise _unauthorized(f"this API key expired at {record.expires_at.isoformat()}")
     if scope not in record.scopes:
         raise ApiError(403, "forbidden", "Authorization", f"this API key lacks the scope {scope}")
+    _note_use(record, now)
     return record
+
+
+def _note_use(record: ApiKey, now: datetime) -> None:
+    """Record the key's use when the last record is a minute old; most requests write nothing."""
+    seen = record.last_used_at
+    if seen is None or (now - seen).total_seconds() >= api_keys.TOUCH_EVERY_SECONDS:
+        with engine().begin() as conn:
+            api_keys.touch_key(conn, record.id, now=now)
 
 
 def limit(record: ApiKey, take: Callable[..., object]) -> None:

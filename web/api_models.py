@@ -76,7 +76,8 @@ class Event(Strict):
 
     event_id: str = Field(
         description="The producer's id of the event. Without dedup_key, a repeat of the same "
-        "(user_id, type, event_id) is recognised and creates nothing (`new: false`).",
+        "(user_id, type, event_id) is recognised and creates nothing (`new: false`). At most 512 "
+        "bytes of UTF-8.",
         examples=["order-1042-paid"],
     )
     user_id: str = Field(description="A registered recipient.", examples=["user-42"])
@@ -151,6 +152,10 @@ class Delivery(BaseModel):
     platform: str | None
     last_error: str | None
     not_before: datetime | None
+    next_attempt_at: datetime | None = Field(
+        description="When a pending delivery is tried next (or a claimed one again, should its "
+        "lease run out); null once it is settled."
+    )
 
 
 class Receipt(BaseModel):
@@ -161,8 +166,18 @@ class Receipt(BaseModel):
     detail: str
 
 
+class Incident(BaseModel):
+    """A delivery that may have reached the recipient twice (`possible_duplicate`, `repeat`)."""
+
+    channel: str
+    kind: str
+    detail: str
+    created_at: datetime
+
+
 class RequestReport(BaseModel):
-    """A request with its gate decisions, deliveries and receipts (`clarion explain` over HTTP)."""
+    """A request with its gate decisions, deliveries, receipts and incidents (`clarion explain`
+    over HTTP)."""
 
     id: int
     user_id: str
@@ -175,6 +190,7 @@ class RequestReport(BaseModel):
     decisions: list[Decision]
     deliveries: list[Delivery]
     receipts: list[Receipt]
+    incidents: list[Incident]
 
 
 class PreferencesPut(Strict):

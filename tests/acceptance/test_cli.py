@@ -639,6 +639,19 @@ UNMIGRATED = {
     "link": ["link", "--user", "ana"],
     "keys create": ["keys", "create", "--name", "billing", "--scope", "events:write"],
     "stats": ["stats"],
+    "suppressions list": ["suppressions", "list"],
+    "suppressions lift": [
+        "suppressions",
+        "lift",
+        "--user",
+        "ana",
+        "--channel",
+        "email",
+        "--address",
+        "a@b.c",
+        "--reason",
+        "why",
+    ],
 }
 
 

@@ -592,7 +592,7 @@ def test_explain_answers_why_for_an_opt_out_quiet_hours_the_window_and_a_cap(gat
     assert "recipient setting: type stalled_plan on every channel" in _line(out, "opted_out")
 
     night = explain("night")
-    assert "deferred until 2026-12-08 06:00:00 UTC" in night
+    assert "deferred until 2026-12-08 06:00:00 UTC (in 7h 30m)" in night  # the clock: 22:30
     assert _line(night, "quiet_hours").split()[3:6] == ["quiet_hours", "defer", "quiet_hours"]
     assert "until 2026-12-08T07:00:00+01:00" in _line(night, "quiet_hours")
 
