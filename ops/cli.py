@@ -546,13 +546,19 @@ def _suppressions_parser(sub: argparse._SubParsersAction) -> None:
     sp.set_defaults(fn=_suppressions)
 
 
+SERVICES = frozenset({"services", "worker", "beat", "web", "flower", "demo", "receiver"})
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
         json_logs = settings.get().log_format == "json"
     except ClarionError:  # a bad setting: said below, by the command that reads it, in text
         json_logs = False
-    logs.configure("json" if json_logs else "text")
+    # Services log their progress at INFO; a one-shot command prints its result and, on stderr,
+    # only what went wrong (not, say, which catalog it loaded).
+    level = logging.INFO if args.command in SERVICES else logging.WARNING
+    logs.configure("json" if json_logs else "text", level)
     try:
         sys.exit(args.fn(args))
     except ClarionError as exc:

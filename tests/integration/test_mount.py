@@ -28,7 +28,7 @@ from clarion.tasks.route import route
 from clarion.web import asgi_app
 from clarion.web.api_auth import SCOPES, create_key
 from tests.integration.test_preferences_page import Form
-from tests.support.gates import use_gates_catalog
+from tests.support.gates import use_page_catalog
 from tests.support.pipeline import configure, drain, publishing_to_this_tests_broker, rows
 
 pytestmark = pytest.mark.integration
@@ -120,8 +120,8 @@ def test_the_openapi_document_and_docs_point_under_the_prefix(host):
     assert httpx.get(f"{host.clarion}/healthz").json() == {"status": "ok"}
 
 
-def test_the_preferences_link_and_its_form_stay_under_the_prefix(host, monkeypatch):
-    use_gates_catalog(monkeypatch)
+def test_the_preferences_link_and_its_form_stay_under_the_prefix(host, monkeypatch, tmp_path):
+    use_page_catalog(monkeypatch, tmp_path)  # the gate catalog with in_app, which recipients choose
     configure(monkeypatch, public_url=host.clarion)
     register_recipient("ann", timezone="Europe/Berlin", country="DE")
     link = preferences_link("ann")
@@ -133,11 +133,11 @@ def test_the_preferences_link_and_its_form_stay_under_the_prefix(host, monkeypat
     assert target == link
     saved = httpx.post(
         target,
-        content="&".join(f"{k}={v}" for k, v in form.submit(off={"stalled_plan/webhook"})),
+        content="&".join(f"{k}={v}" for k, v in form.submit(off={"stalled_plan/in_app"})),
         headers={"Content-Type": "application/x-www-form-urlencoded"},
     )
     assert saved.status_code == 200 and "Saved. 1 setting changed." in saved.text
-    assert get_preferences("ann")["settings"] == {"type:stalled_plan/webhook": False}
+    assert get_preferences("ann")["settings"] == {"type:stalled_plan/in_app": False}
 
 
 def test_twilio_status_callbacks_carry_the_prefix_and_verify(host, monkeypatch):
