@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -154,6 +154,16 @@ def reset_process_state() -> None:
     engine.dispose_all()
 
 
+def use_only(monkeypatch: pytest.MonkeyPatch, env: Mapping[str, str]) -> None:
+    """Exactly these CLARION_* variables for this process and its children (any other is
+    removed), and no settings, engine or catalog cached from before."""
+    for key in [k for k in os.environ if k.startswith("CLARION_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    reset_process_state()
+
+
 @pytest.fixture
 def clarion_env(
     services: Services, template_database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -175,11 +185,7 @@ def clarion_env(
         "CLARION_CATALOG": str(CATALOG),
         "CLARION_WEBHOOK_SECRET": WEBHOOK_SECRET,
     }
-    for key in [k for k in os.environ if k.startswith("CLARION_")]:
-        monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    reset_process_state()
+    use_only(monkeypatch, env)
     from clarion.tasks.app import app, use_broker
 
     use_broker(services.broker_url)

