@@ -112,6 +112,8 @@ def test_no_adapter_escapes_on_its_own() -> None:
         }
         assert not imported & escapers, path.name
     users = {
-        p.name for p in ADAPTERS.glob("*.py") if "from clarion.adapters.escape import" in p.read_text()
+        p.name
+        for p in ADAPTERS.glob("*.py")
+        if "from clarion.adapters.escape import" in p.read_text()
     }
     assert {"slack.py", "teams.py", "email_mime.py", "sms.py", "push.py", "inapp.py"} <= users
