@@ -8,6 +8,7 @@ import os
 import sys
 import uuid
 
+import clarion
 from clarion import settings
 from clarion.errors import ClarionError, InvalidRequest
 from clarion.ops import launch
@@ -312,6 +313,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="clarion", description="Notifications that cannot double-send."
     )
+    p.add_argument("--version", action="version", version=f"clarion {clarion.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser(
         "demo", help="run the whole pipeline on embedded PostgreSQL and Redis"
