@@ -254,7 +254,7 @@ def _simulate(args: argparse.Namespace) -> int:
 def _receiver(args: argparse.Namespace) -> int:
     import time
 
-    from clarion.ops.receiver import Receiver
+    from clarion.standins.receiver import Receiver
 
     with Receiver(settings.get().webhook_secret, port=args.port) as receiver:
         print(f"receiving on {receiver.url}; Ctrl-C to stop", flush=True)

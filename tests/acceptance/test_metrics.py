@@ -21,7 +21,7 @@ from clarion.adapters.base import Receipt
 from clarion.db import gating
 from clarion.db.engine import engine
 from clarion.db.schema import SENT_STATES
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient
 from clarion.tasks.preferences import set_preferences
 from clarion.tasks.receipts import ingest
