@@ -6,13 +6,14 @@ imports it for check_bind) and settings are read when the app is served, not whe
 from __future__ import annotations
 
 import ipaddress
+from importlib import import_module
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from clarion.adapters.teams import local_mode
+from clarion import extras
 from clarion.errors import ConfigurationError
 
 
@@ -32,10 +33,16 @@ async def metrics(request: Request) -> Response:
 
 def create_app() -> Starlette:
     routes = [Route("/healthz", health), Route("/metrics", metrics)]
-    from clarion.web import api, email, inbox, preferences, slack, sms, teams
+    from clarion.web import api, email, inbox, preferences
 
-    routes += slack.routes() + teams.routes() + email.routes() + inbox.routes()
-    routes += sms.routes() + preferences.routes()
+    # A provider's doors are served when its SDK (its extra) is installed.
+    for extra, door in (("slack", "slack"), ("teams", "teams")):
+        if extras.installed(extra):
+            routes += import_module(f"clarion.web.{door}").routes()
+    routes += email.routes() + inbox.routes()
+    if extras.installed("twilio"):
+        routes += import_module("clarion.web.sms").routes()
+    routes += preferences.routes()
     return api.application(routes)  # FastAPI, a Starlette: the /v1 API, /openapi.json and /docs
 
 
@@ -63,6 +70,10 @@ def check_bind(
     """Before `clarion web` binds `host`: the warning to print in Teams local mode (None otherwise).
     Raises ConfigurationError for local mode on a non-loopback host unless explicitly allowed: an
     unauthenticated Teams endpoint lets anyone who reaches it act as any Teams user."""
+    if not teams_app_id or not extras.installed("teams"):  # no Teams door is served
+        return None
+    from clarion.adapters.teams import local_mode
+
     if not local_mode(teams_app_id):
         return None
     from clarion.web.teams import LOCAL_MODE_WARNING
