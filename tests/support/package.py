@@ -16,7 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "requirements" / "lock.txt"
-PYTHON_313 = shutil.which("python3.13") or "/root/.pyenv/versions/3.13.0/bin/python3.13"
+# pyenv's shim on PATH may refuse to run 3.13 (not the global version): the interpreter itself first
+PYTHON_313_CANDIDATES = ("/root/.pyenv/versions/3.13.0/bin/python3.13", shutil.which("python3.13"))
 INSTALL_TIMEOUT = 900  # seconds: pip on a busy two-core machine
 
 
@@ -28,6 +29,19 @@ def _run(command: list[str], *, timeout: float, **kwargs) -> subprocess.Complete
             f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
         )
     return result
+
+
+def python_313() -> str:
+    """A Python 3.13 interpreter that runs (AssertionError naming where it looked, if none)."""
+    for candidate in filter(None, PYTHON_313_CANDIDATES):
+        probe = subprocess.run(
+            [candidate, "-c", "import sys; print(sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+        )
+        if probe.returncode == 0 and probe.stdout.strip() == "(3, 13)":
+            return candidate
+    raise AssertionError(f"no Python 3.13 runs here; looked at {PYTHON_313_CANDIDATES}")
 
 
 @dataclass(frozen=True)
