@@ -2,7 +2,8 @@
 installs it, and a production process never imports the stand-ins.
 
 A missing package is made for real the way Python blocks an import: `sys.modules[name] = None`
-(importlib then finds no spec and `import name` raises ImportError)."""
+(importlib then finds no spec and `import name` raises ImportError); a submodule already
+imported by another test is blocked by its own name."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def test_a_catalog_using_sms_without_twilio_is_refused_naming_the_extra(monkeypa
 
 
 def test_each_channel_names_its_own_extra(monkeypatch):
-    for module in ("slack_sdk", "botbuilder", "jwt"):
+    for module in ("slack_sdk", "botbuilder.core", "jwt"):
         monkeypatch.setitem(sys.modules, module, None)
     for channel, extra in (("slack", "slack"), ("teams", "teams"), ("push", "push")):
         with pytest.raises(ConfigurationError, match=rf"the {channel} channel needs .*\[{extra}\]"):
@@ -67,6 +68,8 @@ def test_email_through_sendgrid_needs_the_sendgrid_extra(monkeypatch):
 
 def test_installed_sees_a_missing_parent_package(monkeypatch):
     assert extras.installed("teams")
+    for loaded in [m for m in sys.modules if m.startswith("botbuilder.")]:  # other tests' imports
+        monkeypatch.delitem(sys.modules, loaded)
     monkeypatch.setitem(sys.modules, "botbuilder", None)
     assert not extras.installed("teams")
 
