@@ -6,14 +6,16 @@ PYTHON ?= $(shell for p in python3.12 python3.11 python3; do \
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# What make test, make demo and CI install: every version pinned (make lock refreshes it).
+LOCK := requirements/lock.txt
 
-.PHONY: demo test unit integration acceptance chaos soak lint bench clean browser
+.PHONY: lock demo test unit integration acceptance chaos soak lint bench clean browser
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@test -n "$(PYTHON)" || { echo "clarion needs Python 3.11 or 3.12 on PATH"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[test]'
 	@touch $(STAMP)
 
 # The preferences page's browser test drives Debian's Chromium through Playwright (never a browser
@@ -26,6 +28,14 @@ browser:
 	  echo "installing Debian's chromium (the preferences-page browser test needs $(CHROMIUM))"; \
 	  $(APT_GET) install chromium >/dev/null || { $(APT_GET) update >/dev/null && $(APT_GET) install chromium >/dev/null; }; \
 	  test -x $(CHROMIUM) || { echo "could not install chromium with apt-get (root and Debian's package lists are needed): tests/integration/test_preferences_browser.py fails without $(CHROMIUM)"; exit 1; }; }
+
+# Re-resolve the lock from pyproject.toml's ranges (newest versions inside them) for Python 3.11,
+# the oldest we support; commit the result. UV_ARGS='--upgrade-package celery' moves one package.
+UV_ARGS ?= --upgrade
+lock: $(STAMP)
+	$(BIN)/pip install --quiet 'uv>=0.4'
+	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 $(UV_ARGS) -o $(LOCK)
 
 demo: $(STAMP)
 	$(BIN)/clarion demo

@@ -28,24 +28,7 @@ import urllib.error
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
-
-from python_http_client import exceptions as http_errors
-from sendgrid import SendGridAPIClient
-from sendgrid.helpers.mail import (
-    Asm,
-    Category,
-    CustomArg,
-    From,
-    GroupId,
-    Header,
-    HtmlContent,
-    IpPoolName,
-    Mail,
-    PlainTextContent,
-    Subject,
-    To,
-)
+from typing import TYPE_CHECKING, Any
 
 from clarion import clock
 from clarion.adapters.base import (
@@ -66,6 +49,9 @@ from clarion.errors import (
     UnknownSendError,
 )
 from clarion.settings import Settings
+
+if TYPE_CHECKING:  # the SDK is the `sendgrid` extra: imported where it is used
+    from sendgrid import SendGridAPIClient
 
 USER_ARG, DELIVERY_ARG = "clarion_user", "clarion_delivery"
 DEFAULT_PAUSE = 5.0  # seconds, for a 429 that names no wait
@@ -95,6 +81,21 @@ def to_payload(
     asm_group: int | None = None,
 ) -> dict[str, Any]:
     """The pure part: the v3 mail/send body for one message (the SDK's Mail, as JSON)."""
+    from sendgrid.helpers.mail import (
+        Asm,
+        Category,
+        CustomArg,
+        From,
+        GroupId,
+        Header,
+        HtmlContent,
+        IpPoolName,
+        Mail,
+        PlainTextContent,
+        Subject,
+        To,
+    )
+
     email = build(message, identities=identities, public_url=public_url, secret=secret)
     mail = Mail(
         from_email=From(email.sender_address, email.sender_name or None),
@@ -184,6 +185,8 @@ class SendGridAdapter(Channel[dict[str, Any], SendGridResponse]):
         group = s.sendgrid_asm_group
         if group is not None and not (group.isascii() and group.isdigit()):
             raise ConfigurationError(f"CLARION_SENDGRID_ASM_GROUP={group!r} must be a group id")
+        from sendgrid import SendGridAPIClient
+
         client = SendGridAPIClient(api_key=key, host=s.sendgrid_api_url.rstrip("/"))
         client.client.timeout = s.email_timeout  # per request; the SDK itself never retries
         return cls(
@@ -214,6 +217,8 @@ class SendGridAdapter(Channel[dict[str, Any], SendGridResponse]):
     def call(self, request: dict[str, Any]) -> SendGridResponse:
         """POST /v3/mail/send through the SDK. urllib raises URLError only while connecting or
         writing the request (nothing was taken); anything after that is an unknown outcome."""
+        from python_http_client import exceptions as http_errors
+
         try:
             answer = self.client.send(request)
         except http_errors.HTTPError as exc:

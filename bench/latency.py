@@ -5,7 +5,7 @@ lane while an activation backlog is queued; each as a ratio to the idle p95, in 
 
 Workers per lane, as production runs them (README "Running it in production"): one for
 `transactional`, one for `activation`, one for `control`, plus beat; webhook channel into an
-ops.receiver.Receiver that notes when each idempotency key first arrived (the activation nudges
+standins.receiver.Receiver that notes when each idempotency key first arrived (the activation nudges
 go to a second Receiver in a child process: providers are other machines, and its flood must not
 share this process's GIL with the producer and the receiver being timed). A latency is the time
 from the notify_many call that enqueued a notification to its arrival at the receiver; a paced
@@ -72,7 +72,7 @@ types:
 def _serve(secret: str, conn, nice: int) -> None:
     """The activation lane's provider stand-in, in a process of its own (at `nice`): its flood
     must not share the GIL with the producer and the transactional receiver being timed."""
-    from clarion.ops.receiver import Receiver
+    from clarion.standins.receiver import Receiver
 
     os.nice(nice)
     with Receiver(secret) as receiver:
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     try:
-        from clarion.ops.receiver import Receiver
+        from clarion.standins.receiver import Receiver
 
         # Bench wants throughput's arguments; only these are read by what latency uses
         bench = Bench(argparse.Namespace(profile=None, timeout=600, purge=False), cleanup)

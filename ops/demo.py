@@ -20,9 +20,9 @@ from sqlalchemy import make_url, text
 from clarion import settings
 from clarion.errors import ClarionError
 from clarion.ops import demo_chat, demo_digest, demo_escalation, demo_receipts, launch
-from clarion.ops.fake_slack import FakeSlack
-from clarion.ops.receiver import Receiver
 from clarion.ops.table import render
+from clarion.standins.fake_slack import FakeSlack
+from clarion.standins.receiver import Receiver
 
 DATABASE = "clarion_demo"
 RECIPIENTS = 120

@@ -15,8 +15,8 @@ from clarion.adapters.teams import to_card
 from clarion.catalog.model import EXAMPLES, Catalog
 from clarion.db.engine import engine
 from clarion.errors import ConfigurationError
-from clarion.ops.fake_slack import FakeSlack, block_actions, signed
 from clarion.ops.table import render
+from clarion.standins.fake_slack import FakeSlack, block_actions, signed
 
 SIGNING_SECRET = "demo-signing-secret"
 MANAGER, SLACK_ID = "manager-ana", "U0ANA"
@@ -56,7 +56,7 @@ def _click(base: str, value: str, user: str, action: str) -> int:
 
 
 def run(fake: FakeSlack, say: Callable[[str], None]) -> bool:
-    from clarion.ops.fake_slack import serving
+    from clarion.standins.fake_slack import serving
     from clarion.tasks import notify, register_recipient
     from clarion.web.app import create_app
 

@@ -19,8 +19,8 @@ from sqlalchemy import text
 from clarion.db.engine import engine
 from clarion.ops import demo_chat
 from clarion.ops.demo_receipts import Providers
-from clarion.ops.receiver import Receiver
 from clarion.ops.table import render
+from clarion.standins.receiver import Receiver
 
 SECONDARY = "oncall-sam"
 PAGES = (  # (user, Slack id, phone, what happens)

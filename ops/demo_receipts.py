@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from sqlalchemy import text
 
 from clarion.db.engine import engine
-from clarion.ops.fake_sendgrid import EventKey, FakeSendGrid, event, post_events
-from clarion.ops.fake_twilio import FakeTwilio
 from clarion.ops.table import render
+from clarion.standins.fake_sendgrid import EventKey, FakeSendGrid, event, post_events
+from clarion.standins.fake_twilio import FakeTwilio
 
 READER, BOUNCER, TEXTER = "reader-ana", "reader-bo", "texter-cy"
 ANA_EMAIL, BO_EMAIL, CY_PHONE = "ana@example.com", "bo@bounces.example", "+15555550123"
@@ -45,7 +45,7 @@ class Providers:
 @contextmanager
 def providers() -> Iterator[Providers]:
     """The stand-ins, and clarion web serving their webhooks on a local port."""
-    from clarion.ops.fake_slack import serving
+    from clarion.standins.fake_slack import serving
     from clarion.web.app import create_app
 
     with ExitStack() as stack:

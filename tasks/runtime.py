@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 
 import redis as redis_lib
 
-from clarion import clock, settings
+from clarion import clock, extras, settings
 from clarion.adapters import webhook
 from clarion.adapters.base import Adapter, Collaborators
 from clarion.adapters.console import ConsoleAdapter
@@ -101,9 +101,22 @@ def check_catalog() -> Catalog:
     loaded.cache_clear()
     running = catalog()
     try:
-        return running.check()
+        checked = running.check()
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from exc
+    check_extras(checked)
+    return checked
+
+
+def check_extras(loaded: Catalog) -> None:
+    """ConfigurationError naming the pip extra when the catalog uses a channel (or the digest
+    summariser) whose SDK this install lacks: "the sms channel needs `pip install 'clarion[twilio]'`"."""
+    used = {channel for ntype in loaded.types.values() for channel in ntype.channels}
+    extras.require_channels(used, sendgrid=bool(settings.get().sendgrid_api_key))
+    for ntype in loaded.types.values():
+        spec = ntype.digest
+        if spec is not None and spec.summariser == "anthropic":
+            extras.require("ai", f"{ntype.key}'s digest summariser anthropic")
 
 
 def _from_python(spec: str) -> Catalog:
@@ -200,18 +213,22 @@ def adapters() -> dict[str, Adapter]:
     ]
     found.append(InAppAdapter.from_collaborators(parts))  # needs nothing but the database
     if s.slack_token:
+        extras.require("slack", "the slack channel (CLARION_SLACK_TOKEN is set)")
         from clarion.adapters.slack import SlackAdapter
 
         found.append(SlackAdapter.from_settings(s, parts))
     if s.teams_app_id:
+        extras.require("teams", "the teams channel (CLARION_TEAMS_APP_ID is set)")
         from clarion.adapters.teams import TeamsAdapter
 
         found.append(TeamsAdapter.from_settings(s, parts))
     if s.fcm_service_account or s.apns_key:
+        extras.require("push", "the push channel (an FCM or APNs key is set)")
         from clarion.adapters.push import PushAdapter
 
         found.append(PushAdapter.from_settings(s, parts))
     if s.sendgrid_api_key:  # SendGrid when its key is set, else the SMTP relay
+        extras.require("sendgrid", "the email channel through SendGrid (CLARION_SENDGRID_API_KEY)")
         from clarion.adapters.sendgrid import SendGridAdapter
 
         found.append(SendGridAdapter.from_settings(s, parts))
@@ -220,6 +237,7 @@ def adapters() -> dict[str, Adapter]:
 
         found.append(SmtpAdapter.from_settings(s, parts))
     if s.twilio_account_sid:
+        extras.require("twilio", "the sms channel (CLARION_TWILIO_ACCOUNT_SID is set)")
         from clarion.adapters.sms import SmsAdapter
 
         found.append(SmsAdapter.from_settings(s, parts))

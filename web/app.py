@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from importlib import import_module
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
@@ -15,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from clarion.adapters.teams import local_mode
+from clarion import extras
 from clarion.errors import ClarionError, ConfigurationError
 
 log = logging.getLogger(__name__)
@@ -37,13 +38,17 @@ async def metrics(request: Request) -> Response:
 
 
 def _surfaces() -> list[BaseRoute]:
-    from clarion.web import email, inbox, preferences, ready, slack, sms, teams
+    from clarion.web import email, escalation_ack, inbox, preferences, ready
 
     routes: list[BaseRoute] = [*ready.routes()]
-    routes += slack.routes() + teams.routes() + email.routes() + inbox.routes()
-    from clarion.web import escalation_ack
-
-    return routes + sms.routes() + preferences.routes() + escalation_ack.routes()
+    # A provider's doors are served when its SDK (its extra) is installed.
+    for extra, door in (("slack", "slack"), ("teams", "teams")):
+        if extras.installed(extra):
+            routes += import_module(f"clarion.web.{door}").routes()
+    routes += email.routes() + inbox.routes()
+    if extras.installed("twilio"):
+        routes += import_module("clarion.web.sms").routes()
+    return routes + preferences.routes() + escalation_ack.routes()
 
 
 def create_app(*, admin: bool = True) -> FastAPI:
@@ -114,6 +119,10 @@ def check_bind(
     """Before `clarion web` binds `host`: the warning to print in Teams local mode (None otherwise).
     Raises ConfigurationError for local mode on a non-loopback host unless explicitly allowed: an
     unauthenticated Teams endpoint lets anyone who reaches it act as any Teams user."""
+    if not teams_app_id or not extras.installed("teams"):  # no Teams door is served
+        return None
+    from clarion.adapters.teams import local_mode
+
     if not local_mode(teams_app_id):
         return None
     from clarion.web.teams import LOCAL_MODE_WARNING

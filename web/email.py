@@ -19,22 +19,24 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-from sendgrid.helpers.eventwebhook import EventWebhook, EventWebhookHeader
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from clarion import clock, settings
+from clarion import clock, extras, settings
 from clarion.adapters import sendgrid
 from clarion.adapters.base import Receipt
 from clarion.adapters.email_mime import ONE_CLICK, UNSUBSCRIBE_PATH, read_unsubscribe_token
 from clarion.adapters.escape import html
 from clarion.tasks import receipts as receipt_tasks
 from clarion.web.inbound import Refused, clean, decode_json, read_body, refusal, text
+
+if TYPE_CHECKING:  # the `sendgrid` extra; the unsubscribe pages work without it
+    from sendgrid.helpers.eventwebhook import EventWebhook
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,8 @@ _verifiers: dict[tuple[int, str], EventWebhook] = {}
 
 
 def _verifier(public_key: str) -> EventWebhook:
+    from sendgrid.helpers.eventwebhook import EventWebhook
+
     key = (os.getpid(), public_key)
     if key not in _verifiers:
         _verifiers.clear()
@@ -77,6 +81,8 @@ def _verifier(public_key: str) -> EventWebhook:
 
 def verify(verifier: EventWebhook, headers: Any, body: bytes) -> None:
     """SendGrid's signature over the timestamp and the raw body, or Refused(401)."""
+    from sendgrid.helpers.eventwebhook import EventWebhookHeader
+
     signature = headers.get(EventWebhookHeader.SIGNATURE, "")
     timestamp = headers.get(EventWebhookHeader.TIMESTAMP, "")
     if not signature or not timestamp:
@@ -125,6 +131,12 @@ async def sendgrid_events(request: Request) -> Response:
     public_key = settings.get().sendgrid_webhook_public_key
     if not public_key:
         return JSONResponse({"error": "the sendgrid webhook is not configured"}, status_code=404)
+    if not extras.installed("sendgrid"):
+        log.error("no sendgrid SDK", extra={"action": "sendgrid_sdk_missing"})
+        return JSONResponse(
+            {"error": "the sendgrid webhook needs `pip install 'clarion[sendgrid]'`"},
+            status_code=503,
+        )
     try:
         verifier = _verifier(public_key)
     except ValueError:

@@ -20,7 +20,7 @@ import yaml
 from sqlalchemy import text
 
 from clarion.db.engine import engine
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient, runtime
 from tests.support.cluster import Cluster, counts, wait_settled
 from tests.support.pipeline import configure

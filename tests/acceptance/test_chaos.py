@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from clarion.db.engine import engine
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient
 from clarion.tasks.publish import DELIVER, ROUTE, publish
 from tests.support.cluster import Cluster, counts, wait_settled

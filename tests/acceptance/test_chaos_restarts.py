@@ -22,9 +22,9 @@ from sqlalchemy import text
 
 from clarion.db.engine import engine
 from clarion.ops import launch
-from clarion.ops.fake_slack import FakeSlack
-from clarion.ops.receiver import Receiver
 from clarion.settings import Settings
+from clarion.standins.fake_slack import FakeSlack
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient
 from tests.conftest import WEBHOOK_SECRET
 from tests.support import services

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from clarion.ops import launch
-from clarion.ops.fake_slack import FakeSlack
+from clarion.standins.fake_slack import FakeSlack
 from clarion.tasks import notify, notify_many, register_recipient
 from tests.support.cluster import Cluster, counts
 from tests.support.pipeline import configure

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from clarion.ops import launch
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient
 from tests.conftest import WEBHOOK_SECRET, reset_process_state
 from tests.support.cluster import counts, wait_settled

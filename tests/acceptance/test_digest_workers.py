@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from clarion import settings
-from clarion.ops.receiver import Receiver
 from clarion.ops.stats import counters
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.publish import ROUTE, publish
 from tests.support.cluster import Cluster, wait_settled

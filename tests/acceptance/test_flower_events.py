@@ -14,7 +14,7 @@ import pytest
 from clarion import settings
 from clarion.db.engine import engine
 from clarion.ops import launch
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.app import app
 from tests.support.cluster import Cluster, counts

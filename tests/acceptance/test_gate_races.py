@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from clarion import settings
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient
 from tests.support.cluster import Cluster, counts
 from tests.support.gates import GATES, rows, use_gates_catalog

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from clarion.adapters.teams import ConversationRef
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient
 from tests.support.cluster import Cluster, counts, wait_settled
 from tests.support.fake_connector import FakeConnector

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from clarion.ops import launch
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from tests.support.cluster import counts
 

@@ -39,7 +39,7 @@ from clarion.db import gating
 from clarion.db.engine import engine, migrate, one_off_engine
 from clarion.db.schema import SENT_STATES
 from clarion.ops import launch
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient
 from clarion.tasks.preferences import set_preferences
 from clarion.tasks.receipts import ingest

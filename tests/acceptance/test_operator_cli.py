@@ -18,7 +18,7 @@ import pytest
 from clarion import clock, settings
 from clarion.db import gating
 from clarion.db.engine import engine
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.route import route
 from tests.support.endpoint import Endpoint

@@ -22,7 +22,7 @@ from sqlalchemy import text
 
 from clarion.db.engine import engine
 from clarion.ops import launch
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from tests.conftest import WEBHOOK_SECRET
 from tests.support import services

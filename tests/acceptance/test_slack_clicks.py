@@ -22,7 +22,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from clarion.ops.fake_slack import FakeSlack, block_actions, signed
+from clarion.standins.fake_slack import FakeSlack, block_actions, signed
 from clarion.tasks import notify_many, register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.route import route

@@ -2,7 +2,7 @@
 
 Four worker processes (two transactional workers, two processes each), a control worker and beat
 send SMS to one sending number whose budget is CLARION_SMS_SEGMENTS_PER_SECOND=10 (clarion spends
-9). Most texts are one segment, every tenth is two. Counted at the fake (ops/fake_twilio.py), by
+9). Most texts are one segment, every tenth is two. Counted at the fake (standins/fake_twilio.py), by
 arrival time: no second holds more than 10 segments, every message arrives exactly once, and a
 429 storm in the middle pauses the number for every worker and is then recovered from. In the
 ledger: every delivery sent on its first attempt (waiting for the budget refunds the attempt).
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from clarion.ops.fake_twilio import FakeTwilio
+from clarion.standins.fake_twilio import FakeTwilio
 from clarion.tasks import notify_many, register_recipient
 from tests.support.cluster import Cluster, counts
 from tests.support.pipeline import configure, publishing_to_this_tests_broker

@@ -12,8 +12,8 @@ import pytest
 
 from clarion import settings
 from clarion.db.engine import engine
-from clarion.ops.receiver import Receiver
 from clarion.ops.stats import report
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.alerts import Reading, evaluate, rate_readings, stuck_readings
 from clarion.tasks.deliver import deliver

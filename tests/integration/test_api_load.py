@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from clarion.ops.fake_slack import serving
+from clarion.standins.fake_slack import serving
 from clarion.tasks import register_recipient
 from clarion.tasks.publish import ROUTE
 from clarion.web.api_auth import create_key

@@ -16,7 +16,7 @@ from sqlalchemy import text
 
 from clarion.db import ledger
 from clarion.db.engine import engine
-from clarion.ops.fake_slack import FakeSlack
+from clarion.standins.fake_slack import FakeSlack
 from clarion.tasks import register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.interactions import handle_click, series_occurrence

@@ -15,7 +15,7 @@ from slack_sdk import WebClient
 from clarion.adapters.base import ButtonValue, Message
 from clarion.adapters.teams import ConversationRef
 from clarion.errors import PermanentSendError
-from clarion.ops.fake_slack import FakeSlack
+from clarion.standins.fake_slack import FakeSlack
 from clarion.tasks import notify, register_recipient, runtime
 from clarion.tasks.deliver import deliver
 from clarion.tasks.inbox import feed

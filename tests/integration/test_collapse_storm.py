@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from clarion.ops.fake_slack import FakeSlack
+from clarion.standins.fake_slack import FakeSlack
 from clarion.tasks import notify_many, register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.refresh import refresh_due

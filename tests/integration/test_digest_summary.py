@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 import pytest
 
 from clarion import clock, settings
-from clarion.ops.fake_anthropic import FakeAnthropic
-from clarion.ops.receiver import Receiver
+from clarion.standins.fake_anthropic import FakeAnthropic
+from clarion.standins.receiver import Receiver
 from clarion.tasks import register_recipient
 from tests.support.digests import digest_requests, use_digest_catalog
 from tests.support.gates import VirtualClock, deliveries_of, rows, send_and_route

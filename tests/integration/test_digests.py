@@ -19,7 +19,7 @@ from sqlalchemy import text
 
 from clarion import settings
 from clarion.ops.explain import explain
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.preferences import set_preferences

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from clarion.ops.fake_slack import sign
+from clarion.standins.fake_slack import sign
 from clarion.web import teams as web_teams
 from clarion.web.app import create_app
 from tests.integration import test_slack as slack_tests

@@ -5,7 +5,7 @@ is loud about itself in `clarion web`; and the app served as a process, by `clar
 `uvicorn web.app:app`.
 
 Real PostgreSQL and Redis, the real slack_bolt / botbuilder stacks, the local Slack Web API
-(ops/fake_slack.py) and Bot Framework connector (tests/support/fake_connector.py).
+(standins/fake_slack.py) and Bot Framework connector (tests/support/fake_connector.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from clarion.adapters.base import ButtonValue
-from clarion.ops.fake_slack import block_actions, signed
+from clarion.standins.fake_slack import block_actions, signed
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.route import route

@@ -1,5 +1,5 @@
 """Email over SMTP end to end: notify → route → deliver through smtplib to a real SMTP server
-(aiosmtpd, ops/fake_smtp.py), real PostgreSQL and Redis. What the relay took is counted at the
+(aiosmtpd, standins/fake_smtp.py), real PostgreSQL and Redis. What the relay took is counted at the
 relay: headers (Message-ID stable across attempts, List-Unsubscribe only for non-transactional
 mail), both parts, escaping; a 550 at RCPT suppressing the address; 4xx retried; the answer lost
 after the end of data settled by the type's guarantee; STARTTLS with credentials; the relay budget.
@@ -19,7 +19,7 @@ from sqlalchemy import text
 from clarion.adapters.base import idempotency_key
 from clarion.adapters.email_mime import read_unsubscribe_token
 from clarion.db.engine import engine
-from clarion.ops.fake_smtp import FakeSmtp, self_signed
+from clarion.standins.fake_smtp import FakeSmtp, self_signed
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.route import route

@@ -1,5 +1,5 @@
 """Email through SendGrid end to end: the real `sendgrid` SDK against a local mail/send
-(ops/fake_sendgrid.py), events signed with a P-256 key made here and posted to clarion's real
+(standins/fake_sendgrid.py), events signed with a P-256 key made here and posted to clarion's real
 `POST /webhooks/sendgrid` (uvicorn), real PostgreSQL and Redis. Counted at the fake and in the
 ledger: the payload, receipts moving the delivery, a bounce suppressing the address, a bad
 signature changing nothing, 429 pausing the API key's budget, a lost answer settled by the type's
@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clarion.ops.fake_sendgrid import EventKey, FakeSendGrid, Sent, event, post_events
-from clarion.ops.fake_slack import serving
+from clarion.standins.fake_sendgrid import EventKey, FakeSendGrid, Sent, event, post_events
+from clarion.standins.fake_slack import serving
 from clarion.tasks import register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.web.app import create_app

@@ -27,11 +27,11 @@ from clarion.adapters.base import Receipt
 from clarion.db import escalations
 from clarion.db.engine import engine
 from clarion.ops.explain import explain
-from clarion.ops.fake_fcm import FakeFcm
-from clarion.ops.fake_sendgrid import EventKey, FakeSendGrid, event, post_events
-from clarion.ops.fake_slack import FakeSlack, serving
-from clarion.ops.fake_twilio import FakeTwilio
-from clarion.ops.receiver import Receiver
+from clarion.standins.fake_fcm import FakeFcm
+from clarion.standins.fake_sendgrid import EventKey, FakeSendGrid, event, post_events
+from clarion.standins.fake_slack import FakeSlack, serving
+from clarion.standins.fake_twilio import FakeTwilio
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.escalation import fire_due

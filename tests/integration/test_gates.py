@@ -29,7 +29,7 @@ from clarion.db import gating
 from clarion.db.engine import engine
 from clarion.errors import InvalidRequest, UnknownRecipient
 from clarion.ops.explain import explain, plan_table
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, notify_many, register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.planning import preview

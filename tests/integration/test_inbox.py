@@ -18,7 +18,7 @@ from clarion.adapters.inapp import InAppAdapter
 from clarion.db import gating, inbox
 from clarion.db.engine import engine
 from clarion.errors import FaultInjected, PermanentSendError
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import inbox as app_inbox
 from clarion.tasks import notify, register_recipient, runtime
 from clarion.tasks.deliver import deliver

@@ -11,7 +11,7 @@ import pytest
 
 from clarion import settings
 from clarion.adapters.base import idempotency_key
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import lanes, notify_many, register_recipient, runtime
 from clarion.tasks.route import route
 from tests.support.pipeline import configure, count, drain, publishing_to_this_tests_broker

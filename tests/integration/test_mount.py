@@ -20,8 +20,8 @@ from fastapi import FastAPI
 from openapi_spec_validator import validate
 from starlette.middleware.base import BaseHTTPMiddleware
 
-from clarion.ops.fake_slack import serving
-from clarion.ops.fake_twilio import FakeTwilio, sign
+from clarion.standins.fake_slack import serving
+from clarion.standins.fake_twilio import FakeTwilio, sign
 from clarion.tasks import notify, preferences_link, register_recipient
 from clarion.tasks.preferences import get_preferences
 from clarion.tasks.route import route

@@ -16,7 +16,7 @@ from clarion.db import partitioning
 from clarion.db.engine import alembic_config, dispose_all, engine, migrate, normalise_url
 from clarion.db.schema import SCHEMA_REVISION, metadata
 from clarion.errors import ConfigurationError, UnknownRecipient
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.preferences import set_preferences
 from clarion.tasks.route import route

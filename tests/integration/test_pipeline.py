@@ -23,7 +23,7 @@ from clarion.adapters.base import idempotency_key
 from clarion.db import claims
 from clarion.db.engine import engine
 from clarion.errors import FaultInjected
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, notify_many, register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.publish import DELIVER, ROUTE

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from clarion.catalog import RECIPIENT_CHANNELS
-from clarion.ops.fake_slack import serving
+from clarion.standins.fake_slack import serving
 from clarion.tasks import preferences_link, register_recipient
 from clarion.tasks.links import preferences_token
 from clarion.tasks.preferences import get_preferences

@@ -1,5 +1,5 @@
 """Push end to end: notify → route → deliver with real PostgreSQL and Redis, the real google-auth
-and httpx (HTTP/2 via h2) against the local FCM (ops/fake_fcm.py) and APNs (ops/fake_apns.py,
+and httpx (HTTP/2 via h2) against the local FCM (standins/fake_fcm.py) and APNs (standins/fake_apns.py,
 TLS + ALPN h2). Everything is counted at the fakes: what each device token received, and every
 request that reached it, answered or not.
 
@@ -25,8 +25,8 @@ from clarion.adapters.apns import apns_id
 from clarion.adapters.base import idempotency_key
 from clarion.db.engine import engine
 from clarion.ops.explain import explain
-from clarion.ops.fake_apns import FakeApns
-from clarion.ops.fake_fcm import FakeFcm
+from clarion.standins.fake_apns import FakeApns
+from clarion.standins.fake_fcm import FakeFcm
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.route import route

@@ -19,7 +19,7 @@ from clarion import settings as clarion_settings
 from clarion.adapters.base import Receipt
 from clarion.db.engine import engine
 from clarion.ops.explain import explain
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.receipts import ingest, replay_early

@@ -1,5 +1,5 @@
 """Recipients over HTTP and erasure, through the real door (TestClient on web.app.create_app)
-against real PostgreSQL and Redis; sends counted at the real webhook receiver (ops/receiver.py).
+against real PostgreSQL and Redis; sends counted at the real webhook receiver (standins/receiver.py).
 
 - PUT /v1/users/{id} creates (201) then replaces (200); GET reads it; bad fields are 4xx naming
   the field; an event's inline `recipient` creates the user in the event's transaction.
@@ -25,7 +25,7 @@ from starlette.testclient import TestClient
 from clarion import settings as clarion_settings
 from clarion.adapters.base import Receipt
 from clarion.db.engine import engine
-from clarion.ops.receiver import Receiver
+from clarion.standins.receiver import Receiver
 from clarion.tasks.receipts import ingest
 from clarion.tasks.route import route
 from clarion.web.api_auth import SCOPES, create_key

@@ -18,8 +18,8 @@ from clarion.db import ledger
 from clarion.db import redrive as store
 from clarion.db.engine import engine
 from clarion.errors import FaultInjected
-from clarion.ops.receiver import Receiver
 from clarion.ops.redrive import Filters, parse_time, redrive
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.route import route

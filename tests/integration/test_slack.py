@@ -40,7 +40,7 @@ from clarion.errors import (
     TransientSendError,
     UnknownSendError,
 )
-from clarion.ops.fake_slack import (
+from clarion.standins.fake_slack import (
     FakeSlack,
     block_actions,
     event_callback,

@@ -1,4 +1,4 @@
-"""SMS end to end: the real twilio SDK against the local Twilio (ops/fake_twilio.py), clarion's
+"""SMS end to end: the real twilio SDK against the local Twilio (standins/fake_twilio.py), clarion's
 real webhooks served by uvicorn (callbacks signed as Twilio signs), real PostgreSQL and Redis, the
 pipeline run in-process. Counted at the fake: messages it took, requests it throttled.
 
@@ -26,8 +26,8 @@ from sqlalchemy import text
 
 from clarion.adapters.sms import HELP_REPLY, SETTLE, budget_quota
 from clarion.db.engine import engine
-from clarion.ops.fake_slack import serving
-from clarion.ops.fake_twilio import FakeTwilio, sign
+from clarion.standins.fake_slack import serving
+from clarion.standins.fake_twilio import FakeTwilio, sign
 from clarion.tasks import notify, register_recipient, runtime
 from clarion.tasks.deliver import deliver
 from clarion.tasks.route import route

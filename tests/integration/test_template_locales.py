@@ -15,8 +15,8 @@ from sqlalchemy import text
 from clarion import settings
 from clarion.catalog.model import EXAMPLES
 from clarion.db.engine import engine
-from clarion.ops.fake_twilio import FakeTwilio
 from clarion.ops.preview import for_recipient
+from clarion.standins.fake_twilio import FakeTwilio
 from clarion.tasks import notify, register_recipient, runtime
 from clarion.tasks.deliver import deliver
 from clarion.tasks.route import route

@@ -22,8 +22,8 @@ from clarion.adapters.teams import ConversationRef
 from clarion.db import claims
 from clarion.db.engine import engine
 from clarion.errors import FaultInjected
-from clarion.ops.fake_slack import FakeSlack
-from clarion.ops.receiver import Receiver
+from clarion.standins.fake_slack import FakeSlack
+from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.route import route

@@ -1,6 +1,6 @@
 """A stand-in provider for the webhook channel that records what it was sent and answers as told.
 
-`ops.receiver.Receiver` is the real far end (signature check, dedup on the idempotency key); this
+`standins.receiver.Receiver` is the real far end (signature check, dedup on the idempotency key); this
 one is for what that receiver cannot do: answer a fixed status, hand back the rendered content, or
 run a hook while a send is in flight (to change the ledger under a worker's feet, without sleeping).
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 
-from clarion.ops.local_server import LocalServer, send_json
+from clarion.standins.local_server import LocalServer, send_json
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import unquote
 
-from clarion.ops.local_server import AnswerLoss, LocalServer, send_json
+from clarion.standins.local_server import AnswerLoss, LocalServer, send_json
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, urlencode
 import pytest
 
 from clarion.errors import ClarionError, ConfigurationError
-from clarion.ops.fake_slack import FakeSlack, block_actions, event_callback, sign
+from clarion.standins.fake_slack import FakeSlack, block_actions, event_callback, sign
 from clarion.web.app import check_bind, is_loopback
 from clarion.web.inbound import Refused, json_value
 from clarion.web.slack_envelope import (

@@ -1,4 +1,4 @@
-"""The local APNs (ops/fake_apns.py) checks what Apple checks, and speaks only HTTP/2 over TLS.
+"""The local APNs (standins/fake_apns.py) checks what Apple checks, and speaks only HTTP/2 over TLS.
 
 Driven with a plain httpx HTTP/2 client and hand-made provider tokens, so each check can be
 shown to refuse (the adapter's own tests are in tests/integration/test_push.py)."""
@@ -17,7 +17,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from clarion.ops.fake_apns import FakeApns
+from clarion.standins.fake_apns import FakeApns
 
 DEVICE = "ab" * 32
 ID = "0a9b8c7d-6e5f-4a3b-9c2d-1e0f9a8b7c6d"

@@ -1,4 +1,4 @@
-"""The local FCM (ops/fake_fcm.py): Google's token endpoint checks the JWT-bearer assertion the
+"""The local FCM (standins/fake_fcm.py): Google's token endpoint checks the JWT-bearer assertion the
 real google-auth signs, and messages:send checks the access token and records per device token.
 Faults come out in FCM's own error shapes."""
 
@@ -16,7 +16,7 @@ from google.auth import exceptions as auth_errors
 from google.auth.transport.urllib3 import Request
 from google.oauth2 import service_account
 
-from clarion.ops.fake_fcm import GOOGLE_TOKEN_AUDIENCE, JWT_BEARER, SCOPE, FakeFcm
+from clarion.standins.fake_fcm import GOOGLE_TOKEN_AUDIENCE, JWT_BEARER, SCOPE, FakeFcm
 
 TOKEN = "fcm-device-token-0001"
 

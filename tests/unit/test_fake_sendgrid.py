@@ -1,4 +1,4 @@
-"""ops/fake_sendgrid.py on its own, driven by the real `sendgrid` SDK: mail/send as SendGrid
+"""standins/fake_sendgrid.py on its own, driven by the real `sendgrid` SDK: mail/send as SendGrid
 answers it (auth, payload checks, 202 + X-Message-Id, 429, lost answers), and Event Webhook
 batches signed so that the SDK's own EventWebhook verifier accepts them — and nothing else."""
 
@@ -15,7 +15,7 @@ from sendgrid import SendGridAPIClient
 from sendgrid.helpers.eventwebhook import EventWebhook, EventWebhookHeader
 from sendgrid.helpers.mail import Mail
 
-from clarion.ops.fake_sendgrid import (
+from clarion.standins.fake_sendgrid import (
     SIGNATURE,
     TIMESTAMP,
     EventKey,

@@ -1,4 +1,4 @@
-"""The local Slack (ops/fake_slack.py) records chat.update as Slack applies it and, when told,
+"""The local Slack (standins/fake_slack.py) records chat.update as Slack applies it and, when told,
 rate-limits a method as Slack's tiers do: the real slack_sdk against it, no services."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
-from clarion.ops.fake_slack import FakeSlack
+from clarion.standins.fake_slack import FakeSlack
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""ops/fake_smtp.py on its own, driven by plain smtplib: what it takes, what it refuses, and the
+"""standins/fake_smtp.py on its own, driven by plain smtplib: what it takes, what it refuses, and the
 answers it loses on purpose (counted at the fake)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from email.message import EmailMessage
 
 import pytest
 
-from clarion.ops.fake_smtp import FakeSmtp, self_signed
+from clarion.standins.fake_smtp import FakeSmtp, self_signed
 
 
 @pytest.fixture

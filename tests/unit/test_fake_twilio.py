@@ -1,4 +1,4 @@
-"""The local Twilio (ops/fake_twilio.py) speaks Twilio's wire format: the real SDK's requests and
+"""The local Twilio (standins/fake_twilio.py) speaks Twilio's wire format: the real SDK's requests and
 error parsing, raw HTTP for what the SDK hides (status codes, Retry-After), and callbacks whose
 signatures the SDK's RequestValidator accepts at a local receiver."""
 
@@ -16,8 +16,8 @@ from twilio.request_validator import RequestValidator
 from twilio.rest import Client
 
 from clarion.adapters.sms import RoutedHttpClient
-from clarion.ops.fake_twilio import Accepted, FakeTwilio, sign
-from clarion.ops.local_server import LocalServer
+from clarion.standins.fake_twilio import Accepted, FakeTwilio, sign
+from clarion.standins.local_server import LocalServer
 
 MESSAGES = f"/2010-04-01/Accounts/{FakeTwilio.ACCOUNT_SID}/Messages.json"
 AUTH = (FakeTwilio.ACCOUNT_SID, FakeTwilio.AUTH_TOKEN)

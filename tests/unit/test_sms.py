@@ -1,5 +1,5 @@
 """The SMS adapter's pure parts (tables and properties) and its I/O against the local Twilio
-(ops/fake_twilio.py) through the real twilio SDK. No database or Redis here: the budget and
+(standins/fake_twilio.py) through the real twilio SDK. No database or Redis here: the budget and
 the suppression list are in tests/integration/test_sms.py."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from clarion.adapters.sms import (
     status_receipt,
 )
 from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
-from clarion.ops.fake_twilio import FakeTwilio
+from clarion.standins.fake_twilio import FakeTwilio
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 MESSAGE = Message(

@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from clarion.ops.local_server import AnswerLoss
+from clarion.standins.local_server import AnswerLoss
 
 TOKEN_MAX_AGE = 3600.0
 DEVICE = re.compile(r"[0-9a-fA-F]{64,200}")

@@ -9,7 +9,7 @@ side of the Event Webhook (signed event batches), for tests and the demo (no int
 SendGrid's `errors` list), then answers 202 with an `X-Message-Id` header and an empty body.
 Failures on demand: `fail(429, retry_after=…)` or `fail(429, reset=<epoch>)` (SendGrid's rate-limit
 headers), `fail(500)`, `fail(400)`…; lost answers on demand: `losses.next("drop" | "late" | "5xx")`
-takes the message, then loses its answer (ops.local_server.AnswerLoss).
+takes the message, then loses its answer (standins.local_server.AnswerLoss).
 
 Events: `EventKey.generate()` is an ECDSA P-256 key pair (`public_key` is what SendGrid's console
 shows: base64 DER); `event(sent, "delivered", at=…)` is one event as SendGrid posts it, with the
@@ -36,7 +36,7 @@ from typing import Any
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from clarion.ops.local_server import AnswerLoss, LocalServer, send_json
+from clarion.standins.local_server import AnswerLoss, LocalServer, send_json
 
 SIGNATURE = "X-Twilio-Email-Event-Webhook-Signature"
 TIMESTAMP = "X-Twilio-Email-Event-Webhook-Timestamp"

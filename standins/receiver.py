@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import BinaryIO, Self, cast
 
 from clarion.adapters.webhook import verify
-from clarion.ops.local_server import AnswerLoss, send_json
+from clarion.standins.local_server import AnswerLoss, send_json
 
 MAX_LINE = 65536
 MAX_HEADERS = 100
@@ -81,7 +81,7 @@ class Arrivals:
 
 class _Exchange:
     """One request's answer, written through the part of BaseHTTPRequestHandler that
-    ops.local_server's send_json and AnswerLoss use (path, close_connection, the send_* calls)."""
+    standins.local_server's send_json and AnswerLoss use (path, close_connection, the send_* calls)."""
 
     def __init__(self, conn: socket.socket, path: str) -> None:
         self.conn = conn

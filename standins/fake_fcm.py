@@ -36,7 +36,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from clarion.ops.local_server import AnswerLoss, LocalServer, send_json
+from clarion.standins.local_server import AnswerLoss, LocalServer, send_json
 
 GOOGLE_TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler
 
-from clarion.ops.local_server import LocalServer, send_json
+from clarion.standins.local_server import LocalServer, send_json
 
 MODES = ("ok", "stall", "5xx", "refusal", "garbage")
 

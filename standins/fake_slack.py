@@ -36,7 +36,7 @@ from urllib.parse import parse_qsl, urlencode
 
 import uvicorn
 
-from clarion.ops.local_server import AnswerLoss, LocalServer
+from clarion.standins.local_server import AnswerLoss, LocalServer
 
 JSON_FIELDS = ("blocks", "metadata", "view", "attachments")
 

@@ -38,7 +38,7 @@ from urllib.parse import parse_qsl, urlencode
 from twilio.request_validator import RequestValidator
 
 from clarion.adapters.sms import segments
-from clarion.ops.local_server import AnswerLoss, LocalServer, send_json
+from clarion.standins.local_server import AnswerLoss, LocalServer, send_json
 
 API_VERSION = "2010-04-01"
 REFUSED_CODES = {
