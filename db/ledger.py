@@ -37,8 +37,12 @@ def key_params(keys: Iterable[Key]) -> dict[str, list]:
 
 # --- recipients -------------------------------------------------------------------------------
 
+# `inserted` comes from a look before the upsert, not `xmax = 0`: a partitioned table
+# (db/partitioning.py) cannot return system columns. Two first registrations of one id at the same
+# moment may both say inserted; the row is the same either way.
 _UPSERT_RECIPIENT = text(
     """
+    WITH prior AS (SELECT 1 FROM recipients WHERE user_id = :user_id)
     INSERT INTO recipients (user_id, timezone, locale, country, org_id, addresses, quiet_start,
                             quiet_end, workweek, subdivision, created_at, updated_at)
     VALUES (:user_id, :timezone, :locale, :country, :org_id, CAST(:addresses AS jsonb), :quiet_start,
@@ -56,7 +60,7 @@ _UPSERT_RECIPIENT = text(
             ELSE '{}'::jsonb END,
         quiet_end = excluded.quiet_end, workweek = excluded.workweek, subdivision = excluded.subdivision,
         updated_at = excluded.updated_at, erased_at = NULL
-    RETURNING (xmax = 0) AS inserted
+    RETURNING NOT EXISTS (SELECT 1 FROM prior) AS inserted
     """
 )
 
