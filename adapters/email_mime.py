@@ -1,8 +1,12 @@
 """The email both transports send (SMTP and SendGrid), built by pure functions from a Message.
 
-- `Message-ID: <{idempotency key}@{domain of the From identity}>`: the same for every attempt at one
-  user/type/occurrence, so a repeat after an unknown outcome carries the id of the first; Gmail and
-  most mail clients thread or fold two messages with one Message-ID (no provider dedups on it).
+- `Message-ID: <clm_{40 hex}@{domain of the From identity}>`: an HMAC-SHA256, under a key derived
+  from CLARION_WEBHOOK_SECRET, of the idempotency key and the delivery id. The same for every attempt
+  at one delivery, so a repeat after an unknown outcome carries the id of the first (Gmail and most
+  mail clients thread or fold two messages with one Message-ID; no provider dedups on it). Another
+  deployment (another secret) gives other ids for the same key, nobody without the secret can
+  predict one, and an occurrence key reused after retention (a new request, a new delivery row)
+  gets a new id, so clients do not fold the new message into the old thread.
 - Two sending identities: transactional and security mail from CLARION_EMAIL_FROM; every other
   category, and anything sent in the activation lane, from CLARION_EMAIL_FROM_MARKETING (default:
   the same). Separate identities keep a marketing reputation problem off password resets.
@@ -71,7 +75,7 @@ class Email:
     text: str
     html: str
     headers: tuple[tuple[str, str], ...]  # Message-ID, List-Unsubscribe…, in order
-    message_id: str  # "<clk_…@domain>"
+    message_id: str  # "<clm_…@domain>"
     transactional: bool
 
     @property
@@ -96,9 +100,17 @@ def domain_of(sender: str) -> str:
     return domain.lower()
 
 
-def message_id(message: Message, sender: str) -> str:
-    """The same for every attempt at the message: the idempotency key at the identity's domain."""
-    return f"<{message.idempotency_key}@{domain_of(sender)}>"
+MESSAGE_ID_LABEL = b"clarion message-id key v1"
+
+
+def message_id(message: Message, sender: str, secret: str) -> str:
+    """The same for every attempt at one delivery; another for another deployment's `secret` or
+    for a new delivery of a reused key. The key is derived from `secret` (never that secret itself,
+    so a Message-ID is never a webhook signature)."""
+    key = hmac.new(secret.encode(), MESSAGE_ID_LABEL, hashlib.sha256).digest()
+    raw = f"{message.idempotency_key}\x1f{message.delivery_id}".encode()
+    digest = hmac.new(key, raw, hashlib.sha256).hexdigest()[:40]
+    return f"<clm_{digest}@{domain_of(sender)}>"
 
 
 def subject_of(message: Message) -> str:
@@ -139,7 +151,7 @@ def build(message: Message, *, identities: Identities, public_url: str, secret: 
     if not message.address:
         raise PermanentSendError("no_address", "the recipient has no email address")
     sender = identities.for_message(message)
-    mid = message_id(message, sender)
+    mid = message_id(message, sender, secret)
     subject = subject_of(message)
     headers: list[tuple[str, str]] = [("Message-ID", mid)]
     transactional = message.category in TRANSACTIONAL

@@ -50,7 +50,7 @@ os.environ["CLARION_CATALOG"] = str(ROOT / "tests" / "catalog_gates.yaml")
 
 from sqlalchemy import text  # noqa: E402
 
-from clarion import settings  # noqa: E402
+from clarion import hashing, settings  # noqa: E402
 
 settings.reset()
 
@@ -110,6 +110,10 @@ CLUSTERS = ["c1", "c2", "c3", "c4", "c5"]
 
 
 # --- the data set -----------------------------------------------------------------------------
+
+
+def _hash(channel: str, address: str) -> str:
+    return hashing.hashed(hashing.address_key(settings.get()), channel, address)
 
 
 def populate(
@@ -238,8 +242,8 @@ def populate(
             )
         if suppressions:
             conn.execute(
-                text("INSERT INTO suppressions VALUES (:u, :c, :a, :r, '', :now)"),
-                [{**s, "now": now} for s in suppressions],
+                text("INSERT INTO suppressions VALUES (:u, :c, :a, :r, '', :now, :h)"),
+                [{**s, "now": now, "h": _hash(s["c"], s["a"])} for s in suppressions],
             )
         if windows:
             conn.execute(

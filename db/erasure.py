@@ -96,8 +96,8 @@ _PLAIN_SUPPRESSIONS = text(
 )
 _HASH_SUPPRESSION = text(
     """
-    INSERT INTO suppressions (user_id, channel, address, reason, detail, created_at)
-    SELECT user_id, channel, :hashed, reason, '', created_at FROM suppressions
+    INSERT INTO suppressions (user_id, channel, address, reason, detail, created_at, address_hash)
+    SELECT user_id, channel, :hashed, reason, '', created_at, :hashed FROM suppressions
     WHERE user_id = :u AND channel = :channel AND address = :address
     ON CONFLICT (user_id, channel, address) DO NOTHING
     """

@@ -11,18 +11,21 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from clarion import hashing, settings
+
 _PREFERENCES = text(
     "SELECT user_id, scope, key, channel, enabled FROM preferences WHERE user_id = ANY(CAST(:users AS text[]))"
 )
 _SUPPRESSIONS = text(
     "SELECT user_id, channel, address, reason FROM suppressions WHERE user_id = ANY(CAST(:users AS text[]))"
 )
-# An erased recipient's suppressions, by the keyed hashes of the addresses about to be used
-# (db/erasure.py): whoever holds the address now, it stays suppressed. Partial index
-# suppressions_hashed; the LIKE repeats its predicate so the planner can use it.
+# Suppressions of these addresses recorded for anyone (a bounce under another user, an erased
+# recipient's row), by the keyed hashes of the addresses about to be used: index
+# suppressions_address (channel, address_hash); with hash partitioning, one probe per partition.
 _HASHED_SUPPRESSIONS = text(
-    "SELECT channel, address, reason FROM suppressions "
-    "WHERE address LIKE 'hmac:%' AND address = ANY(CAST(:hashed AS text[]))"
+    "SELECT user_id, channel, address_hash, reason, detail, created_at FROM suppressions "
+    "WHERE channel = ANY(CAST(:channels AS text[])) AND address_hash = ANY(CAST(:hashed AS text[])) "
+    "ORDER BY created_at, user_id"
 )
 _WINDOWS = text(
     "SELECT user_id, until, type_key FROM activation_windows "
@@ -44,12 +47,19 @@ def snapshot_rows(
     scopes: Iterable[str],
     *,
     now: datetime,
-    hashed: Iterable[str] = (),
+    hashed: Iterable[tuple[str, str]] = (),
 ) -> dict[str, Any]:
-    """Everything the gates read about these recipients, in six indexed queries (`hashed`: the
-    keyed hashes of their addresses, matched against erased recipients' suppressions)."""
+    """Everything the gates read about these recipients, in six indexed queries (`hashed`:
+    (channel, keyed hash) of their addresses, matched against everyone's suppressions)."""
     users = list(set(users))
-    params = {"users": users, "now": now, "scopes": list(set(scopes)), "hashed": list(set(hashed))}
+    pairs = set(hashed)
+    params = {
+        "users": users,
+        "now": now,
+        "scopes": list(set(scopes)),
+        "channels": sorted({channel for channel, _ in pairs}),
+        "hashed": sorted({digest for _, digest in pairs}),
+    }
     return {
         "preferences": [tuple(r) for r in conn.execute(_PREFERENCES, params)],
         "suppressions": [tuple(r) for r in conn.execute(_SUPPRESSIONS, params)],
@@ -270,8 +280,8 @@ def set_preferences(
 
 _SUPPRESS = text(
     """
-    INSERT INTO suppressions (user_id, channel, address, reason, detail, created_at)
-    VALUES (:user_id, :channel, :address, :reason, :detail, :now)
+    INSERT INTO suppressions (user_id, channel, address, reason, detail, created_at, address_hash)
+    VALUES (:user_id, :channel, :address, :reason, :detail, :now, :address_hash)
     ON CONFLICT (user_id, channel, address) DO NOTHING
     """
 )
@@ -287,13 +297,17 @@ def suppress_address(
     detail: str,
     now: datetime,
 ) -> None:
-    """Put an address on the permanent suppression list (bounce, complaint, STOP, deactivated)."""
+    """Put an address on the permanent suppression list (bounce, complaint, STOP, deactivated),
+    for every recipient who has it: the row carries the address's keyed hash, which the gate
+    looks up whoever holds the address."""
+    key = hashing.address_key(settings.get())
     conn.execute(
         _SUPPRESS,
         {
             "user_id": user_id,
             "channel": channel,
             "address": address,
+            "address_hash": hashing.hashed(key, channel, address),
             "reason": reason,
             "detail": detail,
             "now": now,

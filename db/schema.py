@@ -30,7 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0020"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0021"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -267,9 +267,12 @@ suppressions = Table(
     Column("reason", Text, nullable=False),
     Column("detail", Text, nullable=False, server_default=""),
     _ts("created_at", False),
+    # keyed hash of (channel, address) (clarion/hashing.py, 0021); an erased recipient's row keeps
+    # only this, as its address too (0019)
+    Column("address_hash", Text, nullable=False),
     PrimaryKeyConstraint("user_id", "channel", "address", name="suppressions_pkey"),
-    # an erased recipient's address is kept only as `hmac:<hex>` (clarion/hashing.py, 0019)
-    Index("suppressions_hashed", "address", postgresql_where=text("address LIKE 'hmac:%'")),
+    # the gate's lookup by address, whoever the row was recorded for (0021)
+    Index("suppressions_address", "channel", "address_hash"),
 )
 
 # Suppressions an operator lifted, with who, when and why (migration 0020, db/suppressions.py).

@@ -1,7 +1,7 @@
 """Named statements for the suppression list as operators see it: list it, lift an entry (audited).
 
 The gates read the list through db/gating.py; the receipt and keyword paths write it there too.
-Lifting is one statement (DELETE … RETURNING feeding the audit INSERT), so an entry is never gone
+Lifting is by address, for everyone who has it, in one statement (DELETE … RETURNING feeding the audit INSERT), so an entry is never gone
 without its audit row, nor audited without being gone."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import Connection, text
+
+from clarion import hashing, settings
 
 
 @dataclass(frozen=True)
@@ -49,11 +51,16 @@ _LIFTS = text(
     f"SELECT id, user_id, channel, address, reason, detail, suppressed_at, lifted_by, lifted_at, "
     f"why FROM suppression_lifts WHERE {_MATCH} ORDER BY lifted_at DESC, id DESC LIMIT :limit"
 )
+# By address, whoever the entries were recorded for (an erased recipient's too: same hash); with a
+# user, only if that user has one. Index suppressions_address.
 _LIFT = text(
     """
     WITH lifted AS (
         DELETE FROM suppressions
-        WHERE user_id = :user_id AND channel = :channel AND address = :address
+        WHERE channel = :channel AND address_hash = :address_hash
+          AND (CAST(:user_id AS text) IS NULL OR EXISTS (
+              SELECT 1 FROM suppressions
+              WHERE user_id = :user_id AND channel = :channel AND address_hash = :address_hash))
         RETURNING user_id, channel, address, reason, detail, created_at
     )
     INSERT INTO suppression_lifts
@@ -100,22 +107,23 @@ def list_lifts(
 def lift(
     conn: Connection,
     *,
-    user_id: str,
+    user_id: str | None,
     channel: str,
     address: str,
     by: str,
     why: str,
     now: datetime,
-) -> Lift | None:
-    """Take the entry off the list and record who lifted it, when and why; None if there was no
-    such entry (nothing is written then)."""
+) -> list[Lift]:
+    """Take the address off the list for everyone (every entry of it, whoever it was recorded for)
+    and record who lifted each, when and why. With `user_id`, only if that user has an entry for
+    it. Empty if nothing matched (nothing is written then)."""
+    key = hashing.address_key(settings.get())
     params = {
         "user_id": user_id,
         "channel": channel,
-        "address": address,
+        "address_hash": hashing.hashed(key, channel, address),
         "by": by,
         "why": why,
         "now": now,
     }
-    row = conn.execute(_LIFT, params).mappings().first()
-    return None if row is None else Lift(**row)
+    return [Lift(**row) for row in conn.execute(_LIFT, params).mappings()]

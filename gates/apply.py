@@ -40,18 +40,25 @@ def snapshots(
     }
     by_hash = _address_hashes(recipients)
     rows = gating.snapshot_rows(
-        conn, recipients, [s for each in scopes.values() for s in each], now=now, hashed=by_hash
+        conn,
+        recipients,
+        [s for each in scopes.values() for s in each],
+        now=now,
+        hashed={(channel, digest) for digest, held in by_hash.items() for _, _, channel in held},
     )
     prefs: defaultdict[str, list[tuple[Any, ...]]] = defaultdict(list)
     suppressed: defaultdict[str, dict[tuple[str, str], str]] = defaultdict(dict)  # -> reason
     collapses: defaultdict[str, dict[str, tuple[int, datetime, int]]] = defaultdict(dict)
     for user, *pref in rows["preferences"]:
         prefs[user].append(tuple(pref))
+    # by address for everyone, the earliest event first; then by user (rows hashed under a former
+    # address secret still stop their own recipient)
+    for listed_for, channel, digest, reason, detail, at in rows["hashed_suppressions"]:
+        for user, plain, _ in by_hash.get(digest, ()):
+            why = suppression_reason(reason, detail, at, own=listed_for == user)
+            suppressed[user].setdefault((channel, plain), why)
     for user, channel, address, reason in rows["suppressions"]:
-        suppressed[user][(channel, address)] = reason
-    for channel, digest, reason in rows["hashed_suppressions"]:
-        for user, plain in by_hash.get(digest, ()):
-            suppressed[user].setdefault((channel, plain), reason)
+        suppressed[user].setdefault((channel, address), reason)
     for user, key, leader, until, count in rows["collapses"]:
         collapses[user][key] = (leader, until, count)
     windows = {user: (until, type_key) for user, until, type_key in rows["windows"]}
@@ -71,17 +78,24 @@ def snapshots(
     }
 
 
+def suppression_reason(reason: str, detail: str, at: datetime, *, own: bool) -> str:
+    """What a suppressed_address decision names: the event, whose it was, when (`clarion explain`)."""
+    whose = "this recipient" if own else "another recipient with this address"
+    said = f": {detail}" if detail else ""
+    return f"{reason} recorded for {whose} at {at.isoformat(timespec='seconds')}{said}"
+
+
 def _address_hashes(
     recipients: Mapping[str, Mapping[str, Any]],
-) -> dict[str, list[tuple[str, str]]]:
-    """hash → (user, address) for every address (every push device) of these recipients."""
+) -> dict[str, list[tuple[str, str, str]]]:
+    """hash → (user, address, channel) for every address (every push device) of these recipients."""
     key = hashing.address_key(settings.get())
-    found: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)
+    found: defaultdict[str, list[tuple[str, str, str]]] = defaultdict(list)
     for user, recipient in recipients.items():
         for channel, address in (recipient.get("addresses") or {}).items():
             values = str(address).split() if channel == "push" else [str(address)]
             for value in values:
-                found[hashing.hashed(key, channel, value)].append((user, value))
+                found[hashing.hashed(key, channel, value)].append((user, value, channel))
     return found
 
 

@@ -539,8 +539,10 @@ def _suppressions_parser(sub: argparse._SubParsersAction) -> None:
         "--lifted", action="store_true", help="the audit log of lifted entries: who, when, why"
     )
     sl.add_argument("--limit", type=int, default=100)
-    lift = ss.add_parser("lift", help="take one entry off the list, recording who, when and why")
-    lift.add_argument("--user", required=True)
+    lift = ss.add_parser(
+        "lift", help="take an address off the list for everyone, recording who, when and why"
+    )
+    lift.add_argument("--user", help="only if this user has an entry for the address")
     lift.add_argument("--channel", required=True)
     lift.add_argument("--address", required=True)
     lift.add_argument("--reason", required=True, help="why, e.g. 'false bounce, ticket 812'")

@@ -71,8 +71,11 @@ def _lifts_table(lifts: list[suppressions.Lift]) -> str:
     )
 
 
-def lift(user_id: str, channel: str, address: str, *, why: str, by: str | None = None) -> str:
-    """Lift one entry in one transaction, with its audit row; InvalidRequest if it is not listed."""
+def lift(
+    user_id: str | None, channel: str, address: str, *, why: str, by: str | None = None
+) -> str:
+    """Lift the address for everyone in one transaction, an audit row per entry; InvalidRequest if
+    it is not listed (for `user_id`, when given)."""
     why = why.strip()
     if not why:
         raise InvalidField("--reason", "say why the entry is lifted (it is kept in the audit log)")
@@ -88,12 +91,14 @@ def lift(user_id: str, channel: str, address: str, *, why: str, by: str | None =
             why=why,
             now=clock.now(),
         )
-    if done is None:
+    if not done:
+        whose = "" if user_id is None else f" for user {user_id!r}"
         raise InvalidRequest(
-            f"no suppression for user {user_id!r} on {channel} address {address!r} "
+            f"no suppression{whose} on {channel} address {address!r} "
             "(see `clarion suppressions list`)"
         )
-    return (
-        f"lifted: {channel} address {address} of {user_id} (was {done.reason}, listed "
-        f"{_when(done.suppressed_at)} UTC) by {done.lifted_by} at {_when(done.lifted_at)} UTC"
+    return "\n".join(
+        f"lifted: {channel} address {address} of {d.user_id} (was {d.reason}, listed "
+        f"{_when(d.suppressed_at)} UTC) by {d.lifted_by} at {_when(d.lifted_at)} UTC"
+        for d in done
     )

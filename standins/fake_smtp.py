@@ -82,6 +82,8 @@ class _Handler:
     async def handle_RCPT(  # noqa: N802 - the aiosmtpd hook name
         self, server: SMTP, session: Session, envelope: Envelope, address: str, options: list
     ) -> str:
+        with self.fake._lock:
+            self.fake.rcpts.append(address)  # every RCPT TO asked for, refused or taken
         scripted = self.fake._scripted("rcpt") or self.fake._rejection(address)
         if scripted:
             return scripted
@@ -141,6 +143,7 @@ class FakeSmtp:
         self.logins: list[str] = []
         self._script = _Script()
         self._lock = threading.Lock()
+        self.rcpts: list[str] = []
         kwargs: dict[str, Any] = {"auth_require_tls": False, "enable_SMTPUTF8": True}
         if auth is not None:
             kwargs.update(authenticator=self._authenticate, auth_required=True)

@@ -16,9 +16,10 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from sqlalchemy import text
 
-from clarion.adapters.base import idempotency_key
-from clarion.adapters.email_mime import read_unsubscribe_token
+from clarion.adapters.base import Message
+from clarion.adapters.email_mime import message_id, read_unsubscribe_token
 from clarion.db.engine import engine
+from clarion.ops.explain import explain
 from clarion.standins.fake_smtp import FakeSmtp, self_signed
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver
@@ -110,8 +111,10 @@ def decisions(user: str) -> list[dict]:
     )
 
 
-def expected_message_id(type_key: str, event: str, domain: str, user: str = "ana") -> str:
-    return f"<{idempotency_key(user, type_key, f'event:{event}', 'email')}@{domain}>"
+def expected_message_id(key: Key, type_key: str, event: str, domain: str) -> str:
+    """What this deployment's secret makes of the delivery (adapters.email_mime.message_id)."""
+    message = Message(key[1], key[0], type_key, f"event:{event}", "email", {})
+    return message_id(message, f"x@{domain}", WEBHOOK_SECRET)
 
 
 def parts(message: EmailMessage) -> tuple[str, str]:
@@ -133,7 +136,9 @@ def test_a_receipt_goes_out_with_both_parts_escaped_and_no_unsubscribe(smtp):
     assert got.mail_from == "notify@tx.clarion.test" and got.rcpt_tos == ("ana@example.com",)
     assert message["From"] == TX and message["To"] == "ana@example.com"
     assert message["Subject"] == "Receipt A-1"
-    assert message["Message-ID"] == expected_message_id("receipt_email", "e1", "tx.clarion.test")
+    assert message["Message-ID"] == expected_message_id(
+        key, "receipt_email", "e1", "tx.clarion.test"
+    )
     assert "List-Unsubscribe" not in message and "List-Unsubscribe-Post" not in message
     plain, html = parts(message)
     assert '<a href="https://x.example">win</a>' in plain
@@ -148,7 +153,9 @@ def test_a_digest_has_the_marketing_identity_and_a_one_click_link(smtp):
     key, _ = send("ana", "digest_email", name="Ana")
     message = smtp.messages[0].message
     assert message["From"] == MK
-    assert message["Message-ID"] == expected_message_id("digest_email", "e1", "mk.clarion.test")
+    assert message["Message-ID"] == expected_message_id(
+        key, "digest_email", "e1", "mk.clarion.test"
+    )
     link = re.fullmatch(r"<(.+)>", str(message["List-Unsubscribe"]))
     assert link is not None and message["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
     url = urlsplit(link[1])
@@ -170,7 +177,7 @@ def test_4xx_replies_are_retried_until_the_relay_takes_it(smtp):
     assert retry(key) == 1
     [got] = smtp.messages  # the third attempt, under the id every attempt had
     assert got.message["Message-ID"] == expected_message_id(
-        "receipt_email", "e1", "tx.clarion.test"
+        key, "receipt_email", "e1", "tx.clarion.test"
     )
     assert delivery(key)["state"] == "sent" and incidents() == []
 
@@ -223,6 +230,36 @@ def test_a_550_at_rcpt_fails_the_delivery_and_suppresses_the_address(smtp):
         "channel": "email",
     } in decisions("bo")
     assert smtp.messages == []
+
+
+def test_a_bounce_for_one_user_suppresses_the_address_for_every_other_user(smtp):
+    register_recipient("bo", timezone="UTC", addresses={"email": "gone@example.com"})
+    smtp.reject("gone@example.com")
+    send("bo", "receipt_email", order="A-1")
+    assert smtp.rcpts == ["gone@example.com"]  # the one RCPT that bounced
+    for user in ("bo2", "bo3"):  # registering the address for others is allowed…
+        register_recipient(user, timezone="UTC", addresses={"email": "gone@example.com"})
+        assert notify_and_route(user, "receipt_email", "e2", order="A-2") is None  # …sends nothing
+        why = rows(
+            "SELECT detail FROM decisions WHERE user_id = :u AND gate = 'suppression'", u=user
+        )
+        assert [d["detail"] for d in why] == [
+            "email address is on the suppression list (bounced recorded for another recipient "
+            f"with this address at {at('bo')}: rcpt: 550 5.1.1 <gone@example.com>: Recipient "
+            "address rejected: User unknown)"
+        ]
+        assert "bounced recorded for another recipient" in explain(user)
+    register_recipient("ok", timezone="UTC", addresses={"email": "ok@example.com"})
+    send("ok", "receipt_email", order="A-3")  # another address still goes out
+    assert smtp.rcpts == [
+        "gone@example.com",
+        "ok@example.com",
+    ]  # no further RCPT to the bounced one
+
+
+def at(user: str) -> str:
+    [row] = rows("SELECT created_at FROM suppressions WHERE user_id = :u", u=user)
+    return row["created_at"].isoformat(timespec="seconds")
 
 
 def test_a_policy_refusal_at_rcpt_fails_without_suppressing(smtp):

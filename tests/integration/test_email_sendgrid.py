@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clarion.ops.explain import explain
 from clarion.standins.fake_sendgrid import EventKey, FakeSendGrid, Sent, event, post_events
 from clarion.standins.fake_slack import serving
 from clarion.tasks import register_recipient
@@ -376,3 +377,17 @@ def test_a_bad_unsubscribe_request_changes_nothing(web, fake, query, body, statu
 def test_the_webhook_is_404_when_not_configured(web, monkeypatch):
     configure(monkeypatch, sendgrid_webhook_public_key=None)
     assert post(web, [])[0] == 404
+
+
+def test_a_complaint_stops_the_address_for_every_user_who_has_it(web, fake):
+    key, _ = send("ana", "digest_email", name="Ana")
+    post(web, [event(sent_for(fake, key), "spamreport")])
+    for user in ("ana2", "ana3"):  # ana's address, registered for two other users
+        register_recipient(user, timezone="UTC", addresses={"email": "ana@example.com"})
+        assert notify_and_route(user, "digest_email", "e2", name="Ana") is None
+        [why] = rows(
+            "SELECT detail FROM decisions WHERE user_id = :u AND gate = 'suppression'", u=user
+        )
+        assert "complained recorded for another recipient with this address" in why["detail"]
+        assert "complained recorded for another recipient" in explain(user)
+    assert len(fake.sent) == 1  # the stand-in got ana's message and nothing since

@@ -393,3 +393,20 @@ def test_a_lost_answer_on_one_device_while_the_others_took_it_is_sent(fakes):
     assert fakes.received() == {d: 1 for d in DEVICES}  # the APNs one too, though unanswered
     assert _retry(key) == 0 and fakes.attempts() == {d: 1 for d in DEVICES}
     assert _incidents() == [] and _devices("ana") == " ".join(DEVICES)
+
+
+def test_an_unregistered_token_of_one_user_is_never_pushed_for_another(fakes):
+    fakes.fcm.unregister(PHONE)
+    key = _notify("ana")  # ana's phone is UNREGISTERED: recorded for ana
+    assert key is not None and fakes.attempts()[f"fcm:{PHONE}"] == 1
+    for user in ("bob", "cy"):  # the same (dead) token registered for others: allowed…
+        register_recipient(user, timezone="UTC", addresses={"push": [f"fcm:{PHONE}"]})
+        assert _notify(user) is None  # …but nothing is pushed, with the reason
+        [stopped] = rows(
+            "SELECT gate, reason, detail FROM decisions WHERE user_id = :u AND channel = 'push'",
+            u=user,
+        )
+        assert (stopped["gate"], stopped["reason"]) == ("suppression", "suppressed_address")
+        assert "invalid_token recorded for another recipient with this address" in stopped["detail"]
+        assert "invalid_token recorded for another recipient" in explain(user)
+    assert fakes.attempts()[f"fcm:{PHONE}"] == 1  # no further push to the dead token

@@ -26,6 +26,7 @@ from sqlalchemy import text
 
 from clarion.adapters.sms import HELP_REPLY, SETTLE, budget_quota
 from clarion.db.engine import engine
+from clarion.ops.explain import explain
 from clarion.standins.fake_slack import serving
 from clarion.standins.fake_twilio import FakeTwilio, sign
 from clarion.tasks import notify, register_recipient, runtime
@@ -409,3 +410,13 @@ def test_a_lost_answer_resends_an_at_least_once_receipt_and_says_so(world, loss)
     assert len(world.fake.messages()) == 2  # Twilio cannot dedup: a possible duplicate ...
     assert _row(key)["state"] == "sent" and _sid(key) == world.fake.messages()[1].sid
     assert [r["kind"] for r in rows("SELECT kind FROM incidents")] == ["possible_duplicate"]
+
+
+def test_stop_from_one_users_number_stops_it_for_every_user_who_has_it(world):
+    assert world.fake.inbound(world.inbound_url, ANA, "STOP")[0] == 200  # ana's number
+    for user in ("dee", "eve"):  # the same number registered later for others: allowed…
+        register_recipient(user, timezone="Europe/Berlin", addresses={"sms": ANA})
+        assert _route(user) is None  # …but nothing is sent, with the reason
+        assert _last_decision(user)["reason"] == "suppressed_address"
+        assert "stopped recorded for another recipient with this address" in explain(user)
+    assert world.fake.messages() == []  # no message at the stand-in

@@ -20,6 +20,7 @@ from clarion.adapters.base import Message
 from clarion.adapters.email_mime import (
     Identities,
     build,
+    message_id,
     read_unsubscribe_token,
     subject_of,
     to_bytes,
@@ -89,7 +90,8 @@ def test_identity_and_one_click_follow_category_and_lane(category, lane, sender,
     assert ("List-Unsubscribe" in names) is one_click
     assert ("List-Unsubscribe-Post" in names) is one_click
     domain = sender.rpartition("@")[2].rstrip(">")
-    assert built.message_id == f"<{MESSAGE.idempotency_key}@{domain}>"
+    assert built.message_id == message_id(MESSAGE, sender, "s3cret")
+    assert re.fullmatch(rf"<clm_[0-9a-f]{{40}}@{re.escape(domain)}>", built.message_id)
 
 
 def test_marketing_identity_defaults_to_the_transactional_one():
@@ -98,10 +100,22 @@ def test_marketing_identity_defaults_to_the_transactional_one():
 
 
 def test_message_id_is_the_same_for_every_attempt_and_differs_per_occurrence():
-    first, again = _email(), _email(replace(MESSAGE, attempt=3, delivery_id=99))
+    first, again = _email(), _email(replace(MESSAGE, attempt=3))
     other = _email(replace(MESSAGE, occurrence_key="event:o-2"))
     assert first.message_id == again.message_id != other.message_id
     assert _parsed()["Message-ID"] == first.message_id
+
+
+def test_message_id_differs_per_deployment_and_for_a_key_reused_after_retention():
+    here = message_id(MESSAGE, TX, "deployment-a")
+    assert here == message_id(replace(MESSAGE, attempt=2), TX, "deployment-a")
+    assert message_id(MESSAGE, TX, "deployment-b") != here  # staging vs production
+    # retention deleted the old request; the reused event id is a new delivery row
+    assert (
+        message_id(replace(MESSAGE, delivery_id=MESSAGE.delivery_id + 1), TX, "deployment-a")
+        != here
+    )
+    assert MESSAGE.idempotency_key not in here and "deployment-a" not in here
 
 
 def test_the_wire_form_has_both_parts_and_an_unfolded_one_click_header():
