@@ -35,12 +35,16 @@ TICK_DONE = re.compile(r"Task clarion\.tick\[[0-9a-f-]+\] succeeded in [0-9.e-]+
 
 
 class LoggedCluster(Cluster):
-    """Cluster whose beats log at INFO, so each beat's log shows every tick it sent."""
+    """Cluster whose beats and workers log at DEBUG, where each tick a beat sent and each tick a
+    worker ran are written (an idle tick logs nothing at INFO: clarion/logs.py)."""
+
+    def worker(self, name: str, queues=launch.QUEUES, *, concurrency: int = 2, env=None) -> None:
+        super().worker(name, queues, concurrency=concurrency, env=env, loglevel="DEBUG")
 
     def beat(self, name: str = "beat") -> None:
         home = Path(self.env["CLARION_HOME"]) / name
         home.mkdir(parents=True, exist_ok=True)
-        self._start(name, launch.beat_command(home, loglevel="INFO"), {})
+        self._start(name, launch.beat_command(home, loglevel="DEBUG"), {})
 
     def log_text(self, name: str) -> str:
         return "".join(

@@ -31,10 +31,11 @@ class Cluster:
         *,
         concurrency: int = 2,
         env: dict[str, str] | None = None,
+        loglevel: str = "INFO",
     ) -> None:
         self._start(
             name,
-            launch.worker_command(queues, concurrency=concurrency, name=name, loglevel="INFO"),
+            launch.worker_command(queues, concurrency=concurrency, name=name, loglevel=loglevel),
             env or {},
         )
 
