@@ -145,7 +145,10 @@ def check() -> None:
     chosen = setup()
     from prometheus_client import values
 
-    __getattr__("TICK_SECONDS")
+    for value in _values(__getattr__("TICK_SECONDS")):
+        # a read opens this process's file: after a fork, prometheus_client moves a value to the
+        # child's own file only when it is next used
+        getattr(value, "get", lambda: None)()
     private = [
         name
         for name, metric in _metrics.items()
@@ -249,9 +252,10 @@ def _ledger_engine(url: str, timeout: float) -> Any:
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
 
-    from clarion.db.engine import normalise_url
+    from clarion import settings
+    from clarion.db.engine import normalise_url, use_schema
 
-    return create_engine(
+    eng = create_engine(
         normalise_url(url),
         poolclass=NullPool,
         connect_args={
@@ -259,6 +263,8 @@ def _ledger_engine(url: str, timeout: float) -> Any:
             "options": f"-c statement_timeout={int(timeout * 1000)}",
         },
     )
+    use_schema(eng, settings.get().schema)  # the ledger's tables are in clarion's schema
+    return eng
 
 
 def _read_ledger(url: str, timeout: float) -> dict[str, list[tuple[Any, ...]]]:

@@ -520,6 +520,7 @@ def test_openapi_is_valid_and_lists_every_endpoint(client):
         "/v1/events": ["post"],
         "/v1/events/batch": ["post"],
         "/v1/requests/{request_id}": ["get"],
+        "/v1/requests/{request_id}/ack": ["post"],
         "/v1/users/{user_id}/preferences": ["get", "put"],
         "/v1/users/{user_id}": ["delete", "get", "put"],
         "/v1/inbox/{user_id}": ["get"],
