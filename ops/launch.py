@@ -63,9 +63,17 @@ def beat_command(home: Path, loglevel: str = "WARNING", *, quiet: bool = False) 
     )
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
+
+
 def _die_with_parent() -> None:
-    """In the child, before exec: be SIGKILLed when the parent dies (Linux PR_SET_PDEATHSIG), so a
-    supervisor killed outright leaves no worker behind to run unsupervised beside its successor."""
+    """In the child, before exec: the stop signals at their defaults (an ignored signal stays
+    ignored across exec: a supervisor started under `nohup`, or from a process that ignores SIGQUIT,
+    would otherwise hand its worker a cold stop that does nothing); and be SIGKILLed when the parent
+    dies (Linux PR_SET_PDEATHSIG), so a supervisor killed outright leaves no worker behind to run
+    unsupervised beside its successor."""
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 

@@ -59,8 +59,14 @@ SUPERVISOR = textwrap.dedent("""
 """)
 
 
+def _ignore_sigquit() -> None:
+    import signal as signals
+
+    signals.signal(signals.SIGQUIT, signals.SIG_IGN)
+
+
 def _supervise(
-    tmp_path: Path, exits: str, mode: str = "", grace: float = 1.5
+    tmp_path: Path, exits: str, mode: str = "", grace: float = 1.5, *, ignoring_quit: bool = False
 ) -> tuple[subprocess.Popen, Path]:
     child, starts = tmp_path / "child.py", tmp_path / "starts"
     child.write_text(CHILD)
@@ -71,6 +77,9 @@ def _supervise(
         text=True,
         cwd=Path(__file__).resolve().parents[2],
         env={**os.environ, "GRACE": str(grace)},
+        # started the way `nohup` or a parent that ignores SIGQUIT would start it: the ignored
+        # disposition is inherited across exec unless the supervisor resets it for its child
+        preexec_fn=_ignore_sigquit if ignoring_quit else None,
     )
     return proc, starts
 
@@ -172,8 +181,9 @@ def test_a_second_sigterm_stops_cold_at_once(tmp_path):
     assert all(_gone(pid) for pid in _pids(starts))
 
 
-def test_a_child_that_ignores_sigterm_is_killed_after_the_stop_timeout(tmp_path):
-    proc, starts = _supervise(tmp_path, "", "ignore-term")
+@pytest.mark.parametrize("ignoring_quit", [False, True])
+def test_a_child_that_ignores_sigterm_is_killed_after_the_stop_timeout(tmp_path, ignoring_quit):
+    proc, starts = _supervise(tmp_path, "", "ignore-term", ignoring_quit=ignoring_quit)
     try:
         assert wait_until(lambda: len(_pids(starts)) == 1, timeout=20)
         time.sleep(0.5)
