@@ -60,6 +60,7 @@ def started(tmp_path: Path) -> Iterator[dict[str, launch.Process]]:
         process.stop()
 
 
+@pytest.mark.soak  # twenty seconds of idle ticks, by design
 def test_an_idle_worker_and_beat_write_no_info_line(documented_env, tmp_path, started):
     home, logs = Path(documented_env["CLARION_HOME"]), tmp_path / "logs"
     logs.mkdir()
