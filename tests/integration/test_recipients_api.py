@@ -30,7 +30,13 @@ from clarion.tasks.receipts import ingest
 from clarion.tasks.route import route
 from clarion.web.api_auth import SCOPES, create_key
 from clarion.web.app import create_app
-from tests.support.pipeline import configure, drain, publishing_to_this_tests_broker, rows
+from tests.support.pipeline import (
+    configure,
+    drain,
+    frozen_clock,
+    publishing_to_this_tests_broker,
+    rows,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -42,9 +48,14 @@ PERSONAL = (HOOK, EMAIL, PHONE, ORDER)
 CLARION = Path(sys.executable).parent / "clarion"
 
 
+# ann keeps quiet hours (22:00-07:00 Berlin) and a Monday-Friday week: the sends here happen on a
+# Wednesday at noon in Berlin, whatever the wall clock says when the suite runs.
+NOON_IN_BERLIN = datetime(2026, 12, 2, 11, 0, tzinfo=UTC)
+
+
 @pytest.fixture(autouse=True)
 def _broker(clarion_env) -> Iterator[None]:
-    with publishing_to_this_tests_broker():
+    with publishing_to_this_tests_broker(), frozen_clock(NOON_IN_BERLIN):
         yield
 
 
