@@ -29,10 +29,10 @@ import httpx
 import jwt
 
 from clarion import clock
-from clarion.adapters.base import Message, clean_provider_id
 from clarion.adapters.push import DeviceOutcome, title_and_body, transport_outcome
 from clarion.adapters.ratelimit import Quota
 from clarion.errors import ConfigurationError
+from clarion.records import Message, clean_provider_id
 
 if TYPE_CHECKING:
     from clarion.settings import Settings

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from clarion.adapters.base import Message, SendResult
 from clarion.adapters.escape import plain_text
+from clarion.records import Message, SendResult
 
 
 def to_line(message: Message) -> str:

@@ -31,9 +31,9 @@ from email import policy
 from email.message import EmailMessage
 from email.utils import format_datetime, formataddr, parseaddr
 
-from clarion.adapters.base import Message
 from clarion.adapters.escape import html, plain_text
 from clarion.errors import PermanentSendError
+from clarion.records import Message
 
 # Mirrors gates.preferences.LOCKED_CATEGORIES (adapters import nothing from gates/): mail a
 # recipient cannot opt out of, so it has no unsubscribe link and uses the transactional identity.

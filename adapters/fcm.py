@@ -29,10 +29,10 @@ from google.auth import exceptions as auth_errors
 from google.auth.transport.urllib3 import Request as AuthRequest
 from google.oauth2 import service_account
 
-from clarion.adapters.base import Message, clean_provider_id
 from clarion.adapters.push import DeviceOutcome, title_and_body, transport_outcome, web_topic
 from clarion.adapters.ratelimit import Quota
 from clarion.errors import ConfigurationError
+from clarion.records import Message, clean_provider_id
 
 if TYPE_CHECKING:
     from clarion.settings import Settings

@@ -18,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from clarion.adapters.base import Channel, Collaborators, Message, SendResult
+from clarion.adapters.base import Channel, Collaborators
 from clarion.adapters.escape import plain_text
 from clarion.errors import PermanentSendError, TransientSendError, UnknownSendError
+from clarion.records import Message, SendResult
 
 MAX_TITLE = 1000
 MAX_BODY = 20000

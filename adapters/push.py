@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
-from clarion.adapters.base import Channel, Collaborators, Message, SendResult, Suppressions
+from clarion.adapters.base import Channel, Collaborators, Suppressions
 from clarion.adapters.escape import plain_text
 from clarion.adapters.ratelimit import Quota, RateLimits
 from clarion.errors import (
@@ -59,6 +59,7 @@ from clarion.errors import (
     TransientSendError,
     UnknownSendError,
 )
+from clarion.records import Message, SendResult
 
 if TYPE_CHECKING:
     from clarion.settings import Settings

@@ -31,14 +31,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from clarion import clock
-from clarion.adapters.base import (
-    Channel,
-    Collaborators,
-    Message,
-    Receipt,
-    SendResult,
-    clean_provider_id,
-)
+from clarion.adapters.base import Channel, Collaborators
 from clarion.adapters.email_mime import Identities, build, is_transactional
 from clarion.adapters.ratelimit import Quota, RateLimits
 from clarion.errors import (
@@ -48,6 +41,7 @@ from clarion.errors import (
     TransientSendError,
     UnknownSendError,
 )
+from clarion.records import Message, Receipt, SendResult, clean_provider_id
 from clarion.settings import Settings
 
 if TYPE_CHECKING:  # the SDK is the `sendgrid` extra: imported where it is used

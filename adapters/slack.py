@@ -29,7 +29,7 @@ from urllib.error import URLError
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
-from clarion.adapters.base import Collaborators, Message, SendResult, Suppressions
+from clarion.adapters.base import Collaborators, Suppressions
 from clarion.adapters.escape import slack_mrkdwn
 from clarion.adapters.ratelimit import Quota, RateLimits
 from clarion.catalog import Button
@@ -41,6 +41,7 @@ from clarion.errors import (
     TransientSendError,
     UnknownSendError,
 )
+from clarion.records import Message, SendResult
 from clarion.settings import Settings
 
 log = logging.getLogger(__name__)

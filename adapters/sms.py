@@ -43,15 +43,7 @@ from twilio.http.http_client import TwilioHttpClient
 from twilio.http.response import Response
 from twilio.rest import Client
 
-from clarion.adapters.base import (
-    Channel,
-    Collaborators,
-    Message,
-    Receipt,
-    SendResult,
-    Suppressions,
-    clean_provider_id,
-)
+from clarion.adapters.base import Channel, Collaborators, Suppressions
 from clarion.adapters.escape import plain_text
 from clarion.adapters.ratelimit import Quota, RateLimits, scope
 from clarion.errors import (
@@ -61,6 +53,7 @@ from clarion.errors import (
     TransientSendError,
     UnknownSendError,
 )
+from clarion.records import Message, Receipt, SendResult, clean_provider_id
 from clarion.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from clarion import clock
-from clarion.adapters.base import Channel, Collaborators, Message, SendResult, Suppressions
+from clarion.adapters.base import Channel, Collaborators, Suppressions
 from clarion.adapters.email_mime import Identities, build, to_bytes
 from clarion.adapters.ratelimit import Quota, RateLimits
 from clarion.errors import (
@@ -37,6 +37,7 @@ from clarion.errors import (
     TransientSendError,
     UnknownSendError,
 )
+from clarion.records import Message, SendResult
 from clarion.settings import Settings
 
 SCHEMES = {"smtp": 25, "smtp+starttls": 587, "smtps": 465}

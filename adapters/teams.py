@@ -39,7 +39,7 @@ from botframework.connector import ConnectorClient
 from botframework.connector.auth import MicrosoftAppCredentials
 from msrest.exceptions import ClientRequestError
 
-from clarion.adapters.base import Collaborators, Message, SendResult
+from clarion.adapters.base import Collaborators
 from clarion.adapters.escape import card_markdown, plain_text
 from clarion.adapters.ratelimit import Quota, RateLimits
 from clarion.adapters.webhook import retry_after
@@ -50,6 +50,7 @@ from clarion.errors import (
     TransientSendError,
     UnknownSendError,
 )
+from clarion.records import Message, SendResult
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from clarion.adapters import http1
-from clarion.adapters.base import Channel, Message, SendResult, clean_provider_id
+from clarion.adapters.base import Channel
 from clarion.adapters.ratelimit import Quota, RateLimits
 from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
+from clarion.records import Message, SendResult, clean_provider_id
 
 FAILED_STATUSES = frozenset({408, 425, 429})  # the receiver says it did not take the request
 

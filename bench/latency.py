@@ -156,7 +156,7 @@ class Latency:
         return out
 
     def key(self, item: dict) -> str:
-        from clarion.adapters.base import idempotency_key
+        from clarion.records import idempotency_key
 
         return idempotency_key(
             item["user_id"], item["type_key"], f"event:{item['event_id']}", "webhook"

@@ -17,8 +17,8 @@ import time
 import psycopg
 import urllib3
 
-from clarion.adapters.base import Message, idempotency_key
 from clarion.adapters.webhook import to_request
+from clarion.records import Message, idempotency_key
 
 TYPE_KEY = "receipt"
 CHANNEL = "webhook"

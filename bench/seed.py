@@ -26,7 +26,7 @@ import redis as redis_lib
 import urllib3
 
 from bench.naive import post
-from clarion.adapters.base import idempotency_key
+from clarion.records import idempotency_key
 
 TYPE_KEY = "receipt"
 CHANNEL = "webhook"

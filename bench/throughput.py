@@ -735,9 +735,9 @@ class Bench:
         from sqlalchemy import text
 
         from clarion import settings
-        from clarion.adapters.base import idempotency_key
         from clarion.db.engine import engine
         from clarion.ops.launch import beat_command, worker_command
+        from clarion.records import idempotency_key
         from clarion.tasks import notify_many, register_recipient
         from clarion.tasks.app import app, use_broker
 

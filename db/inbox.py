@@ -23,8 +23,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from clarion.adapters.base import Receipt
 from clarion.db import receipts
+from clarion.records import Receipt
 
 NOTIFY_CHANNEL = "clarion_inbox"
 MARKS = ("seen", "read", "archived")

@@ -22,8 +22,8 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, text
 
-from clarion.adapters.base import Keyword, Receipt
 from clarion.db import escalations, gating
+from clarion.records import Keyword, Receipt
 
 # event → (state it moves to, states it may leave); None: recorded, no state change
 MOVES: dict[str, tuple[str, tuple[str, ...]] | None] = {

@@ -10,12 +10,12 @@ from collections.abc import Callable
 
 from sqlalchemy import text
 
-from clarion.adapters.base import Message
 from clarion.adapters.teams import to_card
 from clarion.catalog.model import EXAMPLES, Catalog
 from clarion.db.engine import engine
 from clarion.errors import ConfigurationError
 from clarion.ops.table import render
+from clarion.records import Message
 from clarion.standins.fake_slack import FakeSlack, block_actions, signed
 
 SIGNING_SECRET = "demo-signing-secret"

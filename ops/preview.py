@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from clarion.adapters.base import Message
 from clarion.catalog import NotificationType
 from clarion.catalog import locales as catalog_locales
 from clarion.errors import InvalidRequest, SendError, UnknownType
 from clarion.ops.preview_channels import BUILDERS, generic
 from clarion.ops.table import render as table
+from clarion.records import Message
 from clarion.settings import Settings
 
 if TYPE_CHECKING:

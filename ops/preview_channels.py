@@ -9,7 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from clarion import clock
-from clarion.adapters.base import Message
+from clarion.records import Message
 from clarion.settings import Settings
 
 Built = tuple[dict[str, Any], list[tuple[str, str]]]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from celery import shared_task
 
 from clarion import clock, faults, settings
-from clarion.adapters.base import Adapter, Message, SendResult
+from clarion.adapters.base import Adapter
 from clarion.db import claims
 from clarion.db.claims import ClaimedDelivery
 from clarion.db.engine import engine
@@ -39,6 +39,7 @@ from clarion.errors import (
     TransientSendError,
     UnknownSendError,
 )
+from clarion.records import Message, SendResult
 from clarion.tasks import runtime, sendrate
 from clarion.tasks.outcomes import (
     RowConnection,

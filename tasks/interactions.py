@@ -16,12 +16,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection
 
 from clarion import clock, faults
-from clarion.adapters.base import ButtonValue, decode_value
 from clarion.catalog import Button
 from clarion.db import escalations
 from clarion.db import interactions as store
 from clarion.db import series as series_store
 from clarion.db.engine import engine
+from clarion.records import ButtonValue, decode_value
 from clarion.tasks import runtime
 
 log = logging.getLogger(__name__)

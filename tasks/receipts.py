@@ -8,9 +8,9 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from clarion import clock, metrics
-from clarion.adapters.base import Keyword, Receipt
 from clarion.db import receipts as ledger
 from clarion.db.engine import engine
+from clarion.records import Keyword, Receipt
 from clarion.tasks import runtime
 
 log = logging.getLogger(__name__)

@@ -30,13 +30,14 @@ from datetime import datetime, timedelta
 from celery import shared_task
 
 from clarion import clock
-from clarion.adapters.base import Message, can_update
+from clarion.adapters.base import can_update
 from clarion.catalog import NotificationType
 from clarion.catalog.model import DEFAULT_UPDATE_SECONDS
 from clarion.db import refresh
 from clarion.db.engine import engine
 from clarion.db.refresh import LeaderDelivery, OwedRefresh
 from clarion.errors import PermanentSendError, ThrottledError
+from clarion.records import Message
 from clarion.tasks import runtime
 
 log = logging.getLogger(__name__)

@@ -27,10 +27,10 @@ from datetime import datetime
 from sqlalchemy.exc import DBAPIError
 
 from clarion import clock, faults, metrics
-from clarion.adapters.base import SendResult, clean_provider_id
 from clarion.db import claims, ledger
 from clarion.db.claims import ClaimedDelivery, SentMark
 from clarion.db.engine import engine
+from clarion.records import SendResult, clean_provider_id
 from clarion.tasks import sendrate
 from clarion.tasks.outcomes import RowConnection, record_incident
 

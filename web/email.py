@@ -29,9 +29,9 @@ from starlette.routing import Route
 
 from clarion import clock, extras, settings
 from clarion.adapters import sendgrid
-from clarion.adapters.base import Receipt
 from clarion.adapters.email_mime import ONE_CLICK, UNSUBSCRIBE_PATH, read_unsubscribe_token
 from clarion.adapters.escape import html
+from clarion.records import Receipt
 from clarion.tasks import receipts as receipt_tasks
 from clarion.web.inbound import Refused, clean, decode_json, read_body, refusal, text
 

@@ -30,11 +30,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from clarion import settings
-from clarion.adapters.base import Message
 from clarion.adapters.slack import update_message
 from clarion.db.chat import user_for_address
 from clarion.db.engine import engine
 from clarion.gates.preferences import LOCKED_CATEGORIES
+from clarion.records import Message
 from clarion.tasks import runtime
 from clarion.tasks.interactions import Click, handle_click
 from clarion.tasks.preferences import get_preferences, set_preferences

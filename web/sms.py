@@ -28,8 +28,8 @@ from twilio.request_validator import SIGNATURE_HEADER, RequestValidator
 from twilio.twiml.messaging_response import MessagingResponse
 
 from clarion import clock, settings
-from clarion.adapters.base import Keyword
 from clarion.adapters.sms import HELP_REPLY, keyword_of, status_receipt
+from clarion.records import Keyword
 from clarion.tasks import receipts
 from clarion.web.inbound import IDENT, Refused, clean, local_path, read_body, refusal
 

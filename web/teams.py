@@ -43,7 +43,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from clarion import clock, settings
-from clarion.adapters.base import Message
 from clarion.adapters.teams import (
     TeamsAction,
     answered_card,
@@ -59,6 +58,7 @@ from clarion.db import teams as store
 from clarion.db.engine import engine
 from clarion.errors import ClarionError
 from clarion.gates.preferences import LOCKED_CATEGORIES
+from clarion.records import Message
 from clarion.tasks import runtime
 from clarion.tasks.interactions import Click, handle_click
 from clarion.tasks.preferences import get_preferences, set_preferences

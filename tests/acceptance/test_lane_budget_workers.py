@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from clarion.adapters.base import idempotency_key
+from clarion.records import idempotency_key
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient
 from tests.support.cluster import Cluster, wait_settled

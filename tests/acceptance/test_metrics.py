@@ -34,11 +34,11 @@ from sqlalchemy import text
 from starlette.testclient import TestClient
 
 from clarion import clock, metrics, settings
-from clarion.adapters.base import Receipt
 from clarion.db import gating
 from clarion.db.engine import engine, migrate, one_off_engine
 from clarion.db.schema import SENT_STATES
 from clarion.ops import launch
+from clarion.records import Receipt
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient
 from clarion.tasks.preferences import set_preferences

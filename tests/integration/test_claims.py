@@ -286,7 +286,7 @@ def test_a_group_flush_records_only_the_rows_whose_claim_is_still_ours(clarion_e
     """Group commit is conditional per row: a row taken over while its send waited for the
     group's statement is not marked by the old token; it becomes a possible_duplicate incident,
     and the rows still held are recorded by the same statement (>11 runs: prepared statements)."""
-    from clarion.adapters.base import SendResult
+    from clarion.records import SendResult
     from clarion.tasks.sentgroup import Sent, SentGroup
 
     keys = [_pending_delivery(f"g{i}", f"e{i}") for i in range(14)]

@@ -12,9 +12,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from slack_sdk import WebClient
 
-from clarion.adapters.base import ButtonValue, Message
 from clarion.adapters.teams import ConversationRef
 from clarion.errors import PermanentSendError
+from clarion.records import ButtonValue, Message
 from clarion.standins.fake_slack import FakeSlack
 from clarion.tasks import notify, register_recipient, runtime
 from clarion.tasks.deliver import deliver

@@ -27,7 +27,7 @@ from markdown_it import MarkdownIt
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from clarion.adapters.base import ButtonValue
+from clarion.records import ButtonValue
 from clarion.standins.fake_slack import block_actions, signed
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver

@@ -16,10 +16,10 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from sqlalchemy import text
 
-from clarion.adapters.base import Message
 from clarion.adapters.email_mime import message_id, read_unsubscribe_token
 from clarion.db.engine import engine
 from clarion.ops.explain import explain
+from clarion.records import Message
 from clarion.standins.fake_smtp import FakeSmtp, self_signed
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver

@@ -23,10 +23,10 @@ import pytest
 from sqlalchemy import text
 
 from clarion import settings as clarion_settings
-from clarion.adapters.base import Receipt
 from clarion.db import escalations
 from clarion.db.engine import engine
 from clarion.ops.explain import explain
+from clarion.records import Receipt
 from clarion.standins.fake_fcm import FakeFcm
 from clarion.standins.fake_sendgrid import EventKey, FakeSendGrid, event, post_events
 from clarion.standins.fake_slack import FakeSlack, serving

@@ -137,14 +137,14 @@ def test_a_notification_becomes_one_inbox_item_and_a_repeat_adds_none(inapp):
 
 
 def _message(key: tuple[str, int]):
-    from clarion.adapters.base import Message
+    from clarion.records import Message
 
     return Message(key[1], key[0], "inbox_note", "event:e1", "in_app", {"title": "Note 1"})
 
 
 def test_an_item_without_content_fails_for_good():
-    from clarion.adapters.base import Message
     from clarion.adapters.inapp import to_request
+    from clarion.records import Message
 
     with pytest.raises(PermanentSendError):
         to_request(Message(1, "u", "t", "o", "in_app", {"title": "", "body": ""}))

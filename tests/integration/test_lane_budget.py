@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from clarion import settings
-from clarion.adapters.base import idempotency_key
+from clarion.records import idempotency_key
 from clarion.standins.receiver import Receiver
 from clarion.tasks import lanes, notify_many, register_recipient, runtime
 from clarion.tasks.route import route

@@ -19,10 +19,10 @@ import yaml
 from sqlalchemy import text
 
 from clarion import clock, settings
-from clarion.adapters.base import idempotency_key
 from clarion.db import claims
 from clarion.db.engine import engine
 from clarion.errors import FaultInjected
+from clarion.records import idempotency_key
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, notify_many, register_recipient
 from clarion.tasks.deliver import deliver
@@ -595,7 +595,7 @@ def _dead_worker(key: Key, token: str, *, posted: bool) -> None:
         assert claims.begin_send(conn, key, token=token, need=30) is not None
     [row] = rows("SELECT id, user_id, type_key, occurrence_key, attempts FROM deliveries")
     if posted:
-        from clarion.adapters.base import Message
+        from clarion.records import Message
         from clarion.tasks import runtime
 
         runtime.adapters()["webhook"].send(

@@ -22,9 +22,9 @@ from clarion import clock
 from clarion import settings as clarion_settings
 from clarion.adapters.apns import DEFAULT_PAUSE as APNS_PAUSE
 from clarion.adapters.apns import apns_id
-from clarion.adapters.base import idempotency_key
 from clarion.db.engine import engine
 from clarion.ops.explain import explain
+from clarion.records import idempotency_key
 from clarion.standins.fake_apns import FakeApns
 from clarion.standins.fake_fcm import FakeFcm
 from clarion.tasks import notify, register_recipient

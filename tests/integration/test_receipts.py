@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from clarion import settings as clarion_settings
-from clarion.adapters.base import Receipt
 from clarion.db.engine import engine
 from clarion.ops.explain import explain
+from clarion.records import Receipt
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver

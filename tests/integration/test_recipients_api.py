@@ -23,8 +23,8 @@ from sqlalchemy import text
 from starlette.testclient import TestClient
 
 from clarion import settings as clarion_settings
-from clarion.adapters.base import Receipt
 from clarion.db.engine import engine
+from clarion.records import Receipt
 from clarion.standins.receiver import Receiver
 from clarion.tasks.receipts import ingest
 from clarion.tasks.route import route

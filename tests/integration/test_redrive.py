@@ -13,12 +13,12 @@ import pytest
 import yaml
 
 from clarion import settings
-from clarion.adapters.base import idempotency_key
 from clarion.db import ledger
 from clarion.db import redrive as store
 from clarion.db.engine import engine
 from clarion.errors import FaultInjected
 from clarion.ops.redrive import Filters, parse_time, redrive
+from clarion.records import idempotency_key
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver

@@ -27,7 +27,6 @@ from starlette.routing import Route
 
 from clarion import clock
 from clarion import settings as clarion_settings
-from clarion.adapters.base import Message, decode_value
 from clarion.adapters.slack import answered_blocks, error_for, find_posted, metadata, to_blocks
 from clarion.catalog import Button
 from clarion.db import claims
@@ -40,6 +39,7 @@ from clarion.errors import (
     TransientSendError,
     UnknownSendError,
 )
+from clarion.records import Message, decode_value
 from clarion.standins.fake_slack import (
     FakeSlack,
     block_actions,

@@ -41,7 +41,6 @@ from redis.retry import Retry
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from clarion.adapters.base import ButtonValue, Message, decode_value
 from clarion.adapters.ratelimit import Quota, RateLimits
 from clarion.adapters.teams import (
     ConversationRef,
@@ -58,6 +57,7 @@ from clarion.adapters.teams import (
 )
 from clarion.catalog import Button
 from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
+from clarion.records import ButtonValue, Message, decode_value
 from clarion.tasks import notify, register_recipient, runtime
 from clarion.tasks.deliver import deliver
 from clarion.tasks.preferences import get_preferences

@@ -10,9 +10,9 @@ from pathlib import Path
 from twilio.rest import Client
 
 from clarion.adapters import apns, console, fcm, inapp, slack, teams
-from clarion.adapters.base import Message
 from clarion.adapters.email_mime import Identities, build
 from clarion.adapters.sms import SmsAdapter, budget_quota
+from clarion.records import Message
 
 ADAPTERS = Path(slack.__file__).parent
 # What a variable could carry: a Slack ping and link, card/markdown link, HTML, a bidi override

@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from clarion.adapters.base import Message, SendResult
 from clarion.adapters.console import ConsoleAdapter, to_line
+from clarion.records import Message, SendResult
 
 
 def message(content: dict[str, str]) -> Message:

@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clarion.adapters.base import Message
 from clarion.adapters.email_mime import (
     Identities,
     build,
@@ -43,6 +42,7 @@ from clarion.errors import (
     TransientSendError,
     UnknownSendError,
 )
+from clarion.records import Message
 
 TX, MK = "Clarion <notify@tx.clarion.test>", "Clarion News <news@mk.clarion.test>"
 IDS = Identities(TX, MK)

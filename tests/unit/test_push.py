@@ -12,9 +12,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from clarion.adapters import apns, fcm
-from clarion.adapters.base import Message
 from clarion.adapters.push import DeviceOutcome, collapse_id, combine, parse_devices, web_topic
 from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
+from clarion.records import Message
 
 MESSAGE = Message(
     delivery_id=7,

@@ -14,7 +14,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twilio.rest import Client
 
-from clarion.adapters.base import Message
 from clarion.adapters.sms import (
     GSM_BASIC,
     GSM_EXTENSION,
@@ -33,6 +32,7 @@ from clarion.adapters.sms import (
     status_receipt,
 )
 from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
+from clarion.records import Message
 from clarion.standins.fake_twilio import FakeTwilio
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)

@@ -12,8 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from clarion.adapters import base
-from clarion.adapters.base import Message, SendResult
+from clarion import records
 from clarion.adapters.webhook import (
     FAILED_STATUSES,
     WebhookAdapter,
@@ -29,6 +28,7 @@ from clarion.errors import (
     TransientSendError,
     UnknownSendError,
 )
+from clarion.records import Message, SendResult
 
 SECRET = "s3cret"
 NOW = 1_700_000_000.0
@@ -125,7 +125,7 @@ def test_to_request_headers_and_body() -> None:
     assert headers["Content-Type"] == "application/json"
     assert headers["X-Clarion-Timestamp"] == "1700000000"
     assert headers["X-Clarion-Signature"] == sign(SECRET, "1700000000", body)
-    assert headers["Idempotency-Key"] == base.idempotency_key(
+    assert headers["Idempotency-Key"] == records.idempotency_key(
         "u-1", "receipt", "event:e-1", "webhook"
     )
     assert headers["Idempotency-Key"] == MESSAGE.idempotency_key
@@ -180,8 +180,8 @@ def test_idempotency_key_differs_per_identity(changed: dict[str, str]) -> None:
     ],
 )
 def test_idempotency_key_separates_fields(a: tuple, b: tuple) -> None:
-    assert base.idempotency_key(*a) != base.idempotency_key(*b)
-    assert base.idempotency_key(*a).startswith("clk_") and len(base.idempotency_key(*a)) == 44
+    assert records.idempotency_key(*a) != records.idempotency_key(*b)
+    assert records.idempotency_key(*a).startswith("clk_") and len(records.idempotency_key(*a)) == 44
 
 
 # --- from_response ------------------------------------------------------------------------------
