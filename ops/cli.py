@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 import clarion
 from clarion import logs, settings
 from clarion.errors import ClarionError, InvalidRequest
+from clarion.names import QUEUES
 from clarion.ops import launch, web_command
 
 
@@ -50,7 +51,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
 def worker_command(args: argparse.Namespace) -> list[str]:
     """The celery worker command for `clarion worker` arguments."""
-    lanes = args.lane or list(launch.QUEUES)
+    lanes = args.lane or list(QUEUES)
     return launch.worker_command(
         lanes,
         concurrency=args.concurrency,
@@ -371,7 +372,7 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--lane",
         action="append",
-        choices=launch.QUEUES,
+        choices=QUEUES,
         help="lane queue to consume (repeatable; default: all)",
     )
     w.add_argument("--concurrency", "-c", type=int, default=2)

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-QUEUES = ("transactional", "activation", "control")
+from clarion.names import QUEUES
+
 REFUSED = 2  # a worker's exit status when it refused to start (tasks.app): restarting cannot help
 UNAVAILABLE = 75  # its broker or database was not there (tasks.startup): start it again later
 COLD_STOP = 10.0  # seconds a cold-stopped worker gets to leave before its group is SIGKILLed

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import cast
 
-import kombu
 import redis as redis_lib
 
 from clarion import clock
@@ -13,33 +12,13 @@ from clarion.db import alerts, meta, reports
 from clarion.db.engine import engine
 from clarion.ops.table import render
 from clarion.scheduling import zones
-
-QUEUES = ("transactional", "activation", "control")
+from clarion.tasks.lanes import queue_depths
 
 
 def counters(redis_url: str) -> dict[str, int]:
     # No decode_responses: keys and values come back as bytes.
     raw = cast(dict[bytes, bytes], redis_lib.Redis.from_url(redis_url).hgetall("clarion:counters"))
     return {k.decode(): int(v) for k, v in raw.items()}
-
-
-def queue_depths(broker_url: str) -> list[tuple[str, int, int | str]]:
-    """(queue, messages waiting, consumers) for each clarion queue, on any kombu broker. Redis
-    keeps no key for an empty queue and knows nothing of consumers, so there an absent queue is
-    empty and consumers are not known ("?")."""
-    rows: list[tuple[str, int, int | str]] = []
-    with kombu.Connection(broker_url, connect_timeout=5) as conn:
-        redis_broker = conn.transport.driver_type == "redis"
-        channel = conn.channel()
-        for queue in QUEUES:
-            try:
-                found = channel.queue_declare(queue=queue, passive=True)
-                consumers: int | str = "?" if redis_broker else found.consumer_count
-                rows.append((queue, found.message_count, consumers))
-            except conn.channel_errors:  # Redis: empty; AMQP: no worker has declared it yet
-                rows.append((queue, 0, "?" if redis_broker else 0))
-                channel = conn.channel()
-    return rows
 
 
 def tz_database(recorded: str | None) -> list[tuple[str, str]]:

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from clarion import settings
-from clarion.ops import launch
+from clarion.names import QUEUES
 
 
 def _bind(value: str) -> tuple[str, int] | str:
@@ -139,7 +139,7 @@ def add_web(sub: Any) -> None:
 def _ping(args: argparse.Namespace) -> int:
     from clarion.ops.ping import ping
 
-    ok, line = ping(args.lane or list(launch.QUEUES), timeout=args.timeout)
+    ok, line = ping(args.lane or list(QUEUES), timeout=args.timeout)
     print(line if ok else f"clarion: {line}", file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
 
@@ -149,7 +149,7 @@ def add_ping(sub: Any) -> None:
         "ping",
         help="exit 0 when a worker answers for every lane asked (default: all), 1 with the reason",
     )
-    pg.add_argument("--lane", action="append", choices=launch.QUEUES, help="repeatable")
+    pg.add_argument("--lane", action="append", choices=QUEUES, help="repeatable")
     pg.add_argument(
         "--timeout", type=_positive(float), default=3.0, help="seconds to wait (default 3)"
     )

@@ -34,10 +34,11 @@ from kombu.utils.url import maybe_sanitize_url
 
 from clarion import logs, metrics, settings
 from clarion.errors import ClarionError, ConfigurationError, DependencyMissing
+from clarion.names import QUEUES
 from clarion.tasks import startup
 
 CONFIG_MODULE = "clarion.celeryconfig"
-LANE_QUEUES = frozenset({"transactional", "activation", "control"})
+LANE_QUEUES = frozenset(QUEUES)
 BROKER_CHECK_TIMEOUT = 3.0  # seconds to reach the broker at start before refusing
 REFUSED = 2  # exit status of a worker that refuses to start
 

@@ -27,9 +27,11 @@ import math
 import time
 from collections.abc import Callable
 
+import kombu
 import redis as redis_lib
 
 from clarion import settings
+from clarion.names import QUEUES
 from clarion.tasks import runtime
 
 log = logging.getLogger(__name__)
@@ -93,3 +95,22 @@ def wait_turn(lane: str | None, rows: int, *, sleep: Callable[[float], None] = t
     if wait > 0:
         sleep(wait)
     return wait
+
+
+def queue_depths(broker_url: str) -> list[tuple[str, int, int | str]]:
+    """(queue, messages waiting, consumers) for each clarion queue, on any kombu broker. Redis
+    keeps no key for an empty queue and knows nothing of consumers, so there an absent queue is
+    empty and consumers are not known ("?")."""
+    rows: list[tuple[str, int, int | str]] = []
+    with kombu.Connection(broker_url, connect_timeout=5) as conn:
+        redis_broker = conn.transport.driver_type == "redis"
+        channel = conn.channel()
+        for queue in QUEUES:
+            try:
+                found = channel.queue_declare(queue=queue, passive=True)
+                consumers: int | str = "?" if redis_broker else found.consumer_count
+                rows.append((queue, found.message_count, consumers))
+            except conn.channel_errors:  # Redis: empty; AMQP: no worker has declared it yet
+                rows.append((queue, 0, "?" if redis_broker else 0))
+                channel = conn.channel()
+    return rows

@@ -15,14 +15,13 @@ dependencies that authenticate, so an anonymous caller could make us parse 5 MiB
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Security
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -30,19 +29,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
-from clarion import validation as check
 from clarion.db import reports
 from clarion.db.api_keys import ApiKey
 from clarion.db.engine import engine
 from clarion.errors import ClarionError, InvalidRequest, UnknownRecipient
-from clarion.tasks import recipients, runtime
+from clarion.tasks import recipients
 from clarion.tasks.preferences import get_preferences, parse_setting, set_preferences
-from clarion.web.api_auth import authenticate, limit
+from clarion.web.api_auth import require, user_id_checked
 from clarion.web.api_errors import (
     ApiError,
     AsciiJSONResponse,
     api_error_handler,
-    from_clarion,
     from_pydantic,
     safe_field,
     validation_handler,
@@ -70,29 +67,11 @@ BATCH_BYTES = 5 * 1024 * 1024
 PREFERENCES_BYTES = 64 * 1024
 RECIPIENT_BYTES = 64 * 1024
 
-bearer = HTTPBearer(
-    auto_error=False,
-    scheme_name="ApiKey",
-    description="`Authorization: Bearer clk_…`, a key from `clarion keys create`.",
-)
 router = APIRouter(prefix="/v1", default_response_class=AsciiJSONResponse)
 
 
 def _refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": Error} for s in (401, 403, 422, 429, *statuses)}
-
-
-def require(scope: str) -> Callable[..., ApiKey]:
-    """A dependency: the caller's API key, holding `scope`, within its rate (or a refusal)."""
-
-    def dependency(
-        request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
-    ) -> ApiKey:
-        record = authenticate(request.headers.get("authorization"), scope)
-        limit(record, runtime.collaborators().limits.take)
-        return record
-
-    return dependency
 
 
 async def read_json(request: Request, max_bytes: int) -> Any:
@@ -188,13 +167,6 @@ async def post_events(request: Request, key: EventsWrite, idem: IdempotencyKey =
     return _answer(answer)
 
 
-def _user(user_id: str) -> str:
-    try:
-        return check.text("user_id", user_id, max_bytes=check.USER_ID_BYTES)
-    except ClarionError as exc:
-        raise from_clarion(exc) from exc
-
-
 def _not_found(user_id: str) -> ApiError:
     return ApiError(404, "unknown_recipient", "user_id", f"unknown recipient {user_id[:80]!r}")
 
@@ -213,7 +185,7 @@ def get_request(
     ],
     key: RequestsRead,
 ) -> dict[str, Any]:
-    user = _user(user_id)
+    user = user_id_checked(user_id)
     with engine().connect() as conn:
         found = reports.request_row(conn, user, request_id)
     if found is None:
@@ -228,7 +200,7 @@ def get_request(
     summary="A recipient's settings and the resolved type × channel matrix (preferences:read)",
 )
 def get_user_preferences(user_id: UserId, key: PreferencesRead) -> dict[str, Any]:
-    user = _user(user_id)
+    user = user_id_checked(user_id)
     try:
         return get_preferences(user)
     except UnknownRecipient as exc:
@@ -245,7 +217,7 @@ def get_user_preferences(user_id: UserId, key: PreferencesRead) -> dict[str, Any
 async def put_user_preferences(
     request: Request, user_id: UserId, key: PreferencesWrite
 ) -> Response:
-    user = _user(user_id)
+    user = user_id_checked(user_id)
     changes = shaped(PreferencesPut, await read_json(request, PREFERENCES_BYTES)).settings
     body = await run_in_threadpool(_set_preferences, user, changes)
     return AsciiJSONResponse(Preferences.model_validate(body).model_dump(mode="json"))
@@ -273,8 +245,8 @@ def _set_preferences(user: str, changes: dict[str, bool | None]) -> dict[str, An
     responses=_refusals(404),
     summary="A recipient's settings; 404 when unknown or erased (scope recipients:read)",
 )
-def get_user(user_id: UserId, key: RecipientsRead) -> dict[str, Any]:
-    user = _user(user_id)
+def getuser_id_checked(user_id: UserId, key: RecipientsRead) -> dict[str, Any]:
+    user = user_id_checked(user_id)
     found = recipients.read(user)
     if found is None:
         raise _not_found(user)
@@ -288,8 +260,8 @@ def get_user(user_id: UserId, key: RecipientsRead) -> dict[str, Any]:
     openapi_extra=_body_doc(RecipientPut),
     summary="Create (201) or replace (200) a recipient, as register_recipient() (recipients:write)",
 )
-async def put_user(request: Request, user_id: UserId, key: RecipientsWrite) -> Response:
-    user = _user(user_id)
+async def putuser_id_checked(request: Request, user_id: UserId, key: RecipientsWrite) -> Response:
+    user = user_id_checked(user_id)
     body = shaped(RecipientPut, await read_json(request, RECIPIENT_BYTES))
     fields = inline_recipient(user, body, "", member="")
     assert fields is not None
@@ -312,8 +284,8 @@ def _save_recipient(fields: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
     responses=_refusals(404),
     summary="Erase a recipient's personal data; keys and hashed suppressions stay (recipients:erase)",
 )
-def delete_user(user_id: UserId, key: RecipientsErase) -> dict[str, Any]:
-    user = _user(user_id)
+def deleteuser_id_checked(user_id: UserId, key: RecipientsErase) -> dict[str, Any]:
+    user = user_id_checked(user_id)
     erased = recipients.forget(user)
     if erased is None:
         raise _not_found(user)

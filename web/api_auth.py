@@ -33,15 +33,21 @@ import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Annotated
+
+from fastapi import Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from clarion import clock
+from clarion import validation as check
 from clarion.adapters.ratelimit import Quota
 from clarion.db import api_keys
 from clarion.db.api_keys import ApiKey
 from clarion.db.engine import engine
-from clarion.errors import InvalidRequest, ThrottledError
+from clarion.errors import ClarionError, InvalidRequest, ThrottledError
 from clarion.links import parse_ttl
-from clarion.web.api_errors import ApiError
+from clarion.tasks import runtime
+from clarion.web.api_errors import ApiError, from_clarion
 
 SCOPES = (
     "events:write",
@@ -205,3 +211,33 @@ def limit(record: ApiKey, take: Callable[..., object]) -> None:
             f"over this key's rate of {record.rate_limit} per {record.rate_window}s",
             headers={"Retry-After": str(wait)},
         ) from exc
+
+
+# --- the dependencies routes declare ---------------------------------------------------------
+
+bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="ApiKey",
+    description="`Authorization: Bearer clk_…`, a key from `clarion keys create`.",
+)
+
+
+def require(scope: str) -> Callable[..., ApiKey]:
+    """A dependency: the caller's API key, holding `scope`, within its rate (or a refusal)."""
+
+    def dependency(
+        request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
+    ) -> ApiKey:
+        record = authenticate(request.headers.get("authorization"), scope)
+        limit(record, runtime.collaborators().limits.take)
+        return record
+
+    return dependency
+
+
+def user_id_checked(user_id: str) -> str:
+    """A user id from a path: valid text within its size, or a 422 naming `user_id`."""
+    try:
+        return check.text("user_id", user_id, max_bytes=check.USER_ID_BYTES)
+    except ClarionError as exc:
+        raise from_clarion(exc) from exc

@@ -31,9 +31,9 @@ async def metrics(request: Request) -> Response:
     """This host's metrics (every worker process's, summed) and the ledger's gauges."""
     from starlette.concurrency import run_in_threadpool
 
-    from clarion import metrics as collected
+    from clarion.web import scrape
 
-    body, content_type = await run_in_threadpool(collected.exposition)
+    body, content_type = await run_in_threadpool(scrape.exposition)
     return Response(body, media_type=content_type)
 
 

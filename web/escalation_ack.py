@@ -28,7 +28,7 @@ from clarion.db.api_keys import ApiKey
 from clarion.errors import NotInChain
 from clarion.links import BadLink, ExpiredLink
 from clarion.tasks import escalation_ack
-from clarion.web.api import _user, require
+from clarion.web.api_auth import require, user_id_checked
 from clarion.web.api_errors import ApiError, AsciiJSONResponse
 from clarion.web.api_models import Error
 
@@ -57,7 +57,7 @@ def post_ack(
     ],
     key: EscalationsWrite,
 ) -> dict[str, Any]:
-    user = _user(user_id)
+    user = user_id_checked(user_id)
     try:
         outcome = escalation_ack.acknowledge(
             user, request_id, by=f"API key {key.name} ({key.prefix})"

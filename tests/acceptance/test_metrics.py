@@ -43,6 +43,7 @@ from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient
 from clarion.tasks.preferences import set_preferences
 from clarion.tasks.receipts import ingest
+from clarion.web import scrape as scraping
 from clarion.web.app import create_app
 from tests.conftest import TestEnv as Env
 from tests.conftest import reset_process_state
@@ -496,7 +497,7 @@ def test_the_grafana_dashboard_only_charts_metrics_clarion_exports(clarion_env):
         for name in ("SENDS", "SUPPRESSED", "INCIDENTS", "RECEIPTS", "EVENT_TO_SENT")
         + ("EVENT_TO_DELIVERED", "TICK_SECONDS", "TICK_TAKEN")
         for suffix in ("_total", "_bucket", "_count", "_sum")
-    } | {family.name for family in metrics.LedgerCollector().collect()}
+    } | {family.name for family in scraping.LedgerCollector().collect()}
     assert used and used <= declared, used - declared
 
 

@@ -14,10 +14,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
-from clarion import clock, faults, metrics, settings
+from clarion import clock, faults, settings
 from clarion.db.engine import engine
 from clarion.tasks import runtime
 from clarion.tasks.app import app
+from clarion.web import scrape
 
 
 def configure(monkeypatch: pytest.MonkeyPatch, **values: Any) -> None:
@@ -77,7 +78,7 @@ def rows(sql: str, **params: Any) -> list[dict[str, Any]]:
 def counted(name: str, **labels: str) -> float:
     """The sum of /metrics samples `name` whose labels include `labels` (this host's counters,
     every process's): compare before and after a call."""
-    body, _ = metrics.exposition()
+    body, _ = scrape.exposition()
     return sum(
         s.value
         for family in text_string_to_metric_families(body.decode())
