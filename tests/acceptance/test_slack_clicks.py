@@ -124,6 +124,7 @@ def test_two_processes_clicking_different_answers_record_exactly_one_and_show_it
     targets = _sent_nudges(fake)
     barrier = mp.get_context("fork").Barrier(2)
     statuses = race(2, _click_all, lambda i: (i, targets, barrier, mount, fake.api_url))
+    assert statuses.most_at_once() == 2  # both clickers were clicking at once
     assert statuses == [[200] * N, [200] * N]
 
     answered = {r["id"]: r for r in rows("SELECT id, state, answer FROM deliveries")}

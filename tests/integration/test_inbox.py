@@ -298,6 +298,7 @@ def _follow(n: int) -> int:
 
 def test_concurrent_followers_all_count(inapp):
     send("ana", "inbox_alert", "a0", host="h0", cluster="prod")
-    assert race(6, _follow, lambda i: (i,)) == [1] * 6
+    followed = race(6, _follow, lambda i: (i,))
+    assert followed == [1] * 6 and followed.most_at_once() >= 2  # the contenders met
     assert [i["count"] for i in items()] == [7]
     assert rows("SELECT count FROM collapse_groups") == [{"count": 7}]

@@ -12,15 +12,35 @@ from typing import Any
 import kombu.pools
 
 
+class Raced(list[Any]):
+    """The contenders' results, and when each was inside `fn` (CLOCK_MONOTONIC is one clock for
+    every process on the host): the evidence that they met, not just that they were started."""
+
+    spans: list[tuple[float, float]]
+
+    def most_at_once(self) -> int:
+        """The largest number of contenders inside `fn` at one instant."""
+        edges = sorted(
+            [(start, 1) for start, _ in self.spans] + [(end, -1) for _, end in self.spans]
+        )
+        inside = most = 0
+        for _, step in edges:  # at a tie an end (-1) sorts first: touching spans did not meet
+            inside += step
+            most = max(most, inside)
+        return most
+
+
 def _run(fn: Callable[..., Any], args: tuple, barrier, queue) -> None:
     from clarion.db import engine
 
     engine.dispose_all()  # never reuse the parent's connections
     try:
         barrier.wait(timeout=60)
-        queue.put(("ok", fn(*args)))
+        start = time.monotonic()
+        result = fn(*args)
+        queue.put(("ok", result, (start, time.monotonic())))
     except BaseException as exc:  # reported to the parent, which fails the test
-        queue.put(("error", repr(exc)))
+        queue.put(("error", repr(exc), None))
     queue.close()
     queue.join_thread()
     # Leave without running exit handlers: they would close broker connections inherited from the
@@ -28,10 +48,9 @@ def _run(fn: Callable[..., Any], args: tuple, barrier, queue) -> None:
     os._exit(0)
 
 
-def race(
-    n: int, fn: Callable[..., Any], args_for: Callable[[int], tuple] = lambda i: ()
-) -> list[Any]:
-    """Fork n processes; each waits at a barrier, then runs fn(*args_for(i)). Raises on any error."""
+def race(n: int, fn: Callable[..., Any], args_for: Callable[[int], tuple] = lambda i: ()) -> Raced:
+    """Fork n processes; each waits at a barrier, then runs fn(*args_for(i)). Raises on any error.
+    The results come in the order the contenders finished, with their spans (Raced.most_at_once)."""
     from clarion.tasks.app import app
 
     # A forked child drops the broker connections it inherits, and py-amqp's finaliser shuts down
@@ -46,9 +65,11 @@ def race(
     results = [queue.get(timeout=120) for _ in procs]
     for p in procs:
         p.join(30)
-    errors = [r for kind, r in results if kind == "error"]
+    errors = [r for kind, r, _ in results if kind == "error"]
     assert not errors, errors
-    return [r for _, r in results]
+    raced = Raced(r for _, r, _ in results)
+    raced.spans = [span for _, _, span in results]
+    return raced
 
 
 def waiting_on(pid: int, within: float) -> list[str]:
