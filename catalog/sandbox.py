@@ -1,6 +1,7 @@
 """The one Jinja sandbox every template renders in, at load and at delivery, with guards against
-templates that blow up: output over MAX_OUTPUT characters, a render longer than RENDER_SECONDS, and
-`*` / `**` on operands that would allocate or compute without bound.
+templates that blow up: output over MAX_OUTPUT characters, a render longer than RENDER_SECONDS, calls
+nested deeper than MAX_CALL_DEPTH (a macro calling itself), and `*` / `**` on operands that would
+allocate or compute without bound.
 
 Filters with a width argument (`center(10**9)`) are not intercepted here; the catalog is trusted
 configuration, and the load-time check renders every template once, so a blow-up shows at load.
@@ -22,8 +23,10 @@ MAX_OUTPUT = 100_000  # characters one field may render to
 RENDER_SECONDS = 1.0  # wall time one field may take to render
 MAX_REPEAT = MAX_OUTPUT  # the largest n in "text" * n
 MAX_EXPONENT = 1000
+MAX_CALL_DEPTH = 64  # calls in progress at once: a recursive macro stops here, at any speed
 
 _deadline: ContextVar[float | None] = ContextVar("clarion_render_deadline", default=None)
+_depth: ContextVar[int] = ContextVar("clarion_render_call_depth", default=0)
 
 
 class RenderLimitExceeded(SecurityError):
@@ -51,7 +54,14 @@ class GuardedSandbox(SandboxedEnvironment):
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
         _check_deadline()
-        return super().call(__context, __obj, *args, **kwargs)
+        depth = _depth.get() + 1
+        if depth > MAX_CALL_DEPTH:
+            raise RenderLimitExceeded(f"calls nest deeper than {MAX_CALL_DEPTH}")
+        token = _depth.set(depth)
+        try:
+            return super().call(__context, __obj, *args, **kwargs)
+        finally:
+            _depth.reset(token)
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         _check_deadline()
