@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from clarion.adapters.teams import ConversationRef
+from clarion.standins.fake_connector import FakeConnector
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient
 from tests.support.cluster import Cluster, counts, wait_settled
-from tests.support.fake_connector import FakeConnector
 from tests.support.pipeline import configure
 
 pytestmark = pytest.mark.acceptance

@@ -15,6 +15,7 @@ from slack_sdk import WebClient
 from clarion.adapters.teams import ConversationRef
 from clarion.errors import PermanentSendError
 from clarion.records import ButtonValue, Message
+from clarion.standins.fake_connector import FakeConnector
 from clarion.standins.fake_slack import FakeSlack
 from clarion.tasks import notify, register_recipient, runtime
 from clarion.tasks.deliver import deliver
@@ -24,7 +25,6 @@ from clarion.tasks.refresh import refresh_due
 from clarion.tasks.route import route
 from clarion.web.slack import show_answer
 from tests.conftest import ROOT
-from tests.support.fake_connector import FakeConnector
 from tests.support.pipeline import (
     Clock,
     configure,

@@ -5,7 +5,7 @@ is loud about itself in `clarion web`; and the app served as a process, by `clar
 `uvicorn web.app:app`.
 
 Real PostgreSQL and Redis, the real slack_bolt / botbuilder stacks, the local Slack Web API
-(standins/fake_slack.py) and Bot Framework connector (tests/support/fake_connector.py).
+(standins/fake_slack.py) and Bot Framework connector (clarion/standins/fake_connector.py).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from clarion.records import ButtonValue
+from clarion.standins.fake_connector import FakeConnector
 from clarion.standins.fake_slack import block_actions, signed
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver
@@ -48,7 +49,6 @@ from tests.integration.test_teams import (
     post,
     teams_activity,
 )
-from tests.support.fake_connector import FakeConnector
 from tests.support.pipeline import configure, count, drain, rows
 
 pytestmark = pytest.mark.integration

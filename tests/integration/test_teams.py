@@ -1,5 +1,5 @@
 """Microsoft Teams end to end: the real botbuilder / botframework-connector SDKs against a local
-server speaking the Bot Framework connector protocol (tests/support/fake_connector.py), real
+server speaking the Bot Framework connector protocol (clarion/standins/fake_connector.py), real
 PostgreSQL and Redis, the pipeline run in-process, clicks through clarion's real /api/messages.
 
 Also: the pure parts (cards, payload parsing, error mapping) as tables, the botbuilder 4.17.1 invoke
@@ -58,6 +58,7 @@ from clarion.adapters.teams import (
 from clarion.catalog import Button
 from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
 from clarion.records import ButtonValue, Message, decode_value
+from clarion.standins.fake_connector import FakeConnector
 from clarion.tasks import notify, register_recipient, runtime
 from clarion.tasks.deliver import deliver
 from clarion.tasks.preferences import get_preferences
@@ -66,7 +67,6 @@ from clarion.tasks.tick import tick
 from clarion.web import teams as web_teams
 from clarion.web.app import create_app
 from tests.conftest import ROOT
-from tests.support.fake_connector import FakeConnector
 from tests.support.pipeline import (
     configure,
     count,

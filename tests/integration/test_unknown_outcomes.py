@@ -22,12 +22,12 @@ from clarion.adapters.teams import ConversationRef
 from clarion.db import claims
 from clarion.db.engine import engine
 from clarion.errors import FaultInjected
+from clarion.standins.fake_connector import FakeConnector
 from clarion.standins.fake_slack import FakeSlack
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.route import route
-from tests.support.fake_connector import FakeConnector
 from tests.support.pipeline import (
     configure,
     counted,
