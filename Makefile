@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # What make test, make demo and CI install: every version pinned (make lock refreshes it).
 LOCK := requirements/lock.txt
 
-.PHONY: lock demo test unit integration acceptance chaos soak lint bench clean browser
+.PHONY: lock demo test unit integration acceptance chaos soak lint docs bench clean browser
 
 $(STAMP): pyproject.toml $(LOCK)
 	@test -n "$(PYTHON)" || { echo "clarion needs Python 3.11 or 3.12 on PATH"; exit 1; }
@@ -44,6 +44,7 @@ test: $(STAMP) browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(MAKE) --no-print-directory docs
 	$(BIN)/pytest -q -n 2 -m 'not soak and not chaos' tests
 	$(BIN)/pytest -q -m chaos tests/acceptance  # alone: it restarts its own PostgreSQL and Redis under load
 
@@ -66,6 +67,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The documentation site (mkdocs.yml): warnings are errors, and the settings, CLI and HTTP reference
+# pages are generated from the code (docs/hooks/reference.py). Offline; a few seconds.
+SITE := .clarion/site
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d $(SITE)
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py

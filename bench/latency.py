@@ -3,7 +3,7 @@ lane while an activation backlog is queued; each as a ratio to the idle p95, in 
 
     .venv/bin/python bench/latency.py [--backlog 100000] [--burst 3000]
 
-Workers per lane, as production runs them (README "Running it in production"): one for
+Workers per lane, as production runs them (docs/operations/index.md): one for
 `transactional`, one for `activation`, one for `control`, plus beat; webhook channel into an
 standins.receiver.Receiver that notes when each idempotency key first arrived (the activation nudges
 go to a second Receiver in a child process: providers are other machines, and its flood must not

@@ -1,5 +1,5 @@
 """Cross-partition suppression lookup: ms per (channel, address_hash) lookup of 50 hashes in
-200k rows, unpartitioned vs 4 and 64 hash partitions (README "Beyond one machine")."""
+200k rows, unpartitioned vs 4 and 64 hash partitions (docs/beyond-one-machine.md; bench/RESULTS.md)."""
 
 import hashlib
 import time

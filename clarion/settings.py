@@ -72,10 +72,12 @@ class Settings:
     """One field per setting, CLARION_<NAME> in the environment. `metadata=` holds the range check
     (`at_least(n)`, `positive()`), applied on construction."""
 
+    # the data folder: embedded servers, beat schedule, logs, metrics
     home: Path = field(default_factory=lambda: Path.cwd() / ".clarion")
-    database_url: str | None = None
-    redis_url: str | None = None
-    broker_url: str | None = None
+    database_url: str | None = None  # postgresql://… (psycopg 3); unset: the embedded PostgreSQL
+    redis_url: str | None = None  # Redis for counters and budgets; unset: the embedded Redis
+    broker_url: str | None = None  # the Celery broker (RabbitMQ amqp://… too); unset: the Redis
+    # the catalog YAML (reloaded when it changes) or package.module:NAME; unset: the demo catalog
     catalog: Path | None = None
     claim_lease: float = field(
         default=60.0, metadata=positive()
@@ -92,8 +94,8 @@ class Settings:
     stray_after: float = field(
         default=30.0, metadata=positive()
     )  # seconds before a published-but-untouched row is published again
-    max_attempts: int = field(default=8, metadata=at_least(1))
-    batch_size: int = field(default=100, metadata=at_least(1))
+    max_attempts: int = field(default=8, metadata=at_least(1))  # attempts, then retries_exhausted
+    batch_size: int = field(default=100, metadata=at_least(1))  # rows per route/deliver message
     send_concurrency: int = field(
         default=8, metadata=at_least(1)
     )  # most sends in flight at once within one deliver batch (fewer for a fast provider)
@@ -108,10 +110,12 @@ class Settings:
     )  # activation-lane requests routed per second, all workers (tasks/lanes.py); unset: no cap
     # (at least 1: a route batch of CLARION_BATCH_SIZE must finish well inside the visibility timeout)
     webhook_url: str | None = None  # default endpoint for webhook types without config.webhook.url
+    # HMAC key of webhook signatures (and, derived, of email Message-IDs); the public default is
+    # refused once CLARION_DATABASE_URL is set
     webhook_secret: str = DEV_WEBHOOK_SECRET
-    webhook_timeout: float = field(default=10.0, metadata=positive())
-    visibility_timeout: int = field(default=600, metadata=at_least(1))
-    tick_interval: float = field(default=1.0, metadata=positive())
+    webhook_timeout: float = field(default=10.0, metadata=positive())  # per request, all of it
+    visibility_timeout: int = field(default=600, metadata=at_least(1))  # Redis broker's; a backstop
+    tick_interval: float = field(default=1.0, metadata=positive())  # seconds between beat ticks
     series_grace: float = field(
         default=7200.0, metadata=positive()
     )  # an occurrence later than this is recorded as missed, not sent
@@ -122,24 +126,25 @@ class Settings:
         default=65536, metadata=at_least(2)
     )  # notify() variables as compact JSON
     slack_token: str | None = None  # bot token; the slack channel exists when it is set
-    slack_api_url: str = "https://slack.com/api/"
-    slack_signing_secret: str | None = None
+    slack_api_url: str = "https://slack.com/api/"  # the Web API (tests: a local stand-in)
+    slack_signing_secret: str | None = None  # for POST /slack/events (unset: it answers 404)
     slack_updates_per_minute: int = field(
         default=50, metadata=at_least(1)
     )  # chat.update calls per minute per workspace (Tier 3; clarion spends 90%)
     teams_app_id: str | None = (
         None  # the teams channel exists when it is set ("none": no auth, local only)
     )
-    teams_app_password: str | None = None
-    teams_tenant_id: str | None = None
+    teams_app_password: str | None = None  # the app's client secret
+    teams_tenant_id: str | None = None  # a single-tenant app's tenant; unset: multi-tenant
     # where providers reach clarion web (status callbacks, one-click unsubscribe links) and where
     # recipients open their preferences page (`clarion link`)
     public_url: str = "http://127.0.0.1:8000"
     # HMAC key of the signed preferences links (clarion/links.py); unset: a key derived from
     # CLARION_WEBHOOK_SECRET (itself refused as the public development secret with a database URL)
     link_secret: str | None = None
-    # HMAC key of erased recipients' suppressed addresses (clarion/hashing.py); unset: derived from
-    # CLARION_WEBHOOK_SECRET. Changing it makes those suppressions stop matching.
+    # HMAC key of suppressed addresses (suppressions.address_hash, matched for every recipient;
+    # clarion/hashing.py); unset: derived from CLARION_WEBHOOK_SECRET. Changing it makes the
+    # suppressions recorded for other recipients (and erased ones') stop matching.
     address_secret: str | None = None
 
     # --- email ---------------------------------------------------------------------------------
@@ -148,7 +153,7 @@ class Settings:
     email_from: str = "Clarion <notify@clarion.invalid>"  # transactional identity
     email_from_marketing: str | None = None  # activation/marketing identity (default: email_from)
     sendgrid_api_key: str | None = None  # the email channel goes through SendGrid when set
-    sendgrid_api_url: str = "https://api.sendgrid.com"
+    sendgrid_api_url: str = "https://api.sendgrid.com"  # tests and the demo: a local stand-in
     sendgrid_webhook_public_key: str | None = None  # the Event Webhook's ECDSA verification key
     sendgrid_ip_pool: str | None = None  # the transactional identity's IP pool, if any
     sendgrid_ip_pool_marketing: str | None = None  # the marketing/activation identity's IP pool
@@ -164,6 +169,7 @@ class Settings:
 
     # --- sms -----------------------------------------------------------------------------------
     twilio_account_sid: str | None = None  # the sms channel exists when it is set
+    # sends, and checks X-Twilio-Signature (unset: the Twilio webhooks answer 404)
     twilio_auth_token: str | None = None
     twilio_api_url: str | None = None  # a local Twilio stand-in (default: Twilio's own)
     twilio_from: str | None = None  # an E.164 long code or a Messaging Service SID (MG…)
@@ -172,16 +178,17 @@ class Settings:
 
     # --- push ----------------------------------------------------------------------------------
     fcm_service_account: Path | None = None  # service-account JSON; FCM devices when set
-    fcm_api_url: str = "https://fcm.googleapis.com"
+    fcm_api_url: str = "https://fcm.googleapis.com"  # tests and the demo: a local stand-in
     apns_key: Path | None = None  # the .p8 token-signing key; APNs devices when set
-    apns_key_id: str | None = None
-    apns_team_id: str | None = None
+    apns_key_id: str | None = None  # the key's id (required with apns_key)
+    apns_team_id: str | None = None  # the team's id (required with apns_key)
     apns_topic: str | None = None  # the app's bundle id
-    apns_url: str = "https://api.push.apple.com"
+    apns_url: str = "https://api.push.apple.com"  # sandbox: https://api.sandbox.push.apple.com
     apns_ca_file: Path | None = None  # CA bundle to trust for apns_url (a local stand-in's)
     push_timeout: float = field(default=10.0, metadata=positive())  # per device request
 
     # --- in-app --------------------------------------------------------------------------------
+    # days an in-app item is kept; then the retention job removes it
     inbox_keep_days: int = field(default=90, metadata=at_least(1))
     inbox_heartbeat: float = field(default=15.0, metadata=positive())  # seconds between SSE pings
 
@@ -231,8 +238,8 @@ class Settings:
         default=60.0, metadata=at_least(0)
     )  # seconds `clarion worker` lets running tasks finish after SIGTERM before a cold stop
 
-    faults: str = ""
-    faults_dir: Path | None = None
+    faults: str = ""  # fault points for tests, e.g. deliver.after_send=crash*3 (clarion/faults.py)
+    faults_dir: Path | None = None  # where the faults' *times are counted (default <home>/faults)
 
     def __post_init__(self) -> None:
         for f in fields(self):

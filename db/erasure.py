@@ -2,7 +2,7 @@
 
 One statement per table, run in one transaction by `erase()`; each touches only rows that still
 hold something, so running it again changes nothing (and reports zeros), and it also scrubs what
-arrived after a first run (a late receipt). The README's "Erasure" section lists, table by table,
+arrived after a first run (a late receipt). docs/how-to/erasure.md lists, table by table,
 what is kept and why; tests/integration/test_erasure.py scans every text, JSON and array column of
 every table for the person's values afterwards.
 

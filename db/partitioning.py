@@ -16,12 +16,12 @@ sequence's position. The partitions live in the schema `<CLARION_SCHEMA>_partiti
 (`clarion_partitions`), beside clarion's own (where the schema check compares tables with
 db/schema.py). Rows are copied: fine
 for a new or small deployment; a large one would partition by pg_dump/restore or logical
-replication, and a Citus one calls create_distributed_table instead (README "Beyond one machine").
+replication, and a Citus one calls create_distributed_table instead (docs/beyond-one-machine.md).
 
 Not partitioned: tables not per recipient (clarion_meta, api_keys, api_idempotency, alerts,
 suppression_lifts, all small), and fatigue_counters: an org's cap is one counter shared by all the
 org's users, and split by a user-derived partition it would admit up to the cap in every partition
-(README "Beyond one machine" says what to do with it on Citus).
+(docs/beyond-one-machine.md says what to do with it on Citus).
 """
 
 from __future__ import annotations

@@ -447,7 +447,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--since", help="2d, 6h, 30m or an ISO time (default: 30 days)")
     e.add_argument("--limit", type=int, default=20)
     e.set_defaults(fn=_explain)
-    fg = sub.add_parser("forget", help="erase a recipient's personal data (README § Erasure)")
+    fg = sub.add_parser("forget", help="erase a recipient's personal data (docs/how-to/erasure.md)")
     fg.add_argument("--user", required=True)
     fg.set_defaults(fn=_forget)
     a = sub.add_parser("arm", help="arm a recurring series (try --dry-run first)")
@@ -510,7 +510,9 @@ def parser() -> argparse.ArgumentParser:
     kc.add_argument(
         "--scope",
         action="append",
-        help="events:write, requests:read, preferences:read, preferences:write (repeatable)",
+        help="what the key may do (repeatable): events:write, requests:read, preferences:read, "
+        "preferences:write, recipients:read, recipients:write, recipients:erase, "
+        "escalations:write",
     )
     kc.add_argument("--rate", default="100/s", help="requests per window: 100/s, 6000/m, 50/10s")
     kc.add_argument(

@@ -77,7 +77,7 @@ def test_flower_wants_the_configured_login_and_then_shows_lane_depths(clarion_en
     depths = {q["name"]: q["messages"] for q in answer.json()["active_queues"]}
     if clarion_env.env["CLARION_BROKER_URL"].startswith("amqp"):
         # Flower reads RabbitMQ's queue depths only from the management plugin's HTTP API
-        # (`clarion flower --broker-api`); without it the list is empty (README, "Flower").
+        # (`clarion flower --broker-api`); without it the list is empty (docs/operations/monitoring.md, "Flower").
         assert depths == {}
         return
     assert depths == {"transactional": 0, "activation": 3, "control": 0}

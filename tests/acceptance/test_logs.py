@@ -28,7 +28,7 @@ IDLE_TICKS = 20  # ticks the idle run spans (one a second: CLARION_TICK_INTERVAL
 
 @pytest.fixture
 def documented_env(clarion_env, monkeypatch) -> dict[str, str]:
-    """The README's environment only: the harness's PROMETHEUS_MULTIPROC_DIR is not passed on."""
+    """The documented environment only: the harness's PROMETHEUS_MULTIPROC_DIR is not passed on."""
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
     return dict(clarion_env.env)
 

@@ -1,7 +1,8 @@
 """/metrics under the documented commands, and under Celery's prefork pool.
 
-The first test runs what the README says to run — `clarion worker`, a plain `celery -A clarion
-worker`, `clarion beat` and `clarion web` — with the README's environment and nothing else (no
+The first test runs what the docs say to run (docs/operations/monitoring.md, "Metrics") —
+`clarion worker`, a plain `celery -A clarion worker`, `clarion beat` and `clarion web` — with the
+documented environment and nothing else (no
 PROMETHEUS_MULTIPROC_DIR: the `celery` command imports prometheus_client before clarion, which once
 left every worker counting in private memory), sends N notifications counted at a receiver, and
 finds them and the ticks in one scrape of `clarion web`; then it freezes and stops its own
@@ -137,7 +138,7 @@ def _free_port() -> int:
 def own_postgres(
     clarion_env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[dict[str, str], object]]:
-    """A PostgreSQL of this test's own (to freeze and stop) and the README's environment only:
+    """A PostgreSQL of this test's own (to freeze and stop) and the documented environment only:
     no PROMETHEUS_MULTIPROC_DIR (the test harness sets one for in-process tests; not here)."""
     postgres = pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
     with one_off_engine(postgres.get_uri()).connect() as conn:

@@ -213,7 +213,7 @@ def test_explain_prints_the_next_attempt_of_a_deferred_delivery_and_incidents(cl
     )
     at = row["at"].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
-    for args in (("ann",), ("--user", "ann")):  # the README's form and the flag
+    for args in (("ann",), ("--user", "ann")):  # the documented form and the flag
         out = ok(cli("explain", *args))
         blocks = {b.splitlines()[0].split()[1]: b for b in out.split("\n\n")}
         pending = blocks[str(retrying)]

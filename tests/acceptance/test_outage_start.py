@@ -3,15 +3,16 @@ is down for 30 s comes up by itself when it returns, with no operator, and every
 arrives exactly once at the webhook receiver (issue 23 item 7).
 
 Real processes all the way: a PostgreSQL and a Redis of the test's own (stopped and started for
-real), `clarion worker` and `clarion beat` started with the README's production variables and a
-short CLARION_START_WAIT so the supervisor's restart path runs during the outage. The only fixed
-wait is the outage itself; everything else polls with a deadline. Marked `soak`: about two
-minutes.
+real), `clarion worker` and `clarion beat` started with the documented production variables
+(docs/operations/index.md) and a short CLARION_START_WAIT so the supervisor's restart path runs
+during the outage. The only fixed wait is the outage itself; everything else polls with a
+deadline. Marked `soak`: about two minutes.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from clarion.db.engine import engine
 from clarion.ops import launch
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
-from tests.conftest import WEBHOOK_SECRET
+from tests.conftest import ROOT, WEBHOOK_SECRET
 from tests.support import services
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.soak]
@@ -37,6 +38,13 @@ USERS = 4
 RESTARTED = "worker exited with 75; restarting in"  # ops/launch.py's line for an UNAVAILABLE exit
 GAVE_UP = "clarion: worker not ready, giving up for now"  # tasks/app.py's line before exit 75
 ARRIVAL_DEADLINE = 120.0  # after the service returns (a loaded 2-core machine boots Celery slowly)
+PRODUCTION = ROOT / "docs" / "operations" / "index.md"  # "Running it in production"
+
+
+def documented_variables() -> set[str]:
+    """The CLARION_* variables the production page's `export` lines set."""
+    exports = [line for line in PRODUCTION.read_text().splitlines() if line.startswith("export ")]
+    return {name for line in exports for name in re.findall(r"\b(CLARION_[A-Z_]+)=", line)}
 
 
 @pytest.fixture
@@ -44,7 +52,7 @@ def own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[services.Ow
     with services.own_services(
         tmp_path, monkeypatch, "outage", {"CLARION_CATALOG": str(CATALOG)}
     ) as own:
-        monkeypatch.delenv("CLARION_BROKER_URL")  # the README's deployment names only the Redis
+        monkeypatch.delenv("CLARION_BROKER_URL")  # the documented deployment names only the Redis
         yield own
 
 
@@ -61,12 +69,11 @@ class Deployment:
     """`clarion worker` (all lanes) and `clarion beat`, started as an operator starts them."""
 
     def __init__(self, receiver: Receiver, folder: Path) -> None:
-        # the README's production variables ("Running it in production": the database, the Redis,
-        # the catalog, the webhook secret, a home folder) are this process's CLARION_* (the `own`
-        # fixture set them, and nothing else of ours), plus where webhooks go and the short wait
-        assert {k for k in os.environ if k.startswith("CLARION_")} == {
-            f"CLARION_{name}"
-            for name in ("DATABASE_URL", "REDIS_URL", "CATALOG", "WEBHOOK_SECRET", "HOME")
+        # the documented production variables (docs/operations/index.md: the database, the Redis,
+        # the catalog, the webhook secret) and a home folder are this process's CLARION_* (the
+        # `own` fixture set them, and nothing else of ours), plus where webhooks go and the wait
+        assert {k for k in os.environ if k.startswith("CLARION_")} == documented_variables() | {
+            "CLARION_HOME"
         }
         self.env = {"CLARION_WEBHOOK_URL": receiver.url, "CLARION_START_WAIT": f"{START_WAIT:g}"}
         self.worker_log, self.beat_log = folder / "worker.log", folder / "beat.log"

@@ -1,7 +1,8 @@
 """Operator-facing parts of the HTTP API through its real door (Starlette's TestClient on
 web.app.create_app) against real PostgreSQL and Redis: key expiry (401 naming it), a key's last
 use recorded at most once a minute (on an injected clock), incidents in the request report, the
-event_id boundary, and the README's curl bodies against the demo catalog."""
+event_id boundary, and the HTTP API guide's curl bodies (docs/guides/http-api.md) against the demo
+catalog."""
 
 from __future__ import annotations
 
@@ -186,7 +187,7 @@ def test_openapi_documents_incidents_and_next_attempts(client):
     assert "next_attempt_at" in schemas["Delivery"]["properties"]
 
 
-# --- event_id: 512 bytes, as the README says ----------------------------------------------------
+# --- event_id: 512 bytes, as docs/guides/http-api.md says -----------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -218,23 +219,26 @@ def test_an_event_id_of_512_bytes_is_accepted_and_513_refused(client, event_id, 
     assert count("requests") == 2
 
 
-# --- the README's curl bodies -------------------------------------------------------------------
+# --- the HTTP API guide's curl bodies ------------------------------------------------------------
 
 
-def _readme_bodies() -> list[tuple[str, dict[str, Any]]]:
-    """(path, body) of every `curl … /v1/events…` example with a -d body in the README."""
-    readme = (ROOT / "README.md").read_text()
-    found = re.findall(r"curl -sS localhost:8000(/v1/events[^ ]*) .*?-d '(.*?)'", readme, re.S)
+GUIDE = ROOT / "docs" / "guides" / "http-api.md"
+
+
+def _guide_bodies() -> list[tuple[str, dict[str, Any]]]:
+    """(path, body) of every `curl … /v1/events…` example with a -d body in the HTTP API guide."""
+    guide = GUIDE.read_text()
+    found = re.findall(r"curl -sS localhost:8000(/v1/events[^ ]*) .*?-d '(.*?)'", guide, re.S)
     return [(path, json.loads(body)) for path, body in found]
 
 
-def test_the_readme_event_examples_are_accepted_with_the_demo_catalog(clarion_env, monkeypatch):
+def test_the_guides_event_examples_are_accepted_with_the_demo_catalog(clarion_env, monkeypatch):
     configure(monkeypatch, catalog=DEMO_CATALOG)
-    examples = _readme_bodies()
+    examples = _guide_bodies()
     assert [path for path, _ in examples] == ["/v1/events", "/v1/events/batch"]
     for user in ("user-42", "u1", "u2"):
         register_recipient(user, timezone="Europe/Berlin")
-    headers = {"Authorization": f"Bearer {create_key('readme', ['events:write']).secret}"}
+    headers = {"Authorization": f"Bearer {create_key('guide', ['events:write']).secret}"}
     with TestClient(create_app()) as c:
         for path, body in examples:
             answer = c.post(path, json=body, headers=headers)

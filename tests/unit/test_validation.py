@@ -328,7 +328,7 @@ def test_occurrence_keys() -> None:
         (None, "series:12:0", "occurrence_key"),
         (None, "series:", "occurrence_key"),
         (None, "k" * 513, "occurrence_key"),
-        ("e" * 513, None, "event_id"),  # 512 bytes is the limit (README)
+        ("e" * 513, None, "event_id"),  # 512 bytes is the limit (docs/getting-started.md)
     ],
 )
 def test_bad_occurrence_keys(event_id: object, key: object, field: str) -> None:
