@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
+import anthropic  # noqa: F401 - the ai extra is in the test install: missing fails, not skips
 import pytest
 
 from clarion import clock, settings
@@ -21,7 +22,6 @@ from tests.support.digests import digest_requests, use_digest_catalog
 from tests.support.gates import VirtualClock, deliveries_of, rows, send_and_route
 from tests.support.pipeline import configure
 
-pytest.importorskip("anthropic")
 pytestmark = pytest.mark.integration
 
 T0 = datetime(2026, 12, 7, 10, 0, tzinfo=UTC)
