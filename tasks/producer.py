@@ -18,6 +18,7 @@ from clarion import clock, faults, settings
 from clarion import validation as check
 from clarion.db import ledger
 from clarion.db.engine import clarion_search_path, engine, in_transaction
+from clarion.drain import Drain
 from clarion.errors import (
     ClarionError,
     InvalidField,
@@ -232,6 +233,26 @@ def _enqueue(rows: list[ledger.NewRequest], connection: Connection | None) -> li
         [(r.user_id, e.request_id, r.lane) for r, e in zip(rows, result, strict=True) if e.new]
     )
     return result
+
+
+def _publish_waiting(batches: list[list[tuple[str, int, str]]]) -> None:
+    publish_after_commit([key for keys in batches for key in keys])
+
+
+_PUBLISHER: Drain[list[tuple[str, int, str]]] = Drain("clarion-publish", _publish_waiting)
+
+
+def publish_in_background(keys: list[tuple[str, int, str]]) -> None:
+    """publish_after_commit on this process's publishing thread, everything waiting in one go: the
+    caller (an HTTP request) does not wait for the broker. A process that dies first loses only
+    the wake-up; the beat tick publishes the committed request at its due_at."""
+    if keys:
+        _PUBLISHER.put(keys)
+
+
+def publishing_settled(timeout: float = 10.0) -> bool:
+    """Wait until what publish_in_background was given is published (or failed and logged)."""
+    return _PUBLISHER.settle(timeout)
 
 
 def publish_after_commit(keys: list[tuple[str, int, str]]) -> None:

@@ -1,5 +1,7 @@
-"""POST /v1/events: checked events → notify_many() in one transaction with the Idempotency-Key row,
-then the route task published after commit.
+"""POST /v1/events: checked events → notify_many() with the Idempotency-Key row, in a transaction
+shared with the requests arriving meanwhile (db/group_commit.py: each request in its own savepoint,
+one COMMIT for the group, each answered only after it); then the route task is published by this
+process's publishing thread, off the request's path (a lost publish is the beat tick's to redo).
 
 Idempotency (Stripe's semantics and draft-ietf-httpapi-idempotency-key-header's):
 - keys are scoped per API key; a key is 1-255 printable ASCII characters;
@@ -25,21 +27,25 @@ from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
+from sqlalchemy import Connection
 
 from clarion import clock, settings
 from clarion import validation as check
 from clarion.db import idempotency
 from clarion.db.api_keys import ApiKey
 from clarion.db.engine import engine
+from clarion.db.group_commit import GroupCommit
 from clarion.errors import ClarionError, InvalidField, UnknownRecipient
 from clarion.tasks import notify_many, recipients, runtime
-from clarion.tasks.producer import publish_after_commit
+from clarion.tasks.producer import publish_in_background
 from clarion.web.api_errors import ApiError, ascii_json, contract_field, from_clarion, item_index
 from clarion.web.api_models import Event
 
 RETENTION = timedelta(hours=24)
 MAX_IDEMPOTENCY_KEY = 255
 ACCEPTED = 202
+# Concurrent requests share transactions (db/group_commit.py): one COMMIT answers many.
+WRITER = GroupCommit(engine, writers=4)
 
 
 @dataclass(frozen=True)
@@ -150,49 +156,69 @@ def ingest(
         inline_recipient(e.user_id, e.recipient, _prefix(batch, i)) for i, e in enumerate(events)
     ]
     mark = fingerprint("POST", where, payload) if idem is not None else ""
+
+    def write(conn: Connection) -> tuple[Answer, list[tuple[str, int, str]]]:
+        return _write(conn, key, idem, mark, people, items, events, lanes, batch=batch)
+
+    answer, fresh = WRITER.run(write)
+    publish_in_background(fresh)
+    return answer
+
+
+def _write(
+    conn: Connection,
+    key: ApiKey,
+    idem: str | None,
+    mark: str,
+    people: list[dict[str, Any] | None],
+    items: list[dict[str, Any]],
+    events: list[Event],
+    lanes: list[str | None],
+    *,
+    batch: bool,
+) -> tuple[Answer, list[tuple[str, int, str]]]:
+    """One request's rows, in the group's transaction: (its answer, the requests to publish)."""
     now = clock.now()
-    with engine().begin() as conn:
-        if idem is not None:
-            stored = idempotency.claim(
-                conn, key.id, idem, fingerprint=mark, now=now, expires_at=now + RETENTION
-            )
-            if stored is not None:
-                if stored.fingerprint != mark:
-                    raise ApiError(
-                        422,
-                        "idempotency_mismatch",
-                        "Idempotency-Key",
-                        "this key was used for a different request; use a new key per request",
-                    )
-                return Answer(stored.status, stored.response, replayed=True)
-        for fields in people:
-            if fields is not None:
-                recipients.save(conn, fields)
-        try:
-            results = notify_many(items, connection=conn)
-        except ClarionError as exc:
-            raise _refusal(exc, events, batch) from exc
-        accepted = [
-            {
-                "request_id": r.request_id,
-                "user_id": e.user_id,
-                "type": e.type,
-                "event_id": e.event_id,
-                "lane": lane,
-                "new": r.new,
-            }
-            for e, r, lane in zip(events, results, lanes, strict=True)
-        ]
-        fresh = [
-            (e.user_id, r.request_id, str(lane))
-            for e, r, lane in zip(events, results, lanes, strict=True)
-            if r.new
-        ]
-        stray = now + timedelta(seconds=settings.get().stray_after)
-        idempotency.postpone(conn, [(u, i) for u, i, _ in fresh], due_at=stray)
-        body = ascii_json({"items": accepted} if batch else accepted[0]).decode("ascii")
-        if idem is not None:
-            idempotency.answer(conn, key.id, idem, status=ACCEPTED, response=body)
-            idempotency.purge(conn, now=now)
-    publish_after_commit(fresh)
-    return Answer(ACCEPTED, body)
+    if idem is not None:
+        stored = idempotency.claim(
+            conn, key.id, idem, fingerprint=mark, now=now, expires_at=now + RETENTION
+        )
+        if stored is not None:
+            if stored.fingerprint != mark:
+                raise ApiError(
+                    422,
+                    "idempotency_mismatch",
+                    "Idempotency-Key",
+                    "this key was used for a different request; use a new key per request",
+                )
+            return Answer(stored.status, stored.response, replayed=True), []
+    for fields in people:
+        if fields is not None:
+            recipients.save(conn, fields)
+    try:
+        results = notify_many(items, connection=conn)
+    except ClarionError as exc:
+        raise _refusal(exc, events, batch) from exc
+    accepted = [
+        {
+            "request_id": r.request_id,
+            "user_id": e.user_id,
+            "type": e.type,
+            "event_id": e.event_id,
+            "lane": lane,
+            "new": r.new,
+        }
+        for e, r, lane in zip(events, results, lanes, strict=True)
+    ]
+    fresh = [
+        (e.user_id, r.request_id, str(lane))
+        for e, r, lane in zip(events, results, lanes, strict=True)
+        if r.new
+    ]
+    stray = now + timedelta(seconds=settings.get().stray_after)
+    idempotency.postpone(conn, [(u, i) for u, i, _ in fresh], due_at=stray)
+    body = ascii_json({"items": accepted} if batch else accepted[0]).decode("ascii")
+    if idem is not None:
+        idempotency.answer(conn, key.id, idem, status=ACCEPTED, response=body)
+        idempotency.purge(conn, now=now)
+    return Answer(ACCEPTED, body), fresh

@@ -16,7 +16,7 @@ from sqlalchemy import text
 
 from clarion import clock, faults, settings
 from clarion.db.engine import engine
-from clarion.tasks import runtime
+from clarion.tasks import producer, runtime
 from clarion.tasks.app import app
 from clarion.web import scrape
 
@@ -124,7 +124,9 @@ def drain(queue: str) -> list[tuple[str, list[str], list[int]]]:
     """Take every message waiting in a lane's broker queue: (task name, users, ids) each, oldest
     first. Works on any kombu broker (Redis, RabbitMQ).
 
-    Integration tests run no worker, so what the code published is still there to be read."""
+    Integration tests run no worker, so what the code published is still there to be read. What
+    HTTP ingest handed to its publishing thread is published first (producer.publishing_settled)."""
+    assert producer.publishing_settled(30), "the publishing thread did not finish within 30 s"
     messages = []
     with kombu.Connection(settings.get().urls()[2]) as conn:
         waiting = conn.SimpleQueue(queue)

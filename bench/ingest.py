@@ -1,0 +1,374 @@
+"""HTTP ingest: `clarion web` against the least an endpoint on the same stack can do, in one run.
+
+    .venv/bin/python bench/ingest.py [--requests 2000] [--clients 8,32] [--workers 1] [--batch 500]
+
+Two servers, each with `--workers` server processes, on the same PostgreSQL:
+
+  clarion   `clarion web` (the documented command): API key check, validation, notify() with the
+            outbox row, 202 after the commit. Single-event `POST /v1/events`.
+  baseline  bench/ingest_baseline.py under uvicorn: one INSERT … ON CONFLICT DO NOTHING per
+            request, autocommit, eight pooled connections per process, 202.
+
+For each client count, a closed loop (each client posts as soon as its last answer came) gives
+requests/s and p95; then an open loop at half the baseline's rate gives both servers' p95 at the
+same offered load. Then the batch door: `--batch`-event `POST /v1/events/batch` against one
+multi-row INSERT per `--batch` rows through psycopg. Checked afterwards: rows in clarion's ledger =
+distinct events sent (nothing lost, nothing doubled), and idempotent replays answer the very bytes
+of the first answer. No workers run (ingest alone); `--drain` starts a worker that routes and
+sends what arrives, the realistic case.
+
+Services: CLARION_DATABASE_URL / CLARION_REDIS_URL when set, else the embedded PostgreSQL + Redis in
+.clarion/bench-ingest. A fresh database per run, dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import say, start_services, table, with_database  # noqa: E402
+
+BIN = Path(sys.executable).parent
+CATALOG = ROOT / "tests" / "catalog.yaml"
+RECIPIENTS = 1000
+ANCHORS = "Knock's top tier takes 1,000 requests/s per customer; Novu Enterprise up to 6,000"
+
+
+@dataclass
+class Run:
+    rate: float  # requests/s
+    p50: float  # ms
+    p95: float
+    errors: int
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection."""
+
+    def __init__(self, port: int, headers: dict[str, str]) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        self.headers = {"Content-Type": "application/json", **headers}
+
+    def post(
+        self, path: str, body: bytes, extra: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        self.conn.request("POST", path, body, {**self.headers, **(extra or {})})
+        answer = self.conn.getresponse()
+        return answer.status, answer.read()
+
+
+def load(
+    port: int,
+    headers: dict[str, str],
+    bodies: list[bytes],
+    clients: int,
+    *,
+    path: str = "/v1/events",
+    rate: float | None = None,
+) -> Run:
+    """Post every body once from `clients` connections; closed loop, or paced at `rate`/s."""
+    latencies: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    start = time.perf_counter() + 0.05
+
+    def work(index: int) -> None:
+        client = Client(port, headers)
+        mine = bodies[index::clients]
+        for n, body in enumerate(mine):
+            if rate:
+                due = start + (n * clients + index) / rate
+                time.sleep(max(0.0, due - time.perf_counter()))
+            t0 = time.perf_counter()
+            status, _ = client.post(path, body)
+            took = time.perf_counter() - t0
+            with lock:
+                latencies.append(took)
+                errors[0] += status != 202
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    latencies.sort()
+    pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
+    return Run(len(bodies) / wall, pick(0.5), pick(0.95), errors[0])
+
+
+def wait_for(port: int, path: str = "/healthz", timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", path)
+            conn.getresponse().read()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"nothing answered on port {port} within {timeout}s")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def events(prefix: str, n: int) -> list[bytes]:
+    return [
+        json.dumps(
+            {
+                "user_id": f"u{i % RECIPIENTS}",
+                "type": "receipt",
+                "event_id": f"{prefix}-{i}",
+                "variables": {"order": str(i)},
+            }
+        ).encode()
+        for i in range(n)
+    ]
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.stops: list[Callable[[], None]] = []
+
+    def setup(self) -> None:
+        url, handle = start_services("ingest")
+        if handle is not None:
+            self.stops.append(handle.stop)
+            redis_url = handle.redis_url
+        else:
+            redis_url = os.environ["CLARION_REDIS_URL"]
+        import psycopg
+
+        name = f"bench_ingest_{uuid.uuid4().hex[:8]}"
+        self.admin = url
+        with psycopg.connect(_libpq(url), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        self.stops.append(lambda: _drop(url, name))
+        self.url = with_database(url, name)
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("CLARION_")},
+            "CLARION_DATABASE_URL": self.url,
+            "CLARION_REDIS_URL": redis_url,
+            "CLARION_WEBHOOK_SECRET": "bench-ingest-secret",
+            "CLARION_WEBHOOK_URL": "http://127.0.0.1:9/unused",
+            "CLARION_CATALOG": str(CATALOG),
+            "CLARION_HOME": str(ROOT / ".clarion" / "bench-ingest" / "home"),
+        }
+        self.clarion("migrate")
+        key = self.clarion(
+            "keys", "create", "--name", "bench", "--scope", "events:write", "--rate", "1000000/s"
+        )
+        self.key = key.splitlines()[0].strip()  # the secret, printed once
+        with psycopg.connect(_libpq(self.url), autocommit=True) as conn:
+            conn.execute("CREATE TABLE bench_events (event_id text PRIMARY KEY, body jsonb)")
+            conn.execute("CREATE TABLE bench_batch (event_id text PRIMARY KEY, body jsonb)")
+            conn.execute(
+                "INSERT INTO clarion.recipients (user_id, timezone, created_at, updated_at) "
+                "SELECT 'u' || i, 'UTC', now(), now() FROM generate_series(0, %s) AS i",
+                (RECIPIENTS - 1,),
+            )
+
+    def clarion(self, *argv: str) -> str:
+        done = subprocess.run(
+            [str(BIN / "clarion"), *argv], env=self.env, capture_output=True, text=True, check=False
+        )
+        if done.returncode:
+            raise SystemExit(f"clarion {' '.join(argv)} failed:\n{done.stdout}\n{done.stderr}")
+        return done.stdout
+
+    def serve(self, argv: list[str], env: dict[str, str]) -> int:
+        port = free_port()
+        proc = subprocess.Popen(
+            [*argv, "--port", str(port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+        )
+        self.stops.append(lambda: (proc.terminate(), proc.wait(10)))
+        return port
+
+    def stop(self) -> None:
+        while self.stops:
+            try:
+                self.stops.pop()()
+            except Exception as exc:  # noqa: BLE001 - clean up the rest regardless
+                say(f"cleanup: {exc}")
+
+
+def _libpq(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+def _drop(url: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(_libpq(url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def count(url: str, sql: str) -> int:
+    import psycopg
+
+    with psycopg.connect(_libpq(url)) as conn:
+        row = conn.execute(sql).fetchone()
+        return int(row[0]) if row else 0
+
+
+def replays_exact(port: int, headers: dict[str, str], n: int = 50) -> bool:
+    client = Client(port, headers)
+    for i, body in enumerate(events("replay", n)):
+        key = {"Idempotency-Key": f"bench-replay-{i}"}
+        first = client.post("/v1/events", body, key)
+        again = client.post("/v1/events", body, key)
+        if first != again or first[0] != 202:
+            return False
+    return True
+
+
+def batch_insert_rate(url: str, rows: int, size: int) -> float:
+    """Rows/s of one multi-row INSERT … ON CONFLICT DO NOTHING per `size` rows, one commit each."""
+    import psycopg
+
+    with psycopg.connect(_libpq(url), autocommit=True) as conn:
+        t0 = time.perf_counter()
+        for start in range(0, rows, size):
+            chunk = [(f"b{i}", json.dumps({"i": i})) for i in range(start, start + size)]
+            values = ",".join(["(%s, %s)"] * len(chunk))
+            flat = [v for pair in chunk for v in pair]
+            conn.execute(
+                f"INSERT INTO bench_batch (event_id, body) VALUES {values} ON CONFLICT DO NOTHING",
+                flat,
+            )
+        return rows / (time.perf_counter() - t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--clients", default="8,32")
+    parser.add_argument("--workers", type=int, default=1, help="server processes per server")
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--drain", action="store_true", help="a worker routes and sends meanwhile")
+    args = parser.parse_args(argv)
+    bench = Bench(args)
+    try:
+        return _run(bench, args)
+    finally:
+        bench.stop()
+
+
+def _run(bench: Bench, args: argparse.Namespace) -> int:
+    bench.setup()
+    workers = ["--workers", str(args.workers)]
+    clarion_port = bench.serve(
+        [str(BIN / "clarion"), "web", "--host", "127.0.0.1", *workers], bench.env
+    )
+    base_env = {**bench.env, "BENCH_BASELINE_URL": _libpq(bench.url)}
+    base_argv = [str(BIN / "uvicorn"), "bench.ingest_baseline:app", "--log-level", "warning"]
+    base_port = bench.serve([*base_argv, "--host", "127.0.0.1", *workers], base_env)
+    if args.drain:
+        bench.serve([str(BIN / "clarion"), "worker", "--lane", "transactional,control"], bench.env)
+        bench.serve([str(BIN / "clarion"), "beat"], bench.env)
+    wait_for(clarion_port)
+    wait_for(base_port, "/v1/events-missing")
+    auth = {"Authorization": f"Bearer {bench.key}"}
+    load(clarion_port, auth, events("warm", 200), 8)  # connections and plans warm
+    load(base_port, {}, events("warm", 200), 8)
+    rows, sent = [], 200
+    for clients in [int(c) for c in args.clients.split(",")]:
+        ours = load(clarion_port, auth, events(f"c{clients}", args.requests), clients)
+        base = load(base_port, {}, events(f"c{clients}", args.requests), clients)
+        sent += args.requests
+        half = base.rate / 2
+        n_half = max(200, int(half * 5))
+        ours_half = load(clarion_port, auth, events(f"h{clients}", n_half), clients, rate=half)
+        base_half = load(base_port, {}, events(f"h{clients}", n_half), clients, rate=half)
+        sent += n_half
+        rows.append(
+            [
+                f"{clients} clients",
+                f"{ours.rate:.0f}",
+                f"{base.rate:.0f}",
+                f"{ours.rate / base.rate:.2f}x",
+                f"{ours.p95:.1f}",
+                f"{base.p95:.1f}",
+                f"{half:.0f}/s: {ours_half.p95:.1f} vs {base_half.p95:.1f} ({ours_half.p95 / base_half.p95:.2f}x)",
+                str(ours.errors + base.errors + ours_half.errors + base_half.errors),
+            ]
+        )
+    say(
+        table(
+            [
+                "single events",
+                "clarion req/s",
+                "baseline req/s",
+                "ratio",
+                "clarion p95 ms",
+                "baseline p95 ms",
+                "p95 at half the baseline's rate",
+                "non-202",
+            ],
+            rows,
+        )
+    )
+    say(f"(for scale: {ANCHORS})")
+    n_batch = args.batch * args.batches
+    bodies = [
+        json.dumps({"items": [json.loads(b) for b in events(f"batch{j}", args.batch)]}).encode()
+        for j in range(args.batches)
+    ]
+    ours = load(clarion_port, auth, bodies, 1, path="/v1/events/batch")
+    sent += n_batch
+    ours_rows = ours.rate * args.batch
+    plain = batch_insert_rate(bench.url, n_batch, args.batch)
+    say(
+        table(
+            ["batch door", "clarion rows/s", "multi-row INSERT rows/s", "ratio", "non-202"],
+            [
+                [
+                    f"{args.batch} a request",
+                    f"{ours_rows:.0f}",
+                    f"{plain:.0f}",
+                    f"{ours_rows / plain:.2f}x",
+                    str(ours.errors),
+                ]
+            ],
+        )
+    )
+    stored = count(
+        bench.url, "SELECT count(*) FROM clarion.requests WHERE occurrence_key NOT LIKE 'replay-%'"
+    )
+    exact = replays_exact(clarion_port, auth)
+    say(
+        f"ledger: {stored} requests for {sent} distinct events sent ({'none lost or doubled' if stored == sent else 'MISMATCH'}); idempotent replays exact: {exact}"
+    )
+    return 0 if stored == sent and exact else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
