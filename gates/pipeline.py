@@ -18,12 +18,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, time, timedelta
-from typing import Any
 
 from clarion.catalog import NotificationType
 from clarion.catalog.model import Policy
 from clarion.gates import preferences
 from clarion.gates.quiet import outside_hours_until, parse_time, quiet_until
+from clarion.rows import PlannedRequest, Recipient
 from clarion.scheduling.digests import window_due
 from clarion.scheduling.zones import country_of, load_zone
 
@@ -46,7 +46,7 @@ class Step:
 class Snapshot:
     """What the gates may look at for one recipient, read in one go."""
 
-    recipient: Mapping[str, Any] | None
+    recipient: Recipient | None
     preferences: tuple[preferences.Preference, ...] = ()
     suppressed: Mapping[tuple[str, str], str] = field(
         default_factory=dict
@@ -132,7 +132,7 @@ class _Builder:
 
 
 def plan(
-    request: Mapping[str, Any],
+    request: PlannedRequest,
     ntype: NotificationType | None,
     snapshot: Snapshot,
     *,
@@ -148,7 +148,7 @@ def plan(
             "catalog",
             "suppress",
             "unknown_type",
-            f"type {request['type_key']!r} is not in the catalog",
+            f"type {request.type_key!r} is not in the catalog",
         )
         return Plan(tuple(b.steps))
     if recipient is None:
@@ -170,15 +170,15 @@ def plan(
 def digested(
     p: Plan,
     ntype: NotificationType,
-    request: Mapping[str, Any],
-    recipient: Mapping[str, Any],
+    request: PlannedRequest,
+    recipient: Recipient,
     now: datetime,
 ) -> Plan:
     """The plan for a request of a digested type: join the window (gates.apply names its request)."""
     spec = ntype.digest
     assert spec is not None
-    key = ntype.digest_key(request["variables"])
-    due = window_due(now, recipient["timezone"], every=spec.every, daily=spec.daily)
+    key = ntype.digest_key(request.variables)
+    due = window_due(now, recipient.timezone, every=spec.every, daily=spec.daily)
     detail = f"into the open {spec.type} digest (key {key!r}), or one closing {due.isoformat()}"
     return replace(
         _step(p, "digest", "digest", "digested", detail),
@@ -199,15 +199,15 @@ def suppressed(channel: str, address: str, listed: Mapping[tuple[str, str], str]
 def _channel_gates(
     b: _Builder,
     ntype: NotificationType,
-    recipient: Mapping[str, Any],
+    recipient: Recipient,
     snapshot: Snapshot,
     needs_address: Mapping[str, bool],
 ) -> list[tuple[str, datetime | None]]:
-    addresses = recipient.get("addresses") or {}
-    country = country_of(recipient.get("country"), recipient["timezone"])
+    addresses = recipient.addresses or {}
+    country = country_of(recipient.country, recipient.timezone)
     chosen: list[tuple[str, datetime | None]] = []
     for channel in ntype.channels:
-        address = addresses.get(channel) or recipient["user_id"]
+        address = addresses.get(channel) or recipient.user_id
         if channel not in needs_address:
             b.add(
                 "channel", "suppress", "no_adapter", f"no adapter for channel {channel!r}", channel
@@ -250,10 +250,10 @@ def _quiet_hours(p: Plan, channels, request, ntype, snapshot, now, policy):
         return _step(
             p, "quiet_hours", "allow", "bypass", f"{ntype.category} bypasses quiet hours"
         ), channels
-    until = quiet_until(r.get("quiet_start"), r.get("quiet_end"), r["timezone"], now)
+    until = quiet_until(r.quiet_start, r.quiet_end, r.timezone, now)
     if until is None:
         return _step(p, "quiet_hours", "allow", "outside_quiet_hours"), channels
-    detail = f"quiet hours in {r['timezone']} until {until.isoformat()}"
+    detail = f"quiet hours in {r.timezone} until {until.isoformat()}"
     return replace(
         _step(p, "quiet_hours", "defer", "quiet_hours", detail, until=until), defer_until=until
     ), channels
@@ -263,7 +263,7 @@ def _marketing_sms_hours(p: Plan, channels, request, ntype, snapshot, now, polic
     if ntype.category != "marketing" or not any(c == "sms" for c, _ in channels):
         return p, channels
     opens, closes = (parse_time(t) for t in policy.marketing_sms_hours)
-    until = outside_hours_until(opens, closes, snapshot.recipient["timezone"], now)
+    until = outside_hours_until(opens, closes, snapshot.recipient.timezone, now)
     if until is None:
         return p, channels
     detail = (
@@ -309,15 +309,15 @@ def blocked_by_window(p: Plan, window: tuple[datetime, str]) -> Plan:
     )
 
 
-def cap_buckets(recipient: Mapping[str, Any], now: datetime) -> list[tuple[str, str, datetime]]:
+def cap_buckets(recipient: Recipient, now: datetime) -> list[tuple[str, str, datetime]]:
     """(scope, bucket, bucket end) for the recipient's local day and their organisation's hour."""
-    local = now.astimezone(load_zone(recipient["timezone"]))
+    local = now.astimezone(load_zone(recipient.timezone))
     day_end = datetime.combine(local.date() + timedelta(days=1), time(0), tzinfo=local.tzinfo)
-    buckets = [(f"user:{recipient['user_id']}", local.date().isoformat(), day_end)]
-    if recipient.get("org_id"):
+    buckets = [(f"user:{recipient.user_id}", local.date().isoformat(), day_end)]
+    if recipient.org_id:
         hour = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
         buckets.append(
-            (f"org:{recipient['org_id']}", hour.strftime("%Y-%m-%dT%H"), hour + timedelta(hours=1))
+            (f"org:{recipient.org_id}", hour.strftime("%Y-%m-%dT%H"), hour + timedelta(hours=1))
         )
     return buckets
 
@@ -343,9 +343,7 @@ def _fatigue_caps(p: Plan, channels, request, ntype, snapshot, now, policy):
     return replace(_step(p, "fatigue_cap", "allow", "under_cap"), caps=tuple(claims)), channels
 
 
-def folded(
-    p: Plan, recipient: Mapping[str, Any], now: datetime, policy: Policy, detail: str
-) -> Plan:
+def folded(p: Plan, recipient: Recipient, now: datetime, policy: Policy, detail: str) -> Plan:
     """The plan for a request over a fatigue cap: folded into the day's summary, or dropped."""
     if policy.summary_type is None:
         return replace(
@@ -368,15 +366,15 @@ def folded(
 
 def _open_group(request, ntype, snapshot, now) -> tuple[str, tuple[int, datetime, int]] | None:
     """(key, group) of the open collapse group this request would follow, or None."""
-    key = ntype.collapse_key(request["variables"])
+    key = ntype.collapse_key(request.variables)
     group = snapshot.collapses.get(key) if key is not None else None
-    if key is None or group is None or group[1] <= now or group[0] == request.get("id"):
+    if key is None or group is None or group[1] <= now or group[0] == request.id:
         return None
     return key, group
 
 
 def _collapse(p: Plan, channels, request, ntype, snapshot, now, policy):
-    key = ntype.collapse_key(request["variables"])
+    key = ntype.collapse_key(request.variables)
     if key is None:
         return p, channels
     seconds = float(ntype.options["collapse"].get("window_seconds", 120))
