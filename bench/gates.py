@@ -59,6 +59,7 @@ from clarion.db import gating, ledger  # noqa: E402
 from clarion.db.engine import engine, migrate, one_off_engine  # noqa: E402
 from clarion.gates.apply import needs_address, snapshots  # noqa: E402
 from clarion.gates.pipeline import Snapshot, cap_buckets, plan  # noqa: E402
+from clarion.rows import DraftRequest, Recipient  # noqa: E402
 from clarion.tasks import runtime  # noqa: E402
 
 ZONES = [
@@ -173,7 +174,8 @@ def populate(
                 }
             )
         if rng.random() < 0.35:
-            scope, bucket, ends = cap_buckets(r, now)[0]
+            who = Recipient(uid, zone, "en", None, r["org_id"], {}, None, None, None, None)
+            scope, bucket, ends = cap_buckets(who, now)[0]
             counters.append({"s": scope, "b": bucket, "n": rng.randint(1, 3), "x": ends})
         if rng.random() < 0.2:
             for cluster in rng.sample(CLUSTERS, rng.randint(1, 2)):
@@ -360,12 +362,15 @@ def _run_clarion(url, requests, *, batch, now, meter, plans, catalog, reachable)
 
 def _clarion_batches(conn, requests, *, batch, now, meter, plans, catalog, reachable):
     for i in range(0, len(requests), batch):
-        chunk = requests[i : i + batch]
+        chunk = [
+            DraftRequest(r["user_id"], r["id"], r["type_key"], r["occurrence_key"], r["variables"])
+            for r in requests[i : i + batch]
+        ]
         if hasattr(meter, "memo"):
             meter.memo.clear()
         with conn.begin():
             t0 = time.perf_counter()
-            recipients = ledger.recipients(conn, (r["user_id"] for r in chunk))
+            recipients = ledger.recipients(conn, (r.user_id for r in chunk))
             t1 = time.perf_counter()
             snaps = snapshots(conn, recipients, now=now)
             t2 = time.perf_counter()
@@ -373,11 +378,11 @@ def _clarion_batches(conn, requests, *, batch, now, meter, plans, catalog, reach
             meter.build += t2 - t1
             meter.queries += 6
             for request in chunk:
-                snapshot = snaps.get(request["user_id"]) or Snapshot(None)
+                snapshot = snaps.get(request.user_id) or Snapshot(None)
                 plans.append(
                     plan(
                         request,
-                        catalog.get(request["type_key"]),
+                        catalog.get(request.type_key),
                         snapshot,
                         now=now,
                         policy=catalog.policy,
@@ -439,7 +444,7 @@ class PerGateSnapshot:
         self._cache: dict[str, object] = {}
         t0 = time.perf_counter()
         row = self._query(_Q_RECIPIENT, u=request["user_id"]).mappings().first()
-        self.recipient = dict(row) if row else None
+        self.recipient = Recipient.from_row(row) if row else None
         meter.db += time.perf_counter() - t0
 
     def _query(self, stmt, **params):
@@ -532,7 +537,13 @@ def run_per_gate(
                     db_before, t0 = meter.db, time.perf_counter()
                     plans.append(
                         plan(
-                            request,
+                            DraftRequest(
+                                request["user_id"],
+                                request["id"],
+                                request["type_key"],
+                                request["occurrence_key"],
+                                request["variables"],
+                            ),
                             ntype,
                             snapshot,
                             now=now,

@@ -265,7 +265,7 @@ def breakdown(url: str, *, now: datetime, limit: int) -> dict[str, tuple[float, 
     spent: dict[str, list] = {}
     targets = [
         (store, "take_due_series", "take_due_series (the due query, with recipients)"),
-        (tseries, "recipient_calendar", "recipient_calendar (per series)"),
+        (tseries, "row_calendar", "row_calendar (per series)"),
         (tseries, "plan_tick", "plan_tick (per series, pure)"),
         (
             store,

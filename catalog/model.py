@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -242,7 +242,7 @@ class NotificationType:
         value = self.options.get("default")
         return None if value is None else value in ("on", True)
 
-    def collapse_key(self, variables: dict[str, Any]) -> str | None:
+    def collapse_key(self, variables: Mapping[str, Any]) -> str | None:
         spec = self.options.get("collapse")
         if not spec:
             return None
@@ -256,7 +256,7 @@ class NotificationType:
         raw = self.options.get("digest")
         return None if raw is None else parse_digest(raw)
 
-    def digest_key(self, variables: dict[str, Any]) -> str:
+    def digest_key(self, variables: Mapping[str, Any]) -> str:
         """Which of the recipient's digests of the target type a request joins (options.digest.key)."""
         spec = self.digest
         if spec is None or not spec.key:

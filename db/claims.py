@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from clarion.db.ledger import KEY_PAIRS, Key, due_statement, key_params
+from clarion.rows import ClaimedDelivery
 
 
 @dataclass(frozen=True)
@@ -39,34 +40,6 @@ class Lease:
     def left(self) -> float:
         """Seconds still held (negative once it ran out)."""
         return self.ends - time.monotonic()
-
-
-@dataclass(frozen=True)
-class ClaimedDelivery:
-    """A delivery this worker holds the claim on, with what sending it needs."""
-
-    user_id: str
-    id: int
-    request_id: int
-    type_key: str
-    occurrence_key: str
-    channel: str
-    lane: str
-    attempts: int  # including this one
-    taken_over: bool  # claimed from a lapsed lease
-    maybe_sent_at: datetime | None  # an earlier attempt may have sent (from then on)
-    last_error: str | None
-    template_version: int
-    variables: dict[str, Any]
-    locale: str | None  # the recipient's locale, pinned on the request when it was made
-    addresses: dict[str, Any]
-    requested_at: datetime
-    lease_left: float  # seconds, on PostgreSQL's clock, when the claim was made
-    claimed_at: float = 0.0  # time.monotonic() when the claim statement answered
-
-    @property
-    def key(self) -> Key:
-        return (self.user_id, self.id)
 
 
 # The claim's RETURNING columns, in ClaimedDelivery's field order: rows become claims positionally.

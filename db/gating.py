@@ -12,32 +12,31 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from clarion import hashing, settings
+from clarion.db.ledger import THESE_USERS
 
-_PREFERENCES = text(
-    "SELECT user_id, scope, key, channel, enabled FROM preferences WHERE user_id = ANY(CAST(:users AS text[]))"
-)
-_SUPPRESSIONS = text(
-    "SELECT user_id, channel, address, reason FROM suppressions WHERE user_id = ANY(CAST(:users AS text[]))"
-)
+# Joined with the arrays, not `= ANY(:users)`: a prepared statement's generic plan walks the array
+# for every row it reads (db/ledger.py, THESE_USERS, has the measurements).
+_PREFERENCES = text(f"SELECT user_id, scope, key, channel, enabled FROM preferences {THESE_USERS}")
+_SUPPRESSIONS = text(f"SELECT user_id, channel, address, reason FROM suppressions {THESE_USERS}")
 # Suppressions of these addresses recorded for anyone (a bounce under another user, an erased
 # recipient's row), by the keyed hashes of the addresses about to be used: index
 # suppressions_address (channel, address_hash); with hash partitioning, one probe per partition.
 _HASHED_SUPPRESSIONS = text(
     "SELECT user_id, channel, address_hash, reason, detail, created_at FROM suppressions "
-    "WHERE channel = ANY(CAST(:channels AS text[])) AND address_hash = ANY(CAST(:hashed AS text[])) "
+    "JOIN unnest(CAST(:channels AS text[])) AS c(channel) USING (channel) "
+    "JOIN unnest(CAST(:hashed AS text[])) AS h(address_hash) USING (address_hash) "
     "ORDER BY created_at, user_id"
 )
 _WINDOWS = text(
-    "SELECT user_id, until, type_key FROM activation_windows "
-    "WHERE user_id = ANY(CAST(:users AS text[])) AND until > :now"
+    f"SELECT user_id, until, type_key FROM activation_windows {THESE_USERS} WHERE until > :now"
 )
 _COUNTERS = text(
-    "SELECT scope, bucket, count FROM fatigue_counters WHERE scope = ANY(CAST(:scopes AS text[])) "
-    "AND expires_at > :now"
+    "SELECT scope, bucket, count FROM fatigue_counters "
+    "JOIN unnest(CAST(:scopes AS text[])) AS these(scope) USING (scope) WHERE expires_at > :now"
 )
 _COLLAPSES = text(
     "SELECT user_id, collapse_key, leader_id, window_until, count FROM collapse_groups "
-    "WHERE user_id = ANY(CAST(:users AS text[])) AND window_until > :now"
+    f"{THESE_USERS} WHERE window_until > :now"
 )
 
 

@@ -11,11 +11,11 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, time
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import Connection, CursorResult, TextClause, text
 
-Key = tuple[str, int]
+from clarion.rows import CreatedDelivery, DueRequest, Key, Recipient, ResolvedRequest
 
 KEY_PAIRS = "unnest(CAST(:users AS text[]), CAST(:ids AS bigint[])) AS k(user_id, id)"
 
@@ -103,21 +103,21 @@ def upsert_recipient(
 # Joined with the ids, not `user_id = ANY(:users)`: once psycopg prepares a statement, PostgreSQL
 # may run its generic plan, which tests = ANY by walking the array for every row it reads (5 ms for
 # 500 ids against 1,000 recipients; a join is 0.6 ms, and an index probe per id on a large table).
-_THESE = "JOIN unnest(CAST(:users AS text[])) AS these(user_id) USING (user_id)"
+THESE_USERS = "JOIN unnest(CAST(:users AS text[])) AS these(user_id) USING (user_id)"
 
 _RECIPIENTS = text(
     "SELECT user_id, timezone, locale, country, org_id, addresses, quiet_start, quiet_end, workweek, "
-    f"subdivision FROM recipients {_THESE}"
+    f"subdivision FROM recipients {THESE_USERS}"
 )
 
 
-def recipients(conn: Connection, user_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+def recipients(conn: Connection, user_ids: Iterable[str]) -> dict[str, Recipient]:
     """Recipients by user id; unknown ids are simply absent."""
-    rows = dicts(conn.execute(_RECIPIENTS, {"users": list(set(user_ids))}))
-    return {row["user_id"]: row for row in rows}
+    rows = conn.execute(_RECIPIENTS, {"users": list(set(user_ids))}).all()
+    return {row[0]: Recipient.from_row(row) for row in rows}
 
 
-_LOCALES = text(f"SELECT user_id, locale FROM recipients {_THESE} WHERE erased_at IS NULL")
+_LOCALES = text(f"SELECT user_id, locale FROM recipients {THESE_USERS} WHERE erased_at IS NULL")
 
 
 def recipient_locales(conn: Connection, user_ids: Iterable[str]) -> dict[str, str]:
@@ -242,9 +242,12 @@ _RESOLVE_REQUESTS = text(
 )
 
 
-def resolve_requests(conn: Connection, keys: Iterable[Key], *, now: datetime) -> list[dict]:
+def resolve_requests(
+    conn: Connection, keys: Iterable[Key], *, now: datetime
+) -> list[ResolvedRequest]:
     """Resolve-once: move pending requests to routed. Only the caller that moves a row may route it."""
-    return dicts(conn.execute(_RESOLVE_REQUESTS, {**key_params(keys), "now": now}))
+    result = conn.execute(_RESOLVE_REQUESTS, {**key_params(keys), "now": now})
+    return [ResolvedRequest.from_row(row) for row in result.all()]
 
 
 _UNRESOLVE_REQUESTS = text(
@@ -289,18 +292,14 @@ _DUE_REQUESTS = due_statement("requests", "state = 'pending',")
 
 def take_due_requests(
     conn: Connection, *, lane: str, now: datetime, again: float, cap: float, limit: int
-) -> list[tuple]:
+) -> list[DueRequest]:
     """One lane's requests whose routing is due (never published, stray, or deferred until now).
 
     Each is pushed `again` seconds on (doubling each time it comes round unrouted, up to `cap`), so
     a crashed publisher's work comes round once more, two sweepers do not both take it, and a
     backlog is not republished in full every few seconds."""
-    return [
-        tuple(r)
-        for r in conn.execute(
-            _DUE_REQUESTS, {"now": now, "again": again, "cap": cap, "lane": lane, "limit": limit}
-        )
-    ]
+    params = {"now": now, "again": again, "cap": cap, "lane": lane, "limit": limit}
+    return [DueRequest.from_row(r) for r in conn.execute(_DUE_REQUESTS, params).all()]
 
 
 # --- deliveries -------------------------------------------------------------------------------
@@ -344,16 +343,6 @@ class NewDelivery:
     not_before: datetime | None = None  # held back (e.g. marketing SMS hours) until then
 
 
-class CreatedDelivery(NamedTuple):
-    user_id: str
-    id: int
-    request_id: int
-    channel: str
-    lane: str
-    held: bool  # not to be sent before its not_before
-    lease_left: float | None  # inserted claimed: seconds its lease has left (PostgreSQL's clock)
-
-
 def insert_deliveries(
     conn: Connection,
     rows: Sequence[NewDelivery],
@@ -388,7 +377,7 @@ def insert_deliveries(
             "lease": lease,
         },
     )
-    return [CreatedDelivery(*row) for row in result]
+    return [CreatedDelivery.from_row(row) for row in result.all()]
 
 
 # --- decisions and incidents ------------------------------------------------------------------

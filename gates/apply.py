@@ -29,10 +29,11 @@ from clarion.gates.pipeline import (
     collapsed,
     folded,
 )
+from clarion.rows import Recipient, ResolvedRequest
 
 
 def snapshots(
-    conn: Connection, recipients: Mapping[str, Mapping[str, Any]], *, now: datetime
+    conn: Connection, recipients: Mapping[str, Recipient], *, now: datetime
 ) -> dict[str, Snapshot]:
     """Snapshots for many recipients at once (five queries, whatever their number)."""
     scopes = {
@@ -86,13 +87,13 @@ def suppression_reason(reason: str, detail: str, at: datetime, *, own: bool) -> 
 
 
 def _address_hashes(
-    recipients: Mapping[str, Mapping[str, Any]],
+    recipients: Mapping[str, Recipient],
 ) -> dict[str, list[tuple[str, str, str]]]:
     """hash → (user, address, channel) for every address (every push device) of these recipients."""
     key = hashing.address_key(settings.get())
     found: defaultdict[str, list[tuple[str, str, str]]] = defaultdict(list)
     for user, recipient in recipients.items():
-        for channel, address in (recipient.get("addresses") or {}).items():
+        for channel, address in recipient.addresses.items():
             values = str(address).split() if channel == "push" else [str(address)]
             for value in values:
                 found[hashing.hashed(key, channel, value)].append((user, value, channel))
@@ -101,7 +102,7 @@ def _address_hashes(
 
 def apply(
     conn: Connection,
-    request: Mapping[str, Any],
+    request: ResolvedRequest,
     ntype: NotificationType | None,
     plan: Plan,
     *,
@@ -110,7 +111,7 @@ def apply(
     now: datetime,
 ) -> Plan:
     """Make the plan's claims; returns the plan that actually holds (the same one, unless a race was lost)."""
-    key = (request["user_id"], request["id"])
+    key = (request.user_id, request.id)
     if plan.window_until or plan.caps or plan.collapse:
         savepoint = conn.begin_nested()
         final = _claim(conn, request, plan, snapshot, catalog, now)
@@ -125,13 +126,13 @@ def apply(
         spacing = ntype.collapse_update_seconds if ntype else 0.0
         gating.join_collapse(
             conn,
-            request["user_id"],
+            request.user_id,
             key=plan.join_collapse,
             now=now,
             refresh_at=now + timedelta(seconds=spacing),  # the leader's message, updated in place
         )
         # the leader's in-app item counts it too, under the group row lock just taken
-        inbox.fold_follower(conn, request["user_id"], key=plan.join_collapse, now=now)
+        inbox.fold_follower(conn, request.user_id, key=plan.join_collapse, now=now)
     if plan.fold is not None:
         _fold(conn, request, plan.fold, catalog, now)
     if plan.digest is not None:
@@ -141,7 +142,7 @@ def apply(
 
 def _join_digest(
     conn: Connection,
-    request: Mapping[str, Any],
+    request: ResolvedRequest,
     plan: Plan,
     join: DigestJoin,
     catalog: Catalog,
@@ -152,14 +153,14 @@ def _join_digest(
     if target is None:  # Catalog.from_dict refuses this; a catalog built in Python may not
         raise ConfigurationError(f"digest type {join.digest_type!r} is not in the catalog")
     item = {
-        **request["variables"],
-        "request_id": request["id"],
-        "type_key": request["type_key"],
+        **request.variables,
+        "request_id": request.id,
+        "type_key": request.type_key,
         "at": now.isoformat(),
     }
     joined = digests.join(
         conn,
-        request["user_id"],
+        request.user_id,
         digest_type=target.key,
         digest_key=join.key,
         lane=target.lane,
@@ -181,27 +182,27 @@ def _join_digest(
 
 
 def _fold(
-    conn: Connection, request: Mapping[str, Any], fold: Fold, catalog: Catalog, now: datetime
+    conn: Connection, request: ResolvedRequest, fold: Fold, catalog: Catalog, now: datetime
 ) -> None:
     summary = catalog.get(fold.summary_type)
     if summary is None:  # Catalog.from_dict refuses this; a catalog built in Python may not
         raise ConfigurationError(f"policy.fatigue.summary_type {fold.summary_type!r} is not a type")
-    fields = dict(
+    fields: dict[str, Any] = dict(
         summary_type=summary.key,
         lane=summary.lane,
         version=summary.version,
-        folded_type=request["type_key"],
+        folded_type=request.type_key,
         now=now,
     )
     folded = gating.fold_into_summary(
-        conn, request["user_id"], occurrence_key=fold.occurrence_key, due_at=fold.due_at, **fields
+        conn, request.user_id, occurrence_key=fold.occurrence_key, due_at=fold.due_at, **fields
     )
     if (
         folded is None
     ):  # the bucket's summary has just been routed: count this one in a late summary
         gating.fold_into_summary(
             conn,
-            request["user_id"],
+            request.user_id,
             occurrence_key=f"{fold.occurrence_key}+late",
             due_at=now,
             **fields,
@@ -210,19 +211,19 @@ def _fold(
 
 def _claim(
     conn: Connection,
-    request: Mapping[str, Any],
+    request: ResolvedRequest,
     plan: Plan,
     snapshot: Snapshot,
     catalog: Catalog,
     now: datetime,
 ) -> Plan:
-    user = request["user_id"]
+    user = request.user_id
     if plan.window_until is not None:
         holder = gating.claim_window(
             conn,
             user,
-            request_id=request["id"],
-            type_key=request["type_key"],
+            request_id=request.id,
+            type_key=request.type_key,
             now=now,
             until=plan.window_until,
         )
@@ -234,9 +235,9 @@ def _claim(
     if plan.collapse is not None:
         key, until = plan.collapse
         leader, group_until, count = gating.claim_collapse(
-            conn, user, key=key, request_id=request["id"], now=now, until=until
+            conn, user, key=key, request_id=request.id, now=now, until=until
         )
-        if leader != request["id"]:
+        if leader != request.id:
             return collapsed(plan, key, (leader, group_until, count - 1))
     for cap in plan.caps:
         if not gating.claim_cap(

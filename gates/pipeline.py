@@ -15,15 +15,16 @@ into the same outcome the gate would have chosen had it seen that worker's row.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, time, timedelta
-from typing import Any
+from typing import Protocol
 
 from clarion.catalog import NotificationType
 from clarion.catalog.model import Policy
 from clarion.gates import preferences
 from clarion.gates.quiet import outside_hours_until, parse_time, quiet_until
+from clarion.rows import PlannedRequest, Recipient
 from clarion.scheduling.digests import window_due
 from clarion.scheduling.zones import country_of, load_zone
 
@@ -46,7 +47,7 @@ class Step:
 class Snapshot:
     """What the gates may look at for one recipient, read in one go."""
 
-    recipient: Mapping[str, Any] | None
+    recipient: Recipient | None
     preferences: tuple[preferences.Preference, ...] = ()
     suppressed: Mapping[tuple[str, str], str] = field(
         default_factory=dict
@@ -115,6 +116,45 @@ class Plan:
         return tuple(s for s in self.steps if s.outcome != "allow")
 
 
+Channels = list[tuple[str, datetime | None]]  # (channel, not before) still open
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a per-request gate decides over: the request, its type, a known recipient, the
+    recipient's snapshot, the time and the catalog's policy."""
+
+    request: PlannedRequest
+    ntype: NotificationType
+    recipient: Recipient
+    snapshot: Snapshot
+    now: datetime
+    policy: Policy
+
+
+class Gate(Protocol):
+    """One per-request gate: a name (recorded on its steps) and a pure `plan` step that returns
+    the plan with its step added and the channels still open (none, or a defer, stops the run).
+    A gate that needs more rows, or an atomic claim, reads them through `Snapshot` and names the
+    claim on the `Plan`; gates.apply makes it (see the module docstring)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def plan(self, p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]: ...
+
+
+@dataclass(frozen=True)
+class FunctionGate:
+    """A gate made of a plan function."""
+
+    name: str
+    step: Callable[[Plan, Channels, Context], tuple[Plan, Channels]]
+
+    def plan(self, p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
+        return self.step(p, channels, c)
+
+
 @dataclass
 class _Builder:
     steps: list[Step] = field(default_factory=list)
@@ -132,7 +172,7 @@ class _Builder:
 
 
 def plan(
-    request: Mapping[str, Any],
+    request: PlannedRequest,
     ntype: NotificationType | None,
     snapshot: Snapshot,
     *,
@@ -148,7 +188,7 @@ def plan(
             "catalog",
             "suppress",
             "unknown_type",
-            f"type {request['type_key']!r} is not in the catalog",
+            f"type {request.type_key!r} is not in the catalog",
         )
         return Plan(tuple(b.steps))
     if recipient is None:
@@ -160,8 +200,9 @@ def plan(
     result = Plan(tuple(b.steps), on_window=ntype.options.get("on_window", "skip"))
     if ntype.digest is not None:
         return digested(result, ntype, request, recipient, now)
-    for gate in (_quiet_hours, _marketing_sms_hours, _activation_window, _fatigue_caps, _collapse):
-        result, channels = gate(result, channels, request, ntype, snapshot, now, policy)
+    context = Context(request, ntype, recipient, snapshot, now, policy)
+    for gate in GATES:
+        result, channels = gate.plan(result, channels, context)
         if not channels or result.defer_until is not None:
             return replace(result, channels=())
     return replace(result, channels=tuple(channels))
@@ -170,18 +211,18 @@ def plan(
 def digested(
     p: Plan,
     ntype: NotificationType,
-    request: Mapping[str, Any],
-    recipient: Mapping[str, Any],
+    request: PlannedRequest,
+    recipient: Recipient,
     now: datetime,
 ) -> Plan:
     """The plan for a request of a digested type: join the window (gates.apply names its request)."""
     spec = ntype.digest
     assert spec is not None
-    key = ntype.digest_key(request["variables"])
-    due = window_due(now, recipient["timezone"], every=spec.every, daily=spec.daily)
+    key = ntype.digest_key(request.variables)
+    due = window_due(now, recipient.timezone, every=spec.every, daily=spec.daily)
     detail = f"into the open {spec.type} digest (key {key!r}), or one closing {due.isoformat()}"
     return replace(
-        _step(p, "digest", "digest", "digested", detail),
+        with_step(p, "digest", "digest", "digested", detail),
         digest=DigestJoin(spec.type, key, due, spec.max_items),
         channels=(),
     )
@@ -199,15 +240,15 @@ def suppressed(channel: str, address: str, listed: Mapping[tuple[str, str], str]
 def _channel_gates(
     b: _Builder,
     ntype: NotificationType,
-    recipient: Mapping[str, Any],
+    recipient: Recipient,
     snapshot: Snapshot,
     needs_address: Mapping[str, bool],
 ) -> list[tuple[str, datetime | None]]:
-    addresses = recipient.get("addresses") or {}
-    country = country_of(recipient.get("country"), recipient["timezone"])
+    addresses = recipient.addresses or {}
+    country = country_of(recipient.country, recipient.timezone)
     chosen: list[tuple[str, datetime | None]] = []
     for channel in ntype.channels:
-        address = addresses.get(channel) or recipient["user_id"]
+        address = addresses.get(channel) or recipient.user_id
         if channel not in needs_address:
             b.add(
                 "channel", "suppress", "no_adapter", f"no adapter for channel {channel!r}", channel
@@ -244,45 +285,50 @@ def _channel_gates(
     return chosen
 
 
-def _quiet_hours(p: Plan, channels, request, ntype, snapshot, now, policy):
-    r = snapshot.recipient
+def _quiet_hours(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
+    ntype, now, policy = c.ntype, c.now, c.policy
+    r = c.recipient
     if ntype.critical or ntype.category in policy.quiet_hours_bypass:
-        return _step(
+        return with_step(
             p, "quiet_hours", "allow", "bypass", f"{ntype.category} bypasses quiet hours"
         ), channels
-    until = quiet_until(r.get("quiet_start"), r.get("quiet_end"), r["timezone"], now)
+    until = quiet_until(r.quiet_start, r.quiet_end, r.timezone, now)
     if until is None:
-        return _step(p, "quiet_hours", "allow", "outside_quiet_hours"), channels
-    detail = f"quiet hours in {r['timezone']} until {until.isoformat()}"
+        return with_step(p, "quiet_hours", "allow", "outside_quiet_hours"), channels
+    detail = f"quiet hours in {r.timezone} until {until.isoformat()}"
     return replace(
-        _step(p, "quiet_hours", "defer", "quiet_hours", detail, until=until), defer_until=until
+        with_step(p, "quiet_hours", "defer", "quiet_hours", detail, until=until), defer_until=until
     ), channels
 
 
-def _marketing_sms_hours(p: Plan, channels, request, ntype, snapshot, now, policy):
+def _marketing_sms_hours(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
+    ntype, now, policy = c.ntype, c.now, c.policy
     if ntype.category != "marketing" or not any(c == "sms" for c, _ in channels):
         return p, channels
     opens, closes = (parse_time(t) for t in policy.marketing_sms_hours)
-    until = outside_hours_until(opens, closes, snapshot.recipient["timezone"], now)
+    until = outside_hours_until(opens, closes, c.recipient.timezone, now)
     if until is None:
         return p, channels
     detail = (
         f"marketing SMS only {opens:%H:%M}–{closes:%H:%M} local; held until {until.isoformat()}"
     )
-    p = _step(p, "sms_hours", "defer", "marketing_sms_hours", detail, channel="sms", until=until)
+    p = with_step(
+        p, "sms_hours", "defer", "marketing_sms_hours", detail, channel="sms", until=until
+    )
     return p, [(c, until if c == "sms" else nb) for c, nb in channels]
 
 
-def _activation_window(p: Plan, channels, request, ntype, snapshot, now, policy):
+def _activation_window(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
+    ntype, snapshot, now, policy = c.ntype, c.snapshot, c.now, c.policy
     if ntype.category != "activation":
         return p, channels
     if ntype.window_exempt:
-        return _step(p, "activation_window", "allow", "exempt", "window-exempt type"), channels
+        return with_step(p, "activation_window", "allow", "exempt", "window-exempt type"), channels
     if snapshot.window is not None and snapshot.window[0] > now:
         return blocked_by_window(p, snapshot.window), []
     until = now + timedelta(hours=policy.activation_window_hours)
     return replace(
-        _step(p, "activation_window", "allow", "opens_window", f"until {until.isoformat()}"),
+        with_step(p, "activation_window", "allow", "opens_window", f"until {until.isoformat()}"),
         window_until=until,
     ), channels
 
@@ -293,7 +339,7 @@ def blocked_by_window(p: Plan, window: tuple[datetime, str]) -> Plan:
     detail = f"another activation nudge ({opener}) holds the window until {until.isoformat()}"
     if p.on_window == "defer":
         return replace(
-            _step(p, "activation_window", "defer", "activation_window", detail, until=until),
+            with_step(p, "activation_window", "defer", "activation_window", detail, until=until),
             defer_until=until,
             window_until=None,
             caps=(),
@@ -301,7 +347,7 @@ def blocked_by_window(p: Plan, window: tuple[datetime, str]) -> Plan:
             channels=(),
         )
     return replace(
-        _step(p, "activation_window", "suppress", "activation_window", detail),
+        with_step(p, "activation_window", "suppress", "activation_window", detail),
         window_until=None,
         caps=(),
         collapse=None,
@@ -309,47 +355,44 @@ def blocked_by_window(p: Plan, window: tuple[datetime, str]) -> Plan:
     )
 
 
-def cap_buckets(recipient: Mapping[str, Any], now: datetime) -> list[tuple[str, str, datetime]]:
+def cap_buckets(recipient: Recipient, now: datetime) -> list[tuple[str, str, datetime]]:
     """(scope, bucket, bucket end) for the recipient's local day and their organisation's hour."""
-    local = now.astimezone(load_zone(recipient["timezone"]))
+    local = now.astimezone(load_zone(recipient.timezone))
     day_end = datetime.combine(local.date() + timedelta(days=1), time(0), tzinfo=local.tzinfo)
-    buckets = [(f"user:{recipient['user_id']}", local.date().isoformat(), day_end)]
-    if recipient.get("org_id"):
+    buckets = [(f"user:{recipient.user_id}", local.date().isoformat(), day_end)]
+    if recipient.org_id:
         hour = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
         buckets.append(
-            (f"org:{recipient['org_id']}", hour.strftime("%Y-%m-%dT%H"), hour + timedelta(hours=1))
+            (f"org:{recipient.org_id}", hour.strftime("%Y-%m-%dT%H"), hour + timedelta(hours=1))
         )
     return buckets
 
 
-def _fatigue_caps(p: Plan, channels, request, ntype, snapshot, now, policy):
+def _fatigue_caps(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
+    request, ntype, snapshot, now, policy = c.request, c.ntype, c.snapshot, c.now, c.policy
     if ntype.category in NOT_CAPPED or ntype.critical or ntype.key == policy.summary_type:
         return p, channels
     if _open_group(request, ntype, snapshot, now) is not None:
         return p, channels  # a follower adds no notification: it is counted on its leader
     limits = {"user": policy.per_user_per_day, "org": policy.per_org_per_hour}
     claims = []
-    for scope, bucket, ends in cap_buckets(snapshot.recipient, now):
+    for scope, bucket, ends in cap_buckets(c.recipient, now):
         limit = limits[scope.split(":")[0]]
         if limit is None:
             continue
         if snapshot.counters.get((scope, bucket), 0) >= limit:
-            return folded(
-                p, snapshot.recipient, now, policy, f"{scope} reached {limit} in {bucket}"
-            ), []
+            return folded(p, c.recipient, now, policy, f"{scope} reached {limit} in {bucket}"), []
         claims.append(CapClaim(scope, bucket, limit, ends))
     if not claims:
         return p, channels
-    return replace(_step(p, "fatigue_cap", "allow", "under_cap"), caps=tuple(claims)), channels
+    return replace(with_step(p, "fatigue_cap", "allow", "under_cap"), caps=tuple(claims)), channels
 
 
-def folded(
-    p: Plan, recipient: Mapping[str, Any], now: datetime, policy: Policy, detail: str
-) -> Plan:
+def folded(p: Plan, recipient: Recipient, now: datetime, policy: Policy, detail: str) -> Plan:
     """The plan for a request over a fatigue cap: folded into the day's summary, or dropped."""
     if policy.summary_type is None:
         return replace(
-            _step(p, "fatigue_cap", "suppress", "fatigue_cap", detail + "; no summary type"),
+            with_step(p, "fatigue_cap", "suppress", "fatigue_cap", detail + "; no summary type"),
             caps=(),
             window_until=None,
             channels=(),
@@ -358,7 +401,7 @@ def folded(
     fold = Fold(policy.summary_type, f"summary:{bucket}", ends)
     detail += f"; folded into the {bucket} summary"
     return replace(
-        _step(p, "fatigue_cap", "fold", "fatigue_cap", detail),
+        with_step(p, "fatigue_cap", "fold", "fatigue_cap", detail),
         caps=(),
         fold=fold,
         window_until=None,
@@ -366,17 +409,20 @@ def folded(
     )
 
 
-def _open_group(request, ntype, snapshot, now) -> tuple[str, tuple[int, datetime, int]] | None:
+def _open_group(
+    request: PlannedRequest, ntype: NotificationType, snapshot: Snapshot, now: datetime
+) -> tuple[str, tuple[int, datetime, int]] | None:
     """(key, group) of the open collapse group this request would follow, or None."""
-    key = ntype.collapse_key(request["variables"])
+    key = ntype.collapse_key(request.variables)
     group = snapshot.collapses.get(key) if key is not None else None
-    if key is None or group is None or group[1] <= now or group[0] == request.get("id"):
+    if key is None or group is None or group[1] <= now or group[0] == request.id:
         return None
     return key, group
 
 
-def _collapse(p: Plan, channels, request, ntype, snapshot, now, policy):
-    key = ntype.collapse_key(request["variables"])
+def _collapse(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
+    request, ntype, snapshot, now = c.request, c.ntype, c.snapshot, c.now
+    key = ntype.collapse_key(request.variables)
     if key is None:
         return p, channels
     seconds = float(ntype.options["collapse"].get("window_seconds", 120))
@@ -384,7 +430,7 @@ def _collapse(p: Plan, channels, request, ntype, snapshot, now, policy):
         return collapsed(p, *follows), []
     until = now + timedelta(seconds=seconds)
     return replace(
-        _step(p, "collapse", "allow", "leads_group", f"key {key!r} until {until.isoformat()}"),
+        with_step(p, "collapse", "allow", "leads_group", f"key {key!r} until {until.isoformat()}"),
         collapse=(key, until),
     ), channels
 
@@ -393,7 +439,7 @@ def collapsed(p: Plan, key: str, group: tuple[int, datetime, int]) -> Plan:
     leader, until, count = group
     detail = f"collapsed into request {leader} (key {key!r}, {count + 1} so far, window until {until.isoformat()})"
     return replace(
-        _step(p, "collapse", "collapse", "collapsed", detail),
+        with_step(p, "collapse", "collapse", "collapsed", detail),
         collapse=None,
         caps=(),
         window_until=None,
@@ -402,7 +448,7 @@ def collapsed(p: Plan, key: str, group: tuple[int, datetime, int]) -> Plan:
     )
 
 
-def _step(
+def with_step(
     p: Plan,
     gate: str,
     outcome: str,
@@ -412,3 +458,26 @@ def _step(
     until: datetime | None = None,
 ) -> Plan:
     return replace(p, steps=p.steps + (Step(gate, outcome, reason, detail, channel, until),))
+
+
+# The per-request gates, in order. Adding one: a module with a `Gate` and one `register(...)` line.
+GATES: list[Gate] = [
+    FunctionGate("quiet_hours", _quiet_hours),
+    FunctionGate("sms_hours", _marketing_sms_hours),
+    FunctionGate("activation_window", _activation_window),
+    FunctionGate("fatigue_cap", _fatigue_caps),
+    FunctionGate("collapse", _collapse),
+]
+
+
+def register(gate: Gate, *, before: str | None = None) -> None:
+    """Add a gate to the pipeline: last, or just before the gate named `before`."""
+    names = [g.name for g in GATES]
+    if gate.name in names:
+        raise ValueError(f"a gate named {gate.name!r} is already registered")
+    GATES.insert(names.index(before) if before is not None else len(GATES), gate)
+
+
+def unregister(name: str) -> None:
+    """Take the gate named `name` out of the pipeline (a test's own gate, after the test)."""
+    GATES[:] = [g for g in GATES if g.name != name]

@@ -7,23 +7,23 @@ recipient's timeline is replayed in order, so there is no race to lose.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from clarion.gates.pipeline import Plan, Snapshot
+from clarion.rows import PlannedRequest
 
 
-def applied(snapshot: Snapshot, plan: Plan, request: dict[str, Any]) -> Snapshot:
+def applied(snapshot: Snapshot, plan: Plan, request: PlannedRequest) -> Snapshot:
     """The snapshot after `plan` went through (window opened, caps counted, collapse led)."""
     if plan.outcome != "deliver":
         return snapshot
     window = snapshot.window
     if plan.window_until is not None:
-        window = (plan.window_until, request["type_key"])
+        window = (plan.window_until, request.type_key)
     counters = dict(snapshot.counters)
     for cap in plan.caps:
         counters[(cap.scope, cap.bucket)] = counters.get((cap.scope, cap.bucket), 0) + 1
     collapses = dict(snapshot.collapses)
     if plan.collapse is not None:
         key, until = plan.collapse
-        collapses[key] = (request["id"], until, 1)
+        collapses[key] = (request.id or 0, until, 1)  # a simulated request always has one
     return replace(snapshot, window=window, counters=counters, collapses=collapses)

@@ -21,6 +21,7 @@ from clarion.errors import InvalidRequest, SendError, UnknownType
 from clarion.ops.preview_channels import BUILDERS, generic
 from clarion.ops.table import render as table
 from clarion.records import Message
+from clarion.rows import Recipient
 from clarion.settings import Settings
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ def preview(
 
 def for_recipient(
     ntype: NotificationType,
-    recipient: Mapping[str, Any],
+    recipient: Recipient,
     channels: list[str],
     variables: Mapping[str, Any],
     settings: Settings,
@@ -141,17 +142,16 @@ def for_recipient(
 ) -> list[Rendering]:
     """What `recipient` would get on `channels` for a new request (the latest version, the
     recipient's locale and addresses): the rendering `clarion send --dry-run` shows."""
-    addresses = recipient.get("addresses") or {}
     return [
         render_channel(
             ntype,
             ntype.version,
             c,
             dict(variables),
-            recipient.get("locale"),
+            recipient.locale,
             settings,
-            user_id=str(recipient["user_id"]),
-            address=addresses.get(c),
+            user_id=recipient.user_id,
+            address=recipient.addresses.get(c),
             occurrence_key=occurrence_key,
         )
         for c in channels

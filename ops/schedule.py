@@ -15,6 +15,7 @@ from clarion.gates.apply import needs_address, snapshots
 from clarion.gates.pipeline import Snapshot, plan
 from clarion.gates.simulate import applied
 from clarion.ops.table import render
+from clarion.rows import DraftRequest
 from clarion.scheduling.series import describe, preview
 from clarion.scheduling.zones import load_zone
 from clarion.tasks import runtime
@@ -77,13 +78,13 @@ def _run(snapshot: Snapshot, events, *, evolve: bool):
         if occ.action in ("skipped", "merged"):
             yield at, s, n, occ.action, describe(occ, s["zone"])
             continue
-        request = {
-            "user_id": s["user_id"],
-            "id": -(s["id"] * 1_000_000 + n),
-            "type_key": s["type_key"],
-            "occurrence_key": f"series:{s['id']}:{n}",
-            "variables": s["variables"],
-        }
+        request = DraftRequest(
+            s["user_id"],
+            -(s["id"] * 1_000_000 + n),
+            s["type_key"],
+            f"series:{s['id']}:{n}",
+            s["variables"],
+        )
         p = plan(
             request,
             catalog.get(s["type_key"]),
@@ -102,13 +103,13 @@ def schedule(user_id: str, days: int) -> str:
     """What will fire for a recipient in the next `days`, when (local time), and why not."""
     recipient, snapshot, events = _upcoming(user_id, days)
     rows = [
-        (_local(at, recipient["timezone"]), s["type_key"], f"#{s['id']}/{n}", outcome, why)
+        (_local(at, recipient.timezone), s["type_key"], f"#{s['id']}/{n}", outcome, why)
         for at, s, n, outcome, why in _run(snapshot, events, evolve=False)
     ]
     return render(
         ["when (recipient's time)", "type", "series/n", "outcome", "why"],
         rows,
-        f"schedule for {user_id}, next {days} days ({recipient['timezone']})",
+        f"schedule for {user_id}, next {days} days ({recipient.timezone})",
     )
 
 
@@ -120,7 +121,7 @@ def simulate(user_id: str, days: int, show: int = 30) -> str:
     for at, s, _n, outcome, why in _run(snapshot, events, evolve=True):
         outcomes[(s["type_key"], outcome, why if outcome != "deliver" else "")] += 1
         if len(lines) < show:
-            lines.append((_local(at, recipient["timezone"]), s["type_key"], outcome, why))
+            lines.append((_local(at, recipient.timezone), s["type_key"], outcome, why))
     summary = render(
         ["type", "outcome", "why", "occurrences"],
         [(*k, v) for k, v in sorted(outcomes.items())],

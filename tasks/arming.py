@@ -31,6 +31,7 @@ from clarion.errors import (
     UnknownRecipient,
     UnknownType,
 )
+from clarion.rows import Recipient
 from clarion.scheduling.calendars import POLICIES, WorkCalendar, calendar_for
 from clarion.scheduling.recurrence import due_at, parse_every
 from clarion.scheduling.zones import load_zone
@@ -60,12 +61,22 @@ class Armed:
     first_due_at: datetime
 
 
-def recipient_calendar(recipient: Mapping[str, Any]) -> WorkCalendar:
+def row_calendar(row: Mapping[str, Any]) -> WorkCalendar:
+    """The calendar of a row that carries a recipient's calendar columns (a due series)."""
     return calendar_for(
-        workweek=recipient.get("workweek"),
-        country=recipient.get("country"),
-        subdivision=recipient.get("subdivision"),
-        zone=recipient["timezone"],
+        workweek=row.get("workweek"),
+        country=row.get("country"),
+        subdivision=row.get("subdivision"),
+        zone=row["timezone"],
+    )
+
+
+def recipient_calendar(recipient: Recipient) -> WorkCalendar:
+    return calendar_for(
+        workweek=recipient.workweek,
+        country=recipient.country,
+        subdivision=recipient.subdivision,
+        zone=recipient.timezone,
     )
 
 
@@ -152,7 +163,7 @@ def validate(
     recipient = ledger.recipients(conn, [user_id]).get(user_id)
     if recipient is None:
         raise UnknownRecipient(user_id)
-    zone = recipient["timezone"]
+    zone = recipient.timezone
     return {
         "user_id": user_id,
         "type_key": type_key,

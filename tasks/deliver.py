@@ -30,7 +30,6 @@ from celery import shared_task
 from clarion import clock, faults, settings
 from clarion.adapters.base import Adapter
 from clarion.db import claims
-from clarion.db.claims import ClaimedDelivery
 from clarion.db.engine import engine
 from clarion.errors import (
     DeferredSendError,
@@ -40,6 +39,7 @@ from clarion.errors import (
     UnknownSendError,
 )
 from clarion.records import Message, SendResult
+from clarion.rows import ClaimedDelivery
 from clarion.tasks import runtime, sendrate
 from clarion.tasks.outcomes import (
     RowConnection,

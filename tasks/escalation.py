@@ -36,6 +36,7 @@ from clarion.db import escalations as store
 from clarion.db import ledger
 from clarion.db.engine import engine
 from clarion.gates.pipeline import Plan
+from clarion.rows import Recipient, ResolvedRequest
 from clarion.scheduling.worktime import add_working_time
 from clarion.tasks import runtime
 from clarion.tasks.arming import recipient_calendar
@@ -55,7 +56,7 @@ def timer(
     start: datetime,
     seconds: float,
     working_hours: str | None,
-    recipient: Mapping[str, Any] | None,
+    recipient: Recipient | None,
 ) -> datetime:
     """When `seconds` of waiting have passed since `start`: plain time, or only the recipient's
     working time (their calendar, the chain's local window) when the chain counts working hours."""
@@ -67,7 +68,7 @@ def timer(
             start,
             seconds,
             calendar=recipient_calendar(recipient),
-            zone=recipient["timezone"],
+            zone=recipient.timezone,
             window=(opens, closes),
         )
     except ValueError:  # a calendar with no working time at all: do not wait forever
@@ -88,10 +89,10 @@ def _step_types(catalog: Catalog) -> frozenset[str]:
 
 def routed(
     conn: Connection,
-    request: Mapping[str, Any],
+    request: ResolvedRequest,
     ntype: NotificationType | None,
     plan: Plan,
-    recipient: Mapping[str, Any] | None,
+    recipient: Recipient | None,
     catalog: Catalog,
     now: datetime,
 ) -> None:
@@ -100,7 +101,7 @@ def routed(
     if ntype is None:
         return
     if ntype.key in _step_types(catalog):
-        chain = store.lock_by_request(conn, request["user_id"], request["id"])
+        chain = store.lock_by_request(conn, request.user_id, request.id)
         if chain is not None and chain.step > 1:
             _step_routed(conn, chain, plan, now)
             return
@@ -110,15 +111,15 @@ def routed(
 
 def _start(
     conn: Connection,
-    request: Mapping[str, Any],
+    request: ResolvedRequest,
     ntype: NotificationType,
     plan: Plan,
-    recipient: Mapping[str, Any],
+    recipient: Recipient,
     now: datetime,
 ) -> None:
     spec = ntype.escalation
     assert spec is not None  # routed() checks
-    origin = (request["user_id"], request["id"])
+    origin = (request.user_id, request.id)
     outcome = plan.outcome
     if outcome == "defer":
         return  # routed again when the deferral ends; the chain starts then
@@ -132,11 +133,11 @@ def _start(
             now,
         )
         return
-    variables = {**ntype.defaults, **(request["variables"] or {})}
+    variables = {**ntype.defaults, **request.variables}
     steps: list[dict[str, Any]] = [
         {
             "type": s.type_key,
-            "user": variables.get(s.to) if s.to else request["user_id"],
+            "user": variables.get(s.to) if s.to else request.user_id,
             "to": s.to,
             "after": s.after,
         }
@@ -226,7 +227,7 @@ def fire_due(conn: Connection, *, now: datetime, limit: int = LIMIT) -> list[tup
 
 
 def _step(
-    conn: Connection, chain: store.Chain, people: Mapping[str, Any], now: datetime
+    conn: Connection, chain: store.Chain, people: Mapping[str, Recipient], now: datetime
 ) -> _Firing | None:
     """Move the chain's timer past its due step; the step to request, or None if it is skipped."""
     step = chain.next_step

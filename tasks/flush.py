@@ -9,6 +9,7 @@ row. The summary line is made here, within the summariser's deadline.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -18,25 +19,25 @@ from clarion.catalog import Catalog
 from clarion.catalog.digest import DigestSpec, render_fallback
 from clarion.db import digests
 from clarion.errors import ConfigurationError
+from clarion.rows import ResolvedRequest
 from clarion.tasks.summarise import SummaryRequest, resolve, summary_line
 
 log = logging.getLogger(__name__)
 
 
 def close_windows(
-    conn: Connection, resolved: list[dict[str, Any]], catalog: Catalog, *, now: datetime
-) -> int:
+    conn: Connection, resolved: list[ResolvedRequest], catalog: Catalog, *, now: datetime
+) -> list[ResolvedRequest]:
     """Close the windows of the digest requests among `resolved` (just resolved in this
-    transaction) and write each one's variables (items, count, summary) on its request row and in
-    `resolved`. Returns how many windows were closed."""
-    by_key = {
-        (r["user_id"], r["id"]): r for r in resolved if r["occurrence_key"].startswith("digest:")
-    }
-    closed = digests.close(conn, by_key, now=now) if by_key else []
+    transaction) and write each one's variables (items, count, summary) on its request row.
+    Returns `resolved`, with those variables on the closed windows' requests."""
+    keys = [r.key for r in resolved if r.occurrence_key.startswith("digest:")]
+    closed = digests.close(conn, keys, now=now) if keys else []
+    filled: dict[tuple[str, int], dict[str, Any]] = {}
     for window in closed:
         variables = digest_variables(window, spec_for(catalog, window))
         digests.store_variables(conn, (window.user_id, window.request_id), variables)
-        by_key[(window.user_id, window.request_id)]["variables"] = variables
+        filled[(window.user_id, window.request_id)] = variables
         log.info(
             "digest closed",
             extra={
@@ -46,7 +47,9 @@ def close_windows(
                 "summary_source": variables["summary_source"],
             },
         )
-    return len(closed)
+    if not filled:
+        return resolved
+    return [replace(r, variables=filled[r.key]) if r.key in filled else r for r in resolved]
 
 
 def spec_for(catalog: Catalog, window: digests.Closed) -> DigestSpec:

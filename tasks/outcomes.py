@@ -23,9 +23,9 @@ from sqlalchemy.exc import DBAPIError
 from clarion import clock, metrics
 from clarion.adapters.base import Adapter
 from clarion.db import claims, escalations, ledger
-from clarion.db.claims import ClaimedDelivery
 from clarion.db.engine import autocommit, engine
 from clarion.errors import PermanentSendError, SendError
+from clarion.rows import ClaimedDelivery
 from clarion.tasks import runtime
 from clarion.tasks.retry import RetryPolicy, decide
 

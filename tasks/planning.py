@@ -12,6 +12,7 @@ from clarion.db.engine import engine
 from clarion.errors import UnknownRecipient
 from clarion.gates.apply import needs_address, snapshots
 from clarion.gates.pipeline import Plan, plan
+from clarion.rows import DraftRequest
 from clarion.tasks import runtime
 from clarion.tasks.producer import build_request
 
@@ -35,15 +36,9 @@ def preview(
             raise UnknownRecipient(user_id)
         snapshot = snapshots(conn, recipients, now=now)[user_id]
         existing = ledger.find_request(conn, user_id, type_key, request.occurrence_key)
-    as_row = {
-        "user_id": user_id,
-        "id": existing,
-        "type_key": type_key,
-        "occurrence_key": request.occurrence_key,
-        "variables": request.variables,
-    }
+    draft = DraftRequest(user_id, existing, type_key, request.occurrence_key, request.variables)
     return plan(
-        as_row,
+        draft,
         catalog.get(type_key),
         snapshot,
         now=now,

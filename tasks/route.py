@@ -6,19 +6,20 @@ import logging
 import random
 import time
 import uuid
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
 
 from celery import shared_task
 from psycopg.errors import DeadlockDetected
+from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
 from clarion import clock, faults, metrics, settings
+from clarion.catalog import Catalog
 from clarion.db import ledger
-from clarion.db.claims import ClaimedDelivery
 from clarion.db.engine import engine
 from clarion.gates.apply import apply, needs_address, snapshots
 from clarion.gates.pipeline import Snapshot, plan
+from clarion.rows import ClaimedDelivery, CreatedDelivery, Recipient, ResolvedRequest
 from clarion.tasks import escalation, runtime
 from clarion.tasks.deliver import deliver_now, send_claimed
 from clarion.tasks.flush import close_windows
@@ -58,28 +59,30 @@ def _route_slice(keys: list[tuple[str, int]], lane: str | None) -> int:
 SKEW_RETRY = 10.0  # seconds before a request of a type this worker lacks is routed again
 
 
-def _known_types(conn, requests: list[dict], catalog, now) -> list[dict]:
+def _known_types(
+    conn: Connection, requests: list[ResolvedRequest], catalog: Catalog, now: datetime
+) -> list[ResolvedRequest]:
     """Requests whose type this worker's catalog lacks, if recent, go back to wait for a worker
     that has it (a rolling deploy: the producer runs a newer catalog); older than
     CLARION_CATALOG_SKEW_GRACE, they are planned, and the planner records `unknown_type`."""
     grace = timedelta(seconds=settings.get().catalog_skew_grace)
     waiting = [
-        r for r in requests if catalog.get(r["type_key"]) is None and now - r["created_at"] < grace
+        r for r in requests if catalog.get(r.type_key) is None and now - r.created_at < grace
     ]
     if not waiting:
         return requests
     ledger.unresolve_requests(
-        conn, [(r["user_id"], r["id"]) for r in waiting], due_at=now + timedelta(seconds=SKEW_RETRY)
+        conn, [r.key for r in waiting], due_at=now + timedelta(seconds=SKEW_RETRY)
     )
     log.info(
         "types not in this catalog yet",
         extra={
             "action": "route_type_unknown_here",
-            "types": sorted({r["type_key"] for r in waiting}),
+            "types": sorted({r.type_key for r in waiting}),
         },
     )
-    skipped = {id(r) for r in waiting}
-    return [r for r in requests if id(r) not in skipped]
+    skipped = {r.key for r in waiting}
+    return [r for r in requests if r.key not in skipped]
 
 
 def _route(users: list[str], ids: list[int], *, lane: str | None = None) -> int:
@@ -90,15 +93,15 @@ def _route(users: list[str], ids: list[int], *, lane: str | None = None) -> int:
     decisions: list[ledger.Decision] = []
     with engine().begin() as conn:
         resolved = ledger.resolve_requests(conn, zip(users, ids, strict=True), now=now)
-        if any(catalog.get(r["type_key"]) is None for r in resolved):
+        if any(catalog.get(r.type_key) is None for r in resolved):
             catalog = runtime.catalog_now()  # a type added to the file since the last look
-        close_windows(conn, resolved, catalog, now=now)  # a digest request's items, if any
+        resolved = close_windows(conn, resolved, catalog, now=now)  # a digest request's items
         requests = _known_types(conn, resolved, catalog, now)
-        recipients = ledger.recipients(conn, (r["user_id"] for r in requests))
+        recipients = ledger.recipients(conn, (r.user_id for r in requests))
         snaps = snapshots(conn, recipients, now=now)
         for request in requests:
-            ntype = catalog.get(request["type_key"])
-            snapshot = snaps.get(request["user_id"]) or Snapshot(None)
+            ntype = catalog.get(request.type_key)
+            snapshot = snaps.get(request.user_id) or Snapshot(None)
             planned = plan(
                 request, ntype, snapshot, now=now, policy=catalog.policy, needs_address=reachable
             )
@@ -108,8 +111,8 @@ def _route(users: list[str], ids: list[int], *, lane: str | None = None) -> int:
             escalation.routed(conn, request, ntype, final, snapshot.recipient, catalog, now)
             decisions += [
                 ledger.Decision(
-                    request["user_id"],
-                    request["id"],
+                    request.user_id,
+                    request.id,
                     s.gate,
                     s.outcome,
                     s.reason,
@@ -122,13 +125,13 @@ def _route(users: list[str], ids: list[int], *, lane: str | None = None) -> int:
                 continue
             deliveries += [
                 ledger.NewDelivery(
-                    request["user_id"],
-                    request["id"],
-                    request["type_key"],
-                    request["occurrence_key"],
+                    request.user_id,
+                    request.id,
+                    request.type_key,
+                    request.occurrence_key,
                     channel,
                     ntype.one_platform,
-                    request["lane"],
+                    request.lane,
                     not_before,
                 )
                 for channel, not_before in final.channels
@@ -173,37 +176,17 @@ def _route(users: list[str], ids: list[int], *, lane: str | None = None) -> int:
 
 
 def _claimed(
-    created: list[ledger.CreatedDelivery],
-    requests: list[dict[str, Any]],
-    recipients: dict[str, dict[str, Any]],
+    created: list[CreatedDelivery],
+    requests: list[ResolvedRequest],
+    recipients: dict[str, Recipient],
     answered: float,
 ) -> list[ClaimedDelivery]:
-    """The deliveries this task inserted claimed, with what sending them needs (the claim
-    statement's columns, from the rows this task has at hand)."""
-    by_key = {(r["user_id"], r["id"]): r for r in requests}
-    out = []
-    for c in created:
-        request = by_key[(c.user_id, c.request_id)]
-        out.append(
-            ClaimedDelivery(
-                c.user_id,
-                c.id,
-                c.request_id,
-                request["type_key"],
-                request["occurrence_key"],
-                c.channel,
-                c.lane,
-                attempts=1,
-                taken_over=False,
-                maybe_sent_at=None,
-                last_error=None,
-                template_version=request["template_version"],
-                variables=request["variables"],
-                locale=request["locale"],
-                addresses=recipients[c.user_id]["addresses"] or {},
-                requested_at=request["created_at"],
-                lease_left=c.lease_left or 0.0,
-                claimed_at=answered,
-            )
+    """The deliveries this task inserted claimed, with what sending them needs."""
+    by_key = {r.key: r for r in requests}
+    out = [
+        ClaimedDelivery.inserted(
+            c, by_key[(c.user_id, c.request_id)], recipients[c.user_id], claimed_at=answered
         )
+        for c in created
+    ]
     return sorted(out, key=lambda r: r.key)

@@ -28,9 +28,10 @@ from sqlalchemy.exc import DBAPIError
 
 from clarion import clock, faults, metrics
 from clarion.db import claims, ledger
-from clarion.db.claims import ClaimedDelivery, SentMark
+from clarion.db.claims import SentMark
 from clarion.db.engine import engine
 from clarion.records import SendResult, clean_provider_id
+from clarion.rows import ClaimedDelivery
 from clarion.tasks import sendrate
 from clarion.tasks.outcomes import RowConnection, record_incident
 

@@ -28,6 +28,7 @@ from clarion.tasks.arming import (  # noqa: F401  (the series API in one place)
     Armed,
     arm_series,
     recipient_calendar,
+    row_calendar,
     series_calendar,
     validate,
 )
@@ -257,7 +258,7 @@ def _plan(
     advances: list[store.Advance] = []
     for s in due:
         try:
-            tick = plan_tick(s, recipient_calendar(s), now=now, grace=grace)
+            tick = plan_tick(s, row_calendar(s), now=now, grace=grace)
         except (OverflowError, ValueError):
             # one series whose time cannot be computed must not stop every other series: end it
             log.exception(

@@ -65,7 +65,7 @@ def _tick() -> dict[str, int]:
         with engine().begin() as conn:
             requests = ledger.take_due_requests(conn, **budget)
             deliveries = claims.take_due_deliveries(conn, **budget)
-        publish(ROUTE, requests)
+        publish(ROUTE, [(r.user_id, r.id, r.lane) for r in requests])
         publish(DELIVER, deliveries)
         taken["requests"] += len(requests)
         taken["deliveries"] += len(deliveries)

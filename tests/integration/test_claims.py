@@ -49,11 +49,11 @@ def _pending_delivery(user: str = "u1", event: str = "e1") -> tuple[str, int]:
                 ledger.NewDelivery(
                     user,
                     request.request_id,
-                    routed["type_key"],
-                    routed["occurrence_key"],
+                    routed.type_key,
+                    routed.occurrence_key,
                     "webhook",
                     False,
-                    routed["lane"],
+                    routed.lane,
                 )
             ],
             now=now,

@@ -27,6 +27,7 @@ from tests.support.pipeline import (
     publishing_to_this_tests_broker,
     rows,
 )
+from tests.support.records import recipient as fake_recipient
 
 pytestmark = pytest.mark.integration
 
@@ -190,7 +191,9 @@ def test_the_sms_twilio_takes_is_what_preview_shows_in_the_recipients_locale(
         ntype = runtime.catalog().get("order_delayed")
         for locale, number in numbers.items():
             [taken] = fake.messages(number)
-            recipient = {"user_id": f"u-{locale}", "locale": locale, "addresses": {"sms": number}}
+            recipient = fake_recipient(
+                user_id=f"u-{locale}", locale=locale, addresses={"sms": number}
+            )
             [shown] = for_recipient(
                 ntype, recipient, ["sms"], variables, settings.get(), occurrence_key="event:e1"
             )

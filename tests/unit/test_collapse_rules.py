@@ -14,6 +14,7 @@ from clarion.adapters.teams import TeamsAdapter
 from clarion.adapters.webhook import WebhookAdapter
 from clarion.catalog import Catalog
 from clarion.catalog.model import CatalogError
+from tests.support.records import recipient
 from tests.unit.test_gate_pipeline import NOW, ORG_CAPPED, run, user_cap
 
 
@@ -61,12 +62,7 @@ def test_a_follower_collapses_even_when_the_organisation_cap_is_spent():
     updates its message, rather than being folded into the summary."""
     spent = {**user_cap(1), ("org:acme", NOW.strftime("%Y-%m-%dT%H")): 10}
     group = {"thread-42": (5, NOW + timedelta(seconds=100), 2)}
-    who = {
-        "user_id": "u1",
-        "timezone": "UTC",
-        "org_id": "acme",
-        "addresses": {"email": "a@example.com"},
-    }
+    who = recipient(org_id="acme", addresses={"email": "a@example.com"})
     follower = run(
         "mention",
         variables={"thread": 42},

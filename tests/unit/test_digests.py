@@ -15,6 +15,8 @@ from clarion.catalog.digest import DigestSpec, parse_window, render_fallback
 from clarion.gates.pipeline import Snapshot, plan
 from clarion.scheduling.digests import window_due
 from clarion.tasks.summarise import SummaryRequest, clean, summary_line
+from tests.support.records import recipient as fake_recipient
+from tests.support.records import request as fake_request
 
 
 def _catalog(digest: Any, target: dict | None = None) -> Catalog:
@@ -118,8 +120,8 @@ def test_a_daily_window_closes_at_the_next_local_wall_time(opened, zone, due):
 def test_the_digest_gate_stops_a_digested_request_after_the_channel_gates():
     catalog = _catalog({"type": "replies", "window": "30m", "key": "{{ seller }}"})
     now = datetime(2026, 12, 7, 10, 0, tzinfo=UTC)
-    recipient = {"user_id": "u", "timezone": "UTC", "addresses": {}}
-    request = {"id": 1, "type_key": "reply", "variables": {"seller": "ann"}}
+    recipient = fake_recipient(user_id="u")
+    request = fake_request("reply", user_id="u", variables={"seller": "ann"})
     planned = plan(
         request,
         catalog.types["reply"],

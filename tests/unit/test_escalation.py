@@ -17,6 +17,7 @@ from clarion.scheduling.calendars import calendar_for
 from clarion.scheduling.worktime import add_working_time
 from clarion.scheduling.zones import load_zone
 from clarion.tasks.escalation import occurrence_key, timer
+from tests.support.records import recipient as fake_recipient
 
 
 def _type(**extra: Any) -> dict[str, Any]:
@@ -187,11 +188,6 @@ def test_working_time_lands_inside_a_window_and_not_before_the_plain_timer(start
 
 def test_the_chain_timer_counts_plain_time_without_working_hours():
     start = datetime(2026, 12, 4, 15, 55, tzinfo=UTC)
-    assert timer(start, 600, None, {"timezone": "Europe/Berlin"}) == start + timedelta(minutes=10)
-    recipient = {
-        "timezone": "Europe/Berlin",
-        "country": "DE",
-        "workweek": None,
-        "subdivision": None,
-    }
+    recipient = fake_recipient(timezone="Europe/Berlin", country="DE")
+    assert timer(start, 600, None, recipient) == start + timedelta(minutes=10)
     assert timer(start, 600, "09:00-17:00", recipient) == datetime(2026, 12, 7, 8, 5, tzinfo=UTC)

@@ -6,6 +6,7 @@ quiet hours -> marketing SMS hours -> activation window -> fatigue caps -> colla
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -26,6 +27,9 @@ from clarion.gates.pipeline import (
     folded,
     plan,
 )
+from clarion.rows import Recipient
+from tests.support.records import recipient as fake_recipient
+from tests.support.records import request as fake_request
 
 NOW = datetime(2026, 6, 15, 12, 0, tzinfo=UTC)  # a Monday; 08:00 in New York, 00:00 in Auckland
 NEEDS_ADDRESS = {"email": True, "sms": True, "slack": False, "teams": False}  # no "push" adapter
@@ -73,19 +77,9 @@ CAPPED_NO_SUMMARY = Policy(per_user_per_day=3)
 ORG_CAPPED = Policy(per_user_per_day=3, per_org_per_hour=10, summary_type="daily_summary")
 
 
-def recipient(**overrides: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "user_id": "u1",
-        "timezone": "UTC",
-        "locale": "en",
-        "country": None,
-        "org_id": None,
-        "addresses": {"email": "a@example.com", "sms": "+15550100"},
-        "quiet_start": None,
-        "quiet_end": None,
-    }
-    base.update(overrides)
-    return base
+def recipient(**overrides: Any) -> Recipient:
+    addresses = {"email": "a@example.com", "sms": "+15550100"}
+    return fake_recipient(**{"addresses": addresses, **overrides})
 
 
 def run(
@@ -95,10 +89,10 @@ def run(
     now: datetime = NOW,
     variables: dict[str, Any] | None = None,
     request_id: int = 7,
-    who: dict[str, Any] | None = None,
+    who: Recipient | None = None,
     **snapshot: Any,
 ) -> Plan:
-    request = {"id": request_id, "type_key": type_key, "variables": variables or {}}
+    request = fake_request(type_key, id=request_id, variables=variables)
     snap = Snapshot(recipient=recipient() if who is None else who, **snapshot)
     result = plan(
         request, CATALOG.get(type_key), snap, now=now, policy=policy, needs_address=NEEDS_ADDRESS
@@ -134,7 +128,7 @@ def sent_on(p: Plan) -> list[str]:
 
 
 def test_unknown_type_is_suppressed_with_its_name() -> None:
-    request = {"id": 1, "type_key": "nope", "variables": {}}
+    request = fake_request("nope", id=1)
     p = plan(
         request, None, Snapshot(recipient()), now=NOW, policy=NO_POLICY, needs_address=NEEDS_ADDRESS
     )
@@ -145,7 +139,7 @@ def test_unknown_type_is_suppressed_with_its_name() -> None:
 
 
 def test_unknown_recipient_is_suppressed() -> None:
-    request = {"id": 1, "type_key": "receipt", "variables": {}}
+    request = fake_request("receipt", id=1)
     p = plan(
         request,
         CATALOG.get("receipt"),
@@ -573,7 +567,7 @@ def ny(wall: str) -> datetime:
         ),
         pytest.param(
             "promo",
-            {**NY_US, "addresses": {"email": "a@example.com"}},
+            replace(NY_US, addresses={"email": "a@example.com"}),
             ny("2026-06-14 22:00"),
             [("email", None)],
             id="no-sms-channel-no-hold",
@@ -615,7 +609,7 @@ def test_marketing_sms_hours_use_the_policy() -> None:
 
 
 def test_marketing_sms_only_channel_is_held_not_deferred() -> None:
-    p = run("promo", who={**NY_US, "addresses": {"sms": "+15550100"}}, now=ny("2026-06-14 22:00"))
+    p = run("promo", who=replace(NY_US, addresses={"sms": "+15550100"}), now=ny("2026-06-14 22:00"))
     assert (p.outcome, list(p.channels)) == ("deliver", [("sms", ny("2026-06-15 08:00"))])
 
 
@@ -942,7 +936,7 @@ def user_cap(count: int, day: str = "2026-06-15", user: str = "u1") -> dict:
         ),
         pytest.param(
             "comment",
-            {**AKL, "org_id": "acme"},
+            replace(AKL, org_id="acme"),
             {("org:acme", "2026-06-15T12"): 10},
             ORG_CAPPED,
             "fold",
@@ -1219,7 +1213,7 @@ def test_decisions_are_exactly_the_non_allow_steps_in_order() -> None:
     catalog = Catalog.from_dict(
         {"types": {"blast": _t("marketing", ["push", "slack", "email", "sms"])}}
     )
-    request = {"id": 1, "type_key": "blast", "variables": {}}
+    request = fake_request("blast", id=1)
     snap = Snapshot(NY_US, preferences=(("type", "blast", "slack", False),))
     p = plan(
         request,
@@ -1294,7 +1288,7 @@ def test_plan_does_not_touch_its_inputs() -> None:
     counters = user_cap(1)
     collapses = {"thread-42": (5, NOW - timedelta(minutes=1), 2)}
     snap = Snapshot(recipient(), counters=counters, collapses=collapses)
-    request = {"id": 7, "type_key": "mention", "variables": {"thread": 42}}
+    request = fake_request("mention", id=7, variables={"thread": 42})
     p = plan(
         request, CATALOG.get("mention"), snap, now=NOW, policy=CAPPED, needs_address=NEEDS_ADDRESS
     )
@@ -1302,4 +1296,4 @@ def test_plan_does_not_touch_its_inputs() -> None:
     assert counters == user_cap(1) and collapses == {
         "thread-42": (5, NOW - timedelta(minutes=1), 2)
     }
-    assert request == {"id": 7, "type_key": "mention", "variables": {"thread": 42}}
+    assert request == fake_request("mention", id=7, variables={"thread": 42})

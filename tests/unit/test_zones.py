@@ -115,6 +115,7 @@ import json, zoneinfo
 from datetime import UTC, datetime, time, timedelta
 from clarion.gates.pipeline import cap_buckets
 from clarion.gates.quiet import quiet_until
+from clarion.rows import Recipient
 from clarion.scheduling.recurrence import Every, due_at
 from clarion.tasks.producer import validate_timezone
 
@@ -130,7 +131,7 @@ for zone in zones:
     out["quiet"][zone] = [
         str(quiet_until(time(22), time(7), zone, now)) for now in nows
     ]
-    out["caps"][zone] = [cap_buckets({"user_id": "u", "timezone": zone}, now)[0][1] for now in nows]
+    out["caps"][zone] = [cap_buckets(Recipient("u", zone, "en", None, None, {}, None, None, None, None), now)[0][1] for now in nows]
 summer = datetime(2026, 7, 1, 12, tzinfo=UTC)
 out["control"] = str(summer.astimezone(zoneinfo.ZoneInfo("America/New_York")).utcoffset())
 print(json.dumps(out))

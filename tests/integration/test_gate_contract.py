@@ -1,0 +1,66 @@
+"""A gate added by one module and one registration line, against real PostgreSQL: the dry run
+(`clarion send --dry-run`: tasks.planning.preview) and the real route agree on it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+
+from clarion import settings
+from clarion.gates.pipeline import register, unregister
+from clarion.standins.receiver import Receiver
+from clarion.tasks import notify, register_recipient
+from clarion.tasks.planning import preview
+from clarion.tasks.route import route
+from tests.support.gates import (
+    VirtualClock,
+    decisions_of,
+    deliveries_of,
+    fresh_event,
+    use_gates_catalog,
+)
+from tests.support.pipeline import configure
+from tests.support.weekday_gate import WeekdayOnly
+
+pytestmark = pytest.mark.integration
+
+SATURDAY = datetime(2026, 12, 5, 11, 0, tzinfo=UTC)  # 12:00 in Berlin
+MONDAY = datetime(2026, 12, 7, 11, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def weekday_gate(clarion_env, monkeypatch) -> Iterator[Receiver]:  # type: ignore[no-untyped-def]
+    use_gates_catalog(monkeypatch)
+    register(WeekdayOnly(), before="quiet_hours")
+    try:
+        with Receiver(settings.get().webhook_secret) as running:
+            configure(monkeypatch, webhook_url=running.url)
+            yield running
+    finally:
+        unregister("weekday_only")
+
+
+@pytest.mark.parametrize(("at", "outcome"), [(SATURDAY, "suppress"), (MONDAY, "deliver")])
+def test_the_dry_run_and_the_route_agree_on_a_new_gate(weekday_gate, at, outcome) -> None:  # type: ignore[no-untyped-def]
+    clock = VirtualClock(at)
+    try:
+        register_recipient("wes", timezone="Europe/Berlin")
+        event = fresh_event()
+        planned = preview("wes", "receipt", event_id=event, variables={"order": "A-1"})
+        assert planned.outcome == outcome
+        assert "weekday_only" in [s.gate for s in planned.steps]
+        request_id = notify("wes", "receipt", event_id=event, variables={"order": "A-1"}).request_id
+        assert route(["wes"], [request_id]) == 1
+        expected = [(s.gate, s.outcome, s.reason, s.channel, s.detail) for s in planned.decisions]
+        assert decisions_of("wes", request_id) == expected
+        assert [c for c, _, _ in deliveries_of("wes", request_id)] == [
+            c for c, _ in planned.channels
+        ]
+    finally:
+        clock.close()
+    if outcome == "suppress":
+        assert expected == [
+            ("weekday_only", "suppress", "weekend", None, "Saturday in Europe/Berlin")
+        ]

@@ -1,0 +1,81 @@
+"""gates.pipeline's contract: a gate is one module and one registration line (a toy gate here)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+
+from clarion.catalog import Catalog
+from clarion.catalog.model import Policy
+from clarion.gates.pipeline import GATES, Snapshot, plan, register, unregister
+from tests.support.records import recipient, request
+from tests.support.weekday_gate import WeekdayOnly
+
+CATALOG = Catalog.from_dict(
+    {
+        "types": {
+            "tip": {
+                "category": "alert",
+                "channels": ["email"],
+                "templates": [{"version": 1, "body": "hello"}],
+            }
+        }
+    }
+)
+SATURDAY = datetime(2026, 6, 13, 12, 0, tzinfo=UTC)
+MONDAY = datetime(2026, 6, 15, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def weekday_gate() -> Iterator[None]:
+    register(WeekdayOnly(), before="quiet_hours")
+    try:
+        yield
+    finally:
+        unregister("weekday_only")
+
+
+def _plan(now: datetime, zone: str = "UTC"):  # type: ignore[no-untyped-def]
+    who = recipient(timezone=zone, addresses={"email": "a@example.com"})
+    return plan(
+        request("tip"),
+        CATALOG.get("tip"),
+        Snapshot(who),
+        now=now,
+        policy=Policy(),
+        needs_address={"email": True},
+    )
+
+
+def test_a_registered_gate_runs_in_its_place(weekday_gate: None) -> None:
+    assert [g.name for g in GATES][:2] == ["weekday_only", "quiet_hours"]
+    saturday = _plan(SATURDAY)
+    assert saturday.outcome == "suppress" and saturday.channels == ()
+    assert [(s.gate, s.reason, s.detail) for s in saturday.decisions] == [
+        ("weekday_only", "weekend", "Saturday in UTC")
+    ]
+    monday = _plan(MONDAY)
+    assert monday.outcome == "deliver"
+    assert [s.gate for s in monday.steps if s.channel is None][:2] == [
+        "weekday_only",
+        "quiet_hours",
+    ]
+
+
+def test_the_gate_reads_the_recipients_own_day(weekday_gate: None) -> None:
+    """Saturday 12:00 UTC is still Saturday in Auckland (Sunday 00:00) — and Friday nowhere
+    near; Monday 00:30 in Auckland is Sunday in UTC, so the zone decides."""
+    assert _plan(datetime(2026, 6, 14, 12, 30, tzinfo=UTC), "Pacific/Auckland").outcome == "deliver"
+    assert _plan(datetime(2026, 6, 14, 12, 30, tzinfo=UTC), "UTC").outcome == "suppress"
+
+
+def test_without_the_registration_line_the_gate_is_not_there() -> None:
+    assert "weekday_only" not in [g.name for g in GATES]
+    assert _plan(SATURDAY).outcome == "deliver"
+
+
+def test_a_gate_name_is_registered_once(weekday_gate: None) -> None:
+    with pytest.raises(ValueError, match="'weekday_only' is already registered"):
+        register(WeekdayOnly())
