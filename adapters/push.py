@@ -27,7 +27,7 @@ The delivery's outcome (`combine`, a pure function):
    recipient, so the next notify is stopped at the gates).
 
 Neither FCM nor APNs dedups by a key (`dedups_by_key = False`) and neither can be asked what it
-delivered, so an unknown outcome follows tasks.outcomes: an at-most-once type is held for an
+delivered, so an unknown outcome follows tasks.send.outcomes: an at-most-once type is held for an
 operator; an at-least-once type is sent again (to every remaining device) with a
 `possible_duplicate` incident. A repeat carries the same collapse id (APNs `apns-collapse-id`, FCM
 `android.collapse_key` + notification tag, web push `Topic`) and, on APNs, the same `apns-id`, so

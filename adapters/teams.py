@@ -389,7 +389,7 @@ def credentials_for(
 class TeamsAdapter:
     """Teams has no idempotency key and no cheap way to find a bot's earlier message in a
     conversation (no metadata search; history reads need Graph permissions), so a send whose
-    outcome is unknown can be neither reconciled nor deduplicated: tasks.deliver holds it
+    outcome is unknown can be neither reconciled nor deduplicated: tasks.send.outcomes holds it
     (at-most-once types) or sends it again with an incident (at-least-once types)."""
 
     channel = "teams"
