@@ -235,18 +235,17 @@ class PushAdapter(Channel[PushRequest, PushResponse]):
             )
         return PushRequest(message.user_id, collapse_id(message), usable, message)
 
-    def budget(self, message: Message, request: PushRequest) -> None:
+    def spend(self, message: Message, request: PushRequest) -> None:
         """Spend one slot per device from each provider's shared budget before any device is
-        called, so a full or paused budget defers the whole delivery before anything is sent.
-        (Takes the budgets itself and returns None: push spends from more than one.)"""
+        called, so a full or paused budget defers the whole delivery before anything is sent
+        (push spends from more than one budget)."""
         if self.limits is None:
-            return None
+            return
         for provider in PROVIDERS:
             cost = sum(1 for p, _ in request.devices if p == provider)
             if cost:
                 sender = self.senders[provider]
                 self.limits.take(sender.quota, sender.budget_key, cost=cost, lane=message.lane)
-        return None
 
     def call(self, request: PushRequest) -> PushResponse:
         """Send to each device in turn. An invalid token is removed and suppressed at once; a
