@@ -71,27 +71,33 @@ def settle_unknown(
     if not counted:
         metrics.SENDS.labels(row.lane, row.channel, "unknown").inc()
     if action == "hold":
-        now = clock.now()
-        if db.run(
-            lambda c: claims.hold_unknown(c, row.key, token=token, error=str(error)[:500], now=now)
-        ):
-            with db.begin() as tx:
-                _decide(tx, row, "unknown", error.reason, str(error), now)
-                metrics.INCIDENTS.labels("outcome_unknown").inc()
-                ledger.record_incident(
-                    tx,
-                    row.key,
-                    kind="outcome_unknown",
-                    now=now,
-                    detail=(
-                        f"{error}; the provider can neither be asked nor dedup, and the type is at-most-once: "
-                        "held for an operator (clarion redrive --state unknown sends it again)"
-                    )[:1000],
-                )
+        _hold(db, row, token, error)
         return True
     if release:
         _retry_or_fail(db, row, token, error, policy, maybe_sent=True)
     return False
+
+
+def _hold(db: RowConnection, row: ClaimedDelivery, token: str, error: SendError) -> None:
+    """Hold the row as `unknown` for an operator, with its decision and incident."""
+    now = clock.now()
+    if not db.run(
+        lambda c: claims.hold_unknown(c, row.key, token=token, error=str(error)[:500], now=now)
+    ):
+        return
+    with db.begin() as tx:
+        _decide(tx, row, "unknown", error.reason, str(error), now)
+        metrics.INCIDENTS.labels("outcome_unknown").inc()
+        ledger.record_incident(
+            tx,
+            row.key,
+            kind="outcome_unknown",
+            now=now,
+            detail=(
+                f"{error}; the provider can neither be asked nor dedup, and the type is at-most-once: "
+                "held for an operator (clarion redrive --state unknown sends it again)"
+            )[:1000],
+        )
 
 
 def settle_failure(
@@ -129,7 +135,20 @@ def _retry_or_fail(
             )
         )
         return
-    with db.begin() as tx:  # failing and recording why: one transaction
+    _fail(db, row, token, error, maybe_sent=maybe_sent, now=now)
+
+
+def _fail(
+    db: RowConnection,
+    row: ClaimedDelivery,
+    token: str,
+    error: SendError,
+    *,
+    maybe_sent: bool,
+    now: datetime,
+) -> None:
+    """Fail the row for good and record why, in one transaction (the claim must still be ours)."""
+    with db.begin() as tx:
         if claims.fail_delivery(tx, row.key, token=token, error=str(error)[:500], now=now) is None:
             return
         reason = error.reason if isinstance(error, PermanentSendError) else "retries_exhausted"
