@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from clarion.records import Message, SendResult
 
 if TYPE_CHECKING:
     import redis as redis_lib
 
+    from clarion.adapters.http1 import Connections
+    from clarion.adapters.inapp import InboxStore
     from clarion.adapters.ratelimit import Quota, RateLimits
+    from clarion.adapters.teams import ReferenceStore
 
 
 class Adapter(Protocol):
@@ -68,12 +71,15 @@ class Suppressions(Protocol):
 @dataclass(frozen=True)
 class Collaborators:
     """Everything an adapter may need from outside itself. Adapters never import db/ or tasks/:
-    tasks.runtime builds this once per process and passes it to each adapter's factory."""
+    tasks.runtime builds this once per process and passes it to each adapter's factory
+    (`from_settings(settings, collaborators)`, named in adapters/registry.py)."""
 
     redis: Callable[[], redis_lib.Redis]
     limits: RateLimits
     suppressions: Suppressions
-    extra: dict[str, Any] = field(default_factory=dict)  # channel-specific stores (teams, in_app)
+    references: ReferenceStore  # Teams conversation references (db.teams), and gone bots
+    inbox: InboxStore  # the in-app inbox (db.inbox)
+    http: Connections  # the process's kept-alive HTTP/1.1 connections (webhook)
 
 
 # --- the channel template ---------------------------------------------------------------------------
@@ -88,7 +94,9 @@ class Channel(Generic[Req, Resp]):
     - `to_request(message)`: pure; the provider request (raise PermanentSendError for a message
       that can never be sent: no address, too long).
     - `budget(message, request)`: (Quota, key, cost) to spend from the shared rate limits before
-      the call, or None.
+      the call, or None. `spend(message, request)` spends it; a channel whose budget is more than
+      one take (SMS: a long message's overflow and a full budget's settle pause; push: one budget
+      per provider; Teams: a short wait slept) overrides `spend`, not `send`.
     - `call(request)`: the I/O, nothing else; network errors become TransientSendError (the
       request cannot have left) or UnknownSendError (it may have).
     - `from_response(message, response)`: pure; a SendResult, or the SendError to raise.
@@ -127,12 +135,17 @@ class Channel(Generic[Req, Resp]):
         sets the whole message, so repeating one is harmless (at-least-once is fine)."""
         raise NotImplementedError(f"channel {self.channel!r} cannot update a sent message")
 
-    def send(self, message: Message) -> SendResult:
-        request = self.to_request(message)
+    def spend(self, message: Message, request: Req) -> None:
+        """Spend `budget` from the shared rate limits (ThrottledError: wait, nothing was sent)."""
         spend = self.budget(message, request)
         if spend is not None and self.limits is not None:
             quota, key, cost = spend
             self.limits.take(quota, key, cost=cost, lane=message.lane)
+
+    def send(self, message: Message) -> SendResult:
+        """The sequence every channel follows: to_request → spend → call → from_response."""
+        request = self.to_request(message)
+        self.spend(message, request)
         return self.from_response(message, self.call(request))
 
 

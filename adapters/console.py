@@ -5,8 +5,10 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from clarion.adapters.base import Channel, Collaborators
 from clarion.adapters.escape import plain_text
 from clarion.records import Message, SendResult
+from clarion.settings import Settings
 
 
 def to_line(message: Message) -> str:
@@ -16,7 +18,7 @@ def to_line(message: Message) -> str:
     return f"[console] to {message.user_id} ({message.type_key}): {title} — {body}"
 
 
-class ConsoleAdapter:
+class ConsoleAdapter(Channel[str, None]):
     channel = "console"
     needs_address = False
     dedups_by_key = False  # printing has no unknown outcome
@@ -24,6 +26,15 @@ class ConsoleAdapter:
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream
 
-    def send(self, message: Message) -> SendResult:
-        print(to_line(message), file=self.stream or sys.stdout, flush=True)
+    @classmethod
+    def from_settings(cls, s: Settings, parts: Collaborators) -> ConsoleAdapter:
+        return cls()
+
+    def to_request(self, message: Message) -> str:
+        return to_line(message)
+
+    def call(self, request: str) -> None:
+        print(request, file=self.stream or sys.stdout, flush=True)
+
+    def from_response(self, message: Message, response: None) -> SendResult:
         return SendResult(platform="console")

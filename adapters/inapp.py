@@ -1,7 +1,7 @@
 """The in-app channel: the message becomes an item in the recipient's inbox (PostgreSQL), shown
 by the feed API and pushed to open pages over server-sent events (web/inbox.py).
 
-The "provider" is the inbox store the composition root hands in (Collaborators.extra["inbox"],
+The "provider" is the inbox store the composition root hands in (Collaborators.inbox,
 tasks.inbox.LedgerInbox): one item per delivery, stored idempotently by delivery id, so a send
 repeated under its key finds the item it stored and adds nothing (`dedups_by_key`; the repeat is
 reported as `repeat=True`, like a webhook's 409). Three outcomes:
@@ -22,6 +22,7 @@ from clarion.adapters.base import Channel, Collaborators
 from clarion.adapters.escape import plain_text
 from clarion.errors import PermanentSendError, TransientSendError, UnknownSendError
 from clarion.records import Message, SendResult
+from clarion.settings import Settings
 
 MAX_TITLE = 1000
 MAX_BODY = 20000
@@ -112,8 +113,9 @@ class InAppAdapter(Channel[InboxRequest, Stored]):
         self.store = store
 
     @classmethod
-    def from_collaborators(cls, parts: Collaborators) -> InAppAdapter:
-        return cls(parts.extra["inbox"])
+    def from_settings(cls, s: Settings, parts: Collaborators) -> InAppAdapter:
+        """Needs no settings: the inbox is in clarion's database."""
+        return cls(parts.inbox)
 
     def to_request(self, message: Message) -> InboxRequest:
         return to_request(message)

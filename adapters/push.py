@@ -27,7 +27,7 @@ The delivery's outcome (`combine`, a pure function):
    recipient, so the next notify is stopped at the gates).
 
 Neither FCM nor APNs dedups by a key (`dedups_by_key = False`) and neither can be asked what it
-delivered, so an unknown outcome follows tasks.outcomes: an at-most-once type is held for an
+delivered, so an unknown outcome follows tasks.send.outcomes: an at-most-once type is held for an
 operator; an at-least-once type is sent again (to every remaining device) with a
 `possible_duplicate` incident. A repeat carries the same collapse id (APNs `apns-collapse-id`, FCM
 `android.collapse_key` + notification tag, web push `Topic`) and, on APNs, the same `apns-id`, so
@@ -235,18 +235,17 @@ class PushAdapter(Channel[PushRequest, PushResponse]):
             )
         return PushRequest(message.user_id, collapse_id(message), usable, message)
 
-    def budget(self, message: Message, request: PushRequest) -> None:
+    def spend(self, message: Message, request: PushRequest) -> None:
         """Spend one slot per device from each provider's shared budget before any device is
-        called, so a full or paused budget defers the whole delivery before anything is sent.
-        (Takes the budgets itself and returns None: push spends from more than one.)"""
+        called, so a full or paused budget defers the whole delivery before anything is sent
+        (push spends from more than one budget)."""
         if self.limits is None:
-            return None
+            return
         for provider in PROVIDERS:
             cost = sum(1 for p, _ in request.devices if p == provider)
             if cost:
                 sender = self.senders[provider]
                 self.limits.take(sender.quota, sender.budget_key, cost=cost, lane=message.lane)
-        return None
 
     def call(self, request: PushRequest) -> PushResponse:
         """Send to each device in turn. An invalid token is removed and suppressed at once; a

@@ -16,7 +16,7 @@ non-transactional mail (CLARION_SENDGRID_ASM_GROUP), and custom_args `clarion_us
 | other 4xx                                    | failed for good                              |
 
 SendGrid has no idempotency key and no look-up of a message by our ids (`dedups_by_key = False`,
-no reconcile): an unknown outcome is held or resent per the type's guarantee (tasks.outcomes).
+no reconcile): an unknown outcome is held or resent per the type's guarantee (tasks.send.outcomes).
 
 Events: `receipts(events)` maps a verified batch to clarion receipts (see EVENTS).
 """

@@ -22,14 +22,16 @@ import http.client
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.error import URLError
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
+from slack_sdk.web import SlackResponse
 
-from clarion.adapters.base import Collaborators, Suppressions
+from clarion.adapters.base import Channel, Collaborators, Suppressions
 from clarion.adapters.escape import slack_mrkdwn
 from clarion.adapters.ratelimit import Quota, RateLimits
 from clarion.catalog import Button
@@ -271,7 +273,15 @@ def update_quota(per_minute: int = SLACK_UPDATES_PER_MINUTE) -> Quota:
     return Quota("slack_update", ((per_minute, 60.0),))
 
 
-class SlackAdapter:
+@dataclass(frozen=True)
+class SlackPost:
+    """The provider request: chat.postMessage's arguments, but the DM channel (opened by `call`)."""
+
+    message: Message
+    args: dict[str, Any]
+
+
+class SlackAdapter(Channel[SlackPost, SlackResponse]):
     channel = "slack"
     needs_address = True  # the recipient's Slack user id
     dedups_by_key = False  # no idempotency key: an unknown send is reconciled through metadata
@@ -315,26 +325,29 @@ class SlackAdapter:
             updates=update_quota(s.slack_updates_per_minute),
         )
 
-    def send(self, message: Message) -> SendResult:
+    def to_request(self, message: Message) -> SlackPost:
+        return SlackPost(message, post_args(message))
+
+    def budget(self, message: Message, request: SlackPost) -> tuple[Quota, str, int]:
+        """The workspace's shared budget: paused by a 429 (every worker waits it out)."""
+        return self.quota, self.workspace, 1
+
+    def call(self, request: SlackPost) -> SlackResponse:
         """Open the DM and post the message (three outcomes: see the module docstring)."""
-        self._check_pause(message)
         try:
             with slack_errors():
-                channel = self._dm(message)
+                channel = self._dm(request.message)
             with slack_errors(posting=True):
-                posted = self.client.chat_postMessage(channel=channel, **post_args(message))
+                return self.client.chat_postMessage(channel=channel, **request.args)
         except SendError as error:
-            self._failed(message, error, pause=True)
+            self._failed(request.message, error, pause=True)
             raise
+
+    def from_response(self, message: Message, response: SlackResponse) -> SendResult:
         return SendResult(
             platform="slack",
-            provider_message_id=message_ref(str(posted["channel"]), str(posted["ts"])),
+            provider_message_id=message_ref(str(response["channel"]), str(response["ts"])),
         )
-
-    def _check_pause(self, message: Message) -> None:
-        """The workspace's shared budget: paused by a 429 (every worker waits it out)."""
-        if self.limits is not None:
-            self.limits.take(self.quota, self.workspace, lane=message.lane)
 
     def update(
         self, message: Message, provider_message_id: str, answered: str | None = None

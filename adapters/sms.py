@@ -383,13 +383,11 @@ class SmsAdapter(Channel[SmsRequest, TwilioAnswer]):
     def budget(self, message: Message, request: SmsRequest) -> tuple[Quota, str, int] | None:
         return self.quota, self.sender, request.segments
 
-    def send(self, message: Message) -> SendResult:
-        """The template's steps, with the budget spent by `_spend` (a long message's overflow)."""
-        request = self.to_request(message)
-        self._spend(message, request)
-        return self.from_response(message, self.call(request))
-
-    def _spend(self, message: Message, request: SmsRequest) -> None:
+    def spend(self, message: Message, request: SmsRequest) -> None:
+        """Spend the message's segments from the number's budget: a message longer than the
+        window holds spends the window and pauses the number for the rest (Twilio queues it and
+        drains it at the number's rate); a full budget closes the number a little past its
+        window (SETTLE) for every worker, and the delivery comes back spread over the backlog."""
         if self.limits is None:
             return
         quota, key, cost = self.quota, self.sender, request.segments

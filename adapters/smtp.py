@@ -13,7 +13,7 @@ every reply is judged by where it came:
 | the end of data was written, then a drop or a timeout              | unknown                      |
 
 SMTP has no idempotency key (`dedups_by_key = False`): an unknown outcome is held or resent per the
-type's guarantee (tasks.outcomes). A resend carries the same Message-ID, which lets Gmail and most
+type's guarantee (tasks.send.outcomes). A resend carries the same Message-ID, which lets Gmail and most
 mail clients fold the repeat. Sends spend a budget per relay credential (host, port, user).
 """
 

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import quote, unquote
 
 import requests
@@ -39,7 +39,7 @@ from botframework.connector import ConnectorClient
 from botframework.connector.auth import MicrosoftAppCredentials
 from msrest.exceptions import ClientRequestError
 
-from clarion.adapters.base import Collaborators
+from clarion.adapters.base import Channel, Collaborators
 from clarion.adapters.escape import card_markdown, plain_text
 from clarion.adapters.ratelimit import Quota, RateLimits
 from clarion.adapters.webhook import retry_after
@@ -51,6 +51,7 @@ from clarion.errors import (
     UnknownSendError,
 )
 from clarion.records import Message, SendResult
+from clarion.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -386,10 +387,26 @@ def credentials_for(
     return MicrosoftAppCredentials(app_id, password, channel_auth_tenant=tenant_id)
 
 
-class TeamsAdapter:
+@dataclass(frozen=True)
+class TeamsPost:
+    """The provider request: the card activity, and the stored conversation it goes to."""
+
+    message: Message
+    ref: ConversationRef  # read through the ReferenceStore: the budget is the conversation's
+    activity: Activity
+
+
+class TeamsSent(NamedTuple):
+    """The provider response: the activity id Teams gave the posted card (if it said)."""
+
+    conversation_id: str
+    activity_id: str | None
+
+
+class TeamsAdapter(Channel[TeamsPost, TeamsSent]):
     """Teams has no idempotency key and no cheap way to find a bot's earlier message in a
     conversation (no metadata search; history reads need Graph permissions), so a send whose
-    outcome is unknown can be neither reconciled nor deduplicated: tasks.deliver holds it
+    outcome is unknown can be neither reconciled nor deduplicated: tasks.send.outcomes holds it
     (at-most-once types) or sends it again with an incident (at-least-once types)."""
 
     channel = "teams"
@@ -418,28 +435,40 @@ class TeamsAdapter:
         self._local = threading.local()
 
     @classmethod
-    def from_settings(cls, s: Any, parts: Collaborators) -> TeamsAdapter:
+    def from_settings(cls, s: Settings, parts: Collaborators) -> TeamsAdapter:
         """Wiring: the reference store comes from the composition root (tasks.runtime)."""
         return cls(
             credentials=credentials_for(s.teams_app_id, s.teams_app_password, s.teams_tenant_id),
-            store=parts.extra["teams_references"],
+            store=parts.references,
             limits=parts.limits,
             timeout=s.webhook_timeout,
         )
 
-    def send(self, message: Message) -> SendResult:
+    def to_request(self, message: Message) -> TeamsPost:
+        """The card activity for the recipient's stored conversation (the reference is read
+        through the store first: the budget is the conversation's)."""
         ref = self._reference(message)
         activity = to_activity(to_card(message), ref, message.content.get("title"))
-        sent = self._call(
-            message,
+        return TeamsPost(message, ref, activity)
+
+    def spend(self, message: Message, request: TeamsPost) -> None:
+        self._throttle(request.ref.conversation_id, message.lane)
+
+    def call(self, request: TeamsPost) -> TeamsSent:
+        ref, activity = request.ref, request.activity
+        sent = self._invoke(
+            request.message,
             ref,
             lambda c: c.conversations.send_to_conversation(ref.conversation_id, activity),
             posting=True,
         )
+        return TeamsSent(ref.conversation_id, sent.id if sent else None)
+
+    def from_response(self, message: Message, response: TeamsSent) -> SendResult:
         return SendResult(
             platform="teams",
-            provider_message_id=message_id(ref.conversation_id, sent.id)
-            if sent and sent.id
+            provider_message_id=message_id(response.conversation_id, response.activity_id)
+            if response.activity_id
             else None,
         )
 
@@ -458,7 +487,8 @@ class TeamsAdapter:
         card = answered_card(message, answered) if answered else to_card(message)
         activity = to_activity(card, ref, message.content.get("title"))
         activity.id = ids[1]
-        self._call(
+        self._throttle(ref.conversation_id, message.lane)
+        self._invoke(
             message, ref, lambda c: c.conversations.update_activity(ids[0], ids[1], activity)
         )
 
@@ -474,7 +504,7 @@ class TeamsAdapter:
             )
         return ref
 
-    def _call(
+    def _invoke(
         self,
         message: Message,
         ref: ConversationRef,
@@ -482,7 +512,7 @@ class TeamsAdapter:
         *,
         posting: bool = False,
     ) -> Any:
-        self._throttle(ref.conversation_id, message.lane)
+        """One connector call; its errors become SendErrors (a 429 pauses the conversation)."""
         try:
             return operation(self._client(ref.service_url))
         except ErrorResponseException as exc:

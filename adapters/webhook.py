@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from clarion.adapters import http1
-from clarion.adapters.base import Channel
+from clarion.adapters.base import Channel, Collaborators
 from clarion.adapters.ratelimit import Quota, RateLimits
 from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
 from clarion.records import Message, SendResult, clean_provider_id
+from clarion.settings import Settings
 
 FAILED_STATUSES = frozenset({408, 425, 429})  # the receiver says it did not take the request
 
@@ -162,6 +163,17 @@ class WebhookAdapter(Channel[WebhookRequest, WebhookResponse]):
         self.quota = quota  # CLARION_WEBHOOK_RATE: per receiving host
         self.timeout = timeout  # seconds for the whole request: connect, write, answer
         self.pool = http or pool_manager()
+
+    @classmethod
+    def from_settings(cls, s: Settings, parts: Collaborators) -> WebhookAdapter:
+        """The configured default receiver (CLARION_WEBHOOK_URL), through the process's pool."""
+        return cls(
+            secret=s.webhook_secret,
+            timeout=s.webhook_timeout,
+            default_url=s.webhook_url,
+            limits=parts.limits,
+            http=parts.http,
+        )
 
     def to_request(self, message: Message) -> WebhookRequest:
         url = message.config.get("url") or self.default_url

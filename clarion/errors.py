@@ -143,7 +143,7 @@ class UnknownSendError(SendError):
     """The third outcome: the request may have reached the provider, but no answer came back (a
     timeout or a 5xx after the request was written, a dropped connection, a send past its
     deadline). Never retried blindly: reconciled, resent under the provider's idempotency key, or
-    held as `unknown` for an operator (tasks.outcomes decides, per channel and type)."""
+    held as `unknown` for an operator (tasks.send.outcomes decides, per channel and type)."""
 
     def __init__(self, reason: str, detail: str = "", retry_after: float | None = None) -> None:
         super().__init__(reason, detail)

@@ -27,7 +27,7 @@ POINTS = frozenset(
         "route.after_commit",  # deliveries committed, deliver tasks not yet published
         "deliver.after_claim",  # claim held, nothing sent
         "deliver.after_send",  # provider accepted, "sent" not yet recorded
-        "deliver.before_flush",  # a group of accepted sends about to be recorded (tasks.sentgroup)
+        "deliver.before_flush",  # a group of accepted sends about to be recorded (tasks.send.group)
         "click.before_commit",  # a button answer and what it stops applied, not committed
         "tick.before_commit",  # due series advanced and their occurrences written, not committed
     }

@@ -1,6 +1,6 @@
 """Alerts, evaluated by a beat entry on the control lane once a minute (CLARION_ALERT_INTERVAL):
 
-- send_rate_drop, per channel: over the last CLARION_ALERT_WINDOW seconds (tasks.sendrate's
+- send_rate_drop, per channel: over the last CLARION_ALERT_WINDOW seconds (tasks.send.rate's
   per-minute counters), at least CLARION_ALERT_MIN_SENDS provider calls, and the share that failed
   or ended unknown at least CLARION_ALERT_FAILURE_SHARE (a revoked key: every send fails). Cleared
   by a window with enough sends below the share, or with no failures at all.
@@ -31,7 +31,7 @@ from clarion.adapters.webhook import sign
 from clarion.db import alerts, reports
 from clarion.db.alerts import Alert
 from clarion.db.engine import engine
-from clarion.tasks import sendrate
+from clarion.tasks.send import rate as sendrate
 
 log = logging.getLogger(__name__)
 RATE, STUCK = "send_rate_drop", "stuck_work"

@@ -1,4 +1,5 @@
-"""Per-process resources for tasks: the catalog, adapters, Redis. Created lazily, once per process."""
+"""The composition root: per-process resources for tasks (the catalog, adapters and what they are
+handed, Redis), created lazily, once per process."""
 
 from __future__ import annotations
 
@@ -9,22 +10,24 @@ import weakref
 from collections.abc import Callable
 from functools import update_wrapper
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import redis as redis_lib
 
 from clarion import clock, extras, settings
-from clarion.adapters import webhook
+from clarion.adapters import registry, webhook
 from clarion.adapters.base import Adapter, Collaborators
-from clarion.adapters.console import ConsoleAdapter
-from clarion.adapters.inapp import InAppAdapter
 from clarion.adapters.ratelimit import RateLimits
-from clarion.adapters.webhook import WebhookAdapter
 from clarion.catalog import Catalog
 from clarion.catalog.model import EXAMPLES
+from clarion.db import gating, teams
+from clarion.db.engine import engine
 from clarion.errors import ConfigurationError
 from clarion.tasks import catalogs
 from clarion.tasks.inbox import LedgerInbox
+
+if TYPE_CHECKING:
+    from clarion.adapters.teams import ConversationRef
 
 T = TypeVar("T")
 
@@ -138,9 +141,6 @@ class LedgerSuppressions:
     """The suppression list and recipients' addresses in clarion's database (db.gating)."""
 
     def suppress(self, user_id: str, channel: str, address: str, reason: str, detail: str) -> None:
-        from clarion.db import gating
-        from clarion.db.engine import engine
-
         with engine().begin() as conn:
             gating.suppress_address(
                 conn,
@@ -153,9 +153,6 @@ class LedgerSuppressions:
             )
 
     def forget_address(self, user_id: str, channel: str, value: str) -> None:
-        from clarion.db import gating
-        from clarion.db.engine import engine
-
         with engine().begin() as conn:
             gating.forget_address(conn, user_id, channel=channel, value=value, now=clock.now())
 
@@ -166,10 +163,8 @@ class TeamsReferences:
     def __init__(self, suppressions: LedgerSuppressions) -> None:
         self.suppressions = suppressions
 
-    def reference(self, user_id: str, teams_user: str) -> Any:
-        from clarion.adapters.teams import ConversationRef
-        from clarion.db import teams
-        from clarion.db.engine import engine
+    def reference(self, user_id: str, teams_user: str) -> ConversationRef | None:
+        from clarion.adapters.teams import ConversationRef  # botbuilder: only where Teams is on
 
         with engine().connect() as conn:
             return ConversationRef.from_json(
@@ -188,60 +183,17 @@ def collaborators() -> Collaborators:
         redis=redis,
         limits=RateLimits(redis, wall=lambda: clock.now().timestamp()),
         suppressions=suppressions,
-        extra={
-            "teams_references": TeamsReferences(suppressions),
-            "inbox": LedgerInbox(),
-            "http": webhook.pool_manager(),  # one per process: kept-alive connections per host
-        },
+        references=TeamsReferences(suppressions),
+        inbox=LedgerInbox(),
+        http=webhook.pool_manager(),  # one per process: kept-alive connections per host
     )
 
 
 @per_process
 def adapters() -> dict[str, Adapter]:
-    """Every channel configured on this worker, built with the shared collaborators."""
-    s = settings.get()
-    parts = collaborators()
-    found: list[Adapter] = [
-        ConsoleAdapter(),
-        WebhookAdapter(
-            secret=s.webhook_secret,
-            timeout=s.webhook_timeout,
-            default_url=s.webhook_url,
-            limits=parts.limits,
-            http=parts.extra["http"],
-        ),
-    ]
-    found.append(InAppAdapter.from_collaborators(parts))  # needs nothing but the database
-    if s.slack_token:
-        extras.require("slack", "the slack channel (CLARION_SLACK_TOKEN is set)")
-        from clarion.adapters.slack import SlackAdapter
-
-        found.append(SlackAdapter.from_settings(s, parts))
-    if s.teams_app_id:
-        extras.require("teams", "the teams channel (CLARION_TEAMS_APP_ID is set)")
-        from clarion.adapters.teams import TeamsAdapter
-
-        found.append(TeamsAdapter.from_settings(s, parts))
-    if s.fcm_service_account or s.apns_key:
-        extras.require("push", "the push channel (an FCM or APNs key is set)")
-        from clarion.adapters.push import PushAdapter
-
-        found.append(PushAdapter.from_settings(s, parts))
-    if s.sendgrid_api_key:  # SendGrid when its key is set, else the SMTP relay
-        extras.require("sendgrid", "the email channel through SendGrid (CLARION_SENDGRID_API_KEY)")
-        from clarion.adapters.sendgrid import SendGridAdapter
-
-        found.append(SendGridAdapter.from_settings(s, parts))
-    elif s.smtp_url:
-        from clarion.adapters.smtp import SmtpAdapter
-
-        found.append(SmtpAdapter.from_settings(s, parts))
-    if s.twilio_account_sid:
-        extras.require("twilio", "the sms channel (CLARION_TWILIO_ACCOUNT_SID is set)")
-        from clarion.adapters.sms import SmsAdapter
-
-        found.append(SmsAdapter.from_settings(s, parts))
-    return {a.channel: a for a in found}
+    """Every channel this worker's settings turn on (adapters/registry.py), built with the
+    shared collaborators."""
+    return registry.build(settings.get(), collaborators())
 
 
 @per_process

@@ -1,6 +1,6 @@
 """Group commit of "sent" records under a real kill: a worker SIGKILLed with a whole group of
 accepted sends not yet recorded. Counted at the receiving servers: each pending row ends as the
-unknown-outcome policy says (tasks.outcomes.unknown_action), and nothing reaches a channel that
+unknown-outcome policy says (tasks.send.outcomes.unknown_action), and nothing reaches a channel that
 cannot dedup twice without an incident."""
 
 from __future__ import annotations

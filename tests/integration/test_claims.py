@@ -290,7 +290,7 @@ def test_a_group_flush_records_only_the_rows_whose_claim_is_still_ours(clarion_e
     group's statement is not marked by the old token; it becomes a possible_duplicate incident,
     and the rows still held are recorded by the same statement (>11 runs: prepared statements)."""
     from clarion.records import SendResult
-    from clarion.tasks.sentgroup import Sent, SentGroup
+    from clarion.tasks.send.group import Sent, SentGroup
 
     keys = [_pending_delivery(f"g{i}", f"e{i}") for i in range(14)]
     token = str(uuid.uuid4())
@@ -303,7 +303,7 @@ def test_a_group_flush_records_only_the_rows_whose_claim_is_still_ours(clarion_e
     for row in lost:  # their lease ran out and another worker took them over
         expire_lease(row.key)
         assert _claim(row.key) == 1
-    group = SentGroup(token, rows=1, wait=0.005)  # one statement per send: 14 runs
+    group = SentGroup(token, engine(), rows=1, wait=0.005)  # one statement per send: 14 runs
     for row in held:
         group.add(Sent(row, SendResult("webhook", f"m{row.id}"), now, time.monotonic() + 30, False))
     assert group.close() == len(keys) - 2

@@ -840,9 +840,9 @@ def test_a_published_batch_is_described_in_a_few_words(ann):
 
 
 def test_a_pace_asks_for_as_many_senders_as_keep_one_busy() -> None:
-    from clarion.tasks.deliver import _Pace
+    from clarion.tasks.send.pool import Pace
 
-    pace = _Pace()
+    pace = Pace()
     assert pace.senders(8) == 8  # nothing seen yet: all of them
     for _ in range(50):
         pace.note(0.0005, 0.0003)  # a provider answering in 0.3 ms of a 0.5 ms row
@@ -853,17 +853,17 @@ def test_a_pace_asks_for_as_many_senders_as_keep_one_busy() -> None:
 
 
 def test_a_batch_against_a_provider_that_slows_down_adds_senders_within_the_batch(ann, monkeypatch):
-    """A batch started with the few senders a fast provider needs (tasks.deliver._Pace) adds
+    """A batch started with the few senders a fast provider needs (tasks.send.pool.Pace) adds
     more, up to CLARION_SEND_CONCURRENCY (8), as soon as its rows come back slower."""
     import threading
     import time
 
-    from clarion.tasks import deliver as deliver_task
+    from clarion.tasks.send import pool
 
-    fast = deliver_task._Pace()
+    fast = pool.Pace()
     for _ in range(50):
         fast.note(0.0005, 0.0003)
-    monkeypatch.setitem(deliver_task._paces, "webhook", fast)  # what a fast provider taught it
+    monkeypatch.setitem(pool.paces, "webhook", fast)  # what a fast provider taught it
     assert fast.senders(8) == 3
 
     lock, in_flight, most = threading.Lock(), [0], [0]

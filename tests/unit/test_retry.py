@@ -12,7 +12,7 @@ from clarion.errors import (
     TransientSendError,
     UnknownSendError,
 )
-from clarion.tasks.retry import RetryDecision, RetryPolicy, decide
+from clarion.tasks.send.retry import RetryDecision, RetryPolicy, decide
 
 POLICY = RetryPolicy(base=2.0, factor=3.0, cap=900.0, max_attempts=8, jitter=0.0)
 

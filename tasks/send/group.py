@@ -8,7 +8,7 @@ oldest has waited CLARION_SENT_FLUSH_MS, and once more when the batch ends (`clo
 "Sent is recorded after the send" still holds: nothing is marked before the provider answered.
 What changes is the crash window. A process killed after a send and before its flush leaves the
 row claimed, exactly as a kill between one send and its own UPDATE did; the next attempt settles
-it by the unknown-outcome policy (tasks.outcomes.unknown_action). At most
+it by the unknown-outcome policy (tasks.send.outcomes.unknown_action). At most
 CLARION_SENT_FLUSH_ROWS sends wait for a flush at once: a sending thread that brings the group
 to that size waits for the flush before it sends again; so a kill leaves at most that many, plus
 the sends still in flight (CLARION_SEND_CONCURRENCY), per process. CLARION_SENT_FLUSH_ROWS=1 is
@@ -24,16 +24,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from clarion import clock, faults, metrics
 from clarion.db import claims, ledger
 from clarion.db.claims import SentMark
-from clarion.db.engine import engine
 from clarion.records import SendResult, clean_provider_id
 from clarion.rows import ClaimedDelivery
-from clarion.tasks import sendrate
-from clarion.tasks.outcomes import RowConnection, record_incident
+from clarion.tasks.send import rate
+from clarion.tasks.send.connection import RowConnection
+from clarion.tasks.send.outcomes import record_incident
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class Sent:
 class SentGroup:
     """The pending "sent" records of one deliver batch (one claim token) and their flusher."""
 
-    def __init__(self, token: str, *, rows: int, wait: float) -> None:
+    def __init__(self, token: str, engine: Engine, *, rows: int, wait: float) -> None:
         self.token = token
         self.rows = max(1, rows)
         self.wait = wait  # seconds the oldest pending send may wait
@@ -71,7 +72,7 @@ class SentGroup:
         self._waiting = 0  # senders in add() waiting for a flush
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._db = RowConnection()
+        self._db = RowConnection(engine)
 
     def add(self, sent: Sent) -> None:
         """Queue one send's record. Returns at once, unless `rows` sends now wait unrecorded
@@ -151,7 +152,9 @@ class SentGroup:
             else:
                 self._settled(sent, sent.row.key in won)
 
-    def _write(self, group: list[Sent], deadline: Callable[[], float]) -> set | None:
+    def _write(
+        self, group: list[Sent], deadline: Callable[[], float]
+    ) -> set[tuple[str, int]] | None:
         """mark_sent_many and the repeat incidents of the rows it recorded, in one transaction
         (a kill between the two must not leave a repeat without its incident; a group that owes
         none is one auto-committed statement on the group's connection), retried on a fresh
@@ -165,7 +168,7 @@ class SentGroup:
             try:
                 if not owed:
                     return self._db.run(lambda c: claims.mark_sent_many(c, marks, token=self.token))
-                with engine().begin() as conn:
+                with self._db.begin() as conn:
                     won = claims.mark_sent_many(conn, marks, token=self.token)
                     for sent, (kind, detail) in owed:
                         if sent.row.key in won:
@@ -190,7 +193,7 @@ class SentGroup:
             )
             return
         self.recorded += 1
-        sendrate.note(row.channel, "sent")
+        rate.note(row.channel, "sent")
         metrics.SENDS.labels(row.lane, row.channel, "sent").inc()
         metrics.EVENT_TO_SENT.labels(row.lane, row.channel).observe(
             max(0.0, (clock.now() - row.requested_at).total_seconds())

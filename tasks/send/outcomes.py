@@ -13,49 +13,22 @@ The unknown-outcome policy is one pure function, `unknown_action`:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError
 
 from clarion import clock, metrics
 from clarion.adapters.base import Adapter
 from clarion.db import claims, escalations, ledger
-from clarion.db.engine import autocommit, engine
 from clarion.errors import PermanentSendError, SendError
 from clarion.rows import ClaimedDelivery
 from clarion.tasks import runtime
-from clarion.tasks.retry import RetryPolicy, decide
+from clarion.tasks.send.connection import RowConnection
+from clarion.tasks.send.retry import RetryPolicy, decide
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-class RowConnection:
-    """One auto-committing connection for a sending thread, replaced after a database error (a
-    restart mid-batch must cost the rows in flight, not the thread's whole share)."""
-
-    def __init__(self) -> None:
-        self.conn: Connection | None = None
-
-    def run(self, statement: Callable[[Connection], T]) -> T:
-        if self.conn is None:
-            self.conn = autocommit().connect()
-        try:
-            return statement(self.conn)
-        except DBAPIError:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:  # a dead connection may not even close cleanly
-                log.debug("connection not closed cleanly", exc_info=True)
-            self.conn = None
 
 
 def unknown_action(adapter: Adapter, guarantee: str, *, checkable: bool = True) -> str:
@@ -98,27 +71,33 @@ def settle_unknown(
     if not counted:
         metrics.SENDS.labels(row.lane, row.channel, "unknown").inc()
     if action == "hold":
-        now = clock.now()
-        if db.run(
-            lambda c: claims.hold_unknown(c, row.key, token=token, error=str(error)[:500], now=now)
-        ):
-            with engine().begin() as tx:
-                _decide(tx, row, "unknown", error.reason, str(error), now)
-                metrics.INCIDENTS.labels("outcome_unknown").inc()
-                ledger.record_incident(
-                    tx,
-                    row.key,
-                    kind="outcome_unknown",
-                    now=now,
-                    detail=(
-                        f"{error}; the provider can neither be asked nor dedup, and the type is at-most-once: "
-                        "held for an operator (clarion redrive --state unknown sends it again)"
-                    )[:1000],
-                )
+        _hold(db, row, token, error)
         return True
     if release:
         _retry_or_fail(db, row, token, error, policy, maybe_sent=True)
     return False
+
+
+def _hold(db: RowConnection, row: ClaimedDelivery, token: str, error: SendError) -> None:
+    """Hold the row as `unknown` for an operator, with its decision and incident."""
+    now = clock.now()
+    if not db.run(
+        lambda c: claims.hold_unknown(c, row.key, token=token, error=str(error)[:500], now=now)
+    ):
+        return
+    with db.begin() as tx:
+        _decide(tx, row, "unknown", error.reason, str(error), now)
+        metrics.INCIDENTS.labels("outcome_unknown").inc()
+        ledger.record_incident(
+            tx,
+            row.key,
+            kind="outcome_unknown",
+            now=now,
+            detail=(
+                f"{error}; the provider can neither be asked nor dedup, and the type is at-most-once: "
+                "held for an operator (clarion redrive --state unknown sends it again)"
+            )[:1000],
+        )
 
 
 def settle_failure(
@@ -156,7 +135,20 @@ def _retry_or_fail(
             )
         )
         return
-    with engine().begin() as tx:  # failing and recording why: one transaction
+    _fail(db, row, token, error, maybe_sent=maybe_sent, now=now)
+
+
+def _fail(
+    db: RowConnection,
+    row: ClaimedDelivery,
+    token: str,
+    error: SendError,
+    *,
+    maybe_sent: bool,
+    now: datetime,
+) -> None:
+    """Fail the row for good and record why, in one transaction (the claim must still be ours)."""
+    with db.begin() as tx:
         if claims.fail_delivery(tx, row.key, token=token, error=str(error)[:500], now=now) is None:
             return
         reason = error.reason if isinstance(error, PermanentSendError) else "retries_exhausted"

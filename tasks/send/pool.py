@@ -1,0 +1,261 @@
+"""The sender pool: a batch's rows sent on a few threads, each provider call under a hard deadline.
+
+How many senders a batch starts follows each channel's pace in this process (`Pace`, Little's
+law): one or two for a provider that answers in a fraction of a millisecond, where more would only
+contend for the GIL; up to CLARION_SEND_CONCURRENCY for one that takes a hundred. A batch adds
+senders when its rows come back slower than it was started for. Threads are kept between batches
+(`Threads`). What a sender does with a row is the caller's (tasks.send.sequence); the pool only
+runs it, and settles a call that outlives its budget through the caller's `overdue`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from clarion.adapters.base import Adapter
+from clarion.errors import UnknownSendError
+from clarion.records import Message, SendResult
+from clarion.rows import ClaimedDelivery
+from clarion.tasks import runtime
+from clarion.tasks.send.connection import RowConnection
+
+log = logging.getLogger(__name__)
+
+
+class Pace:
+    """How one channel's rows go in this process (moving averages): the wall time a row takes on
+    a sender, and how much of it is waiting for the provider's answer. A batch starts as many
+    senders as keep one busy while the others wait. The first batch uses them all."""
+
+    ALPHA = 0.05
+
+    def __init__(self) -> None:
+        self.row: float | None = None
+        self.wait = 0.0
+
+    def note(self, row: float, wait: float) -> None:
+        if self.row is None:
+            self.row, self.wait = row, wait
+        else:
+            self.row += self.ALPHA * (row - self.row)
+            self.wait += self.ALPHA * (wait - self.wait)
+
+    def senders(self, limit: int) -> int:
+        if self.row is None:
+            return limit
+        work = max(self.row - self.wait, self.row * 0.01, 1e-6)
+        return max(1, min(limit, math.ceil(self.row / work)))
+
+
+paces: dict[str, Pace] = {}  # channel -> its pace in this process
+_waited = threading.local()  # per sender thread: seconds the current row waited on its provider
+
+
+def pace(channel: str) -> Pace:
+    found = paces.get(channel)
+    if found is None:
+        found = paces.setdefault(channel, Pace())
+    return found
+
+
+def wanted(channels: Iterable[str], limit: int) -> int:
+    """The senders a batch over `channels` starts with: what its slowest channel needs."""
+    return max((pace(c).senders(limit) for c in channels), default=1)
+
+
+class Abandoned(BaseException):
+    """Raised on a sender whose send outlived its budget: the batch's thread settled the row, and
+    this thread drops whatever the call returned and stops (BaseException: nothing on the way
+    out may settle the row again)."""
+
+
+@dataclass(eq=False)
+class Call:
+    """A provider call in flight on a sender, and the deadline the batch's thread holds it to."""
+
+    row: ClaimedDelivery
+    adapter: Adapter
+    budget: float
+    deadline: float  # time.monotonic()
+    abandoned: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+
+# What a sender does with one row (it settles the row, whatever happens), and how the batch's
+# thread settles a row whose call outlived its budget.
+SendOne = Callable[[RowConnection, ClaimedDelivery, "Senders"], None]
+Overdue = Callable[[RowConnection, ClaimedDelivery, Adapter, UnknownSendError], None]
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a batch hands the pool: a connection per sender, and the two settling steps."""
+
+    connect: Callable[[], RowConnection]
+    send: SendOne
+    overdue: Overdue
+
+
+class Senders:
+    """A batch's sends on `senders` threads. Each sender takes the next row and calls the provider on
+    its own thread (no hand-off per send); the batch's thread watches every call's deadline and,
+    once one passes, settles that row as unknown while its lease still covers it, and starts a
+    sender in place of the one left waiting (its call ends on its own timeouts, unheeded)."""
+
+    def __init__(self, rows: list[ClaimedDelivery], work: Work, senders: int, limit: int) -> None:
+        self.work = work
+        self.todo = deque(rows)
+        self.senders = senders
+        self.limit = limit  # CLARION_SEND_CONCURRENCY: a provider that slows down gets up to this
+        self.cond = threading.Condition()
+        self.calls: set[Call] = set()
+        self.running = 0  # senders still sending for this batch (not abandoned, not done)
+        self.watching = math.inf  # the deadline the batch's thread sleeps until
+
+    def run(self) -> None:
+        for _ in range(self.senders):
+            self._start()
+        db = self.work.connect()
+        try:
+            while (overdue := self._wait()) is not None:
+                for call in overdue:
+                    self._settle_overdue(db, call)
+                    if self.todo:
+                        self._start()
+        finally:
+            db.close()
+
+    def _settle_overdue(self, db: RowConnection, call: Call) -> None:
+        error = UnknownSendError(
+            "deadline", f"no answer within the {call.budget:.1f} s send budget"
+        )
+        try:
+            self.work.overdue(db, call.row, call.adapter, error)
+        except Exception:  # the database is down: the row is left to its lease
+            log.exception(
+                "delivery not settled",
+                extra={"action": "deliver_unsettled", "delivery": call.row.key},
+            )
+
+    def _start(self) -> None:
+        with self.cond:
+            self.running += 1
+        _threads().run(self._sender)
+
+    def _more(self, wanted: int) -> None:
+        """One more sender for the rest of the batch, if the provider got slower than the batch
+        was started for (never more than the rows left, nor the limit)."""
+        with self.cond:
+            more = self.running < min(wanted, len(self.todo))
+            if more:
+                self.running += 1
+        if more:
+            _threads().run(self._sender)
+
+    def _wait(self) -> list[Call] | None:
+        """The calls past their deadline, now abandoned; None once every sender is done."""
+        with self.cond:
+            while self.running:
+                now = time.monotonic()
+                overdue = [c for c in self.calls if c.deadline <= now]
+                if overdue:
+                    for call in overdue:
+                        call.abandoned = True
+                        self.calls.discard(call)
+                    self.running -= len(overdue)
+                    return overdue
+                self.watching = min((c.deadline for c in self.calls), default=math.inf)
+                self.cond.wait(None if self.watching == math.inf else self.watching - now)
+            return None
+
+    def _sender(self) -> None:
+        db = self.work.connect()  # auto-committing: "sent" is durable once PostgreSQL answers
+        abandoned = False
+        try:
+            while (row := self._next()) is not None:
+                began, _waited.seconds = time.monotonic(), 0.0
+                self.work.send(db, row, self)
+                channel = pace(row.channel)
+                channel.note(time.monotonic() - began, _waited.seconds)
+                self._more(channel.senders(self.limit))
+        except Abandoned:
+            abandoned = True  # the batch's thread counted this sender out and settled its row
+        finally:
+            db.close()
+            if not abandoned:
+                with self.cond:
+                    self.running -= 1
+                    self.cond.notify_all()
+
+    def _next(self) -> ClaimedDelivery | None:
+        with self.cond:
+            return self.todo.popleft() if self.todo else None
+
+    def call(
+        self, adapter: Adapter, message: Message, row: ClaimedDelivery, budget: float
+    ) -> SendResult:
+        """adapter.send under a hard wall-clock budget, on this sender's thread. Past the budget
+        the batch's thread settles the row as unknown, and this raises Abandoned when (if) the
+        call comes back."""
+        budget = max(0.1, budget)
+        call = Call(row, adapter, budget, time.monotonic() + budget)
+        with self.cond:
+            self.calls.add(call)
+            if call.deadline < self.watching:  # else the watch wakes early enough already
+                self.cond.notify_all()
+        try:
+            return adapter.send(message)
+        finally:
+            _waited.seconds = getattr(_waited, "seconds", 0.0) + time.monotonic() - call.started
+            with self.cond:
+                self.calls.discard(call)
+                if call.abandoned:
+                    raise Abandoned  # what the call did no longer counts
+
+
+def send_all(rows: list[ClaimedDelivery], work: Work, limit: int) -> None:
+    """Send `rows` on as many senders as their channels' pace asks for (at most `limit`)."""
+    if rows:
+        senders = max(1, min(wanted({r.channel for r in rows}, limit), len(rows)))
+        Senders(rows, work, senders, limit).run()
+
+
+class Threads:
+    """A process's sender threads, kept between batches (starting a thread costs a round trip
+    through the scheduler). A new one starts whenever none is idle, so threads left waiting on
+    stalled calls never hold a batch up; at most `keep` wait idle."""
+
+    def __init__(self, keep: int = 16) -> None:
+        self.keep = keep
+        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
+        self._lock = threading.Lock()
+
+    def run(self, work: Callable[[], None]) -> None:
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            threading.Thread(
+                target=self._serve, args=(inbox,), name="clarion-send", daemon=True
+            ).start()
+        inbox.put(work)
+
+    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
+        while True:
+            inbox.get()()  # a sender: it catches what a row raises
+            with self._lock:
+                if len(self._idle) >= self.keep:
+                    return
+                self._idle.append(inbox)
+
+
+@runtime.per_process
+def _threads() -> Threads:
+    return Threads()
