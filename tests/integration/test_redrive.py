@@ -195,7 +195,7 @@ def test_a_delivery_whose_occurrence_was_sent_by_another_is_not_redriven(
     row = _delivery(failed)
     assert row["state"] == "failed" and row["one_platform"]
     with engine().begin() as conn:  # the same one_platform occurrence, sent on another channel
-        [(user, other, *_)] = ledger.insert_deliveries(
+        [created] = ledger.insert_deliveries(
             conn,
             [
                 ledger.NewDelivery(
@@ -211,7 +211,7 @@ def test_a_delivery_whose_occurrence_was_sent_by_another_is_not_redriven(
             now=datetime.now(UTC),
             due_at=datetime.now(UTC),
         )
-    assert deliver([user], [other]) == 1
+    assert deliver([created.user_id], [created.id]) == 1
     assert redrive(Filters(), dry_run=True).startswith("0 deliveries")
     with engine().begin() as conn:
         assert store.requeue(conn, [failed], states=("failed",), now=datetime.now(UTC)) == set()
