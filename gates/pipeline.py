@@ -197,7 +197,7 @@ def plan(
     channels = _channel_gates(b, ntype, recipient, snapshot, needs_address)
     if not channels:
         return Plan(tuple(b.steps))
-    result = Plan(tuple(b.steps), on_window=ntype.options.get("on_window", "skip"))
+    result = Plan(tuple(b.steps), on_window=ntype.gate_options.on_window)
     if ntype.digest is not None:
         return digested(result, ntype, request, recipient, now)
     context = Context(request, ntype, recipient, snapshot, now, policy)
@@ -423,9 +423,10 @@ def _open_group(
 def _collapse(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
     request, ntype, snapshot, now = c.request, c.ntype, c.snapshot, c.now
     key = ntype.collapse_key(request.variables)
-    if key is None:
+    spec = ntype.gate_options.collapse
+    if key is None or spec is None:
         return p, channels
-    seconds = float(ntype.options["collapse"].get("window_seconds", 120))
+    seconds = spec.window_seconds
     if (follows := _open_group(request, ntype, snapshot, now)) is not None:
         return collapsed(p, *follows), []
     until = now + timedelta(seconds=seconds)
