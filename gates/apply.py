@@ -18,17 +18,10 @@ from clarion import hashing, settings
 from clarion.catalog import Catalog, NotificationType
 from clarion.db import digests, gating, inbox
 from clarion.errors import ClarionError, ConfigurationError
-from clarion.gates.pipeline import (
-    DigestJoin,
-    Fold,
-    Plan,
-    Snapshot,
-    Step,
-    blocked_by_window,
-    cap_buckets,
-    collapsed,
-    folded,
-)
+from clarion.gates.activation_window import blocked_by_window
+from clarion.gates.collapse import collapsed
+from clarion.gates.contract import DigestJoin, Fold, Plan, Snapshot, Step
+from clarion.gates.fatigue_caps import cap_buckets, folded
 from clarion.rows import Recipient, ResolvedRequest
 
 

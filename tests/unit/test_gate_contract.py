@@ -9,7 +9,8 @@ import pytest
 
 from clarion.catalog import Catalog
 from clarion.catalog.model import Policy
-from clarion.gates.pipeline import GATES, Snapshot, plan, register, unregister
+from clarion.gates.contract import Snapshot
+from clarion.gates.pipeline import GATES, plan, register, unregister
 from tests.support.records import recipient, request
 from tests.support.weekday_gate import WeekdayOnly
 
@@ -50,7 +51,8 @@ def _plan(now: datetime, zone: str = "UTC"):  # type: ignore[no-untyped-def]
 
 
 def test_a_registered_gate_runs_in_its_place(weekday_gate: None) -> None:
-    assert [g.name for g in GATES][:2] == ["weekday_only", "quiet_hours"]
+    names = [g.name for g in GATES]
+    assert names[names.index("weekday_only") + 1] == "quiet_hours"
     saturday = _plan(SATURDAY)
     assert saturday.outcome == "suppress" and saturday.channels == ()
     assert [(s.gate, s.reason, s.detail) for s in saturday.decisions] == [
