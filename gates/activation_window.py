@@ -6,7 +6,18 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from clarion.gates.contract import Channels, Context, FunctionGate, Plan, with_step
+from sqlalchemy import Connection
+
+from clarion.db import activation_windows
+from clarion.gates.contract import (
+    Channels,
+    ClaimContext,
+    Context,
+    FunctionClaim,
+    FunctionGate,
+    Plan,
+    with_step,
+)
 
 
 def plan(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
@@ -46,4 +57,16 @@ def blocked_by_window(p: Plan, window: tuple[datetime, str]) -> Plan:
     )
 
 
+def claim(conn: Connection, p: Plan, c: ClaimContext) -> Plan:
+    """Open the window the plan asks for; a window another worker opened first blocks the nudge."""
+    if p.window_until is None:
+        return p
+    r = c.request
+    holder = activation_windows.claim_window(
+        conn, r.user_id, request_id=r.id, type_key=r.type_key, now=c.now, until=p.window_until
+    )
+    return p if holder is None else blocked_by_window(p, holder)
+
+
 GATE = FunctionGate("activation_window", plan)
+CLAIM = FunctionClaim("activation_window", claim)

@@ -6,8 +6,20 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from sqlalchemy import Connection
+
 from clarion.catalog import NotificationType
-from clarion.gates.contract import Channels, Context, FunctionGate, Plan, Snapshot, with_step
+from clarion.db import collapse_groups
+from clarion.gates.contract import (
+    Channels,
+    ClaimContext,
+    Context,
+    FunctionClaim,
+    FunctionGate,
+    Plan,
+    Snapshot,
+    with_step,
+)
 from clarion.rows import PlannedRequest
 
 
@@ -50,4 +62,17 @@ def collapsed(p: Plan, key: str, group: tuple[int, datetime, int]) -> Plan:
     )
 
 
+def claim(conn: Connection, p: Plan, c: ClaimContext) -> Plan:
+    """Lead the group the plan asks for; a leader another worker made first makes a follower."""
+    if p.collapse is None:
+        return p
+    key, until = p.collapse
+    r = c.request
+    leader, group_until, count = collapse_groups.claim_collapse(
+        conn, r.user_id, key=key, request_id=r.id, now=c.now, until=until
+    )
+    return p if leader == r.id else collapsed(p, key, (leader, group_until, count - 1))
+
+
 GATE = FunctionGate("collapse", plan)
+CLAIM = FunctionClaim("collapse", claim)

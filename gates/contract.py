@@ -180,6 +180,17 @@ class Claim(Protocol):
 
 
 @dataclass(frozen=True)
+class FunctionClaim:
+    """A claim made of a function."""
+
+    name: str
+    step: Callable[[Connection, Plan, ClaimContext], Plan]
+
+    def claim(self, conn: Connection, p: Plan, c: ClaimContext) -> Plan:
+        return self.step(conn, p, c)
+
+
+@dataclass(frozen=True)
 class ChannelContext:
     """What a channel gate decides over: the type, a known recipient, their snapshot, which
     channels have an adapter (and whether it needs an address), the recipient's country and the

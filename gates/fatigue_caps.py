@@ -6,9 +6,23 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, time, timedelta
 
+from sqlalchemy import Connection
+
 from clarion.catalog.model import Policy
+from clarion.db import fatigue_counters
+from clarion.errors import ClarionError
 from clarion.gates.collapse import open_group
-from clarion.gates.contract import CapClaim, Channels, Context, Fold, FunctionGate, Plan, with_step
+from clarion.gates.contract import (
+    CapClaim,
+    Channels,
+    ClaimContext,
+    Context,
+    Fold,
+    FunctionClaim,
+    FunctionGate,
+    Plan,
+    with_step,
+)
 from clarion.rows import Recipient
 from clarion.scheduling.zones import load_zone
 
@@ -69,4 +83,20 @@ def folded(p: Plan, recipient: Recipient, now: datetime, policy: Policy, detail:
     )
 
 
+def claim(conn: Connection, p: Plan, c: ClaimContext) -> Plan:
+    """Take a slot under each cap the plan names; a cap spent since the snapshot folds it."""
+    for cap in p.caps:
+        if fatigue_counters.claim_cap(
+            conn, scope=cap.scope, bucket=cap.bucket, limit=cap.limit, expires_at=cap.expires_at
+        ):
+            continue
+        recipient = c.snapshot.recipient
+        if recipient is None:  # gates.pipeline.plan gives caps to known recipients only
+            raise ClarionError(f"a fatigue cap for unknown recipient {c.request.user_id!r}")
+        detail = f"{cap.scope} reached {cap.limit} in {cap.bucket}"
+        return folded(p, recipient, c.now, c.policy, detail)
+    return p
+
+
 GATE = FunctionGate("fatigue_cap", plan)
+CLAIM = FunctionClaim("fatigue_cap", claim)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
+from typing import TypeVar
 
 from clarion.catalog import NotificationType
 from clarion.catalog.model import Policy
@@ -41,6 +42,7 @@ from clarion.gates.contract import (
     ChannelContext,
     ChannelGate,
     Channels,
+    Claim,
     Context,
     Gate,
     Plan,
@@ -49,6 +51,8 @@ from clarion.gates.contract import (
 )
 from clarion.rows import PlannedRequest, Recipient
 from clarion.scheduling.zones import country_of
+
+_Named = TypeVar("_Named", Gate, Claim)
 
 # The channel gates, in order, for each of the type's channels.
 CHANNEL_GATES: list[ChannelGate] = [
@@ -67,6 +71,12 @@ GATES: list[Gate] = [
     fatigue_caps.GATE,
     collapse.GATE,
 ]
+
+# The claims, in the order gates.apply makes them: not the planning order. A request that finds a
+# collapse leader (one routed in this same batch, say) is a follower and must spend no cap, so
+# collapse claims before caps; a leader that then finds the cap spent is folded, and the route's
+# savepoint takes its leadership back. The window comes first: a nudge it blocks claims nothing.
+CLAIMS: list[Claim] = [activation_window.CLAIM, collapse.CLAIM, fatigue_caps.CLAIM]
 
 
 def plan(
@@ -129,14 +139,28 @@ def _one_channel(channel: str, c: ChannelContext) -> Step:
     return allowed
 
 
-def register(gate: Gate, *, before: str | None = None) -> None:
-    """Add a gate to the pipeline: last, or just before the gate named `before`."""
-    names = [g.name for g in GATES]
-    if gate.name in names:
-        raise ValueError(f"a gate named {gate.name!r} is already registered")
-    GATES.insert(names.index(before) if before is not None else len(GATES), gate)
+def register(
+    gate: Gate,
+    *,
+    before: str | None = None,
+    claim: Claim | None = None,
+    claim_before: str | None = None,
+) -> None:
+    """Add a gate to the pipeline: last, or just before the gate named `before`; with its
+    `claim`, if it has one, in CLAIMS (last, or just before the claim named `claim_before`)."""
+    _insert(GATES, gate, before)
+    if claim is not None:
+        _insert(CLAIMS, claim, claim_before)
 
 
 def unregister(name: str) -> None:
-    """Take the gate named `name` out of the pipeline (a test's own gate, after the test)."""
+    """Take the gate named `name` (and its claim) out of the pipeline (a test's own gate)."""
     GATES[:] = [g for g in GATES if g.name != name]
+    CLAIMS[:] = [c for c in CLAIMS if c.name != name]
+
+
+def _insert(ordered: list[_Named], entry: _Named, before: str | None) -> None:
+    names = [e.name for e in ordered]
+    if entry.name in names:
+        raise ValueError(f"a gate named {entry.name!r} is already registered")
+    ordered.insert(names.index(before) if before is not None else len(ordered), entry)
