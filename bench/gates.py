@@ -58,7 +58,9 @@ from bench.common import say, start_services, table, with_database  # noqa: E402
 from clarion.db import gating, ledger  # noqa: E402
 from clarion.db.engine import engine, migrate, one_off_engine  # noqa: E402
 from clarion.gates.apply import needs_address, snapshots  # noqa: E402
-from clarion.gates.pipeline import Snapshot, cap_buckets, plan  # noqa: E402
+from clarion.gates.contract import Snapshot  # noqa: E402
+from clarion.gates.fatigue_caps import cap_buckets  # noqa: E402
+from clarion.gates.pipeline import plan  # noqa: E402
 from clarion.rows import DraftRequest, Recipient  # noqa: E402
 from clarion.tasks import runtime  # noqa: E402
 

@@ -18,6 +18,7 @@ from jinja2.exceptions import SecurityError, TemplateAssertionError, UndefinedEr
 from clarion.catalog import locales as _locales
 from clarion.catalog.digest import DIGEST_VARIABLES, DigestSpec, parse_digest
 from clarion.catalog.escalation import Escalation, check_escalations, parse_escalation
+from clarion.catalog.options import DEFAULT_UPDATE_SECONDS, GateOptions
 from clarion.catalog.sandbox import Sample, compile_template
 from clarion.catalog.sandbox import env as _env
 from clarion.catalog.sandbox import render as _render
@@ -58,7 +59,6 @@ GUARANTEES = ("at_most_once", "at_least_once")
 # (the leader included) and whether its window is still open. The first send renders these
 # defaults; tasks.refresh re-renders the leader's message with the live values.
 COLLAPSE_VARIABLES = {"collapsed_count": 1, "collapse_open": False}
-DEFAULT_UPDATE_SECONDS = 10.0
 # "Never twice" is the promise of a nudge; a receipt or a security code must arrive.
 GUARANTEE = {
     "transactional": "at_least_once",
@@ -196,6 +196,11 @@ class NotificationType:
     escalation: Escalation | None = None  # steps after this one when nobody acknowledges it
     text: TypeText = field(default_factory=TypeText)  # label and description in the default locale
     texts: dict[str, TypeText] = field(default_factory=dict)  # canonical tag -> its text
+    # `options` with every default filled, built with the type (catalog/options.py)
+    gate_options: GateOptions = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gate_options", GateOptions.of(self.options))
 
     def label(self, locale: str | None = None) -> str:
         """The type's name for people in `locale` (its fallback chain), else its key as words."""
@@ -225,29 +230,28 @@ class NotificationType:
 
     @property
     def window_exempt(self) -> bool:
-        return bool(self.options.get("window_exempt"))
+        return self.gate_options.window_exempt
 
     @property
     def critical(self) -> bool:
-        return bool(self.options.get("critical"))
+        return self.gate_options.critical
 
     @property
     def guarantee(self) -> str:
         """at_most_once | at_least_once: `options.delivery`, else the category's default."""
-        return str(self.options.get("delivery") or GUARANTEE[self.category])
+        return self.gate_options.delivery or GUARANTEE[self.category]
 
     @property
     def default_on(self) -> bool | None:
         """The type's own default, or None to fall back to the category's."""
-        value = self.options.get("default")
-        return None if value is None else value in ("on", True)
+        return self.gate_options.default_on
 
     def collapse_key(self, variables: Mapping[str, Any]) -> str | None:
-        spec = self.options.get("collapse")
-        if not spec:
+        spec = self.gate_options.collapse
+        if spec is None:
             return None
         return _render(
-            _compiled(self.key, 0, "", "collapse", str(spec["key"])), {**self.defaults, **variables}
+            _compiled(self.key, 0, "", "collapse", spec.key), {**self.defaults, **variables}
         )
 
     @cached_property
@@ -267,8 +271,8 @@ class NotificationType:
     @property
     def collapse_update_seconds(self) -> float:
         """Seconds between two in-place updates of a collapse leader's message."""
-        spec = self.options.get("collapse") or {}
-        return float(spec.get("update_seconds", DEFAULT_UPDATE_SECONDS))
+        spec = self.gate_options.collapse
+        return spec.update_seconds if spec is not None else DEFAULT_UPDATE_SECONDS
 
     def missing(self, variables: dict[str, Any]) -> list[str]:
         return [name for name in self.required if name not in variables]
@@ -655,7 +659,7 @@ def check_renders(ntype: NotificationType) -> None:
                 variant = None if locale == ntype.default_locale else locale
                 where = _where(ntype.key, version, channel, name, variant)
                 raise CatalogError(f"{where}: {_render_problem(exc)}") from exc
-        if ntype.options.get("collapse"):
+        if ntype.gate_options.collapse is not None:
             try:
                 ntype.collapse_key(context)
             except Exception as exc:

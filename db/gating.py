@@ -1,6 +1,9 @@
-"""Named statements for the gates: snapshots, and the atomic claims (window, caps, collapse).
+"""Named statements for the gates: the snapshot, the channel gates' rows (preferences and the
+suppression list), deferring a request and folding one into a summary.
 
-Each claim is one conditional upsert: of concurrent claimers, the database picks the winner.
+The activation window, fatigue caps and collapse gates keep their own snapshot query and claim in
+db/activation_windows.py, db/fatigue_counters.py and db/collapse_groups.py; `snapshot_rows` runs
+them with the others, so a snapshot stays six queries whatever the number of recipients.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from clarion import hashing, settings
+from clarion.db import activation_windows, collapse_groups, fatigue_counters
 from clarion.db.ledger import THESE_USERS
 
 # Joined with the arrays, not `= ANY(:users)`: a prepared statement's generic plan walks the array
@@ -26,17 +30,6 @@ _HASHED_SUPPRESSIONS = text(
     "JOIN unnest(CAST(:channels AS text[])) AS c(channel) USING (channel) "
     "JOIN unnest(CAST(:hashed AS text[])) AS h(address_hash) USING (address_hash) "
     "ORDER BY created_at, user_id"
-)
-_WINDOWS = text(
-    f"SELECT user_id, until, type_key FROM activation_windows {THESE_USERS} WHERE until > :now"
-)
-_COUNTERS = text(
-    "SELECT scope, bucket, count FROM fatigue_counters "
-    "JOIN unnest(CAST(:scopes AS text[])) AS these(scope) USING (scope) WHERE expires_at > :now"
-)
-_COLLAPSES = text(
-    "SELECT user_id, collapse_key, leader_id, window_until, count FROM collapse_groups "
-    f"{THESE_USERS} WHERE window_until > :now"
 )
 
 
@@ -65,123 +58,10 @@ def snapshot_rows(
         "hashed_suppressions": [tuple(r) for r in conn.execute(_HASHED_SUPPRESSIONS, params)]
         if params["hashed"]
         else [],
-        "windows": [tuple(r) for r in conn.execute(_WINDOWS, params)],
-        "counters": [tuple(r) for r in conn.execute(_COUNTERS, params)],
-        "collapses": [tuple(r) for r in conn.execute(_COLLAPSES, params)],
+        "windows": activation_windows.open_windows(conn, params),
+        "counters": fatigue_counters.live_counters(conn, params),
+        "collapses": collapse_groups.open_groups(conn, params),
     }
-
-
-_CLAIM_WINDOW = text(
-    """
-    INSERT INTO activation_windows AS w (user_id, request_id, type_key, opened_at, until)
-    VALUES (:user_id, :request_id, :type_key, :now, :until)
-    ON CONFLICT (user_id) DO UPDATE
-        SET request_id = excluded.request_id, type_key = excluded.type_key,
-            opened_at = excluded.opened_at, until = excluded.until
-        WHERE w.until <= excluded.opened_at
-    RETURNING request_id
-    """
-)
-_WINDOW = text("SELECT until, type_key FROM activation_windows WHERE user_id = :user_id")
-
-
-def claim_window(
-    conn: Connection,
-    user_id: str,
-    *,
-    request_id: int,
-    type_key: str,
-    now: datetime,
-    until: datetime,
-) -> tuple[datetime, str] | None:
-    """Open the recipient's activation window; None if we did, else (until, type) of the open one."""
-    won = conn.execute(
-        _CLAIM_WINDOW,
-        {
-            "user_id": user_id,
-            "request_id": request_id,
-            "type_key": type_key,
-            "now": now,
-            "until": until,
-        },
-    ).first()
-    if won is not None:
-        return None
-    row = conn.execute(_WINDOW, {"user_id": user_id}).one()
-    return row[0], row[1]
-
-
-_CLAIM_CAP = text(
-    """
-    INSERT INTO fatigue_counters AS c (scope, bucket, count, expires_at)
-    VALUES (:scope, :bucket, 1, :expires_at)
-    ON CONFLICT (scope, bucket) DO UPDATE SET count = c.count + 1 WHERE c.count < :limit
-    RETURNING count
-    """
-)
-
-
-def claim_cap(
-    conn: Connection, *, scope: str, bucket: str, limit: int, expires_at: datetime
-) -> bool:
-    """Take one slot under a fatigue cap; False when the cap is reached."""
-    return (
-        conn.execute(
-            _CLAIM_CAP, {"scope": scope, "bucket": bucket, "limit": limit, "expires_at": expires_at}
-        ).first()
-        is not None
-    )
-
-
-_CLAIM_COLLAPSE = text(
-    """
-    INSERT INTO collapse_groups AS g (user_id, collapse_key, leader_id, window_until, count)
-    VALUES (:user_id, :key, :request_id, :until, 1)
-    ON CONFLICT (user_id, collapse_key) DO UPDATE SET
-        leader_id = CASE WHEN g.window_until > :now THEN g.leader_id ELSE excluded.leader_id END,
-        count = CASE WHEN g.window_until > :now THEN g.count + 1 ELSE 1 END,
-        window_until = CASE WHEN g.window_until > :now THEN g.window_until ELSE excluded.window_until END
-    RETURNING leader_id, window_until, count
-    """
-)
-
-
-def claim_collapse(
-    conn: Connection, user_id: str, *, key: str, request_id: int, now: datetime, until: datetime
-) -> tuple[int, datetime, int]:
-    """Join or lead the collapse group; returns (leader request id, window end, members so far)."""
-    row = conn.execute(
-        _CLAIM_COLLAPSE,
-        {"user_id": user_id, "key": key, "request_id": request_id, "now": now, "until": until},
-    ).one()
-    return row[0], row[1], row[2]
-
-
-_JOIN_COLLAPSE = text(
-    """
-    WITH g AS (
-        UPDATE collapse_groups SET count = count + 1
-        WHERE user_id = :user_id AND collapse_key = :key AND window_until > :now
-        RETURNING user_id, collapse_key, leader_id, window_until, count
-    )
-    INSERT INTO collapse_refreshes AS r (user_id, leader_id, collapse_key, count, window_until, due_at)
-    SELECT user_id, leader_id, collapse_key, count, window_until, CAST(:due AS timestamptz) FROM g
-    ON CONFLICT (user_id, leader_id) DO UPDATE SET
-        count = GREATEST(r.count, excluded.count), due_at = LEAST(r.due_at, excluded.due_at)
-    """
-)
-
-
-def join_collapse(
-    conn: Connection, user_id: str, *, key: str, now: datetime, refresh_at: datetime | None = None
-) -> None:
-    """Count a collapsed follower on its group (the leader's "and N more"), and owe the leader's
-    message an update no later than `refresh_at` (default: now). Followers only bring the update
-    forward, never push it back, so many followers make one update (tasks.refresh)."""
-    conn.execute(
-        _JOIN_COLLAPSE,
-        {"user_id": user_id, "key": key, "now": now, "due": refresh_at or now},
-    )
 
 
 _DEFER = text(

@@ -182,7 +182,7 @@ _FOLD = text(
 
 
 def fold_follower(conn: Connection, user_id: str, *, key: str, now: datetime) -> int | None:
-    """After a follower joined the group `key` (gating.join_collapse, same transaction, which
+    """After a follower joined the group `key` (collapse_groups.join_collapse, same transaction, which
     holds the group row): the leader's item takes the group's count; its id, or None when the
     leader has no in-app item yet (it starts at the group's count when it is stored)."""
     item_id = conn.execute(_FOLD, {"u": user_id, "key": key, "now": now}).scalar()

@@ -1,6 +1,6 @@
 """Named statements for collapse in place: the updates owed to collapse leaders' messages.
 
-A follower (gating.join_collapse) upserts its leader's row in `collapse_refreshes` with the
+A follower (collapse_groups.join_collapse) upserts its leader's row in `collapse_refreshes` with the
 group's count and lowers `due_at`. The update job (tasks.refresh) takes due rows under a lease on
 PostgreSQL's clock, reads the leaders' deliveries, sets their messages to the count of that
 moment, then finishes the row: nothing more owed, or the closing update at the window's end. A

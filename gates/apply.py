@@ -16,19 +16,11 @@ from sqlalchemy import Connection
 
 from clarion import hashing, settings
 from clarion.catalog import Catalog, NotificationType
-from clarion.db import digests, gating, inbox
-from clarion.errors import ClarionError, ConfigurationError
-from clarion.gates.pipeline import (
-    DigestJoin,
-    Fold,
-    Plan,
-    Snapshot,
-    Step,
-    blocked_by_window,
-    cap_buckets,
-    collapsed,
-    folded,
-)
+from clarion.db import collapse_groups, digests, gating, inbox
+from clarion.errors import ConfigurationError
+from clarion.gates.contract import ClaimContext, DigestJoin, Fold, Plan, Snapshot, Step
+from clarion.gates.fatigue_caps import cap_buckets
+from clarion.gates.pipeline import CLAIMS
 from clarion.rows import Recipient, ResolvedRequest
 
 
@@ -124,7 +116,7 @@ def apply(
         gating.defer_request(conn, key, until=plan.defer_until)
     if plan.join_collapse is not None:
         spacing = ntype.collapse_update_seconds if ntype else 0.0
-        gating.join_collapse(
+        collapse_groups.join_collapse(
             conn,
             request.user_id,
             key=plan.join_collapse,
@@ -217,43 +209,12 @@ def _claim(
     catalog: Catalog,
     now: datetime,
 ) -> Plan:
-    user = request.user_id
-    if plan.window_until is not None:
-        holder = gating.claim_window(
-            conn,
-            user,
-            request_id=request.id,
-            type_key=request.type_key,
-            now=now,
-            until=plan.window_until,
-        )
-        if holder is not None:
-            return blocked_by_window(plan, holder)
-    # Collapse before caps: a request that finds a leader (one routed in this same batch, say)
-    # is a follower and spends no cap; a leader that then finds the cap spent is folded, and the
-    # savepoint takes its leadership back.
-    if plan.collapse is not None:
-        key, until = plan.collapse
-        leader, group_until, count = gating.claim_collapse(
-            conn, user, key=key, request_id=request.id, now=now, until=until
-        )
-        if leader != request.id:
-            return collapsed(plan, key, (leader, group_until, count - 1))
-    for cap in plan.caps:
-        if not gating.claim_cap(
-            conn, scope=cap.scope, bucket=cap.bucket, limit=cap.limit, expires_at=cap.expires_at
-        ):
-            if (
-                snapshot.recipient is None
-            ):  # gates.pipeline.plan gives caps to known recipients only
-                raise ClarionError(f"a fatigue cap for unknown recipient {user!r}")
-            return folded(
-                plan,
-                snapshot.recipient,
-                now,
-                catalog.policy,
-                f"{cap.scope} reached {cap.limit} in {cap.bucket}",
-            )
+    """Make the plan's claims in CLAIMS order; the first one lost gives the plan that holds."""
+    context = ClaimContext(request, snapshot, catalog.policy, now)
+    for claim in CLAIMS:
+        final = claim.claim(conn, plan, context)
+        if final is not plan:
+            return final
     return plan
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from clarion.gates.pipeline import Plan, Snapshot
+from clarion.gates.contract import Plan, Snapshot
 from clarion.rows import PlannedRequest
 
 

@@ -9,7 +9,7 @@ from clarion.db import ledger, reports
 from clarion.db.engine import engine
 from clarion.db.schema import SENT_STATES
 from clarion.errors import InvalidRequest, UnknownRecipient
-from clarion.gates.pipeline import Plan
+from clarion.gates.contract import Plan
 from clarion.ops.table import render
 
 

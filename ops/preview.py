@@ -25,7 +25,7 @@ from clarion.rows import Recipient
 from clarion.settings import Settings
 
 if TYPE_CHECKING:
-    from clarion.gates.pipeline import Plan
+    from clarion.gates.contract import Plan
 
 PREVIEW_USER = "preview-user"
 PREVIEW_OCCURRENCE = "preview"

@@ -12,7 +12,8 @@ from clarion.db import series as store
 from clarion.db.engine import engine
 from clarion.errors import UnknownRecipient
 from clarion.gates.apply import needs_address, snapshots
-from clarion.gates.pipeline import Snapshot, plan
+from clarion.gates.contract import Snapshot
+from clarion.gates.pipeline import plan
 from clarion.gates.simulate import applied
 from clarion.ops.table import render
 from clarion.rows import DraftRequest

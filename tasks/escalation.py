@@ -35,7 +35,7 @@ from clarion.catalog import Catalog, NotificationType
 from clarion.db import escalations as store
 from clarion.db import ledger
 from clarion.db.engine import engine
-from clarion.gates.pipeline import Plan
+from clarion.gates.contract import Plan
 from clarion.rows import Recipient, ResolvedRequest
 from clarion.scheduling.worktime import add_working_time
 from clarion.tasks import runtime

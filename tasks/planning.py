@@ -11,7 +11,8 @@ from clarion.db import ledger
 from clarion.db.engine import engine
 from clarion.errors import UnknownRecipient
 from clarion.gates.apply import needs_address, snapshots
-from clarion.gates.pipeline import Plan, plan
+from clarion.gates.contract import Plan
+from clarion.gates.pipeline import plan
 from clarion.rows import DraftRequest
 from clarion.tasks import runtime
 from clarion.tasks.producer import build_request

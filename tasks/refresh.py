@@ -32,7 +32,7 @@ from celery import shared_task
 from clarion import clock
 from clarion.adapters.base import can_update
 from clarion.catalog import NotificationType
-from clarion.catalog.model import DEFAULT_UPDATE_SECONDS
+from clarion.catalog.options import DEFAULT_UPDATE_SECONDS
 from clarion.db import refresh
 from clarion.db.engine import engine
 from clarion.db.refresh import LeaderDelivery, OwedRefresh

@@ -18,7 +18,8 @@ from clarion.catalog import Catalog
 from clarion.db import ledger
 from clarion.db.engine import engine
 from clarion.gates.apply import apply, needs_address, snapshots
-from clarion.gates.pipeline import Snapshot, plan
+from clarion.gates.contract import Snapshot
+from clarion.gates.pipeline import plan
 from clarion.rows import ClaimedDelivery, CreatedDelivery, Recipient, ResolvedRequest
 from clarion.tasks import escalation, runtime
 from clarion.tasks.deliver import deliver_now, send_claimed

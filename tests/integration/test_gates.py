@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from clarion import settings
-from clarion.db import gating
+from clarion.db import fatigue_counters, gating
 from clarion.db.engine import engine
 from clarion.errors import InvalidRequest, UnknownRecipient
 from clarion.ops.explain import explain, plan_table
@@ -457,7 +457,7 @@ def test_two_route_batches_over_one_organisation_in_opposite_orders_both_route(g
         for n, users in enumerate((["oa", "ob"], ["ob", "oa"]))
     ]
     with engine().begin() as conn:  # the organisation's counter for this hour exists ...
-        gating.claim_cap(
+        fatigue_counters.claim_cap(
             conn,
             scope="org:acme",
             bucket="2026-12-07T07",
@@ -748,7 +748,7 @@ def test_a_critical_alert_goes_out_in_quiet_hours_and_over_the_cap(gates, vclock
     assert _reasons("hal", tip) == ["quiet_hours"]
     with engine().begin() as conn:  # and the day's cap is already spent
         for _ in range(3):
-            gating.claim_cap(
+            fatigue_counters.claim_cap(
                 conn,
                 scope="user:hal",
                 bucket="2026-12-08",

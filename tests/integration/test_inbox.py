@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 
 from clarion.adapters.inapp import InAppAdapter
-from clarion.db import gating, inbox
+from clarion.db import collapse_groups, inbox
 from clarion.db.engine import engine
 from clarion.errors import FaultInjected, PermanentSendError
 from clarion.standins.receiver import Receiver
@@ -248,7 +248,9 @@ def test_a_follower_folding_in_while_the_leader_is_stored_is_not_lost(inapp, mon
     [leader] = stranded(monkeypatch, "ana", "inbox_alert", "a0", host="h0", cluster="prod")
     with engine().connect() as held:
         tx = held.begin()
-        gating.join_collapse(held, "ana", key="cpu:prod", now=clock.now())  # as gates.apply does
+        collapse_groups.join_collapse(
+            held, "ana", key="cpu:prod", now=clock.now()
+        )  # as gates.apply does
         assert inbox.fold_follower(held, "ana", key="cpu:prod", now=clock.now()) is None
         sent: list[int] = []
         worker = threading.Thread(target=lambda: sent.append(deliver([leader[0]], [leader[1]])))

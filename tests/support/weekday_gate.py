@@ -1,13 +1,13 @@
 """A toy gate, the whole of it: requests go out on the recipient's local Monday to Friday only.
 
-It shows the gate contract (gates.pipeline.Gate): a name, a pure plan step over the request's
+It shows the gate contract (gates.contract.Gate): a name, a pure plan step over the request's
 context, registered with one line (`register(WeekdayOnly(), before="quiet_hours")`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from clarion.gates.pipeline import Channels, Context, Plan, with_step
+from clarion.gates.contract import Channels, Context, Plan, with_step
 from clarion.scheduling.zones import load_zone
 
 

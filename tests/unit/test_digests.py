@@ -12,7 +12,8 @@ import pytest
 
 from clarion.catalog import Catalog, CatalogError
 from clarion.catalog.digest import DigestSpec, parse_window, render_fallback
-from clarion.gates.pipeline import Snapshot, plan
+from clarion.gates.contract import Snapshot
+from clarion.gates.pipeline import plan
 from clarion.scheduling.digests import window_due
 from clarion.tasks.summarise import SummaryRequest, clean, summary_line
 from tests.support.records import recipient as fake_recipient

@@ -9,7 +9,8 @@ import pytest
 
 from clarion.catalog import Catalog
 from clarion.catalog.model import Policy
-from clarion.gates.pipeline import GATES, Snapshot, plan, register, unregister
+from clarion.gates.contract import FunctionClaim, Snapshot
+from clarion.gates.pipeline import CLAIMS, GATES, plan, register, unregister
 from tests.support.records import recipient, request
 from tests.support.weekday_gate import WeekdayOnly
 
@@ -50,7 +51,8 @@ def _plan(now: datetime, zone: str = "UTC"):  # type: ignore[no-untyped-def]
 
 
 def test_a_registered_gate_runs_in_its_place(weekday_gate: None) -> None:
-    assert [g.name for g in GATES][:2] == ["weekday_only", "quiet_hours"]
+    names = [g.name for g in GATES]
+    assert names[names.index("weekday_only") + 1] == "quiet_hours"
     saturday = _plan(SATURDAY)
     assert saturday.outcome == "suppress" and saturday.channels == ()
     assert [(s.gate, s.reason, s.detail) for s in saturday.decisions] == [
@@ -79,3 +81,25 @@ def test_without_the_registration_line_the_gate_is_not_there() -> None:
 def test_a_gate_name_is_registered_once(weekday_gate: None) -> None:
     with pytest.raises(ValueError, match="'weekday_only' is already registered"):
         register(WeekdayOnly())
+
+
+def test_claims_run_window_then_collapse_then_caps() -> None:
+    """Not the planning order (caps before collapse): a follower must spend no cap."""
+    assert [c.name for c in CLAIMS] == ["activation_window", "collapse", "fatigue_cap"]
+    names = [g.name for g in GATES]
+    assert names.index("fatigue_cap") < names.index("collapse")
+
+
+def test_a_gate_with_a_claim_registers_both_in_one_line() -> None:
+    claim = FunctionClaim("weekday_only", lambda conn, p, c: p)
+    register(WeekdayOnly(), before="quiet_hours", claim=claim, claim_before="collapse")
+    try:
+        assert [c.name for c in CLAIMS] == [
+            "activation_window",
+            "weekday_only",
+            "collapse",
+            "fatigue_cap",
+        ]
+    finally:
+        unregister("weekday_only")
+    assert "weekday_only" not in [c.name for c in CLAIMS] + [g.name for g in GATES]

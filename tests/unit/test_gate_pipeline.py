@@ -15,18 +15,11 @@ import pytest
 
 from clarion.catalog import Catalog
 from clarion.catalog.model import Policy
-from clarion.gates.pipeline import (
-    CapClaim,
-    Fold,
-    Plan,
-    Snapshot,
-    Step,
-    blocked_by_window,
-    cap_buckets,
-    collapsed,
-    folded,
-    plan,
-)
+from clarion.gates.activation_window import blocked_by_window
+from clarion.gates.collapse import collapsed
+from clarion.gates.contract import CapClaim, Fold, Plan, Snapshot, Step
+from clarion.gates.fatigue_caps import cap_buckets, folded
+from clarion.gates.pipeline import plan
 from clarion.rows import Recipient
 from tests.support.records import recipient as fake_recipient
 from tests.support.records import request as fake_request

@@ -113,7 +113,7 @@ def test_load_zone_takes_only_names_from_the_tzdata_list() -> None:
 PROBE = """
 import json, zoneinfo
 from datetime import UTC, datetime, time, timedelta
-from clarion.gates.pipeline import cap_buckets
+from clarion.gates.fatigue_caps import cap_buckets
 from clarion.gates.quiet import quiet_until
 from clarion.rows import Recipient
 from clarion.scheduling.recurrence import Every, due_at
