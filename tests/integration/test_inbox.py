@@ -30,7 +30,7 @@ from tests.support.pipeline import (
     publishing_to_this_tests_broker,
     rows,
 )
-from tests.support.race import race
+from tests.support.race import held, race
 
 pytestmark = pytest.mark.integration
 CATALOG = Path(__file__).parents[1] / "catalog_inapp.yaml"
@@ -298,7 +298,11 @@ def _follow(n: int) -> int:
 
 def test_concurrent_followers_all_count(inapp):
     send("ana", "inbox_alert", "a0", host="h0", cluster="prod")
-    followed = race(6, _follow, lambda i: (i,))
-    assert followed == [1] * 6 and followed.most_at_once() >= 2  # the contenders met
+    # the group's row is held until all six followers queue on it: then they count at once
+    lock = "SELECT 1 FROM collapse_groups WHERE user_id = 'ana' FOR UPDATE"
+    with held(lock, {}, waiters=6) as queued:
+        followed = race(6, _follow, lambda i: (i,))
+    assert queued.waiters == 6 and queued.all_in("collapse_groups"), queued.statements
+    assert followed == [1] * 6
     assert [i["count"] for i in items()] == [7]
     assert rows("SELECT count FROM collapse_groups") == [{"count": 7}]

@@ -30,7 +30,7 @@ from tests.support.pipeline import (
     publishing_to_this_tests_broker,
     rows,
 )
-from tests.support.race import race
+from tests.support.race import held, race
 
 pytestmark = pytest.mark.integration
 
@@ -302,8 +302,14 @@ def _notify_once(user: str) -> tuple[int, bool]:
 
 
 def test_eight_processes_notifying_one_event_create_one_request_and_one_is_told_new(ann):
-    results = race(8, _notify_once, lambda i: (ann,))
-    assert results.most_at_once() >= 2  # the contenders met
+    # The recipient's row is held (FOR UPDATE conflicts with the key share the request's foreign
+    # key takes) until all eight inserts queue on it: then they race for the one request at once
+    lock = "SELECT 1 FROM recipients WHERE user_id = :u FOR UPDATE"
+    with held(lock, {"u": ann}, waiters=8) as queued:
+        results = race(8, _notify_once, lambda i: (ann,))
+    assert queued.waiters == 8 and queued.all_in("INSERT INTO requests"), (
+        queued.statements
+    )  # they met there
     assert len({request_id for request_id, _ in results}) == 1
     assert sorted(new for _, new in results) == [False] * 7 + [True]
     assert count("requests") == 1
