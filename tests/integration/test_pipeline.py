@@ -890,9 +890,8 @@ def test_a_batch_against_a_provider_that_slows_down_adds_senders_within_the_batc
                 for i in range(48)
             ]
         )
-        began = time.monotonic()
         assert route([ann] * 48, [m.request_id for m in made]) == 48  # and the route sends them
-        took = time.monotonic() - began
     assert count("deliveries", "state = 'sent'") == 48
-    assert most[0] >= 6, most[0]  # beyond the 3 it started with (timing decides 6, 7 or 8)
-    assert took < 48 * 0.05 / 3, took  # 3 senders throughout would take 0.8 s
+    # the provider saw more sends in flight at once than the 3 the batch started with: senders
+    # were added within the batch (counted at the provider, not read off a wall clock)
+    assert most[0] >= 6, most[0]  # (timing decides 6, 7 or 8)
