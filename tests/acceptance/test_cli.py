@@ -25,7 +25,7 @@ from clarion.tasks.preferences import set_preferences
 from clarion.tasks.route import route
 from clarion.tasks.series import arm_series
 from clarion.tasks.tick import tick
-from tests.conftest import ROOT
+from tests.support.environment import ROOT
 
 pytestmark = pytest.mark.acceptance
 
@@ -46,7 +46,7 @@ ROW = re.compile(
 def cli(clarion_env, monkeypatch):
     """`cli("send", ...)` runs the installed `clarion` command against this test's database and the
     gates catalog; this process (register_recipient, route) is pointed at the same catalog."""
-    from tests.conftest import reset_process_state
+    from tests.support.environment import reset_process_state
 
     for key, value in EXTRA.items():
         monkeypatch.setenv(key, value)

@@ -35,7 +35,6 @@ from clarion.tasks.deliver import deliver
 from clarion.tasks.route import route
 from clarion.web import teams as web_teams
 from clarion.web.app import create_app
-from tests.conftest import ROOT
 from tests.integration import test_slack as slack_tests
 from tests.integration import test_teams as teams_tests
 from tests.integration.test_slack import FORM, SECRET
@@ -49,6 +48,7 @@ from tests.integration.test_teams import (
     post,
     teams_activity,
 )
+from tests.support.environment import ROOT
 from tests.support.pipeline import configure, count, drain, rows
 
 pytestmark = pytest.mark.integration

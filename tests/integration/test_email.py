@@ -24,7 +24,7 @@ from clarion.standins.fake_smtp import FakeSmtp, self_signed
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.route import route
-from tests.conftest import WEBHOOK_SECRET
+from tests.support.environment import WEBHOOK_SECRET
 from tests.support.pipeline import configure, drain, publishing_to_this_tests_broker, rows
 
 pytestmark = pytest.mark.integration

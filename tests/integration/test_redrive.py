@@ -23,7 +23,7 @@ from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.route import route
-from tests.conftest import CATALOG
+from tests.support.environment import CATALOG
 from tests.support.pipeline import configure, counts, drain, expire_lease, rows
 
 pytestmark = pytest.mark.integration

@@ -66,7 +66,7 @@ from clarion.tasks.route import route
 from clarion.tasks.tick import tick
 from clarion.web import teams as web_teams
 from clarion.web.app import create_app
-from tests.conftest import ROOT
+from tests.support.environment import ROOT
 from tests.support.pipeline import (
     configure,
     count,

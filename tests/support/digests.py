@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, reset_process_state
+from tests.support.environment import ROOT, reset_process_state
 from tests.support.gates import rows
 
 DIGESTS = ROOT / "tests" / "catalog_digests.yaml"
