@@ -17,6 +17,7 @@ from sqlalchemy import make_url
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = ROOT / "tests" / "catalog.yaml"
+ACTIVATION = ROOT / "catalog" / "examples" / "activation.yaml"  # the Slack and Teams tests'
 # With CLARION_DATABASE_URL set, the public development secret is refused (clarion/settings.py).
 WEBHOOK_SECRET = "clarion-test-secret"
 
