@@ -967,8 +967,8 @@ def test_set_preferences_rejects_bad_settings_and_writes_nothing(gates, bad):
 
 
 def test_set_and_get_preferences_of_an_unknown_recipient_fail(gates):
-    with pytest.raises(UnknownRecipient):
+    with pytest.raises(UnknownRecipient, match="unknown recipient 'ghost'"):
         set_preferences("ghost", {"all": False})
-    with pytest.raises(UnknownRecipient):
+    with pytest.raises(UnknownRecipient, match="unknown recipient 'ghost'"):
         get_preferences("ghost")
     assert rows("SELECT count(*) FROM preferences") == [(0,)]

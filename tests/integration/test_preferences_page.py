@@ -215,7 +215,7 @@ def test_output_is_escaped() -> None:
 
 
 def test_links_name_known_recipients_and_a_sane_ttl(client) -> None:
-    with pytest.raises(UnknownRecipient):
+    with pytest.raises(UnknownRecipient, match="unknown recipient 'nobody'"):
         preferences_link("nobody")
     with pytest.raises(InvalidRequest, match="ttl"):
         preferences_link("ann", ttl="0d")
