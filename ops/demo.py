@@ -7,6 +7,7 @@ not sent (with reasons) and prevented.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import secrets
@@ -25,6 +26,7 @@ from clarion.standins.fake_slack import FakeSlack
 from clarion.standins.receiver import Receiver
 
 DATABASE = "clarion_demo"
+ARRIVALS = "demo-receiver.json"  # in CLARION_HOME: what the webhook receiver took
 RECIPIENTS = 120
 ZONES = ["Europe/Berlin", "America/New_York", "Asia/Jerusalem", "Asia/Tokyo", "Australia/Sydney"]
 
@@ -266,10 +268,24 @@ def _play(url, redis_url, receiver, processes, home, env, started, slack, provid
     chat = demo_chat.run(slack, say)
     receipts = demo_receipts.run(providers, say)
     escalated = demo_escalation.run(providers, receiver, say)
+    _keep_arrivals(receiver, home / ARRIVALS)
     say(
         f"finished in {time.monotonic() - started:.1f} s" + ("" if done else " (timed out waiting)")
     )
     return 0 if done and chat and receipts and escalated and digest else 1
+
+
+def _keep_arrivals(receiver: Receiver, path: Path) -> None:
+    """Write what the webhook receiver took (arrivals per idempotency key, the delivery id each
+    key carried, the keys per occurrence) for a reader after the demo, like its database."""
+    a = receiver.arrivals
+    with a.lock:
+        kept = {
+            "by_key": dict(a.by_key),
+            "deliveries": dict(a.deliveries),
+            "occurrences": {o: sorted(keys) for o, keys in a.occurrences.items()},
+        }
+    path.write_text(json.dumps(kept, indent=1, sort_keys=True))
 
 
 def _summary(url: str, redis_url: str, receiver: Receiver, requested: int, repeated: int) -> None:

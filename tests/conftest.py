@@ -10,16 +10,38 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
-from sqlalchemy import make_url, text
+from sqlalchemy import text
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.environment import (
+    CATALOG,
+    ROOT,
+    WEBHOOK_SECRET,
+    Services,
+    TestEnv,
+    partitions_under_test,
+    reset_process_state,
+    use_only,
+    with_database,
+)
+
+__all__ = [  # re-exported for code that still reaches them here; new code imports tests.support
+    "CATALOG",
+    "ROOT",
+    "WEBHOOK_SECRET",
+    "Services",
+    "TestEnv",
+    "partitions_under_test",
+    "reset_process_state",
+    "use_only",
+    "with_database",
+]
+
 # Under pytest-xdist (`make test` runs `-n 2`) each worker process counts metrics in its own folder:
 # the metrics tests compare one scrape with another, and a neighbour's sends would otherwise land
 # in the same files. The workers inherit the folder the controller chose here, so each appends
@@ -28,32 +50,6 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 METRICS = os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(ROOT / ".clarion" / "metrics-test"))
 if WORKER:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = f"{METRICS}-{WORKER}"
-
-
-CATALOG = Path(__file__).parent / "catalog.yaml"
-# With CLARION_DATABASE_URL set, the public development secret is refused (clarion/settings.py).
-WEBHOOK_SECRET = "clarion-test-secret"
-
-
-@dataclass(frozen=True)
-class Services:
-    database_url: str
-    redis_url: str
-    broker_url: str
-
-
-@dataclass(frozen=True)
-class TestEnv:
-    """One test's isolated world: its database and the CLARION_* variables that point at it."""
-
-    database_url: str
-    redis_url: str
-    home: Path
-    env: dict[str, str]
-
-
-def _with_database(url: str, name: str) -> str:
-    return make_url(url).set(database=name).render_as_string(hide_password=False)
 
 
 _EMBEDDED: list = []  # the embedded services this pytest process started (the xdist controller)
@@ -122,12 +118,6 @@ def services() -> Iterator[Services]:
         handle.stop()
 
 
-def partitions_under_test() -> int | None:
-    """TEST_CLARION_PARTITIONS=N: tests migrate to the layout hash-partitioned into N (db/partitioning.py)."""
-    parts = os.environ.get("TEST_CLARION_PARTITIONS")
-    return int(parts) if parts else None
-
-
 @pytest.fixture(scope="session")
 def template_database(services: Services) -> Iterator[str]:
     from clarion.db.engine import migrate, one_off_engine
@@ -137,31 +127,10 @@ def template_database(services: Services) -> Iterator[str]:
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    migrate(_with_database(services.database_url, name), partitions=partitions_under_test())
+    migrate(with_database(services.database_url, name), partitions=partitions_under_test())
     yield name
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
-def reset_process_state() -> None:
-    from clarion import faults, settings
-    from clarion.db import engine
-    from clarion.tasks import runtime
-
-    settings.reset()
-    faults.reset()
-    runtime.reset()
-    engine.dispose_all()
-
-
-def use_only(monkeypatch: pytest.MonkeyPatch, env: Mapping[str, str]) -> None:
-    """Exactly these CLARION_* variables for this process and its children (any other is
-    removed), and no settings, engine or catalog cached from before."""
-    for key in [k for k in os.environ if k.startswith("CLARION_")]:
-        monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    reset_process_state()
 
 
 @pytest.fixture
@@ -175,7 +144,7 @@ def clarion_env(
     admin = one_off_engine(services.database_url)
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"'))
-    url = _with_database(services.database_url, name)
+    url = with_database(services.database_url, name)
     redis.Redis.from_url(services.redis_url).flushdb()
     env = {
         "CLARION_HOME": str(tmp_path / "home"),
@@ -206,7 +175,7 @@ def unmigrated_database(clarion_env: TestEnv) -> Iterator[str]:
     admin = one_off_engine(clarion_env.database_url)
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    yield _with_database(clarion_env.database_url, name)
+    yield with_database(clarion_env.database_url, name)
     dispose_all()
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

@@ -26,9 +26,9 @@ from clarion.settings import Settings
 from clarion.standins.fake_slack import FakeSlack
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient
-from tests.conftest import WEBHOOK_SECRET
 from tests.support import services
 from tests.support.cluster import counts, wait_settled
+from tests.support.environment import WEBHOOK_SECRET
 from tests.support.services import RedisServer
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.chaos]

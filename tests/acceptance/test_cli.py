@@ -25,7 +25,8 @@ from clarion.tasks.preferences import set_preferences
 from clarion.tasks.route import route
 from clarion.tasks.series import arm_series
 from clarion.tasks.tick import tick
-from tests.conftest import ROOT
+from tests.support.cli import ok, refused
+from tests.support.environment import ROOT
 
 pytestmark = pytest.mark.acceptance
 
@@ -46,7 +47,7 @@ ROW = re.compile(
 def cli(clarion_env, monkeypatch):
     """`cli("send", ...)` runs the installed `clarion` command against this test's database and the
     gates catalog; this process (register_recipient, route) is pointed at the same catalog."""
-    from tests.conftest import reset_process_state
+    from tests.support.environment import reset_process_state
 
     for key, value in EXTRA.items():
         monkeypatch.setenv(key, value)
@@ -64,26 +65,6 @@ def cli(clarion_env, monkeypatch):
 def count(table: str) -> int:
     with engine().connect() as conn:
         return conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
-
-
-def ok(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 0, (
-        f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    )
-    assert "Traceback" not in result.stderr, result.stderr
-    return result.stdout
-
-
-def refused(result: subprocess.CompletedProcess) -> str:
-    """A bad call: exit 2, nothing on stdout, one line `clarion: ...` on stderr, no traceback."""
-    assert "Traceback" not in result.stderr, result.stderr
-    assert result.returncode == 2, (
-        f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    )
-    assert result.stdout == ""
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("clarion: "), result.stderr
-    return lines[0]
 
 
 def soon(zone: str, hours: int = 1) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 from clarion.catalog.model import EXAMPLES
 from clarion.tasks import register_recipient
-from tests.conftest import reset_process_state
+from tests.support.environment import reset_process_state
 
 pytestmark = pytest.mark.acceptance
 

@@ -16,8 +16,8 @@ import pytest
 from clarion.ops import launch
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient
-from tests.conftest import WEBHOOK_SECRET, reset_process_state
 from tests.support.cluster import counts, wait_settled
+from tests.support.environment import WEBHOOK_SECRET, reset_process_state
 
 pytestmark = pytest.mark.acceptance
 

@@ -24,8 +24,7 @@ from clarion import clock, faults, settings
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
 from clarion.tasks.route import route
-from tests.integration.test_digests import _flush_due
-from tests.support.digests import digest_requests, use_digest_catalog
+from tests.support.digests import digest_requests, flush_due, use_digest_catalog
 from tests.support.gates import VirtualClock, rows
 from tests.support.pipeline import configure, drain
 from tests.support.race import race
@@ -103,7 +102,7 @@ def test_items_at_the_window_close_land_in_exactly_one_sent_digest(receiver):
         ]
         raced = time.monotonic() - started
         clock.set_source(lambda: CLOSE + timedelta(hours=2))
-        _flush_due()  # 13:00: the windows opened during the race close too
+        flush_due()  # 13:00: the windows opened during the race close too
     finally:
         vclock.close()
 

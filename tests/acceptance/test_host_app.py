@@ -27,7 +27,7 @@ from sqlalchemy import create_engine, text
 
 from clarion.db.engine import normalise_url, one_off_engine
 from clarion.standins.receiver import Receiver
-from tests.conftest import WEBHOOK_SECRET, Services, _with_database
+from tests.support.environment import WEBHOOK_SECRET, Services, with_database
 from tests.support.package import Venv, build, top_level_names
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.soak, pytest.mark.timeout(1800)]
@@ -204,7 +204,7 @@ def host_database(services: Services) -> Iterator[str]:
     admin = one_off_engine(services.database_url)
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    yield _with_database(services.database_url, name)
+    yield with_database(services.database_url, name)
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 

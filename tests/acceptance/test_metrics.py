@@ -46,9 +46,9 @@ from clarion.tasks.preferences import set_preferences
 from clarion.tasks.receipts import ingest
 from clarion.web import scrape as scraping
 from clarion.web.app import create_app
-from tests.conftest import TestEnv as Env
-from tests.conftest import reset_process_state
 from tests.support.cluster import Cluster, counts
+from tests.support.environment import TestEnv as Env
+from tests.support.environment import reset_process_state
 from tests.support.pipeline import configure, rows
 
 pytestmark = pytest.mark.acceptance

@@ -25,8 +25,8 @@ from clarion.db.engine import engine
 from clarion.ops import launch
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
-from tests.conftest import ROOT, WEBHOOK_SECRET
 from tests.support import services
+from tests.support.environment import ROOT, WEBHOOK_SECRET
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.soak]
 

@@ -13,7 +13,7 @@ import pytest
 
 from clarion.ops import launch
 from clarion.ops.ping import served, verdict
-from tests.conftest import ROOT
+from tests.support.environment import ROOT
 
 pytestmark = pytest.mark.acceptance
 

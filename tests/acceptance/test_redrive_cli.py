@@ -1,6 +1,6 @@
 """`clarion redrive` as ops run it: a real subprocess against this test's database, asserted on its
 output, its exit code and the rows. The failed deliveries are made in this process through the real
-pipeline (tests/integration/test_redrive.py has the scenario)."""
+pipeline (tests/support/redrive.py has the scenario)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.test_cli import ok, refused
-from tests.integration.test_redrive import _delivery, _failed_in_a_rolling_deploy, receiver  # noqa: F401
+from tests.support.cli import ok, refused
 from tests.support.pipeline import counts, rows
+from tests.support.redrive import delivery, failed_in_a_rolling_deploy, receiver
 
 pytestmark = pytest.mark.acceptance
+__all__ = ["receiver"]  # a fixture, from tests/support/redrive.py
 
 CLARION = Path(sys.executable).parent / "clarion"
 
 
 @pytest.fixture
-def clarion(receiver, clarion_env):  # noqa: F811 - the receiver fixture, imported above
+def clarion(receiver, clarion_env):
     env = {**os.environ, **clarion_env.env}
 
     def run(*args: str) -> subprocess.CompletedProcess:
@@ -33,19 +34,19 @@ def clarion(receiver, clarion_env):  # noqa: F811 - the receiver fixture, import
 
 
 def test_redrive_dry_run_then_for_real(clarion, monkeypatch, tmp_path):
-    keys = [_failed_in_a_rolling_deploy(monkeypatch, tmp_path, user) for user in ("ann", "bo")]
+    keys = [failed_in_a_rolling_deploy(monkeypatch, tmp_path, user) for user in ("ann", "bo")]
     before = counts()
     out = ok(clarion("redrive", "--reason", "template_missing", "--since", "1h", "--dry-run"))
     assert out.startswith("2 deliveries would be re-queued (dry run: nothing changed)"), out
     assert "receipt  template_missing  failed      2" in out, out
-    assert counts() == before and {_delivery(k)["state"] for k in keys} == {"failed"}
+    assert counts() == before and {delivery(k)["state"] for k in keys} == {"failed"}
 
     assert ok(clarion("redrive", "--type", "nudge")).startswith("0 deliveries re-queued")
     out = ok(clarion("redrive", "--type", "receipt", "--state", "failed", "--limit", "1"))
     assert out.startswith("1 deliveries re-queued; --limit 1 reached, run again for more"), out
-    assert [_delivery(k)["state"] for k in keys] == ["pending", "failed"]
+    assert [delivery(k)["state"] for k in keys] == ["pending", "failed"]
     assert ok(clarion("redrive")).startswith("1 deliveries re-queued")
-    assert [_delivery(k)["state"] for k in keys] == ["pending", "pending"]
+    assert [delivery(k)["state"] for k in keys] == ["pending", "pending"]
     assert len(rows("SELECT 1 FROM decisions WHERE gate = 'redrive'")) == 2
 
 

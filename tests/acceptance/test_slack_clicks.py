@@ -28,7 +28,7 @@ from clarion.tasks.deliver import deliver
 from clarion.tasks.route import route
 from clarion.web import slack as web_slack
 from clarion.web.app import create_app
-from tests.conftest import ROOT
+from tests.support.environment import ROOT
 from tests.support.pipeline import configure, drain, publishing_to_this_tests_broker, rows
 from tests.support.race import race
 

@@ -22,8 +22,8 @@ from clarion.db.engine import engine
 from clarion.ops import launch
 from clarion.tasks import register_recipient
 from clarion.tasks.series import arm_series
-from tests.conftest import ROOT
 from tests.support.cluster import Cluster, counts
+from tests.support.environment import ROOT
 
 pytestmark = pytest.mark.acceptance
 
@@ -54,7 +54,7 @@ class LoggedCluster(Cluster):
 
 @pytest.fixture
 def gates_env(clarion_env, monkeypatch):
-    from tests.conftest import reset_process_state
+    from tests.support.environment import reset_process_state
 
     for key, value in FAST.items():
         monkeypatch.setenv(key, value)

@@ -25,7 +25,7 @@ import httpx
 import pytest
 from openapi_spec_validator import validate
 
-from tests.conftest import ROOT
+from tests.support.environment import ROOT
 
 pytestmark = pytest.mark.acceptance
 

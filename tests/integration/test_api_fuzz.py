@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clarion.web.api_errors import safe_field
-from tests.integration.test_api import _broker, ann, bearer, client, event, nested, written
+from tests.support.api import _broker, ann, bearer, client, event, nested, written
 from tests.support.pipeline import published
 
 pytestmark = pytest.mark.integration

@@ -21,11 +21,11 @@ from clarion.db.engine import engine
 from clarion.tasks.publish import ROUTE
 from clarion.web.api_ingest import WRITER
 from clarion.web.app import create_app
-from tests.integration.test_api import _broker, ann, bearer, client, event, refused, written
+from tests.support.api import _broker, ann, bearer, client, event, refused, written
 from tests.support.pipeline import count, frozen_clock, published, rows
 
 pytestmark = pytest.mark.integration
-__all__ = ["_broker", "ann", "client"]  # fixtures shared with test_api.py
+__all__ = ["_broker", "ann", "client"]  # fixtures, from tests/support/api.py
 
 
 def test_the_same_key_and_body_get_the_first_answer_again(client, ann):

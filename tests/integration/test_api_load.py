@@ -28,11 +28,11 @@ from clarion.tasks import register_recipient
 from clarion.tasks.publish import ROUTE
 from clarion.web.api_auth import create_key
 from clarion.web.app import create_app
-from tests.integration.test_api import _broker
+from tests.support.api import _broker
 from tests.support.pipeline import count, published, rows
 
 pytestmark = pytest.mark.integration
-__all__ = ["_broker"]  # a fixture shared with test_api.py
+__all__ = ["_broker"]  # a fixture, from tests/support/api.py
 
 CLIENTS = 8
 USERS = [f"u{i:02d}" for i in range(20)]

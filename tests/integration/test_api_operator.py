@@ -19,8 +19,8 @@ from clarion.tasks import notify, register_recipient
 from clarion.tasks.route import route
 from clarion.web.api_auth import create_key
 from clarion.web.app import create_app
-from tests.conftest import ROOT
 from tests.support.endpoint import Endpoint
+from tests.support.environment import ROOT
 from tests.support.pipeline import (
     configure,
     count,

@@ -38,10 +38,10 @@ from clarion.tasks import notify, register_recipient
 from clarion.tasks.inbox import inbox_token
 from clarion.web.api_auth import SCOPES, create_key
 from clarion.web.app import create_app
-from tests.integration.test_api import _broker
+from tests.support.api import _broker
 
 pytestmark = pytest.mark.integration
-__all__ = ["_broker"]  # a fixture shared with test_api.py
+__all__ = ["_broker"]  # a fixture, from tests/support/api.py
 
 CHECKS = [
     schemathesis.checks.not_a_server_error,

@@ -26,7 +26,7 @@ from tests.support.pipeline import (
     publishing_to_this_tests_broker,
     rows,
 )
-from tests.support.race import race
+from tests.support.race import held, race
 
 LEASE = 60.0
 
@@ -83,10 +83,20 @@ def _waiting_on_locks() -> int:
         ).scalar_one()
 
 
+CLAIM = "UPDATE deliveries d SET state = 'claimed'"  # the claim statement's first line
+
+
+def _row_held_until_queued(key: tuple[str, int], waiters: int):
+    """The delivery's row, locked until `waiters` claimers queue on it: they then race at once."""
+    lock = "SELECT 1 FROM deliveries WHERE user_id = :u AND id = :id FOR UPDATE"
+    return held(lock, {"u": key[0], "id": key[1]}, waiters=waiters)
+
+
 def test_sixteen_processes_racing_for_one_claim_get_exactly_one(clarion_env):
     key = _pending_delivery()
-    results = race(16, _claim, lambda i: (key,))
-    assert results.most_at_once() >= 2  # the contenders met
+    with _row_held_until_queued(key, 16) as queued:
+        results = race(16, _claim, lambda i: (key,))
+    assert queued.waiters == 16 and queued.all_in(CLAIM), queued.statements  # they met there
     assert sorted(results) == [0] * 15 + [1]
     with engine().connect() as conn:
         state, attempts = conn.execute(text("SELECT state, attempts FROM deliveries")).one()
@@ -133,8 +143,9 @@ def test_a_lapsed_claim_is_taken_over_once_and_flagged(clarion_env):
     assert first and not first[0].taken_over and first[0].maybe_sent_at is None
     assert LEASE - 5 < first[0].lease_left <= LEASE  # the time left, on PostgreSQL's clock
     expire_lease(key)
-    results = race(16, _claim, lambda i: (key,))
-    assert results.most_at_once() >= 2  # the contenders met
+    with _row_held_until_queued(key, 16) as queued:
+        results = race(16, _claim, lambda i: (key,))
+    assert queued.waiters == 16 and queued.all_in(CLAIM), queued.statements  # they met there
     assert sorted(results) == [0] * 15 + [1]
     with engine().connect() as conn:
         taken_over, attempts, owed = conn.execute(

@@ -22,7 +22,7 @@ from clarion.tasks.deliver import deliver
 from clarion.tasks.interactions import handle_click, series_occurrence
 from clarion.tasks.route import route
 from clarion.tasks.series import arm_series, cancel_series, snooze_occurrence, tick_series
-from tests.conftest import ROOT
+from tests.support.environment import ROOT
 from tests.support.pipeline import (
     configure,
     count,

@@ -24,7 +24,7 @@ from clarion.tasks.interactions import handle_click
 from clarion.tasks.refresh import refresh_due
 from clarion.tasks.route import route
 from clarion.web.slack import show_answer
-from tests.conftest import ROOT
+from tests.support.environment import ROOT
 from tests.support.pipeline import (
     Clock,
     configure,

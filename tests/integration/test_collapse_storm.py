@@ -17,7 +17,7 @@ from clarion.tasks import notify_many, register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.tasks.refresh import refresh_due
 from clarion.tasks.route import route
-from tests.conftest import ROOT
+from tests.support.environment import ROOT
 from tests.support.pipeline import (
     configure,
     drain,

@@ -18,7 +18,7 @@ from clarion import clock, settings
 from clarion.standins.fake_anthropic import FakeAnthropic
 from clarion.standins.receiver import Receiver
 from clarion.tasks import register_recipient
-from tests.support.digests import digest_requests, use_digest_catalog
+from tests.support.digests import digest_requests, flush_due, use_digest_catalog
 from tests.support.gates import VirtualClock, deliveries_of, rows, send_and_route
 from tests.support.pipeline import configure
 
@@ -43,15 +43,13 @@ def claude(clarion_env, monkeypatch) -> Iterator[tuple[FakeAnthropic, Receiver]]
 
 
 def _digest_of_two(user: str) -> tuple[dict, float]:
-    from tests.integration.test_digests import _flush_due
-
     register_recipient(user, timezone="UTC")
     send_and_route(user, "claude_note")
     send_and_route(user, "claude_note")
     due = rows("SELECT max(due_at) FROM requests WHERE user_id = :u", u=user)[0][0]
     clock.set_source(lambda: due)
     started = time.monotonic()
-    _flush_due()
+    flush_due()
     return digest_requests(user, "ai_digest")[-1], time.monotonic() - started
 
 

@@ -21,12 +21,11 @@ from clarion import settings
 from clarion.ops.explain import explain
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
-from clarion.tasks.deliver import deliver
 from clarion.tasks.preferences import set_preferences
 from clarion.tasks.route import route
 from clarion.tasks.tick import tick
 from tests.support import summarisers
-from tests.support.digests import digest_requests, digested_into, use_digest_catalog
+from tests.support.digests import digest_requests, digested_into, flush_due, use_digest_catalog
 from tests.support.gates import (
     VirtualClock,
     decisions_of,
@@ -35,7 +34,7 @@ from tests.support.gates import (
     rows,
     send_and_route,
 )
-from tests.support.pipeline import configure, drain
+from tests.support.pipeline import configure
 from tests.support.race import waiting_on
 
 pytestmark = pytest.mark.integration
@@ -58,20 +57,6 @@ def receiver(clarion_env, monkeypatch) -> Iterator[Receiver]:
     with Receiver(settings.get().webhook_secret) as running:
         configure(monkeypatch, webhook_url=running.url)
         yield running
-
-
-def _flush_due() -> list[int]:
-    """What the beat tick does at the clock's time, then the route and deliver tasks it wakes."""
-    tick()
-    routed = [k for name, users, ids in drain("activation") for k in zip(users, ids, strict=True)]
-    routed += [k for _, users, ids in drain("transactional") for k in zip(users, ids, strict=True)]
-    if routed:
-        route([u for u, _ in routed], [i for _, i in routed])
-    pending = rows("SELECT user_id, id FROM deliveries WHERE state = 'pending' ORDER BY id")
-    if pending:
-        deliver([u for u, _ in pending], [i for _, i in pending])
-    digests = {i for (i,) in rows("SELECT id FROM requests WHERE occurrence_key LIKE 'digest:%'")}
-    return [i for _, i in routed if i in digests]  # not the items' own (already routed) messages
 
 
 def _replies(user: str, sellers: list[str]) -> list[int]:
@@ -101,9 +86,9 @@ def test_items_are_buffered_and_one_digest_goes_back_through_the_router(receiver
         [(gate, outcome, reason, _, detail)] = decisions_of("ada", request_id)
         assert (gate, outcome, reason) == ("digest", "digest", "digested")
         assert detail.startswith(f"digested into request {digest['id']} (replies_digest")
-    assert _flush_due() == []  # 10:35: not due yet
+    assert flush_due() == []  # 10:35: not due yet
     vclock.set(T0 + timedelta(hours=1))
-    assert _flush_due() == [digest["id"]]
+    assert flush_due() == [digest["id"]]
     [digest] = digest_requests("ada")
     assert digest["state"] == "routed"
     assert digest["variables"]["summary"] == "3 sellers replied to you (7 new messages)"
@@ -121,7 +106,7 @@ def test_an_item_after_the_close_opens_the_next_window(receiver, vclock):
     register_recipient("bo", timezone="UTC")
     [first] = _replies("bo", ["ann"])
     vclock.set(T0 + timedelta(hours=1, seconds=1))
-    _flush_due()
+    flush_due()
     [late] = _replies("bo", ["bob"])
     old, new = digest_requests("bo")
     assert digested_into("bo", first) == old["id"] and digested_into("bo", late) == new["id"]
@@ -137,7 +122,7 @@ def test_max_items_flushes_at_once_and_the_next_item_opens_a_new_window(receiver
     [extra] = _replies("cy", ["s10"])
     assert digested_into("cy", extra) != full["id"]
     assert {digested_into("cy", r) for r in made} == {full["id"]}
-    assert _flush_due() == [full["id"]]
+    assert flush_due() == [full["id"]]
     sent = digest_requests("cy")[0]
     assert sent["variables"]["count"] == 10
     assert sent["variables"]["summary"] == "10 sellers replied to you (10 new messages)"
@@ -151,7 +136,7 @@ def test_preferences_and_quiet_hours_apply_to_the_digest(receiver, vclock):
     for user in ("di", "ed"):
         _replies(user, ["ann", "bob"])
     vclock.set(T0 + timedelta(hours=1))
-    _flush_due()
+    flush_due()
     [di] = digest_requests("di")
     assert [r for _, _, r, _, _ in decisions_of("di", di["id"])] == ["opted_out", "no_channel"]
     [ed] = digest_requests("ed")
@@ -161,7 +146,7 @@ def test_preferences_and_quiet_hours_apply_to_the_digest(receiver, vclock):
     [later] = _replies("ed", ["cat"])
     assert digested_into("ed", later) != ed["id"]
     vclock.set(datetime(2026, 12, 7, 12, 0, tzinfo=UTC))
-    _flush_due()
+    flush_due()
     assert [s for _, _, s in deliveries_of("ed", ed["id"])] == ["sent"]
     assert digest_requests("ed")[0]["variables"]["count"] == 2
     assert receiver.arrivals.unique == 2  # the quiet-hours digest, and the window opened at 11:00
@@ -171,7 +156,7 @@ def test_the_fatigue_cap_applies_to_digests_not_to_their_items(receiver, vclock)
     register_recipient("jo", timezone="UTC")  # the catalog caps 3 a day, overflow summarised
     for _ in range(4):
         _replies("jo", [f"s{n}" for n in range(10)])  # each ten flush one digest at once
-        _flush_due()
+        flush_due()
     states = [[s for _, _, s in deliveries_of("jo", d["id"])] for d in digest_requests("jo")]
     assert states == [["sent"]] * 3 + [[]]
     fourth = digest_requests("jo")[3]
@@ -201,15 +186,15 @@ def test_a_daily_digest_is_sent_once_when_08_00_passes_in_the_recipients_zone(re
     for when in (at(7, 9), at(7, 12, 30), at(7, 17, 45), at(7, 23, 50), at(8, 3, 30)):
         vclock.set(when)  # the last one is 08:30 UTC: past 08:00 in UTC, not in New York
         made.append(send_and_route("gil", "standup_note", {"team": "core"}))
-        assert _flush_due() == []
+        assert flush_due() == []
     [digest] = digest_requests("gil", "morning_digest")
     assert digest["due_at"] == at(8, 8) == datetime(2026, 12, 8, 13, 0, tzinfo=UTC)
     vclock.set(at(8, 7, 59, 59))
-    assert _flush_due() == [] and receiver.arrivals.total == 0
+    assert flush_due() == [] and receiver.arrivals.total == 0
     vclock.set(at(8, 8, 0, 1))
-    assert _flush_due() == [digest["id"]]
+    assert flush_due() == [digest["id"]]
     vclock.set(at(8, 9))
-    assert _flush_due() == []  # a later tick sends nothing more
+    assert flush_due() == []  # a later tick sends nothing more
     assert receiver.arrivals.total == 1  # counted at the receiver: one digest, once
     [content] = receiver.arrivals.contents.values()
     assert content["body"] == "5 new updates"
@@ -226,7 +211,7 @@ def _flush_one(user: str, type_key: str) -> tuple[dict, float]:
 
     clock.set_source(lambda: vclock_now)
     started = time.monotonic()
-    _flush_due()
+    flush_due()
     took = time.monotonic() - started
     return digest_requests(user, type_key)[-1], took
 

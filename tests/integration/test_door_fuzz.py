@@ -31,22 +31,33 @@ from starlette.testclient import TestClient
 from clarion.standins.fake_slack import sign
 from clarion.web import teams as web_teams
 from clarion.web.app import create_app
-from tests.integration import test_slack as slack_tests
-from tests.integration import test_teams as teams_tests
-from tests.integration.test_slack import FORM, SECRET
-from tests.integration.test_teams import CONVERSATION, EVE_TEAMS, _keys, delivered, value
 from tests.support.pipeline import configure, count, rows
+from tests.support.slack import (
+    FORM,
+    SECRET,
+    ana,
+    click_value,
+    deliver_keys,
+    fake,
+    slack_delivery,
+    slack_env,
+    slack_nudge,
+)
+from tests.support.teams import (
+    CONVERSATION,
+    EVE_TEAMS,
+    client,
+    connector,
+    delivered,
+    mia,
+    signing_keys,
+    teams,
+    value,
+)
 
 pytestmark = pytest.mark.integration
 
-# the channel tests' fixtures: the local Slack and connector, the recipients ana (Slack) and mia (Teams)
-fake, slack_env, ana = slack_tests.fake, slack_tests.slack_env, slack_tests.ana
-connector, teams, client, mia = (
-    teams_tests.connector,
-    teams_tests.teams,
-    teams_tests.client,
-    teams_tests.mia,
-)
+__all__ = ["ana", "client", "connector", "fake", "mia", "slack_env", "teams"]  # fixtures
 
 FUZZ = settings(
     max_examples=160,
@@ -227,12 +238,12 @@ def slack_requests(draw: st.DrawFn, real_values: list[str]) -> tuple[bytes, dict
 
 
 def test_fuzzed_requests_to_the_slack_endpoint(ana, fake, caplog):
-    key = slack_tests._nudge(ana)
+    key = slack_nudge(ana)
     assert key is not None
-    sent = slack_tests._delivery(key)
+    sent = slack_delivery(key)
     assert (sent["state"], sent["attempts"]) == ("sent", 1)  # the route sent it itself
-    assert slack_tests._deliver(key) == 0  # nothing left for a deliver task
-    real = [slack_tests._value(key, a) for a in ("grow_team", "ship_faster", "quality")]
+    assert deliver_keys(key) == 0  # nothing left for a deliver task
+    real = [click_value(key, a) for a in ("grow_team", "ship_faster", "quality")]
     before, seen = state(), Counter()
 
     with TestClient(create_app()) as client:
@@ -372,8 +383,8 @@ def teams_requests(
 
 @pytest.fixture
 def signer() -> Any:
-    private, jwks = _keys()
-    other, _ = _keys()
+    private, jwks = signing_keys()
+    other, _ = signing_keys()
 
     def sign_token(wrong_key: bool, service_url: str) -> str:
         claims = {

@@ -35,34 +35,35 @@ from clarion.tasks.deliver import deliver
 from clarion.tasks.route import route
 from clarion.web import teams as web_teams
 from clarion.web.app import create_app
-from tests.conftest import ROOT
-from tests.integration import test_slack as slack_tests
-from tests.integration import test_teams as teams_tests
-from tests.integration.test_slack import FORM, SECRET
-from tests.integration.test_teams import (
+from tests.support.environment import ROOT
+from tests.support.pipeline import configure, count, drain, rows
+from tests.support.slack import (
+    FORM,
+    SECRET,
+    ana,
+    fake,
+    slack_env,
+)
+from tests.support.teams import (
     CONVERSATION,
     MIA,
     MIA_TEAMS,
-    _keys,
+    client,
+    connector,
     delivered,
     execute,
+    mia,
     post,
+    signing_keys,
+    teams,
     teams_activity,
 )
-from tests.support.pipeline import configure, count, drain, rows
 
 pytestmark = pytest.mark.integration
 
 CLI = [sys.executable, "-m", "clarion.ops.cli"]
 
-# the channel tests' fixtures: the local Slack and connector, the recipients ana (Slack) and mia (Teams)
-fake, slack_env, ana = slack_tests.fake, slack_tests.slack_env, slack_tests.ana
-connector, teams, client, mia = (
-    teams_tests.connector,
-    teams_tests.teams,
-    teams_tests.client,
-    teams_tests.mia,
-)
+__all__ = ["ana", "client", "connector", "fake", "mia", "slack_env", "teams"]  # fixtures
 
 
 @pytest.fixture
@@ -357,7 +358,7 @@ def test_a_refused_activity_does_not_lift_a_deactivation(mia, client, connector)
 
 def test_an_authenticated_activity_may_replace_the_conversation(mia, connector, monkeypatch):
     configure(monkeypatch, teams_app_id="11111111-app", teams_app_password="secret")
-    private, jwks = _keys()
+    private, jwks = signing_keys()
     adapter = web_teams.build_adapter(openid_metadata_url=connector.serve_keys(jwks))
     with (
         FakeConnector() as elsewhere,

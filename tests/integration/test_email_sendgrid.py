@@ -25,7 +25,7 @@ from clarion.standins.fake_slack import serving
 from clarion.tasks import register_recipient
 from clarion.tasks.deliver import deliver
 from clarion.web.app import create_app
-from tests.integration.test_email import (
+from tests.support.mail import (
     Key,
     decisions,
     delivery,

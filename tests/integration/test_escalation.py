@@ -15,95 +15,45 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 
-from clarion import settings as clarion_settings
 from clarion.db import escalations
 from clarion.db.engine import engine
 from clarion.ops.explain import explain
 from clarion.records import Receipt
 from clarion.standins.fake_fcm import FakeFcm
 from clarion.standins.fake_sendgrid import EventKey, FakeSendGrid, event, post_events
-from clarion.standins.fake_slack import FakeSlack, serving
-from clarion.standins.fake_twilio import FakeTwilio
-from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
-from clarion.tasks.deliver import deliver
 from clarion.tasks.escalation import fire_due
 from clarion.tasks.inbox import feed, mark
 from clarion.tasks.interactions import handle_click
 from clarion.tasks.receipts import ingest
-from clarion.tasks.route import route
-from clarion.tasks.tick import _tick
-from clarion.web.app import create_app
+from tests.support.escalation import (
+    ANA_PHONE,
+    T0,
+    Key,
+    World,
+    chain_of,
+    escalation_decisions,
+    send_request,
+    step_requests,
+    tick_at,
+    world,
+)
 from tests.support.pipeline import (
-    Clock,
     configure,
-    drain,
-    frozen_clock,
-    publishing_to_this_tests_broker,
     rows,
 )
 from tests.support.race import race, waiting_on
 
 pytestmark = pytest.mark.integration
+__all__ = ["world"]  # a fixture, from tests/support/escalation.py
 
-CATALOG = Path(__file__).parents[1] / "catalog_escalation.yaml"
-ANA_PHONE, DEAD_PHONE = "+4915112345678", "+4915100000009"
-T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)  # a Tuesday
+DEAD_PHONE = "+4915100000009"
 SENDGRID_KEY = EventKey.generate()  # signs the Event Webhook's batches; clarion has the public half
-Key = tuple[str, int]
-
-
-@dataclass
-class World:
-    slack: FakeSlack
-    twilio: FakeTwilio
-    receiver: Receiver
-    clock: Clock
-    web: str  # clarion web's base URL
-
-    def sms(self) -> int:
-        return len(self.twilio.messages())
-
-    def hooks(self) -> int:
-        return self.receiver.arrivals.total
-
-    def slack_posts(self) -> int:
-        return len(self.slack.posts())
-
-
-@pytest.fixture
-def world(clarion_env, monkeypatch) -> Iterator[World]:
-    secret = clarion_settings.get().webhook_secret
-    with (
-        FakeSlack() as slack,
-        FakeTwilio() as twilio,
-        Receiver(secret) as receiver,
-        serving(create_app()) as web,
-    ):
-        configure(
-            monkeypatch,
-            catalog=CATALOG,
-            slack_token=FakeSlack.TOKEN,
-            slack_api_url=slack.api_url,
-            twilio_account_sid=FakeTwilio.ACCOUNT_SID,
-            twilio_auth_token=FakeTwilio.AUTH_TOKEN,
-            twilio_api_url=twilio.url,
-            twilio_from=FakeTwilio.NUMBER,
-            public_url=web,
-            sms_segments_per_second=100,
-            webhook_url=receiver.url,
-        )
-        register_recipient("ana", timezone="UTC", addresses={"slack": "U1", "sms": ANA_PHONE})
-        register_recipient("sam", timezone="UTC", addresses={"webhook": "https://hooks.example/s"})
-        with publishing_to_this_tests_broker(), frozen_clock(T0) as clk:
-            yield World(slack, twilio, receiver, clk, web)
 
 
 @pytest.fixture
@@ -125,23 +75,6 @@ def sendgrid(world, monkeypatch) -> Iterator[FakeSendGrid]:
         yield fake
 
 
-def _send_request(user: str, request_id: int) -> list[Key]:
-    """Route one request and deliver what it created through the real tasks."""
-    route([user], [request_id])
-    drain("transactional"), drain("activation")
-    keys = [
-        (r["user_id"], r["id"])
-        for r in rows(
-            "SELECT user_id, id FROM deliveries WHERE user_id = :u AND request_id = :r",
-            u=user,
-            r=request_id,
-        )
-    ]
-    for key in keys:
-        deliver([key[0]], [key[1]])
-    return keys
-
-
 def _page(type_key: str = "page", user: str = "ana", **variables) -> tuple[int, list[Key]]:
     request = notify(
         user,
@@ -149,49 +82,12 @@ def _page(type_key: str = "page", user: str = "ana", **variables) -> tuple[int, 
         event_id=uuid.uuid4().hex,
         variables={"host": "db-1", "secondary": "sam", **variables},
     )
-    return request.request_id, _send_request(user, request.request_id)
-
-
-def _tick_at(world: World, at: datetime) -> int:
-    """The real beat tick at `at`; the escalation steps it published are routed and delivered."""
-    world.clock.now = at
-    fired = _tick()["escalations"]
-    for name, users, ids in drain("transactional") + drain("activation"):
-        if name == "clarion.route":
-            for user, request_id in zip(users, ids, strict=True):
-                _send_request(user, request_id)
-    return fired
-
-
-def _chain(request_id: int) -> dict:
-    [row] = rows(
-        "SELECT state, next_step, due_at, acked_by FROM escalations WHERE request_id = :r",
-        r=request_id,
-    )
-    return row
-
-
-def _decisions(request_id: int) -> list[tuple[str, str]]:
-    return [
-        (r["outcome"], r["reason"])
-        for r in rows(
-            "SELECT outcome, reason FROM decisions WHERE request_id = :r AND gate = 'escalation' "
-            "ORDER BY id",
-            r=request_id,
-        )
-    ]
+    return request.request_id, send_request(user, request.request_id)
 
 
 def _click(key: Key, answer: str = "ack", slack_user: str = "U1"):
     value = json.dumps({"u": key[0], "d": key[1], "a": answer}, separators=(",", ":"))
     return handle_click("slack", slack_user, value)
-
-
-def _step_requests() -> list[dict]:
-    return rows(
-        "SELECT user_id, type_key, occurrence_key FROM requests "
-        "WHERE occurrence_key LIKE 'escalation:%' ORDER BY id"
-    )
 
 
 # --- the must-shows ---------------------------------------------------------------------------
@@ -200,14 +96,14 @@ def _step_requests() -> list[dict]:
 def test_acked_at_step_one_nothing_more_is_sent(world):
     request_id, [key] = _page()
     assert world.slack_posts() == 1
-    assert _chain(request_id)["state"] == "waiting"
+    assert chain_of(request_id)["state"] == "waiting"
     assert _click(key).outcome == "accepted"
-    assert _chain(request_id)["state"] == "acked"
+    assert chain_of(request_id)["state"] == "acked"
     for minutes in (5, 15, 60, 24 * 60):
-        assert _tick_at(world, T0 + timedelta(minutes=minutes)) == 0
+        assert tick_at(world, T0 + timedelta(minutes=minutes)) == 0
     assert (world.slack_posts(), world.sms(), world.hooks()) == (1, 0, 0)  # at the receivers
-    assert _step_requests() == []
-    assert _decisions(request_id) == [("wait", "no_ack"), ("stop", "acked")]
+    assert step_requests() == []
+    assert escalation_decisions(request_id) == [("wait", "no_ack"), ("stop", "acked")]
     shown = explain("ana")
     assert (
         "acknowledged: answered on delivery" in shown and "step 2 and later are not sent" in shown
@@ -216,31 +112,31 @@ def test_acked_at_step_one_nothing_more_is_sent(world):
 
 def test_no_ack_step_two_at_five_minutes_and_step_three_ten_after(world):
     request_id, _ = _page()
-    assert _tick_at(world, T0 + timedelta(minutes=4, seconds=59)) == 0
+    assert tick_at(world, T0 + timedelta(minutes=4, seconds=59)) == 0
     assert world.sms() == 0
-    assert _tick_at(world, T0 + timedelta(minutes=5)) == 1
+    assert tick_at(world, T0 + timedelta(minutes=5)) == 1
     [sms] = world.twilio.messages()
     assert sms.to == ANA_PHONE and "db-1 is down" in sms.body
-    assert _tick_at(world, T0 + timedelta(minutes=14, seconds=59)) == 0
+    assert tick_at(world, T0 + timedelta(minutes=14, seconds=59)) == 0
     assert world.hooks() == 0
-    assert _tick_at(world, T0 + timedelta(minutes=15)) == 1
+    assert tick_at(world, T0 + timedelta(minutes=15)) == 1
     assert (world.slack_posts(), world.sms(), world.hooks()) == (1, 1, 1)
-    assert [(r["user_id"], r["type_key"]) for r in _step_requests()] == [
+    assert [(r["user_id"], r["type_key"]) for r in step_requests()] == [
         ("ana", "page_sms"),
         ("sam", "page_hook"),
     ]
-    assert _chain(request_id)["state"] == "finished"
-    assert _decisions(request_id) == [
+    assert chain_of(request_id)["state"] == "finished"
+    assert escalation_decisions(request_id) == [
         ("wait", "no_ack"),
         ("escalate", "no_ack"),
         ("escalate", "no_ack"),
         ("stop", "chain_finished"),
     ]
-    assert _tick_at(world, T0 + timedelta(hours=2)) == 0
+    assert tick_at(world, T0 + timedelta(hours=2)) == 0
     [hook] = rows("SELECT provider_message_id FROM deliveries WHERE user_id = 'sam'")
     failed = Receipt("webhook", "failed", hook["provider_message_id"], T0 + timedelta(hours=2))
     assert ingest([failed]) == {"applied": 1}  # the last step failed: nothing is left to fire
-    assert _decisions(request_id)[-1] == ("stop", "no_further_step")
+    assert escalation_decisions(request_id)[-1] == ("stop", "no_further_step")
     assert "step 3 (page_hook to sam, request 3): 10m without an acknowledgement" in explain("ana")
     assert "step 3 of ana's page" in explain("sam")
 
@@ -249,18 +145,18 @@ def test_a_failed_chat_send_escalates_at_once(world):
     world.slack.deactivate("U1")  # conversations.open answers user_disabled: a permanent failure
     request_id, [key] = _page()
     assert rows("SELECT state FROM deliveries WHERE id = :i", i=key[1])[0]["state"] == "failed"
-    assert _chain(request_id)["due_at"] == T0  # brought forward from 12:05
-    assert _tick_at(world, T0) == 1
+    assert chain_of(request_id)["due_at"] == T0  # brought forward from 12:05
+    assert tick_at(world, T0) == 1
     assert world.sms() == 1  # at once, not at 12:05
-    assert ("hurry", "step_failed") in _decisions(request_id)
-    assert ("escalate", "step_failed") in _decisions(request_id)
+    assert ("hurry", "step_failed") in escalation_decisions(request_id)
+    assert ("escalate", "step_failed") in escalation_decisions(request_id)
 
 
 def test_an_undelivered_sms_escalates_to_the_second_recipient_at_once(world):
     register_recipient("ana", timezone="UTC", addresses={"slack": "U1", "sms": DEAD_PHONE})
     world.twilio.fail_number(DEAD_PHONE, 30003)  # its status callback says undelivered
     request_id, _ = _page()
-    assert _tick_at(world, T0 + timedelta(minutes=5)) == 1
+    assert tick_at(world, T0 + timedelta(minutes=5)) == 1
     [sms] = world.twilio.messages()
     assert [status for status, _ in world.twilio.progress(sms.sid)] == [
         "queued",
@@ -269,10 +165,10 @@ def test_an_undelivered_sms_escalates_to_the_second_recipient_at_once(world):
     ]  # signed status callbacks through clarion's Twilio webhook
     sms_row = rows("SELECT state FROM deliveries WHERE channel = 'sms'")[0]
     assert sms_row["state"] == "undelivered"
-    assert _chain(request_id)["due_at"] == T0 + timedelta(minutes=5)  # not 12:15
-    assert _tick_at(world, T0 + timedelta(minutes=5)) == 1
+    assert chain_of(request_id)["due_at"] == T0 + timedelta(minutes=5)  # not 12:15
+    assert tick_at(world, T0 + timedelta(minutes=5)) == 1
     assert world.hooks() == 1
-    assert _decisions(request_id)[-3:] == [
+    assert escalation_decisions(request_id)[-3:] == [
         ("hurry", "step_failed"),
         ("escalate", "step_failed"),
         ("stop", "chain_finished"),
@@ -292,19 +188,19 @@ def test_an_invalid_push_token_escalates_at_once(world, monkeypatch, tmp_path):
         request_id, [key] = _page("page_push")
         assert fcm.attempts == {token: 1} and fcm.per_token() == {}
     assert rows("SELECT state FROM deliveries WHERE id = :i", i=key[1])[0]["state"] == "failed"
-    assert _tick_at(world, T0) == 1
+    assert tick_at(world, T0) == 1
     assert world.hooks() == 1  # the secondary, at once
-    assert ("hurry", "step_failed") in _decisions(request_id)
+    assert ("hurry", "step_failed") in escalation_decisions(request_id)
 
 
 def test_a_step_suppressed_by_a_gate_escalates_at_once(world):
     register_recipient("ana", timezone="UTC", addresses={"slack": "U1"})  # no phone number
     request_id, _ = _page()
-    assert _tick_at(world, T0 + timedelta(minutes=5)) == 1  # step 2: routed to no channel
+    assert tick_at(world, T0 + timedelta(minutes=5)) == 1  # step 2: routed to no channel
     assert world.sms() == 0
-    assert _tick_at(world, T0 + timedelta(minutes=5)) == 1  # so step 3 is due at once
+    assert tick_at(world, T0 + timedelta(minutes=5)) == 1  # so step 3 is due at once
     assert world.hooks() == 1
-    assert ("hurry", "step_not_delivered") in _decisions(request_id)
+    assert ("hurry", "step_not_delivered") in escalation_decisions(request_id)
 
 
 def test_quiet_hours_hold_a_non_critical_step_but_not_the_chain(world):
@@ -316,11 +212,11 @@ def test_quiet_hours_hold_a_non_critical_step_but_not_the_chain(world):
     )
     request_id, _ = _page("page_gentle")
     assert world.slack_posts() == 1  # critical: through quiet hours
-    assert _tick_at(world, T0 + timedelta(minutes=5)) == 1
+    assert tick_at(world, T0 + timedelta(minutes=5)) == 1
     assert world.sms() == 0  # not critical: deferred to 13:00
-    assert _tick_at(world, T0 + timedelta(minutes=10)) == 1  # the chain kept its time
+    assert tick_at(world, T0 + timedelta(minutes=10)) == 1  # the chain kept its time
     assert world.hooks() == 1
-    assert _decisions(request_id)[:3] == [
+    assert escalation_decisions(request_id)[:3] == [
         ("wait", "no_ack"),
         ("escalate", "no_ack"),
         ("wait", "step_deferred"),
@@ -331,7 +227,7 @@ def test_quiet_hours_hold_a_non_critical_step_but_not_the_chain(world):
 def test_a_defaulted_variable_names_the_second_recipient_and_reaches_the_step(world):
     register_recipient("ana", timezone="UTC", addresses={"webhook": "https://hooks.example/a"})
     request_id, _ = _page("page_default_to")
-    assert _tick_at(world, T0 + timedelta(minutes=1)) == 1
+    assert tick_at(world, T0 + timedelta(minutes=1)) == 1
     [step] = rows(
         "SELECT user_id, variables FROM requests WHERE occurrence_key LIKE 'escalation:%'"
     )
@@ -350,15 +246,15 @@ def test_working_hours_timers_wait_over_the_weekend(world):
     world.clock.now = friday
     request_id, _ = _page("page_workday", user="bea")
     monday = datetime(2026, 12, 7, 8, 5, tzinfo=UTC)  # 5 minutes on Friday, 5 on Monday 09:00
-    assert _chain(request_id)["due_at"] == monday
+    assert chain_of(request_id)["due_at"] == monday
     assert world.hooks() == 1  # step 1
     for at in (
         friday + timedelta(minutes=10),
         friday + timedelta(days=1),
         monday - timedelta(seconds=1),
     ):
-        assert _tick_at(world, at) == 0
-    assert _tick_at(world, monday) == 1
+        assert tick_at(world, at) == 0
+    assert tick_at(world, monday) == 1
     assert world.hooks() == 2
     assert "10m of working time (09:00-17:00 on working days)" in explain("bea")
 
@@ -367,10 +263,10 @@ def test_an_in_app_read_acknowledges(world):
     request_id, _ = _page("page_inapp")
     [item] = feed("ana").items
     assert mark("ana", [item.id], "read") == [item.id]
-    assert _chain(request_id)["state"] == "acked"
-    assert _tick_at(world, T0 + timedelta(minutes=30)) == 0
+    assert chain_of(request_id)["state"] == "acked"
+    assert tick_at(world, T0 + timedelta(minutes=30)) == 0
     assert world.hooks() == 0
-    assert _decisions(request_id) == [("wait", "no_ack"), ("stop", "acked")]
+    assert escalation_decisions(request_id) == [("wait", "no_ack"), ("stop", "acked")]
 
 
 def _email_events(world: World, sendgrid: FakeSendGrid, *kinds: str, **fields) -> None:
@@ -385,14 +281,14 @@ def test_a_link_clicked_in_the_email_acknowledges(world, sendgrid):
     request_id, _ = _page("page_email")
     world.clock.now = T0 + timedelta(minutes=2)
     _email_events(world, sendgrid, "delivered", "open")
-    assert _chain(request_id)["state"] == "waiting"  # an open is not an acknowledgement
+    assert chain_of(request_id)["state"] == "waiting"  # an open is not an acknowledgement
     _email_events(world, sendgrid, "click")
-    assert _chain(request_id)["state"] == "acked"
+    assert chain_of(request_id)["state"] == "acked"
     for minutes in (5, 15, 60):
-        assert _tick_at(world, T0 + timedelta(minutes=minutes)) == 0
+        assert tick_at(world, T0 + timedelta(minutes=minutes)) == 0
     assert (len(sendgrid.sent), world.sms(), world.hooks()) == (1, 0, 0)  # at the receivers
-    assert _step_requests() == []
-    assert _decisions(request_id) == [("wait", "no_ack"), ("stop", "acked")]
+    assert step_requests() == []
+    assert escalation_decisions(request_id) == [("wait", "no_ack"), ("stop", "acked")]
     assert "acknowledged: clicked on delivery" in explain("ana")
 
 
@@ -401,18 +297,18 @@ def test_a_bounced_email_escalates_at_once(world, sendgrid):
     bounced_at = T0 + timedelta(minutes=1)
     world.clock.now = bounced_at
     _email_events(world, sendgrid, "bounce")
-    assert _chain(request_id)["due_at"] == bounced_at  # brought forward from 12:05
+    assert chain_of(request_id)["due_at"] == bounced_at  # brought forward from 12:05
     assert world.sms() == 0
-    assert _tick_at(world, bounced_at) == 1
+    assert tick_at(world, bounced_at) == 1
     [sms] = world.twilio.messages()  # at once, not at 12:05
     assert sms.to == ANA_PHONE and "db-1 is down" in sms.body
-    assert _decisions(request_id)[:3] == [
+    assert escalation_decisions(request_id)[:3] == [
         ("wait", "no_ack"),
         ("hurry", "step_failed"),
         ("escalate", "step_failed"),
     ]
     assert "bounced on delivery" in explain("ana")
-    assert _tick_at(world, bounced_at + timedelta(minutes=10)) == 1  # step 3 keeps its own timer
+    assert tick_at(world, bounced_at + timedelta(minutes=10)) == 1  # step 3 keeps its own timer
     assert (len(sendgrid.sent), world.sms(), world.hooks()) == (1, 1, 1)
 
 
@@ -452,9 +348,9 @@ def test_an_ack_holding_the_chain_makes_a_racing_tick_skip_it_and_nothing_fires(
         [(seen, fired)] = race(1, _tick_in_child, lambda i: (due,))
         assert (seen, fired) == (1, 0)  # it saw the chain due, and skipped the locked row
         acking.commit()
-    assert _tick_at(world, due) == 0
+    assert tick_at(world, due) == 0
     assert (world.sms(), world.hooks()) == (0, 0)
-    assert _chain(request_id)["state"] == "acked"
+    assert chain_of(request_id)["state"] == "acked"
 
 
 def test_a_step_firing_holds_the_chain_and_the_racing_ack_waits_then_stops_the_rest(world):
@@ -478,12 +374,16 @@ def test_a_step_firing_holds_the_chain_and_the_racing_ack_waits_then_stops_the_r
     assert len(waited[0]) == 1, "the ack never queued behind the firing step's lock"
     assert click == "accepted"
     for user, rid, _lane in keys:
-        _send_request(user, rid)
-    assert _chain(request_id)["state"] == "acked" and _chain(request_id)["next_step"] == 3
+        send_request(user, rid)
+    assert chain_of(request_id)["state"] == "acked" and chain_of(request_id)["next_step"] == 3
     for minutes in (15, 60):
-        assert _tick_at(world, T0 + timedelta(minutes=minutes)) == 0
+        assert tick_at(world, T0 + timedelta(minutes=minutes)) == 0
     assert (world.sms(), world.hooks()) == (1, 0)  # step 2 once; step 3 never
-    assert _decisions(request_id) == [("wait", "no_ack"), ("escalate", "no_ack"), ("stop", "acked")]
+    assert escalation_decisions(request_id) == [
+        ("wait", "no_ack"),
+        ("escalate", "no_ack"),
+        ("stop", "acked"),
+    ]
 
 
 HOLD = 1.0  # seconds a racing ack keeps its transaction open after it stopped the chain
@@ -543,14 +443,14 @@ def test_an_ack_and_a_tick_racing_in_two_processes_have_exactly_one_outcome(worl
             race(2, _ack_or_tick, lambda i, k=key, s=stagger: (i, k, due, s))
         )
         for user, step_request in made:
-            _send_request(user, step_request)
-        sent, chain = world.sms() - sms_before, _chain(request_id)
-        outcome = outcomes.get((sent, chain["next_step"], tuple(_decisions(request_id))))
-        assert outcome is not None, (n, sent, chain, _decisions(request_id))
+            send_request(user, step_request)
+        sent, chain = world.sms() - sms_before, chain_of(request_id)
+        outcome = outcomes.get((sent, chain["next_step"], tuple(escalation_decisions(request_id))))
+        assert outcome is not None, (n, sent, chain, escalation_decisions(request_id))
         assert click == "accepted" and chain["state"] == "acked", n
         assert f"step {chain['next_step']} and later are not sent" in _stop_detail(request_id)
         assert met == (SKIPPED if outcome == "ack first" else WAITED), f"race {n} did not overlap"
         orders[outcome] += 1
-    assert _tick_at(world, T0 + timedelta(hours=1)) == 0  # nothing of any chain fires later
+    assert tick_at(world, T0 + timedelta(hours=1)) == 0  # nothing of any chain fires later
     assert (world.slack_posts(), world.sms(), world.hooks()) == (races, orders["step 2 first"], 0)
     print(f"\nack vs tick, {races} races: {dict(orders)}")

@@ -21,23 +21,24 @@ from starlette.testclient import TestClient
 from clarion.tasks import notify
 from clarion.web.api_auth import create_key
 from clarion.web.app import create_app
-from tests.integration.test_escalation import (  # noqa: F401 - world: the fixture, reused
+from tests.support.escalation import (
     T0,
     World,
-    _chain,
-    _decisions,
-    _send_request,
-    _step_requests,
-    _tick_at,
+    chain_of,
+    escalation_decisions,
+    send_request,
+    step_requests,
+    tick_at,
     world,
 )
 
 pytestmark = pytest.mark.integration
+__all__ = ["world"]  # a fixture, from tests/support/escalation.py
 
 
 def _outage() -> int:
     request = notify("ana", "outage_hook", event_id=uuid.uuid4().hex, variables={"host": "db-1"})
-    _send_request("ana", request.request_id)
+    send_request("ana", request.request_id)
     return request.request_id
 
 
@@ -56,12 +57,12 @@ def test_the_app_acknowledges_through_the_api_and_the_next_step_never_fires(worl
     again = httpx.post(ack, params={"user_id": "ana"}, headers=headers)
     assert again.json()["outcome"] == "already_acked"  # idempotent
     for minutes in (5, 15, 60):
-        assert _tick_at(world, T0 + timedelta(minutes=minutes)) == 0
+        assert tick_at(world, T0 + timedelta(minutes=minutes)) == 0
     assert (world.hooks(), world.sms()) == (1, 0)  # at the receivers: step 2 and 3 sent nothing
-    assert _step_requests() == []
-    assert _chain(request_id)["state"] == "acked"
-    assert _chain(request_id)["acked_by"].startswith("API key ops-bot (")
-    assert _decisions(request_id) == [("wait", "no_ack"), ("stop", "acked")]
+    assert step_requests() == []
+    assert chain_of(request_id)["state"] == "acked"
+    assert chain_of(request_id)["acked_by"].startswith("API key ops-bot (")
+    assert escalation_decisions(request_id) == [("wait", "no_ack"), ("stop", "acked")]
 
 
 def test_refusals_name_the_problem(world: World):
@@ -75,12 +76,12 @@ def test_refusals_name_the_problem(world: World):
     assert other.status_code == 404 and other.json()["field"] == "request_id"
     missing = httpx.post(ack, headers=headers)
     assert missing.status_code == 422 and missing.json()["field"] == "user_id"
-    assert _chain(request_id)["state"] == "waiting"  # none of them acknowledged
+    assert chain_of(request_id)["state"] == "waiting"  # none of them acknowledged
 
 
 def test_the_signed_link_in_step_two_stops_step_three(world: World):
     request_id = _outage()
-    assert _tick_at(world, T0 + timedelta(minutes=5)) == 1
+    assert tick_at(world, T0 + timedelta(minutes=5)) == 1
     assert world.hooks() == 2
     [body] = [
         c["body"] for c in world.receiver.arrivals.contents.values() if "Acknowledge" in c["body"]
@@ -88,13 +89,13 @@ def test_the_signed_link_in_step_two_stops_step_three(world: World):
     link = re.search(r"(http://\S+/ack\?t=\S+)", body).group(1)
     page = httpx.get(link)  # opening it (or a mail scanner fetching it) acknowledges nothing
     assert page.status_code == 200 and "<button" in page.text
-    assert _chain(request_id)["state"] == "waiting"
+    assert chain_of(request_id)["state"] == "waiting"
     pressed = httpx.post(link)
     assert pressed.status_code == 200 and "<h1>Acknowledged</h1>" in pressed.text
     assert "<h1>Already acknowledged</h1>" in httpx.post(link).text  # idempotent
-    assert _tick_at(world, T0 + timedelta(minutes=15)) == 0
+    assert tick_at(world, T0 + timedelta(minutes=15)) == 0
     assert (world.hooks(), world.sms()) == (2, 0)  # step 3's SMS never went
-    assert _chain(request_id)["acked_by"] == "signed link"
+    assert chain_of(request_id)["acked_by"] == "signed link"
     tampered = link[:-3] + ("AAA" if not link.endswith("AAA") else "BBB")
     assert httpx.post(tampered).status_code == 403
     world.clock.now = T0 + timedelta(days=8)  # past the link's 7 days
@@ -119,7 +120,7 @@ def test_fuzzed_links_through_the_door_change_nothing_and_never_fail(ack_door, t
     answer = client.request(method, "/ack", params={"t": token})
     assert answer.status_code == 403, answer.text  # no forged token verifies
     assert answer.headers["content-type"].startswith("text/html")
-    assert _chain(request_id)["state"] == "waiting"
+    assert chain_of(request_id)["state"] == "waiting"
 
 
 @pytest.fixture

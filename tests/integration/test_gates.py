@@ -51,7 +51,7 @@ from tests.support.gates import (
     use_gates_catalog,
 )
 from tests.support.pipeline import configure
-from tests.support.race import race
+from tests.support.race import held, race
 
 pytestmark = pytest.mark.integration
 
@@ -391,7 +391,13 @@ def test_eight_processes_routing_different_nudges_of_one_recipient_send_exactly_
         ]
     )
     batches = [made[i * len(users) : (i + 1) * len(users)] for i in range(len(kinds))]
-    routed = race(8, _route_batch, lambda i: (users, [e.request_id for e in batches[i]]))
+    # u0's window is held (an uncommitted row, rolled back) until all eight routes queue on it
+    lock = "INSERT INTO activation_windows VALUES ('u0', 0, 'held', now(), now())"
+    with held(lock, {}, waiters=8) as queued:
+        routed = race(8, _route_batch, lambda i: (users, [e.request_id for e in batches[i]]))
+    assert queued.waiters == 8 and queued.all_in("INSERT INTO activation_windows"), (
+        queued.statements
+    )
     assert sum(routed) == len(users) * len(kinds)
     assert rows("SELECT user_id, count(*) FROM deliveries GROUP BY 1 HAVING count(*) <> 1") == []
     assert one("SELECT count(*) FROM deliveries") == len(users)
@@ -961,8 +967,8 @@ def test_set_preferences_rejects_bad_settings_and_writes_nothing(gates, bad):
 
 
 def test_set_and_get_preferences_of_an_unknown_recipient_fail(gates):
-    with pytest.raises(UnknownRecipient):
+    with pytest.raises(UnknownRecipient, match="unknown recipient 'ghost'"):
         set_preferences("ghost", {"all": False})
-    with pytest.raises(UnknownRecipient):
+    with pytest.raises(UnknownRecipient, match="unknown recipient 'ghost'"):
         get_preferences("ghost")
     assert rows("SELECT count(*) FROM preferences") == [(0,)]

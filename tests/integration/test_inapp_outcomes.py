@@ -29,7 +29,7 @@ from sqlalchemy import make_url, text
 from clarion.db.engine import engine
 from clarion.tasks import register_recipient
 from clarion.tasks.deliver import deliver
-from tests.integration.test_inbox import items, routed
+from tests.support.inbox import items, routed
 from tests.support.pipeline import configure, publishing_to_this_tests_broker, rows
 
 pytestmark = pytest.mark.integration

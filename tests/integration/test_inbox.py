@@ -23,14 +23,14 @@ from clarion.tasks import inbox as app_inbox
 from clarion.tasks import notify, register_recipient, runtime
 from clarion.tasks.deliver import deliver
 from clarion.tasks.route import route
+from tests.support.inbox import deliveries_of, delivery, items, routed, send
 from tests.support.pipeline import (
     configure,
-    drain,
     expire_lease,
     publishing_to_this_tests_broker,
     rows,
 )
-from tests.support.race import race
+from tests.support.race import held, race
 
 pytestmark = pytest.mark.integration
 CATALOG = Path(__file__).parents[1] / "catalog_inapp.yaml"
@@ -43,34 +43,6 @@ def inapp(clarion_env, monkeypatch) -> Iterator[Receiver]:
         register_recipient("ana", timezone="UTC")
         with publishing_to_this_tests_broker():
             yield receiver
-
-
-def routed(user: str, type_key: str, event: str, **variables: str) -> list[tuple[str, int]]:
-    """notify + route (which sends the deliveries it routed, in this process); the request's
-    deliveries (user, id), in channel order."""
-    request = notify(user, type_key, event_id=event, variables=variables)
-    route([user], [request.request_id])
-    return _deliveries(user, request.request_id)
-
-
-def _deliveries(user: str, request_id: int) -> list[tuple[str, int]]:
-    drain("transactional")
-    return [
-        (r["user_id"], r["id"])
-        for r in rows(
-            "SELECT user_id, id FROM deliveries WHERE user_id = :u AND request_id = :r "
-            "ORDER BY channel",
-            u=user,
-            r=request_id,
-        )
-    ]
-
-
-def send(user: str, type_key: str, event: str, **variables: str) -> list[tuple[str, int]]:
-    """notify + route, and every delivery the request has was sent by that route."""
-    keys = routed(user, type_key, event, **variables)
-    assert keys and [delivery(k)["state"] for k in keys] == ["sent"] * len(keys)
-    return keys
 
 
 def stranded(
@@ -87,29 +59,12 @@ def stranded(
             route([user], [request.request_id])
     finally:
         configure(monkeypatch, faults="")
-    keys = _deliveries(user, request.request_id)
+    keys = deliveries_of(user, request.request_id)
     for key in keys:
         assert delivery(key)["state"] == "claimed"
         expire_lease(key)
     assert items(user) == []
     return keys
-
-
-def items(user: str = "ana") -> list[dict]:
-    return rows(
-        "SELECT id, delivery_id, title, count, read_at, seen_at, archived_at FROM inbox_items "
-        "WHERE user_id = :u ORDER BY id",
-        u=user,
-    )
-
-
-def delivery(key: tuple[str, int]) -> dict:
-    [row] = rows(
-        "SELECT state, platform, provider_message_id FROM deliveries WHERE user_id = :u AND id = :d",
-        u=key[0],
-        d=key[1],
-    )
-    return row
 
 
 def test_a_notification_becomes_one_inbox_item_and_a_repeat_adds_none(inapp):
@@ -300,7 +255,11 @@ def _follow(n: int) -> int:
 
 def test_concurrent_followers_all_count(inapp):
     send("ana", "inbox_alert", "a0", host="h0", cluster="prod")
-    followed = race(6, _follow, lambda i: (i,))
-    assert followed == [1] * 6 and followed.most_at_once() >= 2  # the contenders met
+    # the group's row is held until all six followers queue on it: then they count at once
+    lock = "SELECT 1 FROM collapse_groups WHERE user_id = 'ana' FOR UPDATE"
+    with held(lock, {}, waiters=6) as queued:
+        followed = race(6, _follow, lambda i: (i,))
+    assert queued.waiters == 6 and queued.all_in("collapse_groups"), queued.statements
+    assert followed == [1] * 6
     assert [i["count"] for i in items()] == [7]
     assert rows("SELECT count FROM collapse_groups") == [{"count": 7}]

@@ -19,7 +19,7 @@ from httpx_sse import connect_sse
 
 from clarion.tasks import register_recipient
 from clarion.tasks.inbox import inbox_token
-from tests.integration.test_inbox import items, routed, send
+from tests.support.inbox import items, routed, send
 from tests.support.pipeline import configure, frozen_clock, publishing_to_this_tests_broker
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,7 @@ from clarion.tasks.preferences import get_preferences
 from clarion.tasks.route import route
 from clarion.web import asgi_app
 from clarion.web.api_auth import SCOPES, create_key
-from tests.integration.test_preferences_page import Form
+from tests.support.forms import Form
 from tests.support.gates import use_page_catalog
 from tests.support.pipeline import configure, drain, publishing_to_this_tests_broker, rows
 

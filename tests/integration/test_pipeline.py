@@ -40,7 +40,7 @@ from tests.support.pipeline import (
     publishing_to_this_tests_broker,
     rows,
 )
-from tests.support.race import race
+from tests.support.race import held, race
 
 pytestmark = pytest.mark.integration
 
@@ -217,8 +217,13 @@ def _route_one(user: str, request_id: int) -> int:
 
 def test_eight_processes_routing_one_request_resolve_it_once(ann, receiver):
     request = notify(ann, "two_channels", event_id="e1")
-    results = race(8, _route_one, lambda i: (ann, request.request_id))
-    assert results.most_at_once() >= 2  # the contenders met
+    # the request's row is held until all eight routes queue on it: then they race for it at once
+    lock = "SELECT 1 FROM requests WHERE user_id = :u AND id = :id FOR UPDATE"
+    with held(lock, {"u": ann, "id": request.request_id}, waiters=8) as queued:
+        results = race(8, _route_one, lambda i: (ann, request.request_id))
+    assert queued.waiters == 8 and queued.all_in("UPDATE requests r SET state"), (
+        queued.statements
+    )  # they met there
     assert sorted(results) == [0] * 7 + [1]
     assert count("deliveries") == 2
     # the one process that routed it sent both deliveries itself, once; nothing was published
@@ -885,9 +890,8 @@ def test_a_batch_against_a_provider_that_slows_down_adds_senders_within_the_batc
                 for i in range(48)
             ]
         )
-        began = time.monotonic()
         assert route([ann] * 48, [m.request_id for m in made]) == 48  # and the route sends them
-        took = time.monotonic() - began
     assert count("deliveries", "state = 'sent'") == 48
-    assert most[0] >= 6, most[0]  # beyond the 3 it started with (timing decides 6, 7 or 8)
-    assert took < 48 * 0.05 / 3, took  # 3 senders throughout would take 0.8 s
+    # the provider saw more sends in flight at once than the 3 the batch started with: senders
+    # were added within the batch (counted at the provider, not read off a wall clock)
+    assert most[0] >= 6, most[0]  # (timing decides 6, 7 or 8)

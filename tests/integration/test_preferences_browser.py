@@ -24,7 +24,7 @@ from clarion.standins.fake_slack import serving
 from clarion.tasks import preferences_link, register_recipient
 from clarion.tasks.links import preferences_token
 from clarion.tasks.preferences import get_preferences
-from tests.conftest import ROOT
+from tests.support.environment import ROOT
 from tests.support.gates import decisions_of, rows, send_and_route, use_page_catalog
 from tests.support.pipeline import Clock, configure, frozen_clock, publishing_to_this_tests_broker
 

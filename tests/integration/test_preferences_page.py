@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from datetime import timedelta
-from html.parser import HTMLParser
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,6 +23,7 @@ from clarion.tasks import preferences_link, register_recipient
 from clarion.tasks.links import preferences_token
 from clarion.tasks.preferences import get_preferences, set_preferences
 from clarion.web.app import create_app
+from tests.support.forms import Form
 from tests.support.gates import decisions_of, rows, send_and_route, use_page_catalog
 from tests.support.pipeline import configure
 
@@ -46,51 +46,6 @@ def path(user: str = "ann", **kw: Any) -> str:
 
 def stored() -> list[tuple]:
     return rows("SELECT user_id, scope, key, channel, enabled FROM preferences ORDER BY 1, 2, 3, 4")
-
-
-class Form(HTMLParser):
-    """The page's form as a browser would submit it: hidden fields, checked boxes; and every
-    checkbox with its label."""
-
-    def __init__(self, page: str) -> None:
-        super().__init__()
-        self.fields: list[tuple[str, str]] = []
-        self.boxes: dict[str, dict[str, str | None]] = {}
-        self.labels: dict[str, str] = {}
-        self._label: str | None = None
-        self.action = ""
-        self.feed(page)
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        a = dict(attrs)
-        if tag == "form":
-            self.action = a.get("action") or ""
-        if tag == "input" and a.get("type") == "hidden":
-            self.fields.append((a["name"] or "", a["value"] or ""))
-        if tag == "input" and a.get("type") == "checkbox":
-            self.boxes[a["id"] or ""] = a
-        if tag == "label":
-            self._label = a.get("for")
-            self.labels[self._label or ""] = ""
-
-    def handle_data(self, data: str) -> None:
-        if self._label is not None:
-            self.labels[self._label] += data
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "label":
-            self._label = None
-
-    def submit(self, *, off: set[str] = frozenset(), on: set[str] = frozenset()) -> list:
-        """Fields to post, with the boxes whose value is in `off` unchecked and `on` checked."""
-        checked = [
-            ("on", b["value"])
-            for b in self.boxes.values()
-            if "disabled" not in b
-            and b["value"] not in off
-            and ("checked" in b or b["value"] in on)
-        ]
-        return self.fields + checked
 
 
 def post(client: TestClient, url: str, fields: list, **headers: str):
@@ -260,7 +215,7 @@ def test_output_is_escaped() -> None:
 
 
 def test_links_name_known_recipients_and_a_sane_ttl(client) -> None:
-    with pytest.raises(UnknownRecipient):
+    with pytest.raises(UnknownRecipient, match="unknown recipient 'nobody'"):
         preferences_link("nobody")
     with pytest.raises(InvalidRequest, match="ttl"):
         preferences_link("ann", ttl="0d")

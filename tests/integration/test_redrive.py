@@ -5,110 +5,34 @@ that changed meanwhile."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
-import yaml
 
-from clarion import settings
 from clarion.db import ledger
 from clarion.db import redrive as store
 from clarion.db.engine import engine
-from clarion.errors import FaultInjected
 from clarion.ops.redrive import Filters, parse_time, redrive
 from clarion.records import idempotency_key
-from clarion.standins.receiver import Receiver
-from clarion.tasks import notify, register_recipient
 from clarion.tasks.deliver import deliver
-from clarion.tasks.route import route
-from tests.conftest import CATALOG
-from tests.support.pipeline import configure, counts, drain, expire_lease, rows
+from tests.support.pipeline import counts, rows
+from tests.support.redrive import Key, delivery, failed_in_a_rolling_deploy, receiver
 
 pytestmark = pytest.mark.integration
-
-Key = tuple[str, int]
-
-
-@pytest.fixture
-def receiver(clarion_env, monkeypatch) -> Iterator[Receiver]:
-    with Receiver(settings.get().webhook_secret) as running:
-        configure(monkeypatch, webhook_url=running.url)
-        register_recipient("ann", timezone="UTC")
-        register_recipient("bo", timezone="UTC")
-        yield running
-
-
-def _old_worker_catalog(tmp_path: Path) -> Path:
-    """The test catalog as a worker one release behind has it: receipt v1 only, no nudge type."""
-    data = yaml.safe_load(CATALOG.read_text())
-    del data["types"]["nudge"]
-    data["types"]["receipt"]["templates"] = [
-        t for t in data["types"]["receipt"]["templates"] if t["version"] == 1
-    ]
-    path = tmp_path / "old-catalog.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def _failed_in_a_rolling_deploy(
-    monkeypatch,
-    tmp_path: Path,
-    user: str = "ann",
-    type_key: str = "receipt",
-    variables: dict | None = None,
-) -> Key:
-    """A request pinned by a newer producer, delivered by an older worker past the skew grace:
-    fails template_missing.
-
-    The worker that routes a request sends it (in the same process), so a type the older worker
-    has is routed and sent by it. One it lacks altogether it would route as `unknown_type`, with
-    no delivery: that request is routed by a newer worker that stops right after its commit
-    (before its send), and the older worker's deliver task takes the row over once the claim's
-    lease has run out."""
-    request = notify(
-        user, type_key, event_id=f"e-{user}-{type_key}", variables=variables or {"order": "A-1"}
-    )
-    old = _old_worker_catalog(tmp_path)
-    known_to_old = type_key in yaml.safe_load(old.read_text())["types"]
-    if known_to_old:
-        configure(monkeypatch, catalog=old, catalog_skew_grace=0.001)
-        assert route([user], [request.request_id]) == 1
-    else:
-        configure(monkeypatch, faults="route.after_commit=raise*1")
-        with pytest.raises(FaultInjected):
-            route([user], [request.request_id])
-    [row] = rows("SELECT user_id, id FROM deliveries WHERE request_id = :r", r=request.request_id)
-    key = (row["user_id"], row["id"])
-    if not known_to_old:
-        expire_lease(key)
-        configure(monkeypatch, faults=None, catalog=old, catalog_skew_grace=0.001)
-        assert deliver([key[0]], [key[1]]) == 0
-    configure(
-        monkeypatch, catalog=CATALOG, catalog_skew_grace=None
-    )  # the deploy finished: all have v2
-    drain("transactional")
-    drain("activation")
-    return key
-
-
-def _delivery(key: Key) -> dict:
-    [row] = rows("SELECT * FROM deliveries WHERE user_id = :u AND id = :i", u=key[0], i=key[1])
-    return row
+__all__ = ["receiver"]  # a fixture, from tests/support/redrive.py
 
 
 def test_a_failed_delivery_is_requeued_as_the_same_row_and_sent_once_under_its_key(
     receiver, monkeypatch, tmp_path
 ):
-    key = _failed_in_a_rolling_deploy(monkeypatch, tmp_path)
-    failed = _delivery(key)
+    key = failed_in_a_rolling_deploy(monkeypatch, tmp_path)
+    failed = delivery(key)
     assert (failed["state"], failed["attempts"]) == ("failed", 1)
     assert failed["last_error"].startswith("template_missing")
     now = datetime.now(UTC)
     report = redrive(Filters(reason="template_missing"), dry_run=False, now=now)
     assert report.startswith("1 deliveries re-queued")
-    again = _delivery(key)
+    again = delivery(key)
     assert (again["state"], again["attempts"], again["last_error"]) == ("pending", 0, None)
     assert again["due_at"] == again["not_before"] == now  # the tick republishes it now
     assert {k: again[k] for k in ("request_id", "type_key", "occurrence_key", "channel")} == {
@@ -130,7 +54,7 @@ def test_a_failed_delivery_is_requeued_as_the_same_row_and_sent_once_under_its_k
     ]
 
     assert deliver([key[0]], [key[1]]) == 1
-    assert _delivery(key)["state"] == "sent"
+    assert delivery(key)["state"] == "sent"
     expected = idempotency_key("ann", "receipt", failed["occurrence_key"], "webhook")
     assert dict(receiver.arrivals.by_key) == {expected: 1}
     assert redrive(Filters(), dry_run=False).startswith(
@@ -139,10 +63,10 @@ def test_a_failed_delivery_is_requeued_as_the_same_row_and_sent_once_under_its_k
 
 
 def test_the_dry_run_lists_counts_and_rows_and_changes_nothing(receiver, monkeypatch, tmp_path):
-    keys = [_failed_in_a_rolling_deploy(monkeypatch, tmp_path, user) for user in ("ann", "bo")]
-    before = (counts(), [_delivery(k) for k in keys])
+    keys = [failed_in_a_rolling_deploy(monkeypatch, tmp_path, user) for user in ("ann", "bo")]
+    before = (counts(), [delivery(k) for k in keys])
     report = redrive(Filters(), dry_run=True)
-    assert (counts(), [_delivery(k) for k in keys]) == before
+    assert (counts(), [delivery(k) for k in keys]) == before
     lines = report.splitlines()
     assert lines[0] == "2 deliveries would be re-queued (dry run: nothing changed)"
     assert any(line.split() == ["receipt", "template_missing", "failed", "2"] for line in lines), (
@@ -155,9 +79,9 @@ def test_the_dry_run_lists_counts_and_rows_and_changes_nothing(receiver, monkeyp
 
 
 def test_filters_by_type_reason_state_time_and_limit(receiver, monkeypatch, tmp_path):
-    ann = _failed_in_a_rolling_deploy(monkeypatch, tmp_path, "ann")
-    bo = _failed_in_a_rolling_deploy(monkeypatch, tmp_path, "bo")
-    stopped = _delivery(bo)["updated_at"]
+    ann = failed_in_a_rolling_deploy(monkeypatch, tmp_path, "ann")
+    bo = failed_in_a_rolling_deploy(monkeypatch, tmp_path, "bo")
+    stopped = delivery(bo)["updated_at"]
 
     def found(**filters) -> list[Key]:
         with engine().connect() as conn:
@@ -176,7 +100,7 @@ def test_filters_by_type_reason_state_time_and_limit(receiver, monkeypatch, tmp_
 
 
 def test_a_row_that_changed_meanwhile_is_left_alone(receiver, monkeypatch, tmp_path):
-    key = _failed_in_a_rolling_deploy(monkeypatch, tmp_path)
+    key = failed_in_a_rolling_deploy(monkeypatch, tmp_path)
     with engine().begin() as conn:
         assert store.requeue(conn, [key], states=("failed",), now=datetime.now(UTC)) == {key}
     with (
@@ -189,10 +113,10 @@ def test_a_row_that_changed_meanwhile_is_left_alone(receiver, monkeypatch, tmp_p
 def test_a_delivery_whose_occurrence_was_sent_by_another_is_not_redriven(
     receiver, monkeypatch, tmp_path
 ):
-    failed = _failed_in_a_rolling_deploy(
+    failed = failed_in_a_rolling_deploy(
         monkeypatch, tmp_path, type_key="nudge", variables={"name": "Ann"}
     )
-    row = _delivery(failed)
+    row = delivery(failed)
     assert row["state"] == "failed" and row["one_platform"]
     with engine().begin() as conn:  # the same one_platform occurrence, sent on another channel
         [created] = ledger.insert_deliveries(
@@ -215,7 +139,7 @@ def test_a_delivery_whose_occurrence_was_sent_by_another_is_not_redriven(
     assert redrive(Filters(), dry_run=True).startswith("0 deliveries")
     with engine().begin() as conn:
         assert store.requeue(conn, [failed], states=("failed",), now=datetime.now(UTC)) == set()
-    assert _delivery(failed)["state"] == "failed"
+    assert delivery(failed)["state"] == "failed"
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from clarion.tasks.series import (
     snooze_occurrence,
     tick_series,
 )
-from tests.conftest import ROOT
+from tests.support.environment import ROOT
 from tests.support.pipeline import configure, counted
 from tests.support.race import race
 
@@ -38,7 +38,7 @@ GATES = ROOT / "tests" / "catalog_gates.yaml"
 
 @pytest.fixture
 def gates_catalog(clarion_env, monkeypatch):
-    from tests.conftest import reset_process_state
+    from tests.support.environment import reset_process_state
 
     monkeypatch.setenv("CLARION_CATALOG", str(GATES))
     reset_process_state()

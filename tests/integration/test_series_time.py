@@ -20,7 +20,7 @@ from clarion.tasks import register_recipient
 from clarion.tasks.app import check_tz_database
 from clarion.tasks.route import route
 from clarion.tasks.series import arm_series, tick_series
-from tests.conftest import ROOT
+from tests.support.environment import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ FRIDAY_0905_NY = datetime(2026, 12, 4, 14, 5, tzinfo=UTC)
 
 @pytest.fixture
 def gates_catalog(clarion_env, monkeypatch):
-    from tests.conftest import reset_process_state
+    from tests.support.environment import reset_process_state
 
     monkeypatch.setenv("CLARION_CATALOG", str(ROOT / "tests" / "catalog_gates.yaml"))
     reset_process_state()

@@ -48,58 +48,37 @@ from clarion.standins.fake_slack import (
     signed,
 )
 from clarion.tasks import notify, register_recipient, runtime
-from clarion.tasks.deliver import deliver
 from clarion.tasks.interactions import handle_click
 from clarion.tasks.preferences import get_preferences
 from clarion.tasks.route import route
 from clarion.tasks.tick import tick
 from clarion.web import slack as web_slack
 from clarion.web.app import create_app
-from tests.conftest import ROOT
 from tests.support.pipeline import (
     configure,
     count,
     drain,
     expire_lease,
     frozen_clock,
-    publishing_to_this_tests_broker,
     rows,
+)
+from tests.support.slack import (
+    FORM,
+    SECRET,
+    Key,
+    ana,
+    click_value,
+    deliver_keys,
+    fake,
+    slack_delivery,
+    slack_env,
+    slack_nudge,
 )
 
 pytestmark = pytest.mark.integration
+__all__ = ["ana", "fake", "slack_env"]  # fixtures, from tests/support/slack.py
 
-ACTIVATION = ROOT / "catalog" / "examples" / "activation.yaml"
-SECRET = "clarion-signing-secret"
-FORM = "application/x-www-form-urlencoded"
 GOAL_LABELS = ["Grow my team", "Ship faster", "Raise quality"]
-Key = tuple[str, int]
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeSlack]:
-    with FakeSlack() as server:
-        yield server
-
-
-@pytest.fixture
-def slack_env(clarion_env, fake, monkeypatch) -> Iterator[None]:
-    """The activation catalog, with the Slack channel pointed at the local Slack (the tables of
-    pure cases below need none of it)."""
-    configure(
-        monkeypatch,
-        catalog=ACTIVATION,
-        slack_token=FakeSlack.TOKEN,
-        slack_api_url=fake.api_url,
-        slack_signing_secret=SECRET,
-    )
-    with publishing_to_this_tests_broker():
-        yield
-
-
-@pytest.fixture
-def ana(slack_env) -> str:
-    register_recipient("ana", timezone="Europe/Berlin", addresses={"slack": "U1"})
-    return "ana"
 
 
 @pytest.fixture
@@ -108,38 +87,10 @@ def web(slack_env) -> Iterator[str]:
         yield url
 
 
-def _nudge(
-    user: str, type_key: str = "goal_prompt", event: str = "e1", **variables: str
-) -> Key | None:
-    """Notify and route one nudge; the key of its Slack delivery, or None if it got none."""
-    request = notify(user, type_key, event_id=event, variables={"first_name": "Ana", **variables})
-    assert route([user], [request.request_id]) == 1
-    drain("activation")
-    found = rows(
-        "SELECT user_id, id FROM deliveries WHERE request_id = :r AND channel = 'slack'",
-        r=request.request_id,
-    )
-    return (found[0]["user_id"], found[0]["id"]) if found else None
-
-
-def _deliver(*keys: Key) -> int:
-    return deliver([k[0] for k in keys], [k[1] for k in keys])
-
-
 def _sent_by_route(key: Key) -> None:
     """The route sent what it routed, itself: the row is recorded sent, with Slack's message."""
-    row = _delivery(key)
+    row = slack_delivery(key)
     assert (row["state"], row["attempts"]) == ("sent", 1) and row["provider_message_id"]
-
-
-def _delivery(key: Key) -> dict:
-    [row] = rows(
-        "SELECT state, platform, attempts, provider_message_id, last_error, not_before, answer,"
-        " answered_by, maybe_sent_at FROM deliveries WHERE user_id = :u AND id = :i",
-        u=key[0],
-        i=key[1],
-    )
-    return row
 
 
 def _post(
@@ -155,14 +106,10 @@ def _post(
     )
 
 
-def _value(key: Key, answer: str) -> str:
-    return json.dumps({"u": key[0], "d": key[1], "a": answer}, separators=(",", ":"))
-
-
 def _click(url: str, key: Key, answer: str, *, user: str = "U1", **kw) -> httpx.Response:
-    channel, ts = _delivery(key)["provider_message_id"].split(":")
+    channel, ts = slack_delivery(key)["provider_message_id"].split(":")
     body = block_actions(
-        user, _value(key, answer), action_id=f"clarion:{answer}", channel=channel, ts=ts
+        user, click_value(key, answer), action_id=f"clarion:{answer}", channel=channel, ts=ts
     )
     return _post(f"{url}/slack/events", body, **kw)
 
@@ -320,10 +267,10 @@ def test_reconciliation_recognises_only_this_deliverys_metadata(history, found):
 
 
 def test_a_manager_with_a_slack_address_gets_the_nudge_with_catalog_buttons(ana, fake):
-    key = _nudge(ana)
+    key = slack_nudge(ana)
     _sent_by_route(key)
     [posted] = fake.posts()
-    row = _delivery(key)
+    row = slack_delivery(key)
     assert (row["state"], row["platform"]) == ("sent", "slack")
     assert row["provider_message_id"] == f"DU1:{posted.ts}" and posted.channel == "DU1"
     header, section, actions = posted.blocks
@@ -331,7 +278,7 @@ def test_a_manager_with_a_slack_address_gets_the_nudge_with_catalog_buttons(ana,
     assert section["text"]["text"] == "Ana, pick the goal your plan should focus on."
     assert [e["text"]["text"] for e in actions["elements"]] == GOAL_LABELS
     assert [e["value"] for e in actions["elements"]] == [
-        _value(key, a) for a in ("grow_team", "ship_faster", "quality")
+        click_value(key, a) for a in ("grow_team", "ship_faster", "quality")
     ]
     assert [decode_value(e["value"]).delivery_id for e in actions["elements"]] == [key[1]] * 3
     assert posted.metadata["event_type"] == "clarion_delivery"
@@ -341,7 +288,7 @@ def test_a_manager_with_a_slack_address_gets_the_nudge_with_catalog_buttons(ana,
     assert rows("SELECT channel, gate, reason FROM decisions") == [
         {"channel": "teams", "gate": "channel", "reason": "no_adapter"}
     ]
-    assert _deliver(key) == 0 and len(fake.called("chat.postMessage")) == 1
+    assert deliver_keys(key) == 0 and len(fake.called("chat.postMessage")) == 1
 
 
 def test_a_429_pauses_the_workspace_and_the_nudges_go_out_once_when_it_lifts(ana, fake):
@@ -349,34 +296,34 @@ def test_a_429_pauses_the_workspace_and_the_nudges_go_out_once_when_it_lifts(ana
     fake.fail("chat.postMessage", "ratelimited", status=429, retry_after=30)
     with frozen_clock() as clk:
         start = clk.now
-        first = _nudge(ana)  # the route's own send gets the 429
-        assert _delivery(first)["state"] == "pending"
+        first = slack_nudge(ana)  # the route's own send gets the 429
+        assert slack_delivery(first)["state"] == "pending"
         assert _waited(first, start) == pytest.approx(30, abs=6.01)
-        assert _delivery(first)["last_error"].startswith("ratelimited")
-        assert _delivery(first)["attempts"] == 0  # a rate limit is not an attempt
+        assert slack_delivery(first)["last_error"].startswith("ratelimited")
+        assert slack_delivery(first)["attempts"] == 0  # a rate limit is not an attempt
         [pause] = redis.Redis.from_url(clarion_settings.get().urls()[1]).keys(
             "clarion:rl:{slack:*:pause"
         )
 
-        second = _nudge("bob")  # the route's own send: paused, not even tried
-        assert _delivery(second)["state"] == "pending"
+        second = slack_nudge("bob")  # the route's own send: paused, not even tried
+        assert slack_delivery(second)["state"] == "pending"
         assert len(fake.called("chat.postMessage")) == 1
-        assert _delivery(second)["last_error"].startswith("paused")
+        assert slack_delivery(second)["last_error"].startswith("paused")
         assert 29 <= _waited(second, start) <= 36
 
         clk.advance(29)
         assert tick()["deliveries"] == 0
         clk.advance(8)
         assert tick()["deliveries"] == 2
-        assert _deliver(first, second) == 2
+        assert deliver_keys(first, second) == 2
     assert pause
     assert sorted(p.channel for p in fake.posts()) == ["DU1", "DU2"]
     assert len(fake.called("chat.postMessage", ok=True)) == 2
-    assert [_delivery(k)["state"] for k in (first, second)] == ["sent", "sent"]
+    assert [slack_delivery(k)["state"] for k in (first, second)] == ["sent", "sent"]
 
 
 def _waited(key: Key, since) -> float:
-    return (_delivery(key)["not_before"] - since).total_seconds()
+    return (slack_delivery(key)["not_before"] - since).total_seconds()
 
 
 def test_twenty_bounces_off_a_workspace_pause_do_not_fail_the_nudge(ana, fake, monkeypatch):
@@ -386,22 +333,22 @@ def test_twenty_bounces_off_a_workspace_pause_do_not_fail_the_nudge(ana, fake, m
     configure(monkeypatch, max_attempts=3)
     fake.fail("chat.postMessage", "ratelimited", status=429, retry_after=30)
     with frozen_clock() as clk:
-        key = _nudge(ana)  # the route's own send meets the first 429
+        key = slack_nudge(ana)  # the route's own send meets the first 429
         others = []
         for n in range(20):
             clk.advance(37)  # the pause Ana met has lifted and her retry is due
             register_recipient(f"bob{n}", timezone="UTC", addresses={"slack": f"U{100 + n}"})
             fake.fail("chat.postMessage", "ratelimited", status=429, retry_after=30)
-            others.append(_nudge(f"bob{n}"))  # a 429 again: the workspace is paused anew
+            others.append(slack_nudge(f"bob{n}"))  # a 429 again: the workspace is paused anew
             calls = len(fake.called("chat.postMessage"))
-            assert _deliver(key) == 0  # claimed, and released at the pause: Slack not called
+            assert deliver_keys(key) == 0  # claimed, and released at the pause: Slack not called
             assert len(fake.called("chat.postMessage")) == calls == n + 2
-            row = _delivery(key)
+            row = slack_delivery(key)
             assert (row["state"], row["attempts"]) == ("pending", 0)
             assert row["last_error"].startswith("paused")
         clk.advance(37)
-        assert _deliver(key, *others) == 21
-    assert _delivery(key)["state"] == "sent" and _delivery(key)["attempts"] == 1
+        assert deliver_keys(key, *others) == 21
+    assert slack_delivery(key)["state"] == "sent" and slack_delivery(key)["attempts"] == 1
     assert sorted(p.channel for p in fake.posts()) == sorted(
         ["DU1", *(f"DU{100 + n}" for n in range(20))]
     )
@@ -411,14 +358,14 @@ def test_a_transient_slack_error_is_retried_and_a_permanent_one_fails_with_its_r
     fake.fail("chat.postMessage", "internal_error")
     fake.fail("chat.postMessage", "invalid_blocks")
     with frozen_clock() as clk:
-        key = _nudge(ana)  # the route's own send: internal_error
-        assert (_delivery(key)["state"], _delivery(key)["last_error"][:14]) == (
+        key = slack_nudge(ana)  # the route's own send: internal_error
+        assert (slack_delivery(key)["state"], slack_delivery(key)["last_error"][:14]) == (
             "pending",
             "internal_error",
         )
         clk.advance(3)
-        assert _deliver(key) == 0
-    assert _delivery(key)["state"] == "failed"
+        assert deliver_keys(key) == 0
+    assert slack_delivery(key)["state"] == "failed"
     assert rows("SELECT reason FROM decisions WHERE gate = 'deliver'") == [
         {"reason": "invalid_blocks"}
     ]
@@ -428,8 +375,8 @@ def test_a_transient_slack_error_is_retried_and_a_permanent_one_fails_with_its_r
 
 def test_a_deactivated_user_fails_and_is_suppressed_for_the_next_nudge(ana, fake):
     fake.deactivate("U1")
-    key = _nudge(ana)  # the route's own send: user_disabled
-    assert _delivery(key)["state"] == "failed"
+    key = slack_nudge(ana)  # the route's own send: user_disabled
+    assert slack_delivery(key)["state"] == "failed"
     assert rows("SELECT gate, outcome, reason FROM decisions WHERE delivery_id = :d", d=key[1]) == [
         {"gate": "deliver", "outcome": "failed", "reason": "user_disabled"}
     ]
@@ -437,7 +384,7 @@ def test_a_deactivated_user_fails_and_is_suppressed_for_the_next_nudge(ana, fake
         {"user_id": "ana", "channel": "slack", "address": "U1", "reason": "deactivated"}
     ]
 
-    assert _nudge(ana, "stalled_plan", event="e2") is None
+    assert slack_nudge(ana, "stalled_plan", event="e2") is None
     [request] = rows("SELECT id FROM requests WHERE type_key = 'stalled_plan'")
     assert rows(
         "SELECT channel, gate, reason FROM decisions WHERE request_id = :r AND channel = 'slack'",
@@ -447,9 +394,9 @@ def test_a_deactivated_user_fails_and_is_suppressed_for_the_next_nudge(ana, fake
 
 
 def test_the_adapter_updates_a_sent_message_in_place_and_a_failed_update_raises(ana, fake):
-    key = _nudge(ana)
+    key = slack_nudge(ana)
     _sent_by_route(key)
-    ref = _delivery(key)["provider_message_id"]
+    ref = slack_delivery(key)["provider_message_id"]
     with engine().begin() as conn:
         message = web_slack.message_for(interaction_target(conn, *key))
     adapter = runtime.adapters()["slack"]
@@ -489,7 +436,7 @@ def _posted_then_lost(user: str, monkeypatch) -> Key:
     process dies between the two): the row stays claimed, its attempt marked as having reached
     Slack, until its lease runs out (on PostgreSQL's clock)."""
     configure(monkeypatch, faults="deliver.before_flush=raise*1")
-    key = _nudge(user)
+    key = slack_nudge(user)
     assert key is not None
     assert _attempt(key) == ("claimed", 1, True)
     expire_lease(key)
@@ -531,9 +478,9 @@ def test_a_takeover_finds_the_earlier_message_by_metadata_and_does_not_post_agai
     ana, fake, monkeypatch
 ):
     key = _posted_then_lost(ana, monkeypatch)
-    assert _deliver(key) == 1
+    assert deliver_keys(key) == 1
     [posted] = fake.posts()
-    row = _delivery(key)
+    row = slack_delivery(key)
     assert (row["state"], row["provider_message_id"], row["attempts"]) == (
         "sent",
         f"DU1:{posted.ts}",
@@ -551,20 +498,20 @@ def test_a_takeover_finds_the_earlier_message_by_metadata_and_does_not_post_agai
 def test_an_error_after_posting_is_reconciled_not_reposted(ana, fake, monkeypatch):
     configure(monkeypatch, faults="deliver.after_send=raise*1")
     with frozen_clock() as clk:
-        key = _nudge(ana)  # the route's own send posted, then an error: the outcome is unknown
-        assert _delivery(key)["state"] == "pending"
-        assert _delivery(key)["maybe_sent_at"] is not None
+        key = slack_nudge(ana)  # the route's own send posted, then an error: the outcome is unknown
+        assert slack_delivery(key)["state"] == "pending"
+        assert slack_delivery(key)["maybe_sent_at"] is not None
         clk.advance(3)
         assert tick()["deliveries"] == 1
-        assert _deliver(key) == 1
-    assert len(fake.posts()) == 1 and _delivery(key)["state"] == "sent"
+        assert deliver_keys(key) == 1
+    assert len(fake.posts()) == 1 and slack_delivery(key)["state"] == "sent"
     assert len(fake.called("conversations.history")) == 1 and count("incidents") == 0
 
 
 def test_a_takeover_that_finds_nothing_posts_once(ana, fake, monkeypatch):
     key = _died_before_the_send(ana, monkeypatch)
     _take_over_and_die_sending(key)  # reached the send, died before posting
-    assert _deliver(key) == 1
+    assert deliver_keys(key) == 1
     assert len(fake.posts()) == 1
     assert len(fake.called("conversations.history")) == 1
     assert count("incidents") == 0
@@ -573,7 +520,7 @@ def test_a_takeover_that_finds_nothing_posts_once(ana, fake, monkeypatch):
 def test_a_takeover_without_a_send_does_not_look(ana, fake, monkeypatch):
     """An attempt that died before reaching the provider cannot have posted: no history call."""
     key = _died_before_the_send(ana, monkeypatch)
-    assert _deliver(key) == 1
+    assert deliver_keys(key) == 1
     assert len(fake.posts()) == 1 and fake.called("conversations.history") == []
 
 
@@ -583,8 +530,8 @@ def test_a_rate_limited_reconciliation_asks_again_later_and_never_posts_twice(
     key = _posted_then_lost(ana, monkeypatch)
     with frozen_clock() as clk:
         fake.fail("conversations.history", "ratelimited", status=429, retry_after=60)
-        assert _deliver(key) == 0
-        row = _delivery(key)
+        assert deliver_keys(key) == 0
+        row = slack_delivery(key)
         assert row["state"] == "pending" and row["last_error"].startswith(
             "reconcile_pending: ratelimited"
         )
@@ -596,17 +543,17 @@ def test_a_rate_limited_reconciliation_asks_again_later_and_never_posts_twice(
             == []
         )
         clk.advance(73)
-        assert _deliver(key) == 1  # a plain retry, no longer "taken over", still looks first
+        assert deliver_keys(key) == 1  # a plain retry, no longer "taken over", still looks first
     assert len(fake.called("chat.postMessage")) == 1
     assert len(fake.called("conversations.history")) == 2
-    assert _delivery(key)["state"] == "sent"
+    assert slack_delivery(key)["state"] == "sent"
 
 
 # --- clicks through clarion's HTTP endpoint ----------------------------------------------------------------
 
 
 def _answered(key: Key) -> tuple[str | None, str]:
-    row = _delivery(key)
+    row = slack_delivery(key)
     return row["answer"], row["state"]
 
 
@@ -618,12 +565,12 @@ def _outcomes() -> list[tuple[str, str]]:
 
 
 def test_a_click_answers_the_delivery_and_updates_the_message_in_place(ana, fake, web):
-    key = _nudge(ana)
+    key = slack_nudge(ana)
     _sent_by_route(key)
     response = _click(web, key, "ship_faster")
     assert response.status_code == 200
     assert _answered(key) == ("ship_faster", "answered")
-    assert _delivery(key)["answered_by"] == "slack:U1"
+    assert slack_delivery(key)["answered_by"] == "slack:U1"
     [posted] = fake.posts()
     [update] = posted.updates
     assert _context_text(update) == ["Answered: Ship faster"]
@@ -641,7 +588,7 @@ def test_a_click_answers_the_delivery_and_updates_the_message_in_place(ana, fake
 
 
 def test_someone_elses_click_changes_nothing_and_gets_an_ephemeral_reply(ana, fake, web):
-    key = _nudge(ana)
+    key = slack_nudge(ana)
     _sent_by_route(key)
     assert _click(web, key, "quality", user="U2").status_code == 200
     assert _answered(key) == (None, "sent")
@@ -653,11 +600,11 @@ def test_someone_elses_click_changes_nothing_and_gets_an_ephemeral_reply(ana, fa
 
 @pytest.mark.parametrize("forgery", ["bad_signature", "other_secret", "stale", "unsigned"])
 def test_a_request_not_signed_by_slack_now_gets_401_and_changes_nothing(ana, fake, web, forgery):
-    key = _nudge(ana)
+    key = slack_nudge(ana)
     _sent_by_route(key)
-    channel, ts = _delivery(key)["provider_message_id"].split(":")
+    channel, ts = slack_delivery(key)["provider_message_id"].split(":")
     body = block_actions(
-        "U1", _value(key, "grow_team"), action_id="clarion:grow_team", channel=channel, ts=ts
+        "U1", click_value(key, "grow_team"), action_id="clarion:grow_team", channel=channel, ts=ts
     )
     headers = signed(SECRET, body, content_type=FORM)
     if forgery == "bad_signature":
@@ -719,7 +666,7 @@ def test_the_app_home_lists_the_managers_nudges_and_toggles_them(ana, fake, web)
     assert prefs["settings"] == {"type:stalled_plan": False}
     assert not prefs["types"]["stalled_plan"]["slack"]["enabled"]
     assert not prefs["types"]["stalled_plan"]["teams"]["enabled"]
-    assert _nudge(ana, "stalled_plan") is None
+    assert slack_nudge(ana, "stalled_plan") is None
     assert rows("SELECT reason FROM decisions WHERE channel = 'slack'") == [{"reason": "opted_out"}]
 
     back_on = block_actions("U1", "on", action_id="clarion_pref:stalled_plan", channel="DU1")
@@ -772,12 +719,16 @@ def test_register_puts_clarions_handlers_on_a_hosts_own_bolt_app(ana, fake):
     web_slack.register(host)
     handler = SlackRequestHandler(host)
     starlette = Starlette(routes=[Route("/host/slack", handler.handle, methods=["POST"])])
-    key = _nudge(ana)
+    key = slack_nudge(ana)
     _sent_by_route(key)
-    channel, ts = _delivery(key)["provider_message_id"].split(":")
+    channel, ts = slack_delivery(key)["provider_message_id"].split(":")
     with serving(starlette) as url:
         click = block_actions(
-            "U1", _value(key, "grow_team"), action_id="clarion:grow_team", channel=channel, ts=ts
+            "U1",
+            click_value(key, "grow_team"),
+            action_id="clarion:grow_team",
+            channel=channel,
+            ts=ts,
         )
         assert _post(f"{url}/host/slack", click, secret=host_secret).status_code == 200
         _wait_for(lambda: fake.posts()[0].updates)
@@ -816,18 +767,20 @@ def three_deliveries(ana, fake) -> dict[str, Key]:
     register_recipient("bob", timezone="UTC", addresses={"slack": "U2"})
     register_recipient("cat", timezone="UTC", addresses={"slack": "U3"})
     fake.deactivate("U3")
-    nudged = {u: _nudge(u) for u in ("ana", "bob", "cat")}
+    nudged = {u: slack_nudge(u) for u in ("ana", "bob", "cat")}
     keys = {u: k for u, k in nudged.items() if k is not None}
     assert len(keys) == 3
     _sent_by_route(keys["ana"])
     _sent_by_route(keys["bob"])
-    assert _delivery(keys["cat"])["state"] == "failed"
+    assert slack_delivery(keys["cat"])["state"] == "failed"
     assert len(fake.posts()) == 2
     return keys
 
 
 def _values(keys: dict[str, Key]) -> st.SearchStrategy:
-    real = [_value(k, a) for k in keys.values() for a in ("grow_team", "ship_faster", "quality")]
+    real = [
+        click_value(k, a) for k in keys.values() for a in ("grow_team", "ship_faster", "quality")
+    ]
     ids = [k[1] for k in keys.values()]
     anything = st.one_of(
         st.none(),
@@ -957,13 +910,13 @@ def test_a_sample_of_forged_values_through_the_endpoint_changes_nothing(
     ana, bob, cat = three_deliveries.values()
     rng = random.Random(5)
     samples: list[tuple[str, object]] = [
-        ("U1", _value(bob, "quality")),
-        ("U2", _value(ana, "quality")),
-        ("U3", _value(cat, "quality")),
-        ("U1", _value(ana, "start")),
-        ("U1", _value((ana[0], bob[1]), "quality")),
-        ("U1", _value(ana, "quality")[:-2]),
-        ("U1", _value(ana, "quality") + " " * 600),
+        ("U1", click_value(bob, "quality")),
+        ("U2", click_value(ana, "quality")),
+        ("U3", click_value(cat, "quality")),
+        ("U1", click_value(ana, "start")),
+        ("U1", click_value((ana[0], bob[1]), "quality")),
+        ("U1", click_value(ana, "quality")[:-2]),
+        ("U1", click_value(ana, "quality") + " " * 600),
         ("U1", None),
         ("U1", 12),
         ("U1", {"u": "ana", "d": ana[1], "a": "quality"}),

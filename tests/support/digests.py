@@ -6,8 +6,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, reset_process_state
+from clarion.tasks.deliver import deliver
+from clarion.tasks.route import route
+from clarion.tasks.tick import tick
+from tests.support.environment import ROOT, reset_process_state
 from tests.support.gates import rows
+from tests.support.pipeline import drain
 
 DIGESTS = ROOT / "tests" / "catalog_digests.yaml"
 
@@ -42,3 +46,17 @@ def digested_into(user_id: str, request_id: int) -> int | None:
         return None
     [(detail,)] = found
     return int(detail.split("digested into request ")[1].split()[0])
+
+
+def flush_due() -> list[int]:
+    """What the beat tick does at the clock's time, then the route and deliver tasks it wakes."""
+    tick()
+    routed = [k for name, users, ids in drain("activation") for k in zip(users, ids, strict=True)]
+    routed += [k for _, users, ids in drain("transactional") for k in zip(users, ids, strict=True)]
+    if routed:
+        route([u for u, _ in routed], [i for _, i in routed])
+    pending = rows("SELECT user_id, id FROM deliveries WHERE state = 'pending' ORDER BY id")
+    if pending:
+        deliver([u for u, _ in pending], [i for _, i in pending])
+    digests = {i for (i,) in rows("SELECT id FROM requests WHERE occurrence_key LIKE 'digest:%'")}
+    return [i for _, i in routed if i in digests]  # not the items' own (already routed) messages

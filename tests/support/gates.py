@@ -14,7 +14,7 @@ from sqlalchemy import text
 
 from clarion import clock
 from clarion.db.engine import engine
-from tests.conftest import ROOT, reset_process_state
+from tests.support.environment import ROOT, reset_process_state
 
 GATES = ROOT / "tests" / "catalog_gates.yaml"
 

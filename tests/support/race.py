@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import kombu.pools
@@ -95,3 +98,69 @@ def waiting_on(pid: int, within: float) -> list[str]:
         if found or time.monotonic() >= deadline:
             return found
         time.sleep(0.01)
+
+
+@dataclass
+class Held:
+    """What a held lock saw: the most backends queued behind it at one instant."""
+
+    waiters: int = 0
+    statements: list[str] = field(default_factory=list)
+
+    def all_in(self, fragment: str) -> bool:
+        """Whether every waiting statement contains `fragment` (whitespace collapsed): they were
+        all at the contested statement, not queued somewhere else."""
+        return bool(self.statements) and all(
+            fragment in " ".join(q.split()) for q in self.statements
+        )
+
+
+def _queued(conn: Any) -> list[str]:
+    """The statements of this database's backends waiting on a lock (behind the holder, or behind
+    another waiter queued on the same row: PostgreSQL queues a row's waiters on its tuple lock)."""
+    from sqlalchemy import text
+
+    found = conn.execute(
+        text(
+            "SELECT query FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+    ).scalars()
+    conn.rollback()  # a fresh snapshot of pg_stat_activity on the next poll
+    return list(found)
+
+
+@contextmanager
+def held(lock: str, params: dict[str, Any], *, waiters: int, within: float = 60) -> Iterator[Held]:
+    """Take a row lock with `lock` (a SELECT ... FOR UPDATE of the row the contenders fight over,
+    or an INSERT of the key they will all insert) in an open transaction, and release it (roll back) only once `waiters` backends queue on it,
+    or after `within` seconds. Contenders run inside the block; afterwards `Held.waiters` says how
+    many were waiting at once: `waiters` proves they all reached the contested row together (run
+    one after another, at most one would have been waiting)."""
+    from sqlalchemy import text
+
+    from clarion.db.engine import engine
+
+    seen = Held()
+    holder = engine().connect()
+    holder.execute(text(lock), params)
+
+    def release() -> None:
+        deadline = time.monotonic() + within
+        with engine().connect() as conn:
+            while True:
+                queued = _queued(conn)
+                if len(queued) > seen.waiters:
+                    seen.waiters, seen.statements = len(queued), queued
+                if seen.waiters >= waiters or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.01)  # polling for an event that will come, not waiting for time
+        holder.rollback()
+
+    releaser = threading.Thread(target=release)
+    releaser.start()
+    try:
+        yield seen
+    finally:
+        releaser.join()
+        holder.close()

@@ -23,7 +23,12 @@ from sqlalchemy import text
 
 from clarion.db.engine import migrate, one_off_engine
 from clarion.ops import launch
-from tests.conftest import WEBHOOK_SECRET, partitions_under_test, reset_process_state, use_only
+from tests.support.environment import (
+    WEBHOOK_SECRET,
+    partitions_under_test,
+    reset_process_state,
+    use_only,
+)
 
 
 def free_port() -> int:

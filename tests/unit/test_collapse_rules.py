@@ -14,8 +14,8 @@ from clarion.adapters.teams import TeamsAdapter
 from clarion.adapters.webhook import WebhookAdapter
 from clarion.catalog import Catalog
 from clarion.catalog.model import CatalogError
+from tests.support.plans import NOW, ORG_CAPPED, run, user_cap
 from tests.support.records import recipient
-from tests.unit.test_gate_pipeline import NOW, ORG_CAPPED, run, user_cap
 
 
 def _catalog(collapse: dict | None, title: str = "{{ collapsed_count }} hosts") -> Catalog:

@@ -20,93 +20,20 @@ from clarion.gates.collapse import collapsed
 from clarion.gates.contract import CapClaim, Fold, Plan, Snapshot, Step
 from clarion.gates.fatigue_caps import cap_buckets, folded
 from clarion.gates.pipeline import plan
-from clarion.rows import Recipient
-from tests.support.records import recipient as fake_recipient
-from tests.support.records import request as fake_request
-
-NOW = datetime(2026, 6, 15, 12, 0, tzinfo=UTC)  # a Monday; 08:00 in New York, 00:00 in Auckland
-NEEDS_ADDRESS = {"email": True, "sms": True, "slack": False, "teams": False}  # no "push" adapter
-
-
-def _t(category: str, channels: list[str], **extra: Any) -> dict[str, Any]:
-    return {
-        "category": category,
-        "channels": channels,
-        "templates": [{"version": 1, "body": "hello"}],
-        **extra,
-    }
-
-
-CATALOG = Catalog.from_dict(
-    {
-        "types": {
-            "receipt": _t("transactional", ["email"]),
-            "login_alert": _t("security", ["email"]),
-            "comment": _t("alert", ["email", "sms"]),
-            "incident": _t("alert", ["email", "sms"], options={"critical": True}),
-            "pushy": _t("alert", ["push", "email"]),
-            "chat_nudge": _t("activation", ["slack", "teams"], one_platform=True),
-            "nudge": _t("activation", ["email"]),
-            "nudge_defer": _t("activation", ["email"], options={"on_window": "defer"}),
-            "welcome": _t("activation", ["email"], options={"window_exempt": True}),
-            "promo": _t("marketing", ["email", "sms"]),
-            "mention": _t(
-                "alert",
-                ["email"],
-                required=["thread"],
-                options={"collapse": {"key": "thread-{{ thread }}", "window_seconds": 300}},
-            ),
-            "reaction": _t(
-                "alert", ["email"], required=["post"], options={"collapse": {"key": "{{ post }}"}}
-            ),
-            "daily_summary": _t("digest", ["email"]),
-        },
-        "policy": {"fatigue": {"summary_type": "daily_summary"}},
-    }
+from tests.support.plans import (
+    CAPPED,
+    CAPPED_NO_SUMMARY,
+    CATALOG,
+    NEEDS_ADDRESS,
+    NO_POLICY,
+    NOW,
+    ORG_CAPPED,
+    recipient,
+    run,
+    type_spec,
+    user_cap,
 )
-NO_POLICY = Policy()
-CAPPED = Policy(per_user_per_day=3, summary_type="daily_summary")
-CAPPED_NO_SUMMARY = Policy(per_user_per_day=3)
-ORG_CAPPED = Policy(per_user_per_day=3, per_org_per_hour=10, summary_type="daily_summary")
-
-
-def recipient(**overrides: Any) -> Recipient:
-    addresses = {"email": "a@example.com", "sms": "+15550100"}
-    return fake_recipient(**{"addresses": addresses, **overrides})
-
-
-def run(
-    type_key: str,
-    *,
-    policy: Policy = NO_POLICY,
-    now: datetime = NOW,
-    variables: dict[str, Any] | None = None,
-    request_id: int = 7,
-    who: Recipient | None = None,
-    **snapshot: Any,
-) -> Plan:
-    request = fake_request(type_key, id=request_id, variables=variables)
-    snap = Snapshot(recipient=recipient() if who is None else who, **snapshot)
-    result = plan(
-        request, CATALOG.get(type_key), snap, now=now, policy=policy, needs_address=NEEDS_ADDRESS
-    )
-    _invariants(result, now)
-    return result
-
-
-def _invariants(p: Plan, now: datetime) -> None:
-    """What holds for every plan: a non-delivery names why; a defer says until when."""
-    assert p.decisions == tuple(s for s in p.steps if s.outcome != "allow")
-    if p.outcome != "deliver":
-        assert p.channels == ()
-        assert any(s.channel is None and s.outcome == p.outcome for s in p.decisions)
-        assert p.caps == () and p.window_until is None and p.collapse is None
-    if p.outcome == "defer":
-        assert p.defer_until is not None and p.defer_until > now
-    else:
-        assert p.defer_until is None
-    if p.outcome != "fold":
-        assert p.fold is None
+from tests.support.records import request as fake_request
 
 
 def why(p: Plan) -> list[tuple[str, str, str, str | None]]:
@@ -729,10 +656,6 @@ AKL_DAY_END = datetime(2026, 6, 17, tzinfo=ZoneInfo("Pacific/Auckland"))  # 2026
 LA_DAY_END = datetime(2026, 6, 16, tzinfo=ZoneInfo("America/Los_Angeles"))  # 2026-06-16T07:00Z
 
 
-def user_cap(count: int, day: str = "2026-06-15", user: str = "u1") -> dict:
-    return {(f"user:{user}", day): count}
-
-
 @pytest.mark.parametrize(
     ("type_key", "who", "counters", "policy", "outcome", "caps", "fold"),
     [
@@ -1204,7 +1127,7 @@ def test_lost_collapse_names_the_winner() -> None:
 
 def test_decisions_are_exactly_the_non_allow_steps_in_order() -> None:
     catalog = Catalog.from_dict(
-        {"types": {"blast": _t("marketing", ["push", "slack", "email", "sms"])}}
+        {"types": {"blast": type_spec("marketing", ["push", "slack", "email", "sms"])}}
     )
     request = fake_request("blast", id=1)
     snap = Snapshot(NY_US, preferences=(("type", "blast", "slack", False),))
