@@ -39,6 +39,11 @@ app.conf.update(
     },
 )
 
+# bench/idle.py's baseline runs `celery -A bench.noop beat`: a one-second clock, like clarion's tick
+app.conf.beat_schedule = {
+    "noop-every-second": {"task": "bench.noop", "schedule": 1.0, "args": ("bench:idle",)}
+}
+
 _clients: dict[int, redis_lib.Redis] = {}
 
 

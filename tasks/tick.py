@@ -19,6 +19,7 @@ from celery import shared_task
 
 from clarion import clock, metrics, settings
 from clarion.db import claims, ledger
+from clarion.db.due import what_is_due
 from clarion.db.engine import engine
 from clarion.tasks import escalation, refresh
 from clarion.tasks.publish import DELIVER, ROUTE, publish
@@ -53,23 +54,33 @@ def tick() -> dict[str, int]:
 def _tick() -> dict[str, int]:
     s = settings.get()
     now = clock.now()
-    taken = {"series": tick_series(now=now), "requests": 0, "deliveries": 0}
+    with engine().connect() as conn:  # one read; an idle tick does nothing more
+        due = what_is_due(conn, now=now, lanes=LANES)
+    taken = {"series": tick_series(now=now) if due.series else 0, "requests": 0, "deliveries": 0}
     for lane in LANES:
-        budget: _Budget = {
-            "lane": lane,
-            "now": now,
-            "again": s.stray_after,
-            "cap": max(s.stray_after, s.republish_cap),
-            "limit": LANE_LIMIT,
-        }
-        with engine().begin() as conn:
-            requests = ledger.take_due_requests(conn, **budget)
-            deliveries = claims.take_due_deliveries(conn, **budget)
-        publish(ROUTE, [(r.user_id, r.id, r.lane) for r in requests])
-        publish(DELIVER, deliveries)
-        taken["requests"] += len(requests)
-        taken["deliveries"] += len(deliveries)
-    taken["receipts"] = replay_early()
-    taken["escalations"] = escalation.tick()
-    taken["refreshes"] = refresh.publish_if_due(now, expires=max(1.0, s.tick_interval * 5))
+        if lane in due.requests or lane in due.deliveries:
+            requests, deliveries = _republish(lane, now, s)
+            taken["requests"] += requests
+            taken["deliveries"] += deliveries
+    taken["receipts"] = replay_early() if due.early_receipts else 0
+    taken["escalations"] = escalation.tick() if due.escalations else 0
+    expires = max(1.0, s.tick_interval * 5)
+    taken["refreshes"] = refresh.publish_if_due(now, expires=expires) if due.refreshes else 0
     return taken
+
+
+def _republish(lane: str, now: datetime, s: settings.Settings) -> tuple[int, int]:
+    """Publish one lane's due requests and deliveries again, within the lane's budget."""
+    budget: _Budget = {
+        "lane": lane,
+        "now": now,
+        "again": s.stray_after,
+        "cap": max(s.stray_after, s.republish_cap),
+        "limit": LANE_LIMIT,
+    }
+    with engine().begin() as conn:
+        requests = ledger.take_due_requests(conn, **budget)
+        deliveries = claims.take_due_deliveries(conn, **budget)
+    publish(ROUTE, [(r.user_id, r.id, r.lane) for r in requests])
+    publish(DELIVER, deliveries)
+    return len(requests), len(deliveries)

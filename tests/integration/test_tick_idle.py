@@ -1,0 +1,82 @@
+"""An idle tick costs one read: with nothing due, the beat tick runs one statement and logs nothing
+at INFO; each kind of due work turns on its step, and the step then takes it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import event
+
+from clarion import arm_series, clock, notify, register_recipient
+from clarion.db.due import what_is_due
+from clarion.db.engine import engine
+from clarion.tasks.publish import ROUTE
+from clarion.tasks.tick import LANES, tick
+from tests.support.pipeline import frozen_clock, published, publishing_to_this_tests_broker
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def _broker(clarion_env):
+    with publishing_to_this_tests_broker():
+        yield
+
+
+@contextmanager
+def statements() -> Iterator[list[str]]:
+    """Every statement this process sends to the database meanwhile (the pool's ping included)."""
+    seen: list[str] = []
+
+    def record(conn, cursor, statement, *args) -> None:
+        seen.append(statement)
+
+    eng = engine()
+    event.listen(eng, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(eng, "before_cursor_execute", record)
+
+
+def _due():
+    with engine().connect() as conn:
+        return what_is_due(conn, now=clock.now(), lanes=LANES)
+
+
+def test_an_idle_tick_runs_one_statement_and_logs_nothing_at_info(caplog):
+    tick()  # connections open, statements compiled
+    caplog.set_level(logging.INFO)
+    with statements() as seen:
+        taken = tick()
+    assert set(taken.values()) == {0}
+    assert len(seen) == 1 and "EXISTS" in seen[0], seen
+    assert [r for r in caplog.records if r.levelno >= logging.INFO] == []
+    assert not _due().anything
+
+
+def test_an_outbox_row_turns_its_lanes_step_on_and_the_tick_publishes_it():
+    register_recipient("ann", timezone="UTC")
+    with engine().begin() as conn:  # written in the app's transaction: due at once
+        request = notify("ann", "receipt", event_id="e1", variables={"order": "1"}, connection=conn)
+    due = _due()
+    assert due.requests == {"transactional"} and not due.deliveries and not due.series
+    assert tick()["requests"] == 1
+    assert published("transactional")[ROUTE] == [("ann", request.request_id)]
+    assert not _due().anything  # pushed on by its take: the next tick is idle again
+
+
+def test_a_due_series_turns_the_series_step_on_and_the_tick_fires_it():
+    register_recipient("ann", timezone="UTC")
+    start = datetime(2026, 6, 15, 9, 0)  # a Monday, 09:00 UTC
+    arm_series("ann", "receipt", anchor=start, every="1d", variables={"order": "1"})
+    with frozen_clock(datetime(2026, 6, 15, 8, 59, tzinfo=UTC)):
+        assert not _due().series
+    with frozen_clock(datetime(2026, 6, 15, 9, 0, 1, tzinfo=UTC)):
+        assert _due().series
+        assert tick()["series"] == 1
+        assert not _due().series  # advanced to tomorrow
