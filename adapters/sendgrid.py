@@ -320,6 +320,7 @@ def receipts(events: Iterable[Mapping[str, Any]]) -> list[Receipt]:
                 user_id=user,
                 delivery_id=delivery,
                 event_id=clean_provider_id(event_id) if isinstance(event_id, str) else None,
+                platform="sendgrid",  # SendGrid's own report: it took the message
             )
         )
     return found

@@ -262,6 +262,7 @@ def status_receipt(
         detail=detail,
         user_id=user_id if delivery_id is not None else None,
         delivery_id=delivery_id if user_id is not None else None,
+        platform="sms",  # Twilio's own report: it took the message (settles an unknown outcome)
     )
 
 

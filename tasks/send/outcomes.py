@@ -74,7 +74,8 @@ def settle_unknown(
         _hold(db, row, token, error)
         return True
     if release:
-        _retry_or_fail(db, row, token, error, policy, maybe_sent=True)
+        wait = float(getattr(adapter, "evidence_wait", 0.0))
+        _retry_or_fail(db, row, token, error, policy, maybe_sent=True, wait=wait)
     return False
 
 
@@ -115,7 +116,10 @@ def _retry_or_fail(
     policy: RetryPolicy,
     *,
     maybe_sent: bool,
+    wait: float = 0.0,
 ) -> None:
+    """Retry no sooner than `wait` seconds from now (an unknown outcome's wait for the provider's
+    report, which settles it as sent: db.receipts), or fail at the cap."""
     now = clock.now()
     retry = decide(error, row.attempts, policy)
     if retry is not None:
@@ -131,7 +135,7 @@ def _retry_or_fail(
                 now=now,
                 refund_attempt=retry.refund,
                 maybe_sent=maybe_sent,
-                not_before=now + timedelta(seconds=retry.delay),
+                not_before=now + timedelta(seconds=max(retry.delay, wait)),
             )
         )
         return
