@@ -5,9 +5,15 @@ The unknown-outcome policy is one pure function, `unknown_action`:
 
 | channel can                     | at_most_once (activation, marketing, digest) | at_least_once (transactional, security, alert) |
 | ------------------------------- | -------------------------------------------- | ---------------------------------------------- |
-| look for its message (Slack)    | reconcile, then send only if not found       | the same                                       |
+| look for its message (Slack, SMS) | reconcile, then send only if conclusively not found | the same                                |
 | dedup by key (webhook)          | resend under the same key                    | the same                                       |
-| neither (Teams)                 | hold as `unknown` + incident                 | resend + `possible_duplicate` incident         |
+| replace on the device (push)    | resend under the same collapse id + incident | the same                                       |
+| neither (Teams, email)          | hold as `unknown` + incident                 | resend + `possible_duplicate` incident         |
+
+A reconcile that cannot tell (the provider's look-up is inconclusive) falls to the rows below it.
+Whatever the row, a provider's own report naming the delivery (an SMS status callback, a
+SendGrid event) settles the outcome as sent when it arrives (db.receipts), held or not; a resend
+waits the adapter's `evidence_wait` for such a report first.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ def unknown_action(adapter: Adapter, guarantee: str, *, checkable: bool = True) 
     if checkable and hasattr(adapter, "reconcile"):
         return "reconcile"  # the next attempt looks for the message first
     if getattr(adapter, "dedups_by_key", False) or guarantee == "at_least_once":
+        return "resend"
+    if getattr(adapter, "replaces_on_device", False):  # the same collapse id: replaced, not added
         return "resend"
     return "hold"
 
