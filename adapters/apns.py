@@ -157,6 +157,9 @@ class ApnsSender:
 
     provider = "apns"
     quota = QUOTA
+    # apns-collapse-id (with the same apns-id on every attempt): the device shows the newest
+    # notification of a collapse id in place of the older one, so a resend replaces.
+    replaces_by_collapse = True
 
     def __init__(
         self,

@@ -23,7 +23,11 @@ class Adapter(Protocol):
     PermanentSendError (failed: the provider did not take it), UnknownSendError (it may have).
 
     `dedups_by_key`: the provider drops a second request with the same idempotency key, so a send
-    with an unknown outcome may be repeated under that key. A channel that can look for its own
+    with an unknown outcome may be repeated under that key. `evidence_wait` (optional, seconds):
+    the provider reports back naming the delivery (a status callback, an event), and such a
+    report settles an unknown outcome as sent (db.receipts): a resend waits this long for one.
+    `replaces_on_device` (optional): a resend carries the same collapse id and replaces the first
+    on the device instead of adding a second (push), so an at-most-once type may be resent. A channel that can look for its own
     earlier message also has `reconcile(message, since) -> SendResult | None` (see ChatAdapter)."""
 
     channel: str
@@ -111,6 +115,8 @@ class Channel(Generic[Req, Resp]):
     channel: str
     needs_address: bool = True
     dedups_by_key: bool = False
+    evidence_wait: float = 0.0  # seconds a resend after an unknown outcome waits for a report
+    replaces_on_device: bool = False  # a resend replaces the first on the device (push)
     updates_in_place: bool = False
     limits: RateLimits | None = None
 

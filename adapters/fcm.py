@@ -137,6 +137,10 @@ class FcmSender:
 
     provider = "fcm"
     quota = QUOTA
+    # android.collapse_key (FCM keeps only the newest pending message of a key) and the
+    # notification tag (Android replaces a shown notification with the same tag), apns-collapse-id
+    # and the web push Topic: a resend replaces the first on the device.
+    replaces_by_collapse = True
 
     def __init__(
         self, credentials: service_account.Credentials, *, api_url: str, timeout: float

@@ -27,11 +27,13 @@ The delivery's outcome (`combine`, a pure function):
    recipient, so the next notify is stopped at the gates).
 
 Neither FCM nor APNs dedups by a key (`dedups_by_key = False`) and neither can be asked what it
-delivered, so an unknown outcome follows tasks.send.outcomes: an at-most-once type is held for an
-operator; an at-least-once type is sent again (to every remaining device) with a
-`possible_duplicate` incident. A repeat carries the same collapse id (APNs `apns-collapse-id`, FCM
+delivered, but a repeat carries the same collapse id (APNs `apns-collapse-id`, FCM
 `android.collapse_key` + notification tag, web push `Topic`) and, on APNs, the same `apns-id`, so
-on the device it replaces the first notification instead of adding a second one.
+on the device it replaces the first notification instead of adding a second one
+(`replaces_on_device`, true when every configured provider's sender says so). An unknown outcome
+therefore follows tasks.send.outcomes as a resend for both guarantees: at-most-once types too
+are sent again (to every remaining device) under the same collapse id, with a
+`possible_duplicate` incident (a notification the user already dismissed is shown again).
 
 The collapse id is the type's collapse key (`options.collapse.key` rendered) when it has one, so
 a newer notification of the group replaces the older on the device; else `<type>:<occurrence>`.
@@ -100,6 +102,7 @@ class DeviceSender(Protocol):
 
     provider: str  # "fcm" | "apns": the prefix of its devices
     quota: Quota
+    replaces_by_collapse: bool  # a second message with the same collapse id replaces the first
     budget_key: str  # the credential whose budget a send spends (project id, team/key id)
 
     def send(self, message: Message, token: str, collapse: str) -> DeviceOutcome:
@@ -207,6 +210,9 @@ class PushAdapter(Channel[PushRequest, PushResponse]):
         self.senders = dict(senders)
         self.suppressions = suppressions
         self.limits = limits
+        # An at-most-once resend after an unknown outcome is allowed only where every provider
+        # makes the device replace the first notification with it (tasks.send.outcomes).
+        self.replaces_on_device = all(s.replaces_by_collapse for s in self.senders.values())
 
     @classmethod
     def from_settings(cls, s: Settings, parts: Collaborators) -> PushAdapter:

@@ -16,7 +16,11 @@ non-transactional mail (CLARION_SENDGRID_ASM_GROUP), and custom_args `clarion_us
 | other 4xx                                    | failed for good                              |
 
 SendGrid has no idempotency key and no look-up of a message by our ids (`dedups_by_key = False`,
-no reconcile): an unknown outcome is held or resent per the type's guarantee (tasks.send.outcomes).
+no reconcile), but every event it posts echoes the custom args: a `processed` (or any later)
+event naming the delivery settles an unknown outcome as sent (db.receipts), whether the row was
+held (at-most-once) or is waiting to be resent (at-least-once). The resend waits EVIDENCE_WAIT
+for that event first (`evidence_wait`); with none by then it is resent with a
+`possible_duplicate` incident (tasks.send.outcomes).
 
 Events: `receipts(events)` maps a verified batch to clarion receipts (see EVENTS).
 """
@@ -49,6 +53,10 @@ if TYPE_CHECKING:  # the SDK is the `sendgrid` extra: imported where it is used
 
 USER_ARG, DELIVERY_ARG = "clarion_user", "clarion_delivery"
 DEFAULT_PAUSE = 5.0  # seconds, for a 429 that names no wait
+# Seconds an at-least-once resend after an unknown outcome waits for SendGrid's `processed`
+# event: the Event Webhook posts a batch every 30 s (or sooner when it fills), and `processed`
+# follows acceptance within seconds.
+EVIDENCE_WAIT = 60.0
 MAX_CATEGORY = 255
 
 
@@ -149,6 +157,7 @@ class SendGridAdapter(Channel[dict[str, Any], SendGridResponse]):
     channel = "email"
     needs_address = True
     dedups_by_key = False  # no idempotency key on mail/send
+    evidence_wait = EVIDENCE_WAIT  # its events name the delivery: wait for one before a resend
 
     def __init__(
         self,
@@ -320,6 +329,7 @@ def receipts(events: Iterable[Mapping[str, Any]]) -> list[Receipt]:
                 user_id=user,
                 delivery_id=delivery,
                 event_id=clean_provider_id(event_id) if isinstance(event_id, str) else None,
+                platform="sendgrid",  # SendGrid's own report: it took the message
             )
         )
     return found

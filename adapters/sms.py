@@ -19,9 +19,10 @@ worker (Retry-After, else DEFAULT_PAUSE).
 Three outcomes. 201 is sent (the provider id is the Message SID). 429 is throttled (the attempt
 refunded); any other 4xx failed for good, 21211 (not a valid number) and 21610 (the recipient
 replied STOP) also suppress the number. A 5xx, a read timeout or a connection dropped after the
-request was written is *unknown*. Twilio has no idempotency key (`dedups_by_key = False`) and no
-reliable way to find an earlier message (see `SmsAdapter`), so an unknown send is held
-(at-most-once types) or sent again with a `possible_duplicate` incident (at-least-once types).
+request was written is *unknown*. Twilio has no idempotency key (`dedups_by_key = False`), so an
+unknown send is settled by evidence: any status callback for the delivery (its id rides in the
+callback URL) settles it as sent (db.receipts), and before any further attempt sends, `reconcile`
+looks for the message in Twilio's Messages list (see `lookup_outcome` for what is conclusive).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ import math
 import random
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
@@ -43,6 +45,7 @@ from twilio.http.http_client import TwilioHttpClient
 from twilio.http.response import Response
 from twilio.rest import Client
 
+from clarion import clock
 from clarion.adapters.base import Channel, Collaborators, Suppressions
 from clarion.adapters.escape import plain_text
 from clarion.adapters.ratelimit import Quota, RateLimits, scope
@@ -139,14 +142,78 @@ class SmsRequest:
     status_callback: str
     segments: int
 
-    def create_args(self) -> dict[str, str]:
-        """Keyword arguments for `client.messages.create`."""
+    def create_args(self) -> dict[str, Any]:
+        """Keyword arguments for `client.messages.create`. The validity period bounds how long
+        Twilio keeps the message queued: past it, Twilio has sent it or failed it, which is what
+        makes a later look-up that does not find it conclusive (`lookup_outcome`)."""
         origin = (
             {"messaging_service_sid": self.sender}
             if self.sender.startswith("MG")
             else {"from_": self.sender}
         )
-        return {"to": self.to, "body": self.body, "status_callback": self.status_callback, **origin}
+        return {
+            "to": self.to,
+            "body": self.body,
+            "status_callback": self.status_callback,
+            "validity_period": VALIDITY_PERIOD,
+            **origin,
+        }
+
+    def list_args(self, since: datetime) -> dict[str, Any]:
+        """Keyword arguments for `client.messages.list`: messages to this number, from this
+        sender (a Messaging Service picks the number itself: not filtered), sent on or after the
+        day of `since` (Twilio's DateSent>= filter works by day)."""
+        origin = {} if self.sender.startswith("MG") else {"from_": self.sender}
+        return {"to": self.to, "date_sent_after": since, "limit": LOOKUP_LIMIT, **origin}
+
+
+# --- pure: looking for an earlier attempt's message ---------------------------------------------
+
+VALIDITY_PERIOD = 900  # seconds Twilio may keep a message queued before it fails it
+SKEW = 60.0  # seconds between clarion's clock (PostgreSQL's) and Twilio's, either way
+ATTEMPT_WINDOW = 300.0  # seconds after an attempt began within which Twilio received its request
+LOOKUP_LIMIT = 200  # messages read per look-up; a full page is never taken as "not there"
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One message of Twilio's Messages list, as the look-up reads it."""
+
+    sid: str
+    body: str
+    direction: str
+    date_created: datetime | None
+
+
+def lookup_outcome(
+    listed: Sequence[Listed], request: SmsRequest, since: datetime, now: datetime
+) -> SendResult | None:
+    """What a look-up of messages to the number says about an attempt that began at `since`.
+
+    - Found: an outbound message with this body, created by Twilio from SKEW before the attempt
+      to ATTEMPT_WINDOW after it (when its request could have arrived): the attempt sent it;
+      SendResult with its SID. (Another delivery with the very same text to the same number in
+      that window would be taken for this one: an omission, never a repeat.)
+    - Not found, conclusive (None: send it now): only once every message Twilio could have taken
+      from the attempt has left its queue (VALIDITY_PERIOD past the window, plus SKEW) — a queued
+      message has no DateSent and the filter cannot see it — and the list was read whole (fewer
+      than LOOKUP_LIMIT). A message Twilio failed from its queue never reached the handset.
+    - Not found otherwise: inconclusive. "Not found" is *not* "not sent": UnknownSendError, and
+      the outcome policy holds (at-most-once) or resends with an incident (at-least-once)."""
+    earliest = since - timedelta(seconds=SKEW)
+    latest = since + timedelta(seconds=ATTEMPT_WINDOW + SKEW)
+    for m in listed:
+        ours = m.body == request.body and m.direction.startswith("outbound")
+        created = m.date_created.astimezone(UTC) if m.date_created is not None else None
+        if ours and created is not None and earliest <= created <= latest:
+            return SendResult(platform="sms", provider_message_id=clean_provider_id(m.sid))
+    settled_by = latest + timedelta(seconds=VALIDITY_PERIOD)
+    if now >= settled_by and len(listed) < LOOKUP_LIMIT:
+        return None
+    raise UnknownSendError(
+        "lookup_inconclusive",
+        f"not among {len(listed)} messages to the number; conclusive from {settled_by:%H:%M:%S}Z",
+    )
 
 
 # --- pure: the answer ------------------------------------------------------------------------------
@@ -262,6 +329,7 @@ def status_receipt(
         detail=detail,
         user_id=user_id if delivery_id is not None else None,
         delivery_id=delivery_id if user_id is not None else None,
+        platform="sms",  # Twilio's own report: it took the message (settles an unknown outcome)
     )
 
 
@@ -318,14 +386,15 @@ def budget_quota(segments_per_second: float) -> Quota:
 class SmsAdapter(Channel[SmsRequest, TwilioAnswer]):
     """Twilio SMS (see the module docstring).
 
-    No `reconcile`: Twilio's Messages list can be filtered by To, From and DateSent, but DateSent
-    is a day, not an instant, and a message still queued at Twilio (what a lost answer usually
-    leaves) has none; a body is not unique either (two reminders with the same text). "Not found"
-    would not mean "not sent", nor "found" mean "this delivery": the outcome policy decides."""
+    `reconcile`: Twilio's Messages list, filtered by To, From and DateSent (a day), read for the
+    earlier attempt's message; `lookup_outcome` says when found and not-found are conclusive.
+    An unknown outcome waits EVIDENCE_WAIT before its next attempt, for a status callback to
+    settle it first."""
 
     channel = "sms"
     needs_address = True  # the recipient's E.164 number
     dedups_by_key = False  # Twilio takes no idempotency key
+    evidence_wait = 15.0  # seconds: Twilio posts `sent` within seconds of taking a message
 
     def __init__(
         self,
@@ -441,6 +510,21 @@ class SmsAdapter(Channel[SmsRequest, TwilioAnswer]):
                 return TwilioAnswer(last.status_code)  # taken, though its SID is unreadable
             raise UnknownSendError("bad_answer", str(exc)[:200]) from exc
         return TwilioAnswer(201, sid=created.sid)
+
+    def reconcile(self, message: Message, since: datetime) -> SendResult | None:
+        """The earlier attempt's message if Twilio lists it (see `lookup_outcome`).
+        TransientSendError: Twilio cannot be asked now (nothing is sent meanwhile)."""
+        request = self.to_request(message)
+        try:
+            found = self.messages.list(**request.list_args(since))
+        except TwilioRestException as exc:
+            raise TransientSendError(f"lookup_{exc.status}", str(exc.msg)[:200]) from exc
+        except (requests.RequestException, ValueError) as exc:
+            raise TransientSendError("lookup_failed", str(exc)[:200]) from exc
+        listed = [
+            Listed(str(m.sid), m.body or "", m.direction or "", m.date_created) for m in found
+        ]
+        return lookup_outcome(listed, request, since, clock.now())
 
     def _last_response(self) -> Response | None:
         """This thread's last HTTP answer, when the client keeps it (RoutedHttpClient)."""

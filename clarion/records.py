@@ -185,6 +185,9 @@ class Receipt:
     user_id: str | None = None
     delivery_id: int | None = None
     event_id: str | None = None  # the provider's id for this report, when it has one
+    # The provider that reported ("sms", "sendgrid"), set by its parser: such a report naming a
+    # delivery proves the provider took that message. None for clarion's own doors (unsubscribe).
+    platform: str | None = None
 
     def __post_init__(self) -> None:
         if self.event not in RECEIPT_EVENTS:

@@ -12,6 +12,13 @@ before the send is recorded (a fast callback) is `early`; `replay_early` applies
 Hard bounces, complaints and invalid push tokens go on the permanent suppression list (with the
 reason, per address and channel); an unsubscribe turns the type's category off for the channel
 (a preference, so transactional mail still reaches the address); STOP/START/HELP steer SMS.
+
+A provider's own report (`Receipt.platform` set: a Twilio status callback, a SendGrid event) that
+names a delivery whose send had an unknown outcome proves the provider took it: the row is
+settled as sent (`settle_unknown`) before the report is applied, whether it was held `unknown`
+or released to be resent (a resend not yet begun is then not made). A report that comes while
+the row is still claimed is `early`: the next attempt reads it first (`evidence`), and
+`replay_early` settles a row held meanwhile.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, text
 
-from clarion.db import escalations, gating
+from clarion.db import escalations, gating, ledger
+from clarion.db.schema import SENDING_STATES
 from clarion.records import Keyword, Receipt
 
 # event → (state it moves to, states it may leave); None: recorded, no state change
@@ -74,6 +82,26 @@ _BY_MESSAGE = text(
     ORDER BY d.id LIMIT 1 FOR UPDATE OF d
     """
 )
+_SENDING = ", ".join(f"'{state}'" for state in SENDING_STATES)
+_SETTLE_UNKNOWN = text(
+    f"""
+    UPDATE deliveries d
+    SET state = 'sent', platform = :platform,
+        provider_message_id = coalesce(:mid, d.provider_message_id),
+        sent_at = coalesce(d.maybe_sent_at, :now), claim_token = NULL, lease_until = NULL,
+        due_at = NULL, last_error = NULL, updated_at = :now, send_started_at = NULL,
+        maybe_sent_at = NULL
+    WHERE d.user_id = :u AND d.id = :id
+      AND (d.state = 'unknown' OR (d.state = 'pending' AND d.maybe_sent_at IS NOT NULL))
+      AND NOT EXISTS (
+        SELECT 1 FROM deliveries o
+        WHERE o.user_id = d.user_id AND o.type_key = d.type_key
+          AND o.occurrence_key = d.occurrence_key AND o.id <> d.id AND o.state IN ({_SENDING})
+          AND (o.channel = d.channel OR (o.one_platform AND d.one_platform))
+      )
+    RETURNING d.request_id
+    """
+)
 _MOVE = text(
     """
     UPDATE deliveries SET state = :state, updated_at = :now,
@@ -84,8 +112,9 @@ _MOVE = text(
 _RECORD = text(
     """
     INSERT INTO receipts (user_id, delivery_id, channel, event, provider_message_id, address,
-                          event_id, detail, outcome, occurred_at, received_at)
-    VALUES (:u, :d, :channel, :event, :mid, :address, :event_id, :detail, :outcome, :at, :now)
+                          event_id, detail, outcome, occurred_at, received_at, platform)
+    VALUES (:u, :d, :channel, :event, :mid, :address, :event_id, :detail, :outcome, :at, :now,
+            :platform)
     """
 )
 _SEEN = text(
@@ -142,8 +171,8 @@ def _apply(
     now: datetime,
     category_of: CategoryOf | None = None,
 ) -> str:
-    if found.state not in SENT:
-        return "early"  # the send is not recorded yet (or was held as unknown): later
+    if found.state not in SENT and not settle_unknown(conn, found, receipt, now):
+        return "early"  # the send is not recorded yet (it is still claimed): later
     move = MOVES[receipt.event]
     changed = False
     if move is not None:
@@ -178,6 +207,45 @@ def _apply(
     if seen:
         return "repeated"
     return "stale" if move is not None else "applied"
+
+
+def settle_unknown(conn: Connection, found: Found, receipt: Receipt, now: datetime) -> bool:
+    """Settle as sent a delivery whose send had an unknown outcome, on the provider's own report
+    naming it (by clarion's delivery id: a held row has no provider message id to be found by).
+    False: not such a report, or the row is not owed a settlement (still claimed: its attempt
+    is in flight; already settled; failed), or another row of its occurrence holds the send."""
+    if receipt.platform is None or receipt.delivery_id is None:
+        return False
+    settled = conn.execute(
+        _SETTLE_UNKNOWN,
+        {
+            "u": found.user_id,
+            "id": found.id,
+            "platform": receipt.platform,
+            "mid": receipt.provider_message_id,
+            "now": now,
+        },
+    ).first()
+    if settled is None:
+        return False
+    detail = f"{receipt.platform} reported {receipt.event} for it: {receipt.detail}"
+    ledger.insert_decisions(
+        conn,
+        [
+            ledger.Decision(
+                found.user_id,
+                settled[0],
+                "deliver",
+                "sent",
+                "settled_by_receipt",
+                detail[:500],
+                found.channel,
+                found.id,
+            )
+        ],
+        now=now,
+    )
+    return True
 
 
 def _consequences(
@@ -240,14 +308,42 @@ def _record(
             "outcome": outcome,
             "at": receipt.occurred_at,
             "now": now,
+            "platform": receipt.platform,
         },
     )
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A provider's own report naming a delivery, kept `early` (or `stale`): it came while the
+    delivery's send was still in flight, so the send reached the provider."""
+
+    platform: str
+    provider_message_id: str | None
+    event: str
+
+
+_EVIDENCE = text(
+    """
+    SELECT platform, provider_message_id, event FROM receipts
+    WHERE user_id = :u AND delivery_id = :id AND platform IS NOT NULL
+      AND outcome IN ('early', 'stale')
+    ORDER BY id DESC LIMIT 1
+    """
+)
+
+
+def evidence(conn: Connection, key: tuple[str, int]) -> Evidence | None:
+    """The provider's report that it took this delivery's message, if one came before the send's
+    outcome was recorded (what an attempt after an unknown outcome reads first)."""
+    row = conn.execute(_EVIDENCE, {"u": key[0], "id": key[1]}).first()
+    return None if row is None else Evidence(row[0], row[1], row[2])
 
 
 _EARLY = text(
     """
     SELECT e.user_id, e.id, e.delivery_id, e.channel, e.event, e.provider_message_id, e.address,
-           e.event_id, e.detail, e.occurred_at, e.received_at
+           e.event_id, e.detail, e.occurred_at, e.received_at, e.platform
     FROM receipts e
     WHERE e.outcome = 'early'
     ORDER BY e.received_at LIMIT :limit FOR UPDATE SKIP LOCKED
@@ -274,15 +370,16 @@ def replay_early(
             detail=row[8],
             user_id=user_id,
             delivery_id=row[2],
+            platform=row[11],
         )
         found, _ = _find(conn, receipt)
         if found is None:
             continue
-        if found.state not in SENT:
+        outcome = _apply(conn, found, receipt, now, category_of)  # may settle a held unknown
+        if outcome == "early":
             if now - row[10] > EARLY_FOR:
                 conn.execute(_SETTLE, {"outcome": "stale", "u": user_id, "id": rid})
             continue
-        outcome = _apply(conn, found, receipt, now, category_of)
         conn.execute(_SETTLE, {"outcome": outcome, "u": user_id, "id": rid})
         applied += outcome == "applied"
     return applied

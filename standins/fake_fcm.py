@@ -12,6 +12,9 @@ CLARION_FCM_SERVICE_ACCOUNT. Point CLARION_FCM_API_URL at `fake.url`.
   UNAUTHENTICATED otherwise) and the account's project (403 PERMISSION_DENIED); records the
   message under its token and answers {"name": "projects/<id>/messages/<n>"}.
 
+`shown(token)` is what the device would show: a message with the same notification tag (else
+collapse key) as one shown replaces it, as Android does.
+
 Faults on demand: `unregister(token)` (404 UNREGISTERED from then on), `fail(kind, token=None,
 times=1)` with kind `INVALID_ARGUMENT` (400 naming message.token), `QUOTA_EXCEEDED` (429 +
 Retry-After) or `UNAVAILABLE` (503), and `losses.next("drop" | "late" | "5xx",
@@ -143,6 +146,17 @@ class FakeFcm(LocalServer):
         """The messages accepted for one device token, oldest first."""
         with self.lock:
             return [s.message for s in self.sent if s.token == token]
+
+    def shown(self, token: str) -> list[dict[str, Any]]:
+        """What the device shows, as Android does: a message whose `android.notification.tag`
+        (else `android.collapse_key`) is already shown replaces that one in place; others stack."""
+        tray: dict[object, dict[str, Any]] = {}
+        for i, message in enumerate(self.messages(token)):
+            android = message.get("android") or {}
+            key = (android.get("notification") or {}).get("tag") or android.get("collapse_key")
+            tray.pop(key or i, None)  # replaced: the newer one goes where the newest goes
+            tray[key or i] = message
+        return list(tray.values())
 
     def per_token(self) -> dict[str, int]:
         with self.lock:

@@ -14,6 +14,12 @@ Faults on demand:
 - `fail_number(number, code)`: 21211 (invalid number) and 21610 (the recipient sent STOP) are
   refused at create; 30003 / 30005 / 30006 are accepted and come back `undelivered` later.
 
+`GET …/Messages.json` lists messages as Twilio does: filtered by `To`, `From` and
+`DateSent>` (Twilio's DateSent>=, by day: a time part is ignored), newest sent first, paged
+(`PageSize`, `Page`, `next_page_uri`). Like Twilio, a message still queued has no `date_sent` and
+is not listed under a DateSent filter: it gets one when the fake "sends" it — a status callback
+past `queued` (`post_status`, `progress`), or `dispatch(sid)` when no callback is to come.
+
 Callbacks are posted only when asked (deterministic): `progress(sid)` posts queued → sent →
 delivered (or undelivered with the number's ErrorCode), `post_status(sid, status)` one of them,
 `inbound(url, sender, body)` a reply to clarion's inbound webhook. Each is signed as Twilio signs
@@ -28,8 +34,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -65,6 +72,8 @@ class Accepted:
     status_callback: str | None
     arrived: float  # time.monotonic() when the request was read
     statuses: list[str] = field(default_factory=list)  # callbacks posted for it, in order
+    created: float = 0.0  # wall-clock time (the fake's `now`) Twilio took it: date_created
+    date_sent: float | None = None  # when Twilio sent it to the carrier; None while queued
 
 
 @dataclass(frozen=True)
@@ -105,7 +114,9 @@ class FakeTwilio(LocalServer):
     AUTH_TOKEN = "clarion-twilio-test-token"
     NUMBER = "+15005550006"
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = time.time) -> None:
+        self.now = now  # the wall clock of date_created / date_sent
+        self.lookups: list[dict[str, str]] = []  # every list request's query
         self.accepted: list[Accepted] = []
         self.attempts: list[Attempt] = []
         self.failing: dict[str, int] = {}
@@ -183,7 +194,16 @@ class FakeTwilio(LocalServer):
             params["ErrorCode"] = str(error_code)
         with self.lock:
             message.statuses.append(status)
+            if status not in ("queued", "accepted") and message.date_sent is None:
+                message.date_sent = self.now()
         return post_signed(self.AUTH_TOKEN, message.status_callback, params)[0]
+
+    def dispatch(self, sid: str) -> None:
+        """Twilio sends a queued message to the carrier (it gets its date_sent), no callback."""
+        with self.lock:
+            message = next(m for m in self.accepted if m.sid == sid)
+            if message.date_sent is None:
+                message.date_sent = self.now()
 
     def progress(self, sid: str) -> list[tuple[str, int]]:
         """The callbacks of a message's life: queued, sent, then delivered, or undelivered with
@@ -223,10 +243,7 @@ class FakeTwilio(LocalServer):
     def _create(
         self, account: str, auth: str, form: dict[str, str], arrived: float
     ) -> tuple[int, dict, dict]:
-        expected = (
-            "Basic " + base64.b64encode(f"{self.ACCOUNT_SID}:{self.AUTH_TOKEN}".encode()).decode()
-        )
-        if auth != expected or account != self.ACCOUNT_SID:
+        if auth != self._basic() or account != self.ACCOUNT_SID:
             return _error(401, 20003, "Authenticate")
         if self._storm:
             wait = self._storm.pop(0)
@@ -252,31 +269,65 @@ class FakeTwilio(LocalServer):
             segments(body)[1],
             form.get("StatusCallback"),
             arrived,
+            created=self.now(),
         )
         self.accepted.append(message)
-        return 201, {}, self._resource(message, form)
+        return 201, {}, self._resource(message)
 
-    def _resource(self, message: Accepted, form: dict[str, str]) -> dict[str, Any]:
-        now = formatdate(usegmt=True)
-        service = form.get("MessagingServiceSid")
+    def listing(self, account: str, auth: str, query: dict[str, str]) -> tuple[int, dict]:
+        """(status, body) for one Messages.json list request; records its query."""
+        if auth != self._basic() or account != self.ACCOUNT_SID:
+            return _error(401, 20003, "Authenticate")[::2]
+        with self.lock:
+            self.lookups.append(dict(query))
+            found = [m for m in self.accepted if _listed(m, query)]
+        found.sort(key=lambda m: (m.date_sent or 0.0, m.created), reverse=True)
+        size = min(1000, max(1, int(query.get("PageSize", "50") or 50)))
+        page = max(0, int(query.get("Page", "0") or 0))
+        shown = found[page * size : (page + 1) * size]
+        uri = f"/{API_VERSION}/Accounts/{account}/Messages.json"
+        more = (page + 1) * size < len(found)
+        rest = urlencode({k: v for k, v in query.items() if k not in ("Page", "PageToken")})
+        return 200, {
+            "messages": [self._resource(m) for m in shown],
+            "start": page * size,
+            "end": page * size + max(0, len(shown) - 1),
+            "page": page,
+            "page_size": size,
+            "uri": f"{uri}?{urlencode(query)}",
+            "first_page_uri": f"{uri}?{rest}&Page=0",
+            "previous_page_uri": f"{uri}?{rest}&Page={page - 1}" if page else None,
+            "next_page_uri": f"{uri}?{rest}&Page={page + 1}&PageToken=PA{page + 1}"
+            if more
+            else None,
+        }
+
+    def _basic(self) -> str:
+        pair = f"{self.ACCOUNT_SID}:{self.AUTH_TOKEN}".encode()
+        return "Basic " + base64.b64encode(pair).decode()
+
+    def _resource(self, message: Accepted) -> dict[str, Any]:
+        service = message.sender if message.sender.startswith("MG") else None
+        sent = message.date_sent
+        status = ("accepted" if service else "queued") if sent is None else "sent"
         return {
             "account_sid": self.ACCOUNT_SID,
             "api_version": API_VERSION,
             "body": message.body,
-            "date_created": now,
-            "date_sent": None,
-            "date_updated": now,
+            "date_created": formatdate(message.created, usegmt=True),
+            "date_sent": formatdate(sent, usegmt=True) if sent is not None else None,
+            "date_updated": formatdate(sent or message.created, usegmt=True),
             "direction": "outbound-api",
             "error_code": None,
             "error_message": None,
-            "from": form.get("From"),
+            "from": None if service else message.sender,
             "messaging_service_sid": service,
             "num_media": "0",
             "num_segments": str(message.segments),
             "price": None,
             "price_unit": "USD",
             "sid": message.sid,
-            "status": "accepted" if service else "queued",
+            "status": status,
             "subresource_uris": {},
             "to": message.to,
             "uri": f"/{API_VERSION}/Accounts/{self.ACCOUNT_SID}/Messages/{message.sid}.json",
@@ -304,10 +355,35 @@ class FakeTwilio(LocalServer):
                     return
                 send_json(self, status, body, headers)
 
+            def do_GET(self) -> None:  # noqa: N802 - the http.server API
+                path, _, raw = self.path.partition("?")
+                account, _, rest = path.removeprefix(prefix).partition("/")
+                if not path.startswith(prefix) or rest != "Messages.json":
+                    send_json(self, 404, {"code": 20404, "message": "Not Found", "status": 404})
+                    return
+                query = dict(parse_qsl(raw, keep_blank_values=True))
+                status, body = fake.listing(account, self.headers.get("Authorization", ""), query)
+                send_json(self, status, body)
+
             def log_message(self, *args: object) -> None:
                 pass
 
         return Handler
+
+
+def _listed(message: Accepted, query: dict[str, str]) -> bool:
+    """Whether a message passes a list request's To / From / DateSent>= filters (by day)."""
+    if query.get("To") and message.to != query["To"]:
+        return False
+    if query.get("From") and message.sender != query["From"]:
+        return False
+    after = query.get("DateSent>") or query.get("DateSent>=")
+    if after:
+        if message.date_sent is None:  # still queued: Twilio has no sent date to filter by
+            return False
+        day = datetime.fromtimestamp(message.date_sent, UTC).date().isoformat()
+        return day >= after[:10]
+    return True
 
 
 def _error(

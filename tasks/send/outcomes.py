@@ -5,9 +5,15 @@ The unknown-outcome policy is one pure function, `unknown_action`:
 
 | channel can                     | at_most_once (activation, marketing, digest) | at_least_once (transactional, security, alert) |
 | ------------------------------- | -------------------------------------------- | ---------------------------------------------- |
-| look for its message (Slack)    | reconcile, then send only if not found       | the same                                       |
+| look for its message (Slack, SMS) | reconcile, then send only if conclusively not found | the same                                |
 | dedup by key (webhook)          | resend under the same key                    | the same                                       |
-| neither (Teams)                 | hold as `unknown` + incident                 | resend + `possible_duplicate` incident         |
+| replace on the device (push)    | resend under the same collapse id + incident | the same                                       |
+| neither (Teams, email)          | hold as `unknown` + incident                 | resend + `possible_duplicate` incident         |
+
+A reconcile that cannot tell (the provider's look-up is inconclusive) falls to the rows below it.
+Whatever the row, a provider's own report naming the delivery (an SMS status callback, a
+SendGrid event) settles the outcome as sent when it arrives (db.receipts), held or not; a resend
+waits the adapter's `evidence_wait` for such a report first.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ def unknown_action(adapter: Adapter, guarantee: str, *, checkable: bool = True) 
     if checkable and hasattr(adapter, "reconcile"):
         return "reconcile"  # the next attempt looks for the message first
     if getattr(adapter, "dedups_by_key", False) or guarantee == "at_least_once":
+        return "resend"
+    if getattr(adapter, "replaces_on_device", False):  # the same collapse id: replaced, not added
         return "resend"
     return "hold"
 
@@ -74,7 +82,8 @@ def settle_unknown(
         _hold(db, row, token, error)
         return True
     if release:
-        _retry_or_fail(db, row, token, error, policy, maybe_sent=True)
+        wait = float(getattr(adapter, "evidence_wait", 0.0))
+        _retry_or_fail(db, row, token, error, policy, maybe_sent=True, wait=wait)
     return False
 
 
@@ -115,7 +124,10 @@ def _retry_or_fail(
     policy: RetryPolicy,
     *,
     maybe_sent: bool,
+    wait: float = 0.0,
 ) -> None:
+    """Retry no sooner than `wait` seconds from now (an unknown outcome's wait for the provider's
+    report, which settles it as sent: db.receipts), or fail at the cap."""
     now = clock.now()
     retry = decide(error, row.attempts, policy)
     if retry is not None:
@@ -131,7 +143,7 @@ def _retry_or_fail(
                 now=now,
                 refund_attempt=retry.refund,
                 maybe_sent=maybe_sent,
-                not_before=now + timedelta(seconds=retry.delay),
+                not_before=now + timedelta(seconds=max(retry.delay, wait)),
             )
         )
         return

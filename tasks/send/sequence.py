@@ -26,7 +26,7 @@ from sqlalchemy import Engine
 
 from clarion import clock, faults
 from clarion.adapters.base import Adapter
-from clarion.db import claims
+from clarion.db import claims, receipts
 from clarion.errors import (
     DeferredSendError,
     PermanentSendError,
@@ -147,12 +147,12 @@ def _deliver_row(db: RowConnection, row: ClaimedDelivery, batch: Batch, senders:
         internal = TransientSendError("internal_error", _describe(exc))
         settle_failure(db, row, batch.token, internal, batch.policy)
         return
-    checked = False
+    repeat_possible = False
     if row.maybe_sent_at is not None:
-        if _settle_earlier_attempt(db, row, batch, adapter, message):
+        earlier = _settle_earlier_attempt(db, row, batch, adapter, message)
+        if earlier == "settled":
             return
-        checked = hasattr(adapter, "reconcile")
-    repeat_possible = row.maybe_sent_at is not None and not checked
+        repeat_possible = earlier == "unchecked"
     _send(db, row, batch, senders, adapter, message, repeat_possible=repeat_possible)
 
 
@@ -202,12 +202,17 @@ def _skew(row: ClaimedDelivery, batch: Batch, reason: str, detail: str) -> SendE
 
 def _settle_earlier_attempt(
     db: RowConnection, row: ClaimedDelivery, batch: Batch, adapter: Adapter, message: Message
-) -> bool:
-    """An earlier attempt may have sent; True if that settled the row (found and recorded as
-    sent, held, or failed), False if this attempt may send. A channel that can look for its own
-    message does; otherwise tasks.send.outcomes says whether this attempt may send again. The
+) -> str:
+    """An earlier attempt may have sent: "settled" if that settled the row (found and recorded
+    as sent, held, or failed); "checked" if the provider was asked and has not got it (this
+    attempt sends, no repeat); "unchecked" if this attempt may send again without knowing (a
+    possible repeat). A channel that can look for its own message does; otherwise (or when its
+    look-up is inconclusive) tasks.send.outcomes says whether this attempt may send again. The
     earlier attempt's unknown outcome was counted when its answer was lost, unless this claim
-    took over its lapsed lease: then it is counted here."""
+    took over its lapsed lease: then it is counted here. The provider's own report naming the
+    delivery (db.receipts.evidence: it came while that attempt was in flight) is read first."""
+    if _reported(db, row, batch):
+        return "settled"
     reconcile = getattr(adapter, "reconcile", None)
     if reconcile is None:
         lost = UnknownSendError(
@@ -220,19 +225,35 @@ def _settle_earlier_attempt(
         return _held(db, row, batch, adapter, error)
     except SendError as error:
         settle_failure(db, row, batch.token, error, batch.policy)
-        return True
+        return "settled"
     if found is None:
-        return False
+        return "checked"
     log.info("earlier send found", extra={"action": "delivery_reconciled", "delivery": row.key})
     _record_sent(row, batch, found, deadline=time.monotonic() + MARGIN, repeat_possible=False)
+    return "settled"
+
+
+def _reported(db: RowConnection, row: ClaimedDelivery, batch: Batch) -> bool:
+    """Record as sent a delivery the provider already reported (a callback, an event); True if
+    there was such a report."""
+    found = db.run(lambda c: receipts.evidence(c, row.key))
+    if found is None:
+        return False
+    log.info(
+        "earlier send reported by the provider",
+        extra={"action": "delivery_settled_by_receipt", "delivery": row.key, "event": found.event},
+    )
+    result = SendResult(platform=found.platform, provider_message_id=found.provider_message_id)
+    _record_sent(row, batch, result, deadline=time.monotonic() + MARGIN, repeat_possible=False)
     return True
 
 
 def _held(
     db: RowConnection, row: ClaimedDelivery, batch: Batch, adapter: Adapter, error: SendError
-) -> bool:
-    """Whether an earlier attempt's unknown outcome holds the row (else this attempt sends)."""
-    return settle_unknown(
+) -> str:
+    """ "settled" if an earlier attempt's unknown outcome holds the row, else "unchecked" (this
+    attempt sends again, a possible repeat)."""
+    held = settle_unknown(
         db,
         row,
         batch.token,
@@ -243,6 +264,7 @@ def _held(
         release=False,
         counted=not row.taken_over,
     )
+    return "settled" if held else "unchecked"
 
 
 def _lease_for_send(

@@ -155,6 +155,51 @@ def test_a_lost_answer_holds_a_digest_and_resends_a_receipt(web, fake, loss):
     assert sorted(incidents()) == ["outcome_unknown", "possible_duplicate"]
 
 
+@pytest.mark.parametrize("loss", ["drop", "late", "5xx"])
+def test_a_processed_event_settles_a_held_digest_as_sent_without_an_operator(web, fake, loss):
+    fake.losses.next(loss, delay=2.0)
+    digest, _ = send("ana", "digest_email", name="Ana")
+    assert delivery(digest)["state"] == "unknown" and incidents() == ["outcome_unknown"]
+    [mail] = fake.sent
+    assert mail.answered is (loss == "late")  # SendGrid took it; clarion never heard back
+    status, body = post(web, [event(mail, "processed")])
+    assert status == 200 and body["outcomes"] == {"applied": 1}
+    row = delivery(digest)
+    assert row["state"] == "sent" and row["platform"] == "sendgrid"
+    assert row["provider_message_id"] == mail.message_id and row["maybe_sent_at"] is None
+    assert retry(digest) == 0 and len(fake.sent) == 1  # exactly one message at SendGrid
+    assert decisions("ana")[-1]["reason"] == "settled_by_receipt"
+
+
+@pytest.mark.parametrize("kind", ["processed", "delivered"])
+def test_an_at_least_once_resend_waits_for_the_event_and_is_not_made_when_it_comes(web, fake, kind):
+    from clarion.adapters.sendgrid import EVIDENCE_WAIT
+
+    fake.losses.next("drop")
+    with frozen_clock() as clock:
+        receipt, _ = send("ana", "receipt_email", order="A-1")
+        [row] = rows("SELECT state, not_before FROM deliveries WHERE id = :d", d=receipt[1])
+        assert row["state"] == "pending"
+        assert (row["not_before"] - clock.now).total_seconds() >= EVIDENCE_WAIT  # bounded wait
+        post(web, [event(fake.sent[0], kind)])
+        clock.advance(EVIDENCE_WAIT + 1)
+        assert deliver(["ana"], [receipt[1]]) == 0  # settled: not resent
+    assert delivery(receipt)["state"] == ("sent" if kind == "processed" else "delivered")
+    assert len(fake.sent) == 1 and incidents() == []
+
+
+def test_an_event_for_the_resent_message_after_the_wait_changes_nothing_owed(web, fake):
+    """No event within the wait: resent, with a possible_duplicate; the first message's late
+    event then moves the sent row as any receipt does (nothing is resent a third time)."""
+    fake.losses.next("5xx")
+    receipt, _ = send("ana", "receipt_email", order="A-1")
+    assert retry(receipt) == 1 and len(fake.sent) == 2
+    assert incidents() == ["possible_duplicate"]
+    status, _ = post(web, [event(fake.sent[0], "processed")])
+    assert status == 200 and delivery(receipt)["state"] == "sent"
+    assert retry(receipt) == 0 and len(fake.sent) == 2
+
+
 # --- the Event Webhook -----------------------------------------------------------------------------------
 
 

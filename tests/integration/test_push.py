@@ -339,25 +339,39 @@ def _lose(fakes: Fakes, provider: str, loss: str) -> None:
         fakes.apns.losses.next(loss)
 
 
+def _same_collapse_id(fakes: Fakes, provider: str) -> None:
+    """The repeat carries the first's collapse id (and on APNs its apns-id): it replaces."""
+    if provider == "apns":
+        first, again = fakes.apns.for_device(IPHONE)
+        assert first.apns_id == again.apns_id
+        assert first.headers["apns-collapse-id"] == again.headers["apns-collapse-id"]
+        return
+    first_m, again_m = fakes.fcm.messages(PHONE)
+    assert first_m["android"]["collapse_key"] == again_m["android"]["collapse_key"]
+    assert first_m["android"]["notification"]["tag"] == again_m["android"]["notification"]["tag"]
+    assert (
+        first_m["apns"]["headers"]["apns-collapse-id"]
+        == (again_m["apns"]["headers"]["apns-collapse-id"])
+    )
+    assert fakes.fcm.shown(PHONE) == [again_m]  # one notification on the device, not two
+
+
 @pytest.mark.parametrize("loss", LOSSES)
 @pytest.mark.parametrize("provider", ["fcm", "apns"])
-def test_an_at_most_once_push_whose_answer_is_lost_is_held(fakes, provider, loss):
+def test_an_at_most_once_push_whose_answer_is_lost_is_resent_under_its_collapse_id(
+    fakes, provider, loss
+):
     device = f"fcm:{PHONE}" if provider == "fcm" else f"apns:{IPHONE}"
     register_recipient("dee", timezone="UTC", addresses={"push": [device]})
     _lose(fakes, provider, loss)
     key = _notify("dee", "push_nudge")
     assert key is not None and _deliver(key) == 0  # the route's send lost its answer
-    assert _delivery(key)["state"] == "unknown"
-    assert _retry(key) == 0  # held for an operator: nothing is sent again
-    assert fakes.received() == {device: 1} and fakes.attempts() == {device: 1}
-    assert _incidents() == ["outcome_unknown"]
-    [held] = _decisions(key)
-    assert (held["outcome"], held["reason"]) == (
-        "unknown",
-        {"drop": "no_answer", "late": "no_answer"}.get(
-            loss, "http_500" if provider == "fcm" else "InternalServerError"
-        ),
-    )
+    assert _delivery(key)["state"] == "pending"  # not held: the resend replaces on the device
+    assert _retry(key) == 1
+    assert _delivery(key)["state"] == "sent"
+    assert fakes.received() == {device: 2} and fakes.attempts() == {device: 2}
+    _same_collapse_id(fakes, provider)
+    assert _incidents() == ["possible_duplicate"]  # the provider had it twice: said so
     assert _devices("dee") == device  # a lost answer says nothing about the token
 
 
@@ -376,13 +390,7 @@ def test_an_at_least_once_push_whose_answer_is_lost_is_sent_again_and_replaces(
     assert fakes.received() == {device: 2}  # the provider cannot dedup: a possible duplicate ...
     assert _delivery(key)["state"] == "sent"
     assert _incidents() == ["possible_duplicate"]  # ... that the operator is told about
-    if provider == "apns":  # ... which replaces the first on the device, not adds to it
-        first, again = fakes.apns.for_device(IPHONE)
-        assert first.apns_id == again.apns_id
-        assert first.headers["apns-collapse-id"] == again.headers["apns-collapse-id"]
-    else:
-        first_m, again_m = fakes.fcm.messages(PHONE)
-        assert first_m["android"]["collapse_key"] == again_m["android"]["collapse_key"]
+    _same_collapse_id(fakes, provider)  # ... which replaces the first on the device
 
 
 def test_a_lost_answer_on_one_device_while_the_others_took_it_is_sent(fakes):

@@ -390,28 +390,111 @@ def test_marketing_sms_waits_for_the_recipients_daytime(world):
 # --- the third outcome ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("loss", ["drop", "late", "5xx"])
-def test_a_lost_answer_holds_an_at_most_once_nudge(world, loss):
+LOSSES = ("drop", "late", "5xx")
+TYPES = ("sms_nudge", "sms_receipt")  # at-most-once, at-least-once
+
+
+def _lose(world: World, loss: str, type_key: str) -> tuple[Key, str]:
+    """Send with the answer lost (Twilio took the message); the key and the message's SID."""
     world.fake.losses.next(loss, delay=1.5)
-    key = _send("ana", "sms_nudge")
+    key = _send("ana", type_key)
     row = _row(key)
-    assert row["state"] == "unknown" and row["maybe_sent_at"] is not None
+    assert row["state"] == "pending" and row["maybe_sent_at"] is not None  # owed a look first
+    [message] = world.fake.messages()
+    return key, message.sid
+
+
+def _incident_kinds() -> list[str]:
+    return [r["kind"] for r in rows("SELECT kind FROM incidents ORDER BY id")]
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize("type_key", TYPES)
+def test_a_status_callback_settles_a_lost_answer_as_sent_and_nothing_is_resent(
+    world, loss, type_key
+):
+    key, sid = _lose(world, loss, type_key)
+    assert [code for _, code in world.fake.progress(sid)] == [204, 204, 204]
+    row = _row(key)
+    assert row["state"] == "delivered" and row["provider_message_id"] == sid
+    assert row["maybe_sent_at"] is None
     _due_now()
+    assert deliver([key[0]], [key[1]]) == 0  # settled: nothing owed, nothing to claim
+    assert len(world.fake.messages()) == 1 and world.fake.lookups == []
+    assert _incident_kinds() == []
+    assert _last_decision("ana")["reason"] == "settled_by_receipt"
+
+
+@pytest.mark.parametrize("type_key", TYPES)
+def test_with_no_callback_the_lookup_finds_the_message_before_any_resend(world, type_key):
+    key, sid = _lose(world, "drop", type_key)
+    world.fake.dispatch(sid)  # Twilio sent it on; its callback is lost
+    _due_now()
+    assert deliver([key[0]], [key[1]]) == 1
+    row = _row(key)
+    assert row["state"] == "sent" and row["provider_message_id"] == sid
+    assert len(world.fake.messages()) == 1 and len(world.fake.lookups) == 1
+    assert world.fake.lookups[0]["To"] == ANA and world.fake.lookups[0]["From"] == FakeTwilio.NUMBER
+    assert _incident_kinds() == []
+
+
+def test_an_inconclusive_lookup_holds_a_nudge_until_its_callback_settles_it(world):
+    key, sid = _lose(world, "5xx", "sms_nudge")
+    _due_now()  # still queued at Twilio: no DateSent, the list cannot show it
     assert deliver([key[0]], [key[1]]) == 0
+    assert _row(key)["state"] == "unknown" and _incident_kinds() == ["outcome_unknown"]
+    assert world.fake.post_status(sid, "sent") == 204  # the evidence, later
+    row = _row(key)
+    assert row["state"] == "sent" and row["provider_message_id"] == sid  # no operator needed
     assert len(world.fake.messages()) == 1
-    assert [r["kind"] for r in rows("SELECT kind FROM incidents")] == ["outcome_unknown"]
 
 
-@pytest.mark.parametrize("loss", ["drop", "late", "5xx"])
-def test_a_lost_answer_resends_an_at_least_once_receipt_and_says_so(world, loss):
-    world.fake.losses.next(loss, delay=1.5)
-    key = _send("ana", "sms_receipt")
-    assert _row(key)["state"] == "pending"
+def test_an_inconclusive_lookup_resends_a_receipt_and_says_so(world):
+    key, _ = _lose(world, "late", "sms_receipt")
     _due_now()
     assert deliver([key[0]], [key[1]]) == 1
     assert len(world.fake.messages()) == 2  # Twilio cannot dedup: a possible duplicate ...
     assert _row(key)["state"] == "sent" and _sid(key) == world.fake.messages()[1].sid
-    assert [r["kind"] for r in rows("SELECT kind FROM incidents")] == ["possible_duplicate"]
+    assert _incident_kinds() == ["possible_duplicate"]  # ... that the operator is told about
+
+
+def test_a_callback_that_beats_the_lost_answer_settles_the_next_attempt(world):
+    """Twilio's callback arrives while the send still waits for its answer (`early`): the
+    attempt after the unknown outcome reads it first, and sends nothing."""
+    key, sid = _lose(world, "drop", "sms_receipt")
+    with engine().begin() as conn:  # as if the callback had come while the row was claimed
+        conn.execute(
+            text(
+                "UPDATE deliveries SET state = 'claimed', claim_token = gen_random_uuid(), "
+                "lease_until = now() + interval '1 minute' WHERE id = :d"
+            ),
+            {"d": key[1]},
+        )
+    assert world.fake.post_status(sid, "sent") == 204
+    assert rows("SELECT outcome FROM receipts") == [{"outcome": "early"}]
+    with engine().begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE deliveries SET state = 'pending', claim_token = NULL, lease_until = NULL, "
+                "not_before = now() WHERE id = :d"
+            ),
+            {"d": key[1]},
+        )
+    assert deliver([key[0]], [key[1]]) == 1
+    assert _row(key)["state"] == "sent" and _sid(key) == sid
+    assert len(world.fake.messages()) == 1 and world.fake.lookups == []
+
+
+def test_a_lookup_past_the_validity_period_is_conclusive_and_sends(world):
+    """Twilio failed the message off its queue (it never got a sent date): once the validity
+    period has passed, "not listed" means "not sent", and the nudge is sent, with no incident."""
+    key, _ = _lose(world, "drop", "sms_nudge")
+    with frozen_clock(datetime.now(UTC)) as clock:
+        clock.advance(30 * 60)
+        _due_now()
+        assert deliver([key[0]], [key[1]]) == 1
+    assert _row(key)["state"] == "sent" and len(world.fake.messages()) == 2
+    assert len(world.fake.lookups) == 1 and _incident_kinds() == []
 
 
 def test_stop_from_one_users_number_stops_it_for_every_user_who_has_it(world):

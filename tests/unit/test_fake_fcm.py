@@ -155,3 +155,26 @@ def _pem(key: rsa.RSAPrivateKey) -> str:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     ).decode()
+
+
+def test_the_device_shows_a_message_with_a_shown_tag_in_its_place(fake):
+    bearer = _access_token(fake)
+    cases = [
+        ("a", "a", "first"),
+        ("b", "b", "other"),
+        ("a", "a", "first, again"),  # the same tag: replaces "first"
+        (None, "c", "untagged"),
+        (None, "c", "untagged, again"),  # no tag: the collapse key replaces
+    ]
+    for tag, collapse, title in cases:
+        android = {"collapse_key": collapse, "notification": {"tag": tag} if tag else {}}
+        body = {"message": {"token": TOKEN, "android": android, "notification": {"title": title}}}
+        answer = httpx.post(
+            f"{fake.url}/v1/projects/{fake.PROJECT}/messages:send",
+            json=body,
+            headers={"Authorization": f"Bearer {bearer}"},
+        )
+        assert answer.status_code == 200
+    assert fake.per_token() == {TOKEN: 5}  # every one reached FCM ...
+    shown = [m["notification"]["title"] for m in fake.shown(TOKEN)]
+    assert shown == ["other", "first, again", "untagged, again"]  # ... three are on the device

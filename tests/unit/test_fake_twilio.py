@@ -176,3 +176,61 @@ def test_a_signature_covers_the_url_and_every_parameter():
     assert not validator.validate(url + "?x=1", params, signature)
     assert not validator.validate(url, {**params, "Body": "START"}, signature)
     assert not RequestValidator("other").validate(url, params, signature)
+
+
+def test_the_sdk_lists_messages_to_a_number_sent_on_or_after_a_day(fake, client):
+    from datetime import UTC, datetime
+
+    to, other = "+4915112345678", "+4915100000002"
+    sent = client.messages.create(to=to, from_=FakeTwilio.NUMBER, body="one")
+    queued = client.messages.create(to=to, from_=FakeTwilio.NUMBER, body="two")
+    client.messages.create(to=other, from_=FakeTwilio.NUMBER, body="three")
+    fake.dispatch(sent.sid)
+    today = datetime.now(UTC)
+    listed = client.messages.list(to=to, from_=FakeTwilio.NUMBER, date_sent_after=today)
+    # a queued message has no DateSent, so the filter cannot see it (as at Twilio)
+    assert [m.sid for m in listed] == [sent.sid]
+    assert listed[0].body == "one" and listed[0].direction == "outbound-api"
+    assert listed[0].date_created is not None and listed[0].date_sent is not None
+    unfiltered = client.messages.list(to=to)
+    assert {m.sid for m in unfiltered} == {sent.sid, queued.sid}
+    assert fake.lookups[0]["To"] == to and fake.lookups[0]["DateSent>"].startswith(
+        today.date().isoformat()
+    )
+    tomorrow = datetime.fromtimestamp(today.timestamp() + 86400, UTC)
+    assert client.messages.list(to=to, date_sent_after=tomorrow) == []
+
+
+def test_the_list_pages_as_twilio_does_and_checks_auth(fake, client):
+    for i in range(5):
+        fake.dispatch(client.messages.create(to="+4915112345678", from_="+1", body=str(i)).sid)
+    assert len(client.messages.list(to="+4915112345678", page_size=2)) == 5  # three pages
+    assert sum(1 for q in fake.lookups if q.get("Page") in (None, "0")) == 1
+    answer = requests.get(fake.url + MESSAGES, auth=(FakeTwilio.ACCOUNT_SID, "x"), timeout=5)
+    assert answer.status_code == 401 and answer.json()["code"] == 20003
+
+
+def test_a_callback_past_queued_gives_the_message_its_sent_date(fake, client):
+    with Capture() as capture:
+        created = client.messages.create(
+            to="+4915112345678",
+            from_=FakeTwilio.NUMBER,
+            body="x",
+            status_callback=f"{capture.base_url}/status",
+        )
+        fake.post_status(created.sid, "queued")
+        assert fake.message(created.sid).date_sent is None
+        fake.post_status(created.sid, "sent")
+        assert fake.message(created.sid).date_sent is not None
+
+
+@pytest.mark.parametrize("loss", ["drop", "late", "5xx"])
+def test_every_lost_answer_mode_still_takes_the_message(fake, loss):
+    fake.losses.next(loss, delay=1.0)
+    form = {"To": "+4915112345678", "From": FakeTwilio.NUMBER, "Body": "x"}
+    try:
+        answer = requests.post(fake.url + MESSAGES, data=form, auth=AUTH, timeout=0.5)
+    except requests.RequestException:
+        answer = None
+    assert answer is None or answer.status_code == 500
+    assert len(fake.messages()) == 1 and fake.losses.applied == [loss]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import requests
@@ -21,6 +21,7 @@ from clarion.adapters.sms import (
     MAX_BODY,
     RoutedHttpClient,
     SmsAdapter,
+    SmsRequest,
     TwilioAnswer,
     body_of,
     budget_quota,
@@ -32,7 +33,7 @@ from clarion.adapters.sms import (
     status_receipt,
 )
 from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
-from clarion.records import Message
+from clarion.records import Message, SendResult
 from clarion.standins.fake_twilio import FakeTwilio
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
@@ -337,3 +338,56 @@ def test_no_server_is_a_failure_not_an_unknown():
     )
     with pytest.raises(TransientSendError, match="connection"):
         adapter.send(MESSAGE)
+
+
+# --- looking for an earlier attempt's message (lookup_outcome) ---------------------------------------
+
+ATTEMPT = datetime(2024, 5, 6, 12, 0, tzinfo=UTC)
+LOOKED_UP = SmsRequest("+4915112345678", "+15005550006", "Your code is 1234", "http://cb", 1)
+
+
+def _listed(body: str = "Your code is 1234", after: float = 2.0, direction: str = "outbound-api"):
+    from clarion.adapters.sms import Listed
+
+    return Listed("SM1", body, direction, ATTEMPT + timedelta(seconds=after))
+
+
+@pytest.mark.parametrize(
+    ("listed", "minutes_later", "expected"),
+    [
+        ([_listed()], 1, "found"),  # the attempt's message, created just after it began
+        ([_listed(after=-30)], 1, "found"),  # Twilio's clock a little behind ours
+        ([_listed(body="another text")], 1, "inconclusive"),
+        ([_listed(after=-600)], 1, "inconclusive"),  # an older message: not this attempt's
+        ([_listed(direction="inbound")], 1, "inconclusive"),
+        ([], 1, "inconclusive"),  # may still be queued: no DateSent yet, not listed
+        ([], 10, "inconclusive"),
+        ([], 30, "not_sent"),  # past the validity period: Twilio sent it or failed it
+        ([_listed(body="other")] * 200, 30, "inconclusive"),  # a full page: not read whole
+    ],
+)
+def test_a_lookup_is_taken_as_not_sent_only_when_conclusive(listed, minutes_later, expected):
+    from clarion.adapters.sms import lookup_outcome
+
+    now = ATTEMPT + timedelta(minutes=minutes_later)
+    if expected == "inconclusive":
+        with pytest.raises(UnknownSendError, match="not among .* conclusive from"):
+            lookup_outcome(listed, LOOKED_UP, ATTEMPT, now)
+        return
+    result = lookup_outcome(listed, LOOKED_UP, ATTEMPT, now)
+    if expected == "found":
+        assert result == SendResult(platform="sms", provider_message_id="SM1")
+    else:
+        assert result is None
+
+
+def test_every_message_carries_the_validity_period_the_lookup_relies_on():
+    from clarion.adapters.sms import VALIDITY_PERIOD
+
+    assert LOOKED_UP.create_args()["validity_period"] == VALIDITY_PERIOD
+    assert LOOKED_UP.list_args(ATTEMPT) == {
+        "to": "+4915112345678",
+        "from_": "+15005550006",
+        "date_sent_after": ATTEMPT,
+        "limit": 200,
+    }
