@@ -255,7 +255,8 @@ _UNREAD = text(
 
 
 def unread_count(conn: Connection, user_id: str) -> int:
-    return conn.execute(_UNREAD, {"u": user_id}).scalar_one()
+    unread: int = conn.execute(_UNREAD, {"u": user_id}).scalar_one()
+    return unread
 
 
 # --- marks ----------------------------------------------------------------------------------------

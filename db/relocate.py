@@ -58,7 +58,7 @@ def from_public(conn: Connection, schema: str, ours: frozenset[str]) -> str | No
     or None when `public` holds no clarion deployment (nothing is touched then)."""
     if not conn.execute(_HAS_PUBLIC_VERSIONS).scalar():
         return None
-    found = set(conn.execute(_VERSIONS).scalars())
+    found: set[str] = set(conn.execute(_VERSIONS).scalars())
     if not found & ours:
         return None  # a host app's Alembic history: not ours to read further or change
     if found - ours:
