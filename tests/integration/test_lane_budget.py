@@ -28,7 +28,7 @@ def receiver(clarion_env, monkeypatch) -> Iterator[Receiver]:
 
 
 def _tat() -> bytes | None:
-    return runtime.redis().get(lanes.KEY.format(lane="activation"))
+    return runtime.redis().get(lanes.KEY.format(lane="activation"))  # type: ignore[return-value]
 
 
 def test_reservations_queue_up_at_the_rate(clarion_env):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from datetime import timedelta
 from html.parser import HTMLParser
 from typing import Any
@@ -81,7 +82,9 @@ class Form(HTMLParser):
         if tag == "label":
             self._label = None
 
-    def submit(self, *, off: set[str] = frozenset(), on: set[str] = frozenset()) -> list:
+    def submit(
+        self, *, off: AbstractSet[str] = frozenset(), on: AbstractSet[str] = frozenset()
+    ) -> list:
         """Fields to post, with the boxes whose value is in `off` unchecked and `on` checked."""
         checked = [
             ("on", b["value"])
@@ -255,7 +258,7 @@ def test_forms_the_page_did_not_offer_change_nothing(client) -> None:
 def test_output_is_escaped() -> None:
     from clarion.web.preferences import _html
 
-    page = _html(200, title='<script>alert("x")</script>', text=["a & b <i>"]).body.decode()
+    page = _html(200, title='<script>alert("x")</script>', text=["a & b <i>"]).body.decode()  # type: ignore[union-attr]
     assert "<script>" not in page and "&lt;script&gt;" in page and "a &amp; b &lt;i&gt;" in page
 
 

@@ -46,7 +46,7 @@ def test_a_plain_send_error_is_retried_like_a_transient_one() -> None:
 
 def test_cap_holds_for_late_attempts_with_many_allowed() -> None:
     policy = RetryPolicy(base=1.0, factor=2.0, cap=60.0, max_attempts=100, jitter=0.0)
-    delays = [decide(TransientSendError("x"), n, policy).delay for n in range(1, 100)]
+    delays = [decide(TransientSendError("x"), n, policy).delay for n in range(1, 100)]  # type: ignore[union-attr]
     assert delays[:7] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0]
     assert max(delays) == 60.0
     assert delays == sorted(delays)
@@ -93,13 +93,13 @@ def test_a_throttle_is_refunded_and_never_gives_up(attempt: int) -> None:
 @pytest.mark.parametrize(("rand", "spread"), [(0.0, 0.8), (0.5, 1.0), (1.0, 1.2)])
 def test_jitter_spreads_each_delay_within_its_fraction(rand: float, spread: float) -> None:
     policy = RetryPolicy(base=10.0, factor=2.0, cap=900.0, jitter=0.2)
-    assert decide(TransientSendError("x"), 2, policy, rand=lambda: rand).delay == pytest.approx(
+    assert decide(TransientSendError("x"), 2, policy, rand=lambda: rand).delay == pytest.approx(  # type: ignore[union-attr]
         20.0 * spread
     )
 
 
 def test_jittered_delays_differ_but_stay_in_bounds() -> None:
-    delays = {decide(TransientSendError("x"), 3, RetryPolicy(jitter=0.2)).delay for _ in range(200)}
+    delays = {decide(TransientSendError("x"), 3, RetryPolicy(jitter=0.2)).delay for _ in range(200)}  # type: ignore[union-attr]
     assert len(delays) > 100
     assert all(18.0 * 0.8 <= d <= 18.0 * 1.2 for d in delays)
 
@@ -107,5 +107,5 @@ def test_jittered_delays_differ_but_stay_in_bounds() -> None:
 def test_default_policy() -> None:
     policy = RetryPolicy(jitter=0.0)
     assert decide(TransientSendError("x"), 1, policy) == RetryDecision(policy.base)
-    assert decide(TransientSendError("x"), policy.max_attempts - 1, policy).delay <= policy.cap
+    assert decide(TransientSendError("x"), policy.max_attempts - 1, policy).delay <= policy.cap  # type: ignore[union-attr]
     assert decide(TransientSendError("x"), policy.max_attempts, policy) is None
