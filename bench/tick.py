@@ -243,15 +243,15 @@ def one_tick(
         store.take_due_series = scan_due(scan)
     try:
         with engine(url).connect() as conn:
-            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+            pid: int = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
             conn.rollback()
             trans = conn.begin()
             try:
-                cpu, server = time.process_time(), backend_cpu(pid)  # type: ignore[arg-type]
+                cpu, server = time.process_time(), backend_cpu(pid)
                 t0 = time.perf_counter()
                 fired = tseries.fire_due_series(conn, now=now, limit=limit).series
                 elapsed = time.perf_counter() - t0
-                cpu, after = time.process_time() - cpu, backend_cpu(pid)  # type: ignore[arg-type]
+                cpu, after = time.process_time() - cpu, backend_cpu(pid)
                 CPU.append(None if server is None or after is None else cpu + after - server)
             finally:
                 trans.rollback()
