@@ -20,16 +20,6 @@ from urllib.parse import urlsplit, urlunsplit
 from clarion.errors import ConfigurationError, ServicesUnavailable
 
 EMBEDDED_FILE = "embedded.json"
-
-
-class Embedded(TypedDict):
-    """What a live embedded-services process publishes in EMBEDDED_FILE."""
-
-    pid: int
-    database_url: str
-    redis_url: str
-
-
 DEV_WEBHOOK_SECRET = "clarion-dev-secret"  # public: refused once CLARION_DATABASE_URL is set
 # Never shown by repr(Settings); an empty value for one of these is an error, not "unset".
 SECRETS = frozenset(
@@ -278,6 +268,14 @@ class Settings:
             db = db or embedded["database_url"]
             redis = redis or embedded["redis_url"]
         return db, redis, self.broker_url or redis
+
+
+class Embedded(TypedDict):
+    """What a live embedded-services process publishes in EMBEDDED_FILE."""
+
+    pid: int
+    database_url: str
+    redis_url: str
 
 
 def read_embedded(home: Path) -> Embedded | None:
