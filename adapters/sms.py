@@ -485,7 +485,7 @@ class SmsAdapter(Channel[SmsRequest, TwilioAnswer]):
         name = f"{BACKLOG_PREFIX}:{scope(self.sender)}:{int(time.time())}"
         try:
             client = self.limits.redis()
-            waiting = int(client.incr(name))  # type: ignore[arg-type]
+            waiting = int(client.incr(name))
             client.expire(name, 5)
         except redis_lib.RedisError:
             return 0.0

@@ -206,7 +206,7 @@ class Bench:
             stderr=subprocess.DEVNULL,
             cwd=ROOT,
         )
-        self.stops.append(lambda: (proc.terminate(), proc.wait(10)))
+        self.stops.append(lambda: (proc.terminate(), proc.wait(10)))  # type: ignore[arg-type, func-returns-value]
         return port
 
     def stop(self) -> None:

@@ -273,7 +273,7 @@ def _server_pids(db_url: str, redis_url: str) -> tuple[list[int], list[int]]:
     pg: list[int] = []
     rd: list[int] = []
     with contextlib.suppress(Exception), psycopg.connect(_libpq(db_url)) as conn:
-        backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
         if (st := _stat(backend)) is not None:
             pg = [st[0]]
     with contextlib.suppress(Exception):
@@ -290,7 +290,7 @@ _TASK_RECEIVED = re.compile(r"Task (\S+)\[[0-9a-f-]+\] received")
 def _task_stats(logs: list[Path], offsets: dict[Path, int]) -> dict[str, dict[str, float]]:
     """Per task name: messages received, tasks finished and their summed / max run time, from the
     INFO lines Celery workers log (only what was logged after `offsets`)."""
-    stats: dict[str, dict[str, float]] = defaultdict(lambda: Counter())
+    stats: dict[str, dict[str, float]] = defaultdict(lambda: Counter())  # type: ignore[arg-type, return-value]
     for log in logs:
         with open(log, "rb") as f:
             f.seek(offsets.get(log, 0))
@@ -765,7 +765,7 @@ class Bench:
             for j in range(a.n)
         ]
         expected = {
-            idempotency_key(i["user_id"], TYPE_KEY, f"event:{i['event_id']}", CHANNEL)
+            idempotency_key(i["user_id"], TYPE_KEY, f"event:{i['event_id']}", CHANNEL)  # type: ignore[arg-type]
             for i in items
         }
         say(f"  {len(users)} recipients registered")
@@ -879,10 +879,10 @@ class Bench:
         )
 
         with engine().connect() as conn:
-            states = dict(
+            states = dict(  # type: ignore[var-annotated]
                 conn.execute(text("SELECT state, count(*) FROM deliveries GROUP BY state")).all()
             )
-            incidents = dict(
+            incidents = dict(  # type: ignore[var-annotated]
                 conn.execute(text("SELECT kind, count(*) FROM incidents GROUP BY kind")).all()
             )
             pending = conn.execute(
@@ -1090,7 +1090,7 @@ class Bench:
             rows = conn.execute(f"SELECT count(*), count(DISTINCT key) FROM {table}").fetchone()
         result.notes.append(
             f"{duplicated} occurrences sent more than once; {table} holds "
-            f"{rows[0]} rows for {rows[1]} keys"
+            f"{rows[0]} rows for {rows[1]} keys"  # type: ignore[index]
         )
         if failed:
             result.notes.append(f"processes failed with exit codes {failed}")

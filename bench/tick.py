@@ -243,7 +243,7 @@ def one_tick(
         store.take_due_series = scan_due(scan)
     try:
         with engine(url).connect() as conn:
-            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+            pid: int = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
             conn.rollback()
             trans = conn.begin()
             try:
@@ -316,7 +316,7 @@ def explain(url: str, now: datetime, limit: int) -> tuple[list[str], list[str], 
                 if generic:
                     conn.execute(text("SET LOCAL plan_cache_mode = force_generic_plan"))
                 sql = "EXPLAIN (ANALYZE, BUFFERS) " + store._TAKE_DUE
-                plans.append([r[0] for r in raw.execute(sql, params)])
+                plans.append([r[0] for r in raw.execute(sql, params)])  # type: ignore[union-attr]
             finally:
                 trans.rollback()
         scan = [r[0] for r in conn.execute(text("EXPLAIN " + _SCAN.text))]
@@ -373,7 +373,7 @@ def main() -> None:
             one_tick(
                 url, now=now, limit=args.due
             )  # warm-up (zones, holidays, catalog, prepared statements)
-            clarion, scan, scan_rows, scan_read, cpu_c, cpu_s = [], [], 0, [], [], []
+            clarion, scan, scan_rows, scan_read, cpu_c, cpu_s = [], [], 0, [], [], []  # type: ignore[var-annotated]
             for rep in range(max(args.reps, scan_reps)):
                 ran = []
                 order = (
@@ -412,7 +412,7 @@ def main() -> None:
                     ),  # same rep, side by side
                     None
                     if None in cpu_c + cpu_s
-                    else (statistics.median(cpu_c), statistics.median(cpu_s)),
+                    else (statistics.median(cpu_c), statistics.median(cpu_s)),  # type: ignore[type-var]
                 )
             )
 
@@ -424,7 +424,7 @@ def main() -> None:
                 walls.append(one_tick(url, now=now, limit=limit)[0])
                 cpus.append(CPU[-1])
             limits.append(
-                (limit, statistics.median(walls), None if None in cpus else statistics.median(cpus))
+                (limit, statistics.median(walls), None if None in cpus else statistics.median(cpus))  # type: ignore[type-var]
             )
         parts = breakdown(url, now=now, limit=args.due)
         due_plan, scan_plan, generic_plan = explain(url, now, args.due)
@@ -463,8 +463,8 @@ def main() -> None:
                         f"{k:,}",
                         f"{s / base_s:.2f}x",
                         f"{ratio:.1f}x",
-                        "n/a" if cpu is None else f"{1e3 * cpu[0]:.0f}",
-                        "n/a" if cpu is None else f"{1e3 * cpu[1]:,.0f}",
+                        "n/a" if cpu is None else f"{1e3 * cpu[0]:.0f}",  # type: ignore[operator]
+                        "n/a" if cpu is None else f"{1e3 * cpu[1]:,.0f}",  # type: ignore[operator]
                     ]
                     for n, c, cl, ch, s, sl, sh, r, k, ratio, cpu in rows
                 ],

@@ -105,14 +105,16 @@ def parse_digest(raw: Any) -> DigestSpec:
     )
 
 
-def _text(raw: dict, name: str, default: str) -> str:
+def _text(raw: dict[str, Any], name: str, default: str) -> str:
     value = raw.get(name, default)
     if not isinstance(value, str):
         raise ValueError(f"options.digest.{name} must be text, not {value!r}")
     return value
 
 
-def _number(raw: dict, name: str, default: Any, kind: type, low: float, high: float) -> Any:
+def _number(
+    raw: dict[str, Any], name: str, default: Any, kind: type, low: float, high: float
+) -> Any:
     value = raw.get(name, default)
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     if kind is int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -19,7 +19,7 @@ from clarion.catalog import locales as _locales
 from clarion.catalog.digest import DIGEST_VARIABLES, DigestSpec, parse_digest
 from clarion.catalog.escalation import Escalation, check_escalations, parse_escalation
 from clarion.catalog.options import DEFAULT_UPDATE_SECONDS, GateOptions
-from clarion.catalog.sandbox import Sample, compile_template
+from clarion.catalog.sandbox import Compiled, Sample, compile_template
 from clarion.catalog.sandbox import env as _env
 from clarion.catalog.sandbox import render as _render
 
@@ -72,6 +72,9 @@ GUARANTEE = {
 
 class CatalogError(ValueError):
     """The catalog itself is malformed (raised at load time)."""
+
+
+Fail = Callable[[str], CatalogError]  # the error for one type's spec, given its message
 
 
 def readable(key: str) -> str:
@@ -314,20 +317,22 @@ class NotificationType:
         }
 
 
-_compiled_cache: dict[tuple, Any] = {}
+_compiled_cache: dict[tuple[str, int, str, str, str], Compiled] = {}
 # (template, channel, locale, default) -> the template and its compiled fields in that locale: the
 # fallback chain is worked out once per recipient locale, not once per delivery
-_plans: dict[tuple, tuple[Template, tuple[tuple[str, Any], ...]]] = {}
+_plans: dict[
+    tuple[int, str, str | None, str], tuple[Template, tuple[tuple[str, Compiled], ...]]
+] = {}
 
 
-def _compiled(type_key: str, version: int, channel: str, name: str, source: str):
+def _compiled(type_key: str, version: int, channel: str, name: str, source: str) -> Compiled:
     key = (type_key, version, channel, name, source)
     if key not in _compiled_cache:
         _compiled_cache[key] = compile_template(source)
     return _compiled_cache[key]
 
 
-def _names(value: Any, what: str, fail) -> tuple[str, ...]:
+def _names(value: Any, what: str, fail: Fail) -> tuple[str, ...]:
     """A list of non-empty strings (a lone string is an error, not a list of its characters)."""
     if value is None:
         return ()
@@ -336,7 +341,7 @@ def _names(value: Any, what: str, fail) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _fields(value: Any, what: str, fail) -> dict[str, str]:
+def _fields(value: Any, what: str, fail: Fail) -> dict[str, str]:
     if not isinstance(value, dict):
         raise fail(f"{what} must be a mapping of field name to text, not {value!r}")
     for name, text in value.items():
@@ -345,7 +350,7 @@ def _fields(value: Any, what: str, fail) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
-def _templates(raw_list: Any, fail, default_locale: str) -> dict[int, Template]:
+def _templates(raw_list: Any, fail: Fail, default_locale: str) -> dict[int, Template]:
     if not isinstance(raw_list, list) or not raw_list:
         raise fail("needs a list of templates, each with a version")
     templates: dict[int, Template] = {}
@@ -369,7 +374,7 @@ def _templates(raw_list: Any, fail, default_locale: str) -> dict[int, Template]:
     return templates
 
 
-def _strings(raw: dict[str, Any], what: str, fail) -> Strings:
+def _strings(raw: dict[str, Any], what: str, fail: Fail) -> Strings:
     """Fields and a `channels:` mapping of per-channel overrides (one locale's text)."""
     raw = dict(raw)
     per_channel = raw.pop("channels", None) or {}
@@ -383,7 +388,7 @@ def _strings(raw: dict[str, Any], what: str, fail) -> Strings:
     )
 
 
-def _locale_variants(raw: Any, what: str, fail, default_locale: str) -> dict[str, Strings]:
+def _locale_variants(raw: Any, what: str, fail: Fail, default_locale: str) -> dict[str, Strings]:
     """`locales:` of a version: tag -> fields (and channels), keyed by the canonical tag."""
     if raw is None:
         return {}
@@ -407,17 +412,18 @@ def _locale_variants(raw: Any, what: str, fail, default_locale: str) -> dict[str
     return variants
 
 
-def _channel_name(name: Any, what: str, fail) -> str:
+def _channel_name(name: Any, what: str, fail: Fail) -> str:
     if name not in CHANNELS:
         close = difflib.get_close_matches(str(name), sorted(CHANNELS), n=1)
         hint = (
             f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(CHANNELS))}"
         )
         raise fail(f"{what}: unknown channel {name!r}{hint}")
-    return name
+    known: str = name
+    return known
 
 
-def _samples(raw: Any, what: str, fail) -> dict[str, Any]:
+def _samples(raw: Any, what: str, fail: Fail) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict) or not all(isinstance(k, str) for k in raw):
@@ -425,7 +431,7 @@ def _samples(raw: Any, what: str, fail) -> dict[str, Any]:
     return dict(raw)
 
 
-def _buttons(raw: Any, what: str, fail) -> tuple[Button, ...]:
+def _buttons(raw: Any, what: str, fail: Fail) -> tuple[Button, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -538,7 +544,7 @@ def _build_type(key: str, spec: Any, default_locale: str = _locales.DEFAULT) -> 
     return ntype
 
 
-def _type_text(raw: dict[str, Any], what: str, fail) -> TypeText:
+def _type_text(raw: dict[str, Any], what: str, fail: Fail) -> TypeText:
     """`label` and `description` of a type or of one of its locales: short plain text."""
     found: dict[str, str | None] = {}
     for name, longest in (("label", LABEL_CHARS), ("description", DESCRIPTION_CHARS)):
@@ -551,7 +557,9 @@ def _type_text(raw: dict[str, Any], what: str, fail) -> TypeText:
     return TypeText(found["label"], found["description"])
 
 
-def _type_texts(spec: dict[str, Any], default: str, fail) -> tuple[TypeText, dict[str, TypeText]]:
+def _type_texts(
+    spec: dict[str, Any], default: str, fail: Fail
+) -> tuple[TypeText, dict[str, TypeText]]:
     """The type's own label/description and its `locales:` (tag -> label and description)."""
     raw = spec.get("locales") or {}
     if not isinstance(raw, dict):
@@ -570,7 +578,9 @@ def _type_texts(spec: dict[str, Any], default: str, fail) -> tuple[TypeText, dic
     return _type_text(spec, "", fail), texts
 
 
-def _check_digest(options: dict, required: tuple[str, ...], defaults: dict, fail) -> None:
+def _check_digest(
+    options: dict[str, Any], required: tuple[str, ...], defaults: dict[str, Any], fail: Fail
+) -> None:
     """options.digest parses, and its key template uses only required or defaulted variables."""
     if "digest" not in options:
         return

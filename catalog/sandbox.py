@@ -93,6 +93,8 @@ class Substitution:
     template: Template
 
 
+Compiled = Template | Substitution  # what compile_template returns and render takes
+
 _SPECIAL = frozenset({"self", "loop", "caller", "varargs", "kwargs", "super"})  # Jinja's own
 
 
@@ -155,12 +157,12 @@ class Sample(str):
             raise AttributeError(name)
         return Sample(f"{self}.{name}")
 
-    def __getitem__(self, key: Any) -> Sample:  # type: ignore[override]
+    def __getitem__(self, key: Any) -> Sample:
         if isinstance(key, str) and key.startswith("_"):
             raise KeyError(key)  # the sandbox then judges it as the attribute it names
         return Sample(f"{self}[{key}]")
 
-    def __iter__(self) -> Iterator[Sample]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[Sample]:
         yield Sample(f"{self}[0]")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Sample:

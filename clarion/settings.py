@@ -10,10 +10,11 @@ import json
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import Field, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import urlsplit, urlunsplit
 
 from clarion.errors import ConfigurationError, ServicesUnavailable
@@ -269,11 +270,19 @@ class Settings:
         return db, redis, self.broker_url or redis
 
 
-def read_embedded(home: Path) -> dict | None:
+class Embedded(TypedDict):
+    """What a live embedded-services process publishes in EMBEDDED_FILE."""
+
+    pid: int
+    database_url: str
+    redis_url: str
+
+
+def read_embedded(home: Path) -> Embedded | None:
     """The URLs published by a live embedded-services process, or None."""
     path = home / EMBEDDED_FILE
     try:
-        data = json.loads(path.read_text())
+        data: Embedded = json.loads(path.read_text())
         os.kill(int(data["pid"]), 0)
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -288,7 +297,7 @@ _KINDS: dict[str, tuple[type, ...]] = {
 }
 
 
-def _check_field(f: Field, value: object) -> None:
+def _check_field(f: Field[Any], value: object) -> None:
     """The field's type (from its annotation) and its range rule, if any."""
     kind = str(f.type)
     if value is None and "None" in kind:
@@ -329,7 +338,7 @@ def mask_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
-def _convert(name: str, kind: type | str, raw: str):
+def _convert(name: str, kind: type | str, raw: str) -> float | int | Path | str:
     try:
         if kind in (float, "float", "float | None"):
             return float(raw)
@@ -342,13 +351,13 @@ def _convert(name: str, kind: type | str, raw: str):
         raise ConfigurationError(f"CLARION_{name.upper()}={raw!r} is not a valid {kind}") from exc
 
 
-def from_env(environ: dict[str, str] | os._Environ = os.environ) -> Settings:
+def from_env(environ: Mapping[str, str] = os.environ) -> Settings:
     """Build Settings from CLARION_* variables; unknown CLARION_* names are an error.
 
     An empty variable counts as unset (so `CLARION_X=` in a compose file means "the default"),
     except for secrets, where an empty value is an error rather than a silent fallback."""
     known = {f.name: f for f in fields(Settings)}
-    values = {}
+    values: dict[str, Any] = {}  # each checked against its field by Settings.__post_init__
     for key, raw in environ.items():
         if not key.startswith("CLARION_"):
             continue

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, RowMapping, text
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class ApiKey:
     expires_at: datetime | None
 
     @classmethod
-    def from_row(cls, row) -> ApiKey:
+    def from_row(cls, row: RowMapping) -> ApiKey:
         return cls(**{**dict(row), "scopes": tuple(row["scopes"])})
 
 

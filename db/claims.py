@@ -20,8 +20,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from clarion.db.ledger import KEY_PAIRS, Key, due_statement, key_params
-from clarion.rows import ClaimedDelivery
+from clarion.db.ledger import KEY_PAIRS, due_statement, key_params
+from clarion.rows import ClaimedDelivery, Key
 
 
 @dataclass(frozen=True)
@@ -318,12 +318,12 @@ _FAIL = text(
 
 def fail_delivery(
     conn: Connection, key: Key, *, token: str, error: str, now: datetime
-) -> tuple | None:
+) -> tuple[int, str] | None:
     """Fail a claimed delivery for good; returns (request_id, channel) or None if the claim is gone."""
     row = conn.execute(
         _FAIL, {"user_id": key[0], "id": key[1], "token": token, "error": error, "now": now}
     ).first()
-    return tuple(row) if row else None
+    return (row[0], row[1]) if row else None
 
 
 _DUE_DELIVERIES = due_statement("deliveries")
@@ -331,13 +331,13 @@ _DUE_DELIVERIES = due_statement("deliveries")
 
 def take_due_deliveries(
     conn: Connection, *, lane: str, now: datetime, again: float, cap: float, limit: int
-) -> list[tuple]:
+) -> list[tuple[str, int, str]]:
     """One lane's deliveries to publish again: never picked up, retry time reached, or claim lease
     lapsed. Each is pushed `again` seconds on, doubling each time it comes round without progress
     (up to `cap`), so a backlog is not republished in full every few seconds."""
     return [
-        tuple(r)
-        for r in conn.execute(
+        (user_id, id_, lane_)
+        for user_id, id_, lane_ in conn.execute(
             _DUE_DELIVERIES, {"now": now, "again": again, "cap": cap, "lane": lane, "limit": limit}
         )
     ]

@@ -23,8 +23,9 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from clarion.db.ledger import KEY_PAIRS, Key, key_params
+from clarion.db.ledger import KEY_PAIRS, key_params
 from clarion.errors import ClarionError
+from clarion.rows import Key
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,13 @@ _OPEN_WINDOWS = text(
 )
 
 
-def open_windows(conn: Connection, user_id: str) -> list[tuple]:
+def open_windows(
+    conn: Connection, user_id: str
+) -> list[tuple[str, str, str, int, datetime, int | None]]:
     """The recipient's windows not yet flushed (for explain and the demo)."""
-    return [tuple(r) for r in conn.execute(_OPEN_WINDOWS, {"user_id": user_id})]
+    return [
+        (dtype, dkey, state, n, due, request_id)
+        for dtype, dkey, state, n, due, request_id in conn.execute(
+            _OPEN_WINDOWS, {"user_id": user_id}
+        )
+    ]

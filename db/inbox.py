@@ -16,12 +16,13 @@ change with rev <= R or wxid < X has been seen; what may still come is rev > R o
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Row, TextClause, text
 
 from clarion.db import receipts
 from clarion.records import Receipt
@@ -220,7 +221,7 @@ def retitle_item(
 
 
 @cache
-def _page(before: bool, archived: bool) -> Any:
+def _page(before: bool, archived: bool) -> TextClause:
     """Predicates written out, not passed as parameters: the partial index must match a
     prepared statement too (DESIGN, "Known traps")."""
     where = ["user_id = :u"]
@@ -255,7 +256,8 @@ _UNREAD = text(
 
 
 def unread_count(conn: Connection, user_id: str) -> int:
-    return conn.execute(_UNREAD, {"u": user_id}).scalar_one()
+    unread: int = conn.execute(_UNREAD, {"u": user_id}).scalar_one()
+    return unread
 
 
 # --- marks ----------------------------------------------------------------------------------------
@@ -268,7 +270,7 @@ _SET = {
 
 
 @cache
-def _mark(what: str, every_unread: bool) -> Any:
+def _mark(what: str, every_unread: bool) -> TextClause:
     which = (
         "read_at IS NULL AND archived_at IS NULL"
         if every_unread
@@ -299,7 +301,9 @@ def mark_all_read(conn: Connection, user_id: str, *, now: datetime) -> list[int]
     return _marked(conn, user_id, rows, "read", now)
 
 
-def _marked(conn: Connection, user_id: str, rows: Any, what: str, now: datetime) -> list[int]:
+def _marked(
+    conn: Connection, user_id: str, rows: Sequence[Row[int, int]], what: str, now: datetime
+) -> list[int]:
     if what == "read":
         for item_id, delivery_id in rows:
             receipts.apply_receipt(conn, read_receipt(user_id, item_id, delivery_id, now), now=now)

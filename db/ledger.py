@@ -27,8 +27,9 @@ def dicts(result: CursorResult[Any]) -> list[dict[str, Any]]:
     return [dict(zip(keys, row, strict=True)) for row in result.all()]
 
 
-def key_params(keys: Iterable[Key]) -> dict[str, list]:
-    users, ids = [], []
+def key_params(keys: Iterable[Key]) -> dict[str, list[str] | list[int]]:
+    users: list[str] = []
+    ids: list[int] = []
     for user_id, id_ in keys:
         users.append(user_id)
         ids.append(id_)
@@ -82,7 +83,7 @@ def upsert_recipient(
 ) -> bool:
     """Create or replace a recipient (an erased one becomes a new registration); True if the
     row was inserted rather than updated."""
-    return conn.execute(
+    inserted: bool = conn.execute(
         _UPSERT_RECIPIENT,
         {
             "user_id": user_id,
@@ -98,6 +99,7 @@ def upsert_recipient(
             "now": now,
         },
     ).scalar_one()
+    return inserted
 
 
 # Joined with the ids, not `user_id = ANY(:users)`: once psycopg prepares a statement, PostgreSQL

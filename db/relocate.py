@@ -16,13 +16,16 @@ version table shared by two histories) nothing is moved and migrate refuses, say
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, text
 
 from clarion.db.partitioning import SUFFIX
 from clarion.db.schema import metadata
 from clarion.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 LEGACY_PARTITIONS = "clarion_partitions"  # where partitions lived before 0018, whatever the schema
 FUNCTIONS = ("requests_pin_locale()",)  # every function a migration creates (0015)
@@ -46,7 +49,7 @@ _SCHEMA_EMPTY = text(
 )
 
 
-def revisions(config: Any) -> frozenset[str]:
+def revisions(config: Config) -> frozenset[str]:
     """Every revision id clarion's migrations define."""
     from alembic.script import ScriptDirectory
 
@@ -58,7 +61,7 @@ def from_public(conn: Connection, schema: str, ours: frozenset[str]) -> str | No
     or None when `public` holds no clarion deployment (nothing is touched then)."""
     if not conn.execute(_HAS_PUBLIC_VERSIONS).scalar():
         return None
-    found = set(conn.execute(_VERSIONS).scalars())
+    found: set[str] = set(conn.execute(_VERSIONS).scalars())
     if not found & ours:
         return None  # a host app's Alembic history: not ours to read further or change
     if found - ours:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from sqlalchemy import Connection, text
 
 _REQUESTS = text("SELECT lane, state, count(*) FROM requests GROUP BY 1, 2 ORDER BY 1, 2")
@@ -27,35 +30,35 @@ _SENT = text(
 _PENDING_REQUESTS = text("SELECT count(*) FROM requests WHERE state = 'pending'")
 
 
-def request_counts(conn: Connection) -> list[tuple]:
+def request_counts(conn: Connection) -> list[tuple[str, str, int]]:
     """(lane, state, count) over all requests."""
-    return [tuple(r) for r in conn.execute(_REQUESTS)]
+    return [(lane, state, n) for lane, state, n in conn.execute(_REQUESTS)]
 
 
-def delivery_counts(conn: Connection) -> list[tuple]:
+def delivery_counts(conn: Connection) -> list[tuple[str, str, str, int]]:
     """(lane, channel, state, count) over all deliveries."""
-    return [tuple(r) for r in conn.execute(_DELIVERIES)]
+    return [(lane, ch, state, n) for lane, ch, state, n in conn.execute(_DELIVERIES)]
 
 
-def decision_counts(conn: Connection) -> list[tuple]:
+def decision_counts(conn: Connection) -> list[tuple[str, str, str, int]]:
     """(gate, outcome, reason, count) over all recorded non-deliveries, most frequent first."""
-    return [tuple(r) for r in conn.execute(_DECISIONS)]
+    return [(gate, out, reason, n) for gate, out, reason, n in conn.execute(_DECISIONS)]
 
 
-def incident_counts(conn: Connection) -> list[tuple]:
-    return [tuple(r) for r in conn.execute(_INCIDENTS)]
+def incident_counts(conn: Connection) -> list[tuple[str, int]]:
+    return [(kind, n) for kind, n in conn.execute(_INCIDENTS)]
 
 
-def _at(value) -> str:
+def _at(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value is not None else ""
 
 
-def digest_counts(conn: Connection) -> list[tuple]:
+def digest_counts(conn: Connection) -> list[tuple[str, str, int, int, str]]:
     """(digest type, state, windows, items buffered, earliest close of those not closed)."""
     return [(t, s, n, items, _at(due)) for t, s, n, items, due in conn.execute(_DIGESTS)]
 
 
-def escalation_counts(conn: Connection) -> list[tuple]:
+def escalation_counts(conn: Connection) -> list[tuple[str, str, int | str, int, str]]:
     """(type, state, the step a waiting chain's timer is for, chains, earliest timer)."""
     return [
         (t, s, "" if step is None else step, n, _at(due))
@@ -105,8 +108,8 @@ _EXPLAIN_INCIDENTS = text(
 
 
 def explain_rows(
-    conn: Connection, user_id: str, *, type_key: str | None, since, limit: int
-) -> list[dict]:
+    conn: Connection, user_id: str, *, type_key: str | None, since: datetime, limit: int
+) -> list[dict[str, Any]]:
     """A recipient's requests, newest first, each with its decisions, deliveries, receipts and
     incidents (deliveries carry next_attempt_at: when a pending or claimed one is tried next)."""
     params = {"user_id": user_id, "type_key": type_key, "since": since, "limit": limit}
@@ -120,14 +123,16 @@ _REQUEST = text(
 )
 
 
-def request_row(conn: Connection, user_id: str, request_id: int) -> dict | None:
+def request_row(conn: Connection, user_id: str, request_id: int) -> dict[str, Any] | None:
     """One request with its decisions, deliveries, receipts and incidents (explain_rows' shape),
     or None."""
     found = conn.execute(_REQUEST, {"user_id": user_id, "id": request_id}).mappings().first()
     return _with_history(conn, user_id, [dict(found)])[0] if found else None
 
 
-def _with_history(conn: Connection, user_id: str, requests: list[dict]) -> list[dict]:
+def _with_history(
+    conn: Connection, user_id: str, requests: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     ids = [r["id"] for r in requests]
     by_id = {r["id"]: {**r, "decisions": [], "deliveries": []} for r in requests}
     for row in conn.execute(_EXPLAIN_DECISIONS, {"user_id": user_id, "ids": ids}).mappings():
@@ -150,7 +155,7 @@ _SUPPRESSIONS = text(
 )
 
 
-def suppression_rows(conn: Connection, user_id: str) -> list[dict]:
+def suppression_rows(conn: Connection, user_id: str) -> list[dict[str, Any]]:
     """The recipient's entries on the permanent suppression list."""
     return [dict(r) for r in conn.execute(_SUPPRESSIONS, {"user_id": user_id}).mappings()]
 
@@ -165,10 +170,10 @@ _OPEN_DELIVERIES = text(
 )
 
 
-def open_deliveries(conn: Connection) -> list[tuple]:
+def open_deliveries(conn: Connection) -> list[tuple[str, str, str, int]]:
     """(lane, channel, state, count) for deliveries still open: pending, claimed (through the due
     index) and held unknown (through its partial index) — never a scan of everything sent."""
-    return [tuple(r) for r in conn.execute(_OPEN_DELIVERIES)]
+    return [(lane, ch, state, n) for lane, ch, state, n in conn.execute(_OPEN_DELIVERIES)]
 
 
 _OLDEST_DUE = {
@@ -180,10 +185,10 @@ _OLDEST_DUE = {
 }
 
 
-def oldest_due(conn: Connection, now) -> list[tuple[str, str, float]]:
+def oldest_due(conn: Connection, now: datetime) -> list[tuple[str, str, float]]:
     """(kind, lane, seconds) the oldest row due for work has waited; 0 when nothing is overdue.
     Each is one read of the first entry of a (lane, due_at) index."""
-    out = []
+    out: list[tuple[str, str, float]] = []
     for kind, query in _OLDEST_DUE.items():
         for lane in ("transactional", "activation"):
             due = conn.execute(query, {"lane": lane, "now": now}).scalar()

@@ -7,6 +7,8 @@ recipients, and lead with the API key instead.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -69,7 +71,7 @@ def _in(column: str, values: tuple[str, ...]) -> str:
     return f"{column} IN ({', '.join(repr(v) for v in values)})"
 
 
-def _ts(name: str, nullable: bool = True) -> Column:
+def _ts(name: str, nullable: bool = True) -> Column[datetime]:
     return Column(name, DateTime(timezone=True), nullable=nullable)
 
 

@@ -35,9 +35,9 @@ from typing import Final, Literal, get_args
 from clarion.scheduling.calendars import (
     WorkCalendar,
     add_working_days,
-    load_zone,
     working_days_between,
 )
+from clarion.scheduling.zones import load_zone
 
 Unit = Literal["days", "weeks", "months", "working_days"]
 UNITS: tuple[Unit, ...] = get_args(Unit)

@@ -126,7 +126,7 @@ def test_a_catalog_edit_reaches_running_workers_with_deliveries_in_flight(
             replace(path, yaml.safe_dump(V2))
             # this process is a producer too: it sees the edit on its next look (at most 1 s) or
             # at once on a miss (the new type); receipts pin v2 from then on
-            wait_for(lambda: runtime.catalog().get("receipt").version == 2, 5, "v2 pinned here")
+            wait_for(lambda: runtime.catalog().types["receipt"].version == 2, 5, "v2 pinned here")
             notify_many(
                 [
                     dict(user_id=f"u{u}", type_key=t, event_id="e2", variables={"n": u})
@@ -156,7 +156,7 @@ def test_a_catalog_edit_reaches_running_workers_with_deliveries_in_flight(
         assert len(sent) == 3 * USERS + 4
         assert receiver.arrivals.unique == 3 * USERS + 4 and receiver.arrivals.repeats == 0
         for key, delivery in receiver.arrivals.deliveries.items():
-            type_key, version = sent[delivery]
+            type_key, version = sent[delivery]  # type: ignore[index]
             body = receiver.arrivals.contents[key]["body"]
             assert body.startswith(f"v{version} {type_key}"), (delivery, version, body)
         versions = [v for t, v in sent.values() if t == "receipt"]

@@ -84,7 +84,7 @@ def _assert_every_occurrence_once(receiver: Receiver, items: list[dict]) -> None
 
 def _repeated_deliveries(receiver: Receiver) -> set[int]:
     a = receiver.arrivals
-    return {a.deliveries[k] for k, n in a.by_key.items() if n > 1}
+    return {a.deliveries[k] for k, n in a.by_key.items() if n > 1}  # type: ignore[misc]
 
 
 def _incident_deliveries(kind: str) -> set[int]:

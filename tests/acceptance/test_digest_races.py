@@ -58,7 +58,7 @@ def _contender(i: int, digests: dict[str, int]) -> list[tuple[str, str, float, f
     spans = []
     for n, user in enumerate(order * (1 if i < FLUSHERS else ITEMS_EACH)):
         at = CLOSE + timedelta(seconds=rng.uniform(-2, 2))
-        clock.set_source(lambda at=at: at)
+        clock.set_source(lambda at=at: at)  # type: ignore[misc]
         started = time.monotonic()
         if i < FLUSHERS:
             time.sleep(rng.uniform(0, 2 * HOLD))  # spread the flushes among the senders' items

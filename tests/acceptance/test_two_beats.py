@@ -38,7 +38,7 @@ class LoggedCluster(Cluster):
     """Cluster whose beats and workers log at DEBUG, where each tick a beat sent and each tick a
     worker ran are written (an idle tick logs nothing at INFO: clarion/logs.py)."""
 
-    def worker(self, name: str, queues=launch.QUEUES, *, concurrency: int = 2, env=None) -> None:
+    def worker(self, name: str, queues=launch.QUEUES, *, concurrency: int = 2, env=None) -> None:  # type: ignore[override]
         super().worker(name, queues, concurrency=concurrency, env=env, loglevel="DEBUG")
 
     def beat(self, name: str = "beat") -> None:

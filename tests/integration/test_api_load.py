@@ -199,7 +199,7 @@ def test_1000_events_with_repeats_from_8_clients_make_one_request_per_event(url)
 
     groups: dict[int, list[Answer]] = defaultdict(list)
     for a in good:
-        groups[a.call.event].append(a)  # type: ignore[index]
+        groups[a.call.event].append(a)
     assert sum(len(g) > 1 for g in groups.values()) == REPEATS
     for i, group in groups.items():
         request_id = by_event[(body(i)["user_id"], f"event:ev-{i}")]

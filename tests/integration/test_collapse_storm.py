@@ -119,7 +119,7 @@ def test_1800_alerts_in_4_minutes_make_10_messages_kept_current_by_30_updates(st
     details = rows("SELECT detail FROM decisions WHERE reason = 'collapsed'")
     per_leader = Counter(
         re.match(r"collapsed into request (\d+) ", d["detail"])[1] for d in details
-    )  # type: ignore[index]
+    )
     assert sorted(per_leader) == sorted(str(r["request_id"]) for r in sent)
     assert set(per_leader.values()) == {149}
     assert rows("SELECT scope, count FROM fatigue_counters WHERE scope = 'org:acme'") == [

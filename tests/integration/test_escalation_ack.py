@@ -86,7 +86,9 @@ def test_the_signed_link_in_step_two_stops_step_three(world: World):
     [body] = [
         c["body"] for c in world.receiver.arrivals.contents.values() if "Acknowledge" in c["body"]
     ]
-    link = re.search(r"(http://\S+/ack\?t=\S+)", body).group(1)
+    found = re.search(r"(http://\S+/ack\?t=\S+)", body)
+    assert found is not None
+    link = found.group(1)
     page = httpx.get(link)  # opening it (or a mail scanner fetching it) acknowledges nothing
     assert page.status_code == 200 and "<button" in page.text
     assert chain_of(request_id)["state"] == "waiting"

@@ -31,7 +31,7 @@ MONDAY = datetime(2026, 12, 7, 11, 0, tzinfo=UTC)
 
 
 @pytest.fixture
-def weekday_gate(clarion_env, monkeypatch) -> Iterator[Receiver]:  # type: ignore[no-untyped-def]
+def weekday_gate(clarion_env, monkeypatch) -> Iterator[Receiver]:
     use_gates_catalog(monkeypatch)
     register(WeekdayOnly(), before="quiet_hours")
     try:
@@ -43,7 +43,7 @@ def weekday_gate(clarion_env, monkeypatch) -> Iterator[Receiver]:  # type: ignor
 
 
 @pytest.mark.parametrize(("at", "outcome"), [(SATURDAY, "suppress"), (MONDAY, "deliver")])
-def test_the_dry_run_and_the_route_agree_on_a_new_gate(weekday_gate, at, outcome) -> None:  # type: ignore[no-untyped-def]
+def test_the_dry_run_and_the_route_agree_on_a_new_gate(weekday_gate, at, outcome) -> None:
     clock = VirtualClock(at)
     try:
         register_recipient("wes", timezone="Europe/Berlin")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 from sqlalchemy import Connection, text
@@ -25,7 +26,7 @@ def scratch(clarion_env) -> None:
         conn.execute(text("INSERT INTO scratch VALUES ('row-1', 0), ('row-2', 0)"))
 
 
-def _insert(key: str) -> callable:
+def _insert(key: str) -> Callable[[Connection], int]:
     def work(conn: Connection) -> int:
         tx = conn.execute(text("SELECT txid_current()")).scalar_one()
         conn.execute(text("INSERT INTO scratch VALUES (:k, :tx)"), {"k": key, "tx": tx})

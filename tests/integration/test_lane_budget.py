@@ -28,7 +28,7 @@ def receiver(clarion_env, monkeypatch) -> Iterator[Receiver]:
 
 
 def _tat() -> bytes | None:
-    return runtime.redis().get(lanes.KEY.format(lane="activation"))
+    return runtime.redis().get(lanes.KEY.format(lane="activation"))  # type: ignore[return-value]
 
 
 def _redis_now() -> int:

@@ -57,7 +57,7 @@ def host_app(seen: list[str]) -> FastAPI:
         return {"app": "host"}
 
     class Mark(BaseHTTPMiddleware):
-        async def dispatch(self, request, call_next):  # type: ignore[no-untyped-def]
+        async def dispatch(self, request, call_next):
             seen.append(request.url.path)
             response = await call_next(request)
             response.headers["X-Host-App"] = "yes"

@@ -81,7 +81,7 @@ def fakes(clarion_env, tmp_path, monkeypatch) -> Iterator[Fakes]:
             push_timeout=1,  # a late answer (2 s) is past it
             send_timeout=6,
         )
-        register_recipient("ana", timezone="UTC", addresses={"push": DEVICES})
+        register_recipient("ana", timezone="UTC", addresses={"push": DEVICES})  # type: ignore[dict-item]
         with publishing_to_this_tests_broker():
             yield Fakes(fcm, apns)
 

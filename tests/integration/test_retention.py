@@ -24,7 +24,7 @@ YOUNG = NOW - timedelta(days=89)
 def _sql(sql: str, **params) -> list:
     with engine().begin() as conn:
         result = conn.execute(text(sql), params)
-        return result.all() if result.returns_rows else []
+        return result.all() if result.returns_rows else []  # type: ignore[return-value]
 
 
 def _request(user: str, occ: str, *, at: datetime, state: str = "routed") -> int:

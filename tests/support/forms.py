@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from html.parser import HTMLParser
 
 
@@ -38,7 +39,9 @@ class Form(HTMLParser):
         if tag == "label":
             self._label = None
 
-    def submit(self, *, off: set[str] = frozenset(), on: set[str] = frozenset()) -> list:
+    def submit(
+        self, *, off: AbstractSet[str] = frozenset(), on: AbstractSet[str] = frozenset()
+    ) -> list:
         """Fields to post, with the boxes whose value is in `off` unchecked and `on` checked."""
         checked = [
             ("on", b["value"])

@@ -104,7 +104,7 @@ def start_postgres(postgres: Any) -> None:
 
 
 def _pg_ctl(postgres: Any, *args: str) -> None:
-    pgserver.pg_ctl(list(args), pgdata=postgres.pgdata, user=postgres.system_user, timeout=60)
+    pgserver.pg_ctl(list(args), pgdata=postgres.pgdata, user=postgres.system_user, timeout=60)  # type: ignore[attr-defined]
 
 
 Own = tuple[dict[str, str], Any, "RedisServer"]  # CLARION_* values, the pgserver, the Redis

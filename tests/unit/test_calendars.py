@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from clarion.scheduling.calendars import (
     MON_FRI,
+    Policy,
     WorkCalendar,
     _holidays,
     add_working_days,
@@ -217,12 +218,12 @@ YOM_KIPPUR_9 = datetime(2026, 9, 21, 9, 30)
         ("send", (YOM_KIPPUR_9, None)),
     ],
 )
-def test_adjust_on_a_non_working_day(policy: str, expected: tuple) -> None:
+def test_adjust_on_a_non_working_day(policy: Policy, expected: tuple) -> None:
     assert adjust(IL, YOM_KIPPUR_9, policy) == expected
 
 
 @pytest.mark.parametrize("policy", ["skip", "next_working_day", "send"])
-def test_adjust_on_a_working_day_changes_nothing(policy: str) -> None:
+def test_adjust_on_a_working_day_changes_nothing(policy: Policy) -> None:
     sunday = datetime(2026, 1, 11, 9)
     assert adjust(IL, sunday, policy) == (sunday, None)
 

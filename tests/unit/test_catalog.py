@@ -192,10 +192,10 @@ def test_shipped_catalogs_load(path: Path, keys: set[str]) -> None:
 
 def test_demo_catalog_contents() -> None:
     catalog = Catalog.from_yaml(EXAMPLES / "demo.yaml")
-    assert catalog.get("order_receipt").version == 2
-    assert catalog.get("plan_kickoff").one_platform is True
-    assert catalog.get("order_receipt").one_platform is False
-    assert catalog.get("stalled_plan").render(1, "webhook", {"first_name": "Ada"}) == {
+    assert catalog.types["order_receipt"].version == 2
+    assert catalog.types["plan_kickoff"].one_platform is True
+    assert catalog.types["order_receipt"].one_platform is False
+    assert catalog.types["stalled_plan"].render(1, "webhook", {"first_name": "Ada"}) == {
         "title": "Still with us, Ada?",
         "body": "Your plan has been quiet for 7 days. Ten minutes today keeps it moving.",
     }

@@ -166,7 +166,7 @@ def test_sample_variables_prefer_version_then_type_samples_over_defaults() -> No
                 }
             }
         }
-    ).get("t")
+    ).types["t"]
     assert ntype.sample_variables(1) == {"a": "a", "b": 2, "c": 3}
     assert ntype.render(1, "console", {"a": "x"}) == {
         "body": "x11"
@@ -280,7 +280,7 @@ def test_delivery_renders_are_capped_too() -> None:
                 }
             }
         }
-    ).get("t")
+    ).types["t"]
     assert ntype.render(1, "console", {"items": ["ab"] * 10}) == {"body": "ab" * 10}
     with pytest.raises(RenderLimitExceeded):
         ntype.render(1, "console", {"items": ["x" * 1000] * 101})

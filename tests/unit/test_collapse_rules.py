@@ -88,4 +88,4 @@ def test_which_channels_update_in_place():
     assert can_update(SlackAdapter) and can_update(TeamsAdapter) and can_update(InAppAdapter)
     assert not can_update(WebhookAdapter) and not can_update(Bare())
     with pytest.raises(NotImplementedError, match="channel 'bare' cannot update"):
-        Bare().update(None, "1")  # type: ignore[arg-type]
+        Bare().update(None, "1")

@@ -38,7 +38,7 @@ def weekday_gate() -> Iterator[None]:
         unregister("weekday_only")
 
 
-def _plan(now: datetime, zone: str = "UTC"):  # type: ignore[no-untyped-def]
+def _plan(now: datetime, zone: str = "UTC"):
     who = recipient(timezone=zone, addresses={"email": "a@example.com"})
     return plan(
         request("tip"),

@@ -34,7 +34,7 @@ def hm(value: str) -> time:
 def check(
     start: str | None, end: str | None, zone: str, now: datetime, expected: str | None
 ) -> None:
-    until = quiet_until(start and hm(start), end and hm(end), zone, now)
+    until = quiet_until(start and hm(start), end and hm(end), zone, now)  # type: ignore[arg-type]
     if expected is None:
         assert until is None
         return

@@ -114,7 +114,7 @@ LOCALISED = {
 def test_each_field_comes_from_the_most_specific_locale_that_has_it(
     locale: str | None, channel: str, expected: dict[str, str], used: str
 ) -> None:
-    ntype = _catalog(LOCALISED).get("t")
+    ntype = _catalog(LOCALISED).types["t"]
     assert ntype.render(1, channel, {"name": "Ann"}, locale) == expected
     assert ntype.locale_for(1, locale) == used
 
@@ -125,7 +125,7 @@ def test_the_default_locale_is_configurable() -> None:
         locale="FR",
     )
     assert catalog.locale == "fr"
-    ntype = catalog.get("t")
+    ntype = catalog.types["t"]
     assert ntype.default_locale == "fr"
     assert ntype.render(1, "webhook", {"name": "A"}, "en-GB") == {"body": "Hello A"}
     assert ntype.render(1, "webhook", {"name": "A"}, "de") == {"body": "Bonjour A"}
@@ -133,7 +133,7 @@ def test_the_default_locale_is_configurable() -> None:
 
 
 def test_a_catalog_without_locales_renders_as_before() -> None:
-    ntype = _catalog({"body": "Hi {{ name }}"}).get("t")
+    ntype = _catalog({"body": "Hi {{ name }}"}).types["t"]
     assert ntype.render(1, "webhook", {"name": "A"}, "de-AT") == {"body": "Hi A"}
     assert ntype.locale_for(1, "de-AT") == "en"
 
@@ -216,7 +216,7 @@ def test_the_load_time_check_renders_every_locale_with_the_versions_samples() ->
 
 
 def test_variables_and_targets_cover_every_locale() -> None:
-    template = _catalog(LOCALISED).get("t").templates[1]
+    template = _catalog(LOCALISED).types["t"].templates[1]
     assert template.variables() == {"name"}
     assert {t[0] for t in template.targets(("webhook",))} == {"en", "de", "de-AT", "fr"}
     assert set(template.locales) == {"de", "de-AT", "fr"}
@@ -230,7 +230,7 @@ def test_a_python_built_catalog_is_checked_for_canonical_locale_keys() -> None:
         ntype = NotificationType("t", "transactional", "transactional", ("webhook",), {1: template})
         return Catalog({"t": ntype}, "app:CATALOG")
 
-    assert built("de-AT").check().get("t").render(1, "webhook", {}, "de_at") == {"body": "y"}
+    assert built("de-AT").check().types["t"].render(1, "webhook", {}, "de_at") == {"body": "y"}
     for bad in ("de_AT", "en"):
         with pytest.raises(CatalogError, match=rf"app:CATALOG: type 't' v1 locales: '{bad}'"):
             built(bad).check()

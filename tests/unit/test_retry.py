@@ -14,6 +14,13 @@ from clarion.errors import (
 )
 from clarion.tasks.send.retry import RetryDecision, RetryPolicy, decide
 
+
+def delay_of(decision: RetryDecision | None) -> float:
+    """The delay of a decision to retry (None, give up, fails here)."""
+    assert decision is not None
+    return decision.delay
+
+
 POLICY = RetryPolicy(base=2.0, factor=3.0, cap=900.0, max_attempts=8, jitter=0.0)
 
 
@@ -46,7 +53,7 @@ def test_a_plain_send_error_is_retried_like_a_transient_one() -> None:
 
 def test_cap_holds_for_late_attempts_with_many_allowed() -> None:
     policy = RetryPolicy(base=1.0, factor=2.0, cap=60.0, max_attempts=100, jitter=0.0)
-    delays = [decide(TransientSendError("x"), n, policy).delay for n in range(1, 100)]
+    delays = [delay_of(decide(TransientSendError("x"), n, policy)) for n in range(1, 100)]
     assert delays[:7] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0]
     assert max(delays) == 60.0
     assert delays == sorted(delays)
@@ -93,13 +100,15 @@ def test_a_throttle_is_refunded_and_never_gives_up(attempt: int) -> None:
 @pytest.mark.parametrize(("rand", "spread"), [(0.0, 0.8), (0.5, 1.0), (1.0, 1.2)])
 def test_jitter_spreads_each_delay_within_its_fraction(rand: float, spread: float) -> None:
     policy = RetryPolicy(base=10.0, factor=2.0, cap=900.0, jitter=0.2)
-    assert decide(TransientSendError("x"), 2, policy, rand=lambda: rand).delay == pytest.approx(
+    assert delay_of(decide(TransientSendError("x"), 2, policy, rand=lambda: rand)) == pytest.approx(
         20.0 * spread
     )
 
 
 def test_jittered_delays_differ_but_stay_in_bounds() -> None:
-    delays = {decide(TransientSendError("x"), 3, RetryPolicy(jitter=0.2)).delay for _ in range(200)}
+    delays = {
+        delay_of(decide(TransientSendError("x"), 3, RetryPolicy(jitter=0.2))) for _ in range(200)
+    }
     assert len(delays) > 100
     assert all(18.0 * 0.8 <= d <= 18.0 * 1.2 for d in delays)
 
@@ -107,5 +116,5 @@ def test_jittered_delays_differ_but_stay_in_bounds() -> None:
 def test_default_policy() -> None:
     policy = RetryPolicy(jitter=0.0)
     assert decide(TransientSendError("x"), 1, policy) == RetryDecision(policy.base)
-    assert decide(TransientSendError("x"), policy.max_attempts - 1, policy).delay <= policy.cap
+    assert delay_of(decide(TransientSendError("x"), policy.max_attempts - 1, policy)) <= policy.cap
     assert decide(TransientSendError("x"), policy.max_attempts, policy) is None

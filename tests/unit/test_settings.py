@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -260,7 +261,7 @@ def test_variable_caps_default_to_16_levels_and_64_kib() -> None:
     assert (Settings().variables_max_depth, Settings().variables_max_bytes) == (16, 65536)
 
 
-SECRETS = {
+SECRETS: dict[str, Any] = {
     "webhook_secret": "hook-s3cret",
     "slack_token": "xoxb-s3cret",
     "slack_signing_secret": "sign-s3cret",

@@ -46,7 +46,7 @@ LABELLED = {
 
 
 def test_labels_and_descriptions_follow_the_locale_chain() -> None:
-    ntype = catalog(**LABELLED).get("load_evt")
+    ntype = catalog(**LABELLED).types["load_evt"]
     assert ntype.label() == ntype.label("en-GB") == "Your first load"
     assert ntype.label("de-AT") == "Dein erster Import"
     assert ntype.description("de") == "A nudge when your data has not loaded yet."  # field by field
@@ -54,7 +54,7 @@ def test_labels_and_descriptions_follow_the_locale_chain() -> None:
 
 
 def test_a_type_without_a_label_reads_as_words() -> None:
-    ntype = catalog().get("sec_code")
+    ntype = catalog().types["sec_code"]
     assert ntype.label() == "Sec code" and ntype.description() is None
 
 

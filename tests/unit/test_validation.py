@@ -344,6 +344,6 @@ def test_positive_int_and_aware_datetime() -> None:
         with pytest.raises(InvalidField, match="count"):
             check.positive_int("count", bad, maximum=10)
     assert check.aware_datetime("until", datetime(2026, 1, 1, tzinfo=UTC))
-    for bad in (datetime(2026, 1, 1), "2026-01-01T00:00+00:00", None):
+    for bad in (datetime(2026, 1, 1), "2026-01-01T00:00+00:00", None):  # type: ignore[assignment]
         with pytest.raises(InvalidField, match="until"):
             check.aware_datetime("until", bad)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -164,7 +165,7 @@ def test_idempotency_key_is_the_same_across_attempts() -> None:
         {"type_key": "nudge"},
     ],
 )
-def test_idempotency_key_differs_per_identity(changed: dict[str, str]) -> None:
+def test_idempotency_key_differs_per_identity(changed: dict[str, Any]) -> None:
     other = replace(MESSAGE, **changed)
     assert (
         to_request(other, SECRET, NOW)[0]["Idempotency-Key"]

@@ -54,7 +54,7 @@ def test_each_override_follows_what_it_says_and_is_still_needed(code: str) -> No
     )
     assert len(entry.source) > 40  # a citation, not a word
     sinces = [r.since for r in entry.rules]
-    assert sinces[0] is None and all(a < b for a, b in zip(sinces[1:], sinces[2:], strict=False))
+    assert sinces[0] is None and all(a < b for a, b in zip(sinces[1:], sinces[2:], strict=False))  # type: ignore[operator]
 
 
 def test_the_two_sources_really_disagree_somewhere() -> None:
