@@ -5,7 +5,6 @@ Every refused call is checked twice: the typed error it raises, and the row coun
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,13 +20,13 @@ from clarion.errors import (
 )
 from clarion.tasks import notify, notify_many, register_recipient
 from clarion.tasks.publish import ROUTE
+from tests.support.api import _broker, ann
 from tests.support.pipeline import (
     configure,
     count,
     counts,
     drain,
     published,
-    publishing_to_this_tests_broker,
     rows,
 )
 from tests.support.race import held, race
@@ -37,18 +36,7 @@ pytestmark = pytest.mark.integration
 ORDER = {"order": "A-1"}
 
 
-@pytest.fixture(autouse=True)
-def _broker(clarion_env) -> Iterator[None]:
-    """Publish to this test's Redis (see publishing_to_this_tests_broker for why it may not)."""
-    with publishing_to_this_tests_broker():
-        yield
-
-
-@pytest.fixture
-def ann(clarion_env) -> str:
-    """A registered recipient, with nothing enqueued for her yet."""
-    register_recipient("ann", timezone="Europe/Berlin", country="de")
-    return "ann"
+__all__ = ["_broker", "ann"]  # fixtures, from tests/support/api.py
 
 
 # --- notify(): refused calls ------------------------------------------------------------------
