@@ -97,6 +97,22 @@ def _redis_for_worker(url: str) -> str:
     return urlunsplit(parts._replace(path=f"/{index}"))
 
 
+def _broker_for_worker(url: str) -> str:
+    """A Redis broker splits by database number; an AMQP broker by virtual host: xdist worker gwN
+    uses `<vhost>-gwN`, which must exist (.ci/run makes them with rabbitmqctl), so one worker's
+    purge or consumer never takes another's messages."""
+    if url.startswith("redis") or not WORKER:
+        return _redis_for_worker(url)
+    parts = urlsplit(url)
+    vhost = parts.path.removeprefix("/")
+    if not vhost or vhost == "/":
+        raise pytest.UsageError(
+            "split an AMQP broker between xdist workers by naming a virtual host in "
+            "CLARION_BROKER_URL (amqp://…/clarion-ci); worker gwN then uses clarion-ci-gwN"
+        )
+    return urlunsplit(parts._replace(path=f"/{vhost}-{WORKER}"))
+
+
 @pytest.fixture(scope="session")
 def services() -> Iterator[Services]:
     from clarion.db.embedded import ensure_running
@@ -109,11 +125,7 @@ def services() -> Iterator[Services]:
         db_url, redis_url = handle.database_url, handle.redis_url
     redis_url = _redis_for_worker(redis_url)
     broker = os.environ.get("CLARION_BROKER_URL")
-    if broker and WORKER and not broker.startswith("redis"):
-        raise pytest.UsageError(
-            "a shared non-Redis broker cannot be split between xdist workers: run with -n 0"
-        )
-    yield Services(db_url, redis_url, _redis_for_worker(broker) if broker else redis_url)
+    yield Services(db_url, redis_url, _broker_for_worker(broker) if broker else redis_url)
     if handle is not None:
         handle.stop()
 
