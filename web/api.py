@@ -27,7 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Route
 
 from clarion.db import reports
 from clarion.db.api_keys import ApiKey
@@ -35,7 +35,7 @@ from clarion.db.engine import engine
 from clarion.errors import ClarionError, InvalidRequest, UnknownRecipient
 from clarion.tasks import recipients
 from clarion.tasks.preferences import get_preferences, parse_setting, set_preferences
-from clarion.web.api_auth import require, user_id_checked
+from clarion.web.api_auth import authorize, require, user_id_checked
 from clarion.web.api_errors import (
     ApiError,
     AsciiJSONResponse,
@@ -144,8 +144,8 @@ IdempotencyKey = Annotated[
 async def post_event(request: Request, key: EventsWrite, idem: IdempotencyKey = None) -> Response:
     payload = await read_json(request, EVENT_BYTES)
     event = shaped(Event, payload)
-    answer = await run_in_threadpool(
-        ingest, key, idempotency_key(idem), local_path(request), payload, [event], batch=False
+    answer = await ingest(
+        key, idempotency_key(idem), local_path(request), payload, [event], batch=False
     )
     return _answer(answer)
 
@@ -161,10 +161,27 @@ async def post_event(request: Request, key: EventsWrite, idem: IdempotencyKey = 
 async def post_events(request: Request, key: EventsWrite, idem: IdempotencyKey = None) -> Response:
     payload = await read_json(request, BATCH_BYTES)
     batch = shaped(Batch, payload)
-    answer = await run_in_threadpool(
-        ingest, key, idempotency_key(idem), local_path(request), payload, batch.items, batch=True
+    answer = await ingest(
+        key, idempotency_key(idem), local_path(request), payload, batch.items, batch=True
     )
     return _answer(answer)
+
+
+async def _served_first(request: Request) -> Response:
+    """POST /v1/events and /v1/events/batch as plain Starlette routes, ahead of FastAPI's: the
+    same functions and checks in the same order, without FastAPI's per-request dependency solving
+    (about a third of a request's CPU when measured). FastAPI's routes stay for the OpenAPI
+    document."""
+    key = await run_in_threadpool(authorize, request.headers.get("authorization"), "events:write")
+    idem = request.headers.get("idempotency-key")
+    door = post_events if request.url.path.endswith("/batch") else post_event
+    return await door(request, key, idem)
+
+
+SERVED_FIRST = [
+    Route("/v1/events", _served_first, methods=["POST"]),
+    Route("/v1/events/batch", _served_first, methods=["POST"]),
+]
 
 
 def _not_found(user_id: str) -> ApiError:
@@ -337,6 +354,7 @@ def application(routes: Sequence[BaseRoute], *, docs: bool = True) -> FastAPI:
     from clarion.web.escalation_ack import router as escalations  # it builds on this module
 
     app.include_router(escalations)
+    app.router.routes[0:0] = SERVED_FIRST
     app.add_exception_handler(ClarionError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error)
