@@ -70,7 +70,7 @@ def _write_rows(
 
 # Concurrent requests share transactions (db/group_commit.py): one COMMIT answers many.
 WRITER: GroupCommit[list[NewRequest], list[Enqueued]] = GroupCommit(
-    engine, writers=4, batch=_write_rows
+    engine, writers=2, batch=_write_rows
 )
 
 
