@@ -1,5 +1,6 @@
 """A queue drained by `threads` threads per process: `put` returns at once; a free thread hands
-everything waiting (up to `most`) to `handle` in one call. Started on first `put`, and again in a
+everything waiting (up to `most`) to `handle` in one call, after waiting `linger` seconds from
+the first item for more to arrive (fewer, larger calls where each call has a fixed cost). Started on first `put`, and again in a
 forked child (which inherits the queue's object but not the threads)."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -18,12 +20,19 @@ T = TypeVar("T")
 
 class Drain(Generic[T]):
     def __init__(
-        self, name: str, handle: Callable[[list[T]], None], *, most: int = 1000, threads: int = 1
+        self,
+        name: str,
+        handle: Callable[[list[T]], None],
+        *,
+        most: int = 1000,
+        threads: int = 1,
+        linger: float = 0.0,
     ) -> None:
         self.name = name
         self.threads = threads
         self.handle = handle
         self.most = most
+        self.linger = linger
         self._inbox: queue.SimpleQueue[T] = queue.SimpleQueue()
         self._pid: int | None = None
         self._lock = threading.Lock()
@@ -63,6 +72,8 @@ class Drain(Generic[T]):
     def _serve(self, inbox: queue.SimpleQueue[T]) -> None:
         while True:
             items = [inbox.get()]
+            if self.linger:
+                time.sleep(self.linger)
             while len(items) < self.most:
                 try:
                     items.append(inbox.get_nowait())

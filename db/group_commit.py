@@ -14,12 +14,21 @@ before it, say), exactly as they would after it committed. A unit that loses a d
 serialization failure to another process's transaction is run again alone, in a transaction of
 its own. A COMMIT that fails fails every unit of its group: their callers get the error, as they
 would have with their own commit.
+
+Rows that many callers write alike need no savepoint each: `submit_rows(payload)` hands a payload
+to `batch(connection, payloads)`, called once per group with every payload waiting, which returns
+each payload's outcome (a result, or the exception for that caller alone) — one multi-row
+statement for the whole group instead of a savepoint and statements per caller. If `batch`
+raises, the transaction is rolled back and the group runs again with each payload in a savepoint
+of its own (`batch(connection, [payload])`), so one bad payload still fails only its caller.
+`submit`/`submit_rows` return a Future, for callers that wait on an event loop (asyncio's
+`wrap_future`) rather than in a thread.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -29,15 +38,24 @@ from sqlalchemy.exc import DBAPIError
 from clarion.drain import Drain
 
 T = TypeVar("T")
+P = TypeVar("P")
+R = TypeVar("R")
 RETRY_ALONE = {"40P01", "40001"}  # deadlock_detected, serialization_failure
+# One group's payloads → each payload's outcome: its result, or the exception its caller gets.
+Batch = Callable[[Connection, Sequence[Any]], Sequence[Any]]
 
 
-@dataclass
-class _Unit(Generic[T]):
-    work: Callable[[Connection], T]
-    done: threading.Event = field(default_factory=threading.Event)
-    result: T | None = None
+@dataclass(eq=False)
+class _Unit:
+    work: Callable[[Connection], Any] | None  # None: `payload` goes to the group's batch
+    payload: Any = None
+    answer: Future[Any] = field(default_factory=Future)
+    result: Any = None
     error: BaseException | None = None
+
+
+class _BatchFailed(Exception):
+    """The batch statement raised: the group runs again, a savepoint per payload."""
 
 
 def _lost_a_race(exc: BaseException) -> bool:
@@ -45,63 +63,120 @@ def _lost_a_race(exc: BaseException) -> bool:
     return isinstance(exc, DBAPIError) and code in RETRY_ALONE
 
 
-class GroupCommit:
+class GroupCommit(Generic[P, R]):
     """One writer thread per process (clarion.drain), started on first use."""
 
     def __init__(
-        self, engine: Callable[[], Engine], *, max_units: int = 64, writers: int = 1
+        self,
+        engine: Callable[[], Engine],
+        *,
+        max_units: int = 64,
+        writers: int = 1,
+        batch: Callable[[Connection, Sequence[P]], Sequence[R | BaseException]] | None = None,
     ) -> None:
         self.engine = engine
-        self._writer: Drain[_Unit[Any]] = Drain(
+        self.batch = batch
+        self._writer: Drain[_Unit] = Drain(
             "clarion-group-commit", self._group, most=max_units, threads=writers
         )
 
     def run(self, work: Callable[[Connection], T]) -> T:
         """`work(connection)` inside a shared transaction; its result once that committed."""
-        unit: _Unit[T] = _Unit(work)
+        answer: T = self.submit(work).result()
+        return answer
+
+    def submit(self, work: Callable[[Connection], T]) -> Future[T]:
+        """run() without waiting: the Future is answered once the transaction committed."""
+        unit = _Unit(work)
         self._writer.put(unit)
-        unit.done.wait()
-        if unit.error is not None:
-            raise unit.error
-        return unit.result  # type: ignore[return-value]
+        return unit.answer
+
+    def submit_rows(self, payload: P) -> Future[R]:
+        """`payload` to the group's `batch`, with every other payload waiting; its outcome once
+        the transaction committed."""
+        assert self.batch is not None, "this GroupCommit has no batch"
+        unit = _Unit(None, payload)
+        self._writer.put(unit)
+        return unit.answer
 
     def queued(self) -> int:
         """Units handed to the writer and not yet answered."""
         return self._writer.waiting()
 
-    def _group(self, units: list[_Unit[Any]]) -> None:
+    def _group(self, units: list[_Unit]) -> None:
         try:
-            self._commit(units)
+            try:
+                self._commit(units, batched=True)
+            except _BatchFailed:
+                self._commit(units, batched=False)
             for unit in units:
                 if unit.error is not None and _lost_a_race(unit.error):
                     self._alone(unit)
         finally:
             for unit in units:
-                unit.done.set()
+                if unit.error is not None:
+                    unit.answer.set_exception(unit.error)
+                else:
+                    unit.answer.set_result(unit.result)
 
-    def _commit(self, units: list[_Unit[Any]]) -> None:
+    def _commit(self, units: list[_Unit], *, batched: bool) -> None:
+        for unit in units:
+            unit.result, unit.error = None, None
+        rows = [u for u in units if u.work is None] if batched else []
         try:
             with self.engine().connect() as conn, conn.begin():
+                if rows:
+                    self._batch(conn, rows)
                 for unit in units:
-                    _in_savepoint(conn, unit)
+                    if unit.work is not None or not batched:
+                        _in_savepoint(conn, unit, self._work(unit))
+        except _BatchFailed:
+            raise
         except BaseException as exc:  # the connection or the COMMIT failed: nobody's rows are in
             for unit in units:
                 if unit.error is None:
                     unit.error = exc
 
-    def _alone(self, unit: _Unit[Any]) -> None:
+    def _batch(self, conn: Connection, units: list[_Unit]) -> None:
+        assert self.batch is not None
+        try:
+            outcomes = self.batch(conn, [u.payload for u in units])
+        except Exception as exc:
+            raise _BatchFailed from exc
+        for unit, outcome in zip(units, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                unit.error = outcome
+            else:
+                unit.result = outcome
+
+    def _work(self, unit: _Unit) -> Callable[[Connection], Any]:
+        """What a unit runs on its own: its work, or its payload as a batch of one."""
+        if unit.work is not None:
+            return unit.work
+        batch, payload = self.batch, unit.payload
+        assert batch is not None
+
+        def alone(conn: Connection) -> Any:
+            [outcome] = batch(conn, [payload])
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+
+        return alone
+
+    def _alone(self, unit: _Unit) -> None:
         unit.error = None
         try:
             with self.engine().begin() as conn:
-                unit.result = unit.work(conn)
+                unit.result = self._work(unit)(conn)
         except BaseException as exc:
             unit.error = exc
 
 
-def _in_savepoint(conn: Connection, unit: _Unit[Any]) -> None:
+def _in_savepoint(conn: Connection, unit: _Unit, work: Callable[[Connection], Any]) -> None:
     savepoint = conn.begin_nested()
     try:
-        unit.result = unit.work(conn)
+        unit.result = work(conn)
     except BaseException as exc:
         unit.error = exc
         savepoint.rollback()

@@ -160,15 +160,15 @@ class NewRequest:
     variables: dict[str, Any]
 
 
+# The rows travel as one JSON array: psycopg dumps a Python list as an array parameter in Python,
+# element by element (a quarter of a 500-event HTTP batch's CPU when measured); json.dumps is C.
 _INSERT_REQUESTS = text(
     """
     INSERT INTO requests (user_id, type_key, occurrence_key, lane, template_version, variables,
                           locale, state, due_at, created_at)
-    SELECT u, t, o, l, v, CAST(vars AS jsonb), loc, 'pending', :due_at, :now
-    FROM unnest(CAST(:users AS text[]), CAST(:types AS text[]), CAST(:occs AS text[]),
-                CAST(:lanes AS text[]), CAST(:versions AS int[]), CAST(:vars AS text[]),
-                CAST(:locales AS text[]))
-         AS x(u, t, o, l, v, vars, loc)
+    SELECT u, t, o, l, v, vars, loc, 'pending', :due_at, :now
+    FROM jsonb_to_recordset(CAST(:rows AS jsonb))
+         AS x(u text, t text, o text, l text, v int, vars jsonb, loc text)
     ON CONFLICT (user_id, type_key, occurrence_key) DO NOTHING
     RETURNING user_id, type_key, occurrence_key, id
     """
@@ -198,21 +198,28 @@ def insert_requests(
     the rows as they are written; else the requests_pin_locale trigger reads each one.
     """
     locales = locales or {}
-    params = {
-        "users": [r.user_id for r in rows],
-        "types": [r.type_key for r in rows],
-        "occs": [r.occurrence_key for r in rows],
-        "lanes": [r.lane for r in rows],
-        "versions": [r.template_version for r in rows],
-        "vars": [json.dumps(r.variables) for r in rows],
-        "locales": [locales.get(r.user_id) for r in rows],
-        "now": now,
-        "due_at": due_at,
-    }
+    listed = [
+        {
+            "u": r.user_id,
+            "t": r.type_key,
+            "o": r.occurrence_key,
+            "l": r.lane,
+            "v": r.template_version,
+            "vars": r.variables,
+            "loc": locales.get(r.user_id),
+        }
+        for r in rows
+    ]
+    params = {"rows": json.dumps(listed), "now": now, "due_at": due_at}
     created = {(u, t, o): i for u, t, o, i in conn.execute(_INSERT_REQUESTS, params)}
     ids = dict(created)
     if len(created) < len(rows):
-        ids.update({(u, t, o): i for u, t, o, i in conn.execute(_EXISTING_REQUESTS, params)})
+        keys = {
+            "users": [r.user_id for r in rows],
+            "types": [r.type_key for r in rows],
+            "occs": [r.occurrence_key for r in rows],
+        }
+        ids.update({(u, t, o): i for u, t, o, i in conn.execute(_EXISTING_REQUESTS, keys)})
     result, seen = [], set()
     for r in rows:
         occurrence = (r.user_id, r.type_key, r.occurrence_key)

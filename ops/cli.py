@@ -521,7 +521,9 @@ def parser() -> argparse.ArgumentParser:
     ks.add_parser(
         "list", help="every key, live and revoked, its last use and expiry (never the secrets)"
     )
-    kr = ks.add_parser("revoke", help="revoke a key: its next request is a 401")
+    kr = ks.add_parser(
+        "revoke", help="revoke a key: every web process refuses it (401) within 2 seconds"
+    )
     kr.add_argument("prefix", help="the key's prefix (from keys list) or the whole key")
     k.set_defaults(fn=_keys)
     _suppressions_parser(sub)

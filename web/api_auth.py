@@ -21,6 +21,12 @@ A key may expire (`clarion keys create --expires 90d`): past `expires_at` it is 
 that says so. Its last use is recorded at most once a minute (`last_used_at`): the request reads the
 key anyway, and writes only when the time it read is a minute old, with a conditional UPDATE so that
 processes racing on one key still write once.
+
+Keys are cached per process for KEY_CACHE_SECONDS after they are read, so a request reads no row:
+a key revoked (or changed) in another process is still honoured here for at most that long
+(`clarion keys revoke` says so); revoked in this process, it is refused at once. Expiry is checked
+on every request against the cached `expires_at`, so it is exact. Only keys that exist are cached:
+a key created elsewhere works here at once.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import math
 import re
 import secrets
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Annotated
 
@@ -61,6 +67,36 @@ SCOPES = (
 )
 KEY = re.compile(r"clk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 DEFAULT_RATE = (100, 1)  # requests per seconds
+KEY_CACHE_SECONDS = 2.0  # how long another process may honour a key revoked elsewhere
+
+
+class KeyCache:
+    """The keys this process read lately, by prefix, with the (injected) time each was read."""
+
+    def __init__(self, seconds: float = KEY_CACHE_SECONDS) -> None:
+        self.seconds = seconds
+        self._keys: dict[str, tuple[ApiKey, datetime]] = {}
+
+    def fresh(self, prefix: str, now: datetime) -> ApiKey | None:
+        """The key read less than `seconds` before `now`, if any."""
+        found = self._keys.get(prefix)
+        if found is None or not 0 <= (now - found[1]).total_seconds() < self.seconds:
+            return None
+        return found[0]
+
+    def keep(self, record: ApiKey, read_at: datetime) -> None:
+        self._keys[record.prefix] = (record, read_at)
+
+    def used(self, record: ApiKey, now: datetime) -> None:
+        """The cached copy's last use is `now` (kept as long as it was read for)."""
+        found = self._keys.get(record.prefix)
+        self.keep(replace(record, last_used_at=now), now if found is None else found[1])
+
+    def forget(self, prefix: str) -> None:
+        self._keys.pop(prefix, None)
+
+
+KEYS = KeyCache()
 
 
 @dataclass(frozen=True)
@@ -152,6 +188,7 @@ def revoke_key(prefix: str) -> ApiKey:
     prefix = match.group(1) if match else prefix
     with engine().begin() as conn:
         revoked = api_keys.revoke_key(conn, prefix, now=clock.now())
+    KEYS.forget(prefix)
     if revoked is None:
         raise InvalidRequest(f"no live API key with prefix {prefix!r}")
     return revoked
@@ -169,16 +206,21 @@ def authenticate(header: str | None, scope: str) -> ApiKey:
     if not header:
         raise _unauthorized("send Authorization: Bearer <API key>")
     scheme, _, token = header.partition(" ")
-    match = KEY.fullmatch(token.strip()) if scheme.lower() == "bearer" else None
+    token = token.strip()
+    match = KEY.fullmatch(token) if scheme.lower() == "bearer" else None
     if match is None:
         raise _unauthorized("not a clarion API key (Authorization: Bearer clk_…)")
-    with engine().connect() as conn:
-        record = api_keys.find_key(conn, match.group(1))
-    if record is None or not hmac.compare_digest(record.secret_sha256, digest(token.strip())):
+    now = clock.now()
+    record = KEYS.fresh(match.group(1), now)
+    if record is None:
+        with engine().connect() as conn:
+            record = api_keys.find_key(conn, match.group(1))
+        if record is not None:
+            KEYS.keep(record, now)
+    if record is None or not hmac.compare_digest(record.secret_sha256, digest(token)):
         raise _unauthorized("unknown API key")
     if record.revoked_at is not None:
         raise _unauthorized("this API key was revoked")
-    now = clock.now()
     if record.expires_at is not None and record.expires_at <= now:
         raise _unauthorized(f"this API key expired at {record.expires_at.isoformat()}")
     if scope not in record.scopes:
@@ -188,11 +230,14 @@ def authenticate(header: str | None, scope: str) -> ApiKey:
 
 
 def _note_use(record: ApiKey, now: datetime) -> None:
-    """Record the key's use when the last record is a minute old; most requests write nothing."""
+    """Record the key's use when the last record is a minute old; most requests write nothing. The
+    cached copy takes `now` too, written here or by a process that won the conditional UPDATE."""
     seen = record.last_used_at
-    if seen is None or (now - seen).total_seconds() >= api_keys.TOUCH_EVERY_SECONDS:
-        with engine().begin() as conn:
-            api_keys.touch_key(conn, record.id, now=now)
+    if seen is not None and (now - seen).total_seconds() < api_keys.TOUCH_EVERY_SECONDS:
+        return
+    with engine().begin() as conn:
+        api_keys.touch_key(conn, record.id, now=now)
+    KEYS.used(record, now)
 
 
 def limit(record: ApiKey, take: Callable[..., object]) -> None:
@@ -228,11 +273,17 @@ def require(scope: str) -> Callable[..., ApiKey]:
     def dependency(
         request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
     ) -> ApiKey:
-        record = authenticate(request.headers.get("authorization"), scope)
-        limit(record, runtime.collaborators().limits.take)
-        return record
+        return authorize(request.headers.get("authorization"), scope)
 
     return dependency
+
+
+def authorize(header: str | None, scope: str) -> ApiKey:
+    """The API key an Authorization header carries, holding `scope`, within its rate (or a
+    refusal): what require() checks, for a route FastAPI does not serve."""
+    record = authenticate(header, scope)
+    limit(record, runtime.collaborators().limits.take)
+    return record
 
 
 def user_id_checked(user_id: str) -> str:

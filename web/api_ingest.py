@@ -1,7 +1,11 @@
-"""POST /v1/events: checked events → notify_many() with the Idempotency-Key row, in a transaction
-shared with the requests arriving meanwhile (db/group_commit.py: each request in its own savepoint,
-one COMMIT for the group, each answered only after it); then the route task is published by this
-process's publishing thread, off the request's path (a lost publish is the beat tick's to redo).
+"""POST /v1/events: checked events → request rows, in a transaction shared with the requests
+arriving meanwhile (db/group_commit.py: one COMMIT for the group, each request answered only after
+it); then the route task is published by this process's publishing thread, off the request's path
+(a lost publish is the beat tick's to redo).
+
+A plain request (no Idempotency-Key, no inline recipient) is checked on the event loop and its rows
+join the group's one multi-row INSERT (tasks/producer.insert_grouped), with no savepoint of its
+own; a request with either runs notify_many() with its Idempotency-Key row in a savepoint.
 
 Idempotency (Stripe's semantics and draft-ietf-httpapi-idempotency-key-header's):
 - keys are scoped per API key; a key is 1-255 printable ASCII characters;
@@ -20,8 +24,10 @@ Idempotency (Stripe's semantics and draft-ietf-httpapi-idempotency-key-header's)
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -35,17 +41,37 @@ from clarion.db import idempotency
 from clarion.db.api_keys import ApiKey
 from clarion.db.engine import engine
 from clarion.db.group_commit import GroupCommit
+from clarion.db.ledger import NewRequest
 from clarion.errors import ClarionError, InvalidField, UnknownRecipient
 from clarion.tasks import notify_many, recipients, runtime
-from clarion.tasks.producer import publish_in_background
+from clarion.tasks.producer import (
+    Enqueued,
+    checked_requests,
+    insert_grouped,
+    publish_in_background,
+)
 from clarion.web.api_errors import ApiError, ascii_json, contract_field, from_clarion, item_index
 from clarion.web.api_models import Event
 
 RETENTION = timedelta(hours=24)
 MAX_IDEMPOTENCY_KEY = 255
 ACCEPTED = 202
+
+
+def _write_rows(
+    conn: Connection, groups: Sequence[list[NewRequest]]
+) -> list[list[Enqueued] | UnknownRecipient]:
+    """The plain requests of one group, in one INSERT; their rows wait `stray_after` for the
+    publish before the tick takes them (as notify()'s own commits do)."""
+    now = clock.now()
+    stray = now + timedelta(seconds=settings.get().stray_after)
+    return insert_grouped(conn, groups, now=now, due_at=stray)
+
+
 # Concurrent requests share transactions (db/group_commit.py): one COMMIT answers many.
-WRITER = GroupCommit(engine, writers=4)
+WRITER: GroupCommit[list[NewRequest], list[Enqueued]] = GroupCommit(
+    engine, writers=2, batch=_write_rows
+)
 
 
 @dataclass(frozen=True)
@@ -139,7 +165,7 @@ def _refusal(exc: ClarionError, events: list[Event], batch: bool) -> ApiError:
     return from_clarion(exc, _prefix(batch, index) or ("items" if batch else ""))
 
 
-def ingest(
+async def ingest(
     key: ApiKey, idem: str | None, where: str, payload: Any, events: list[Event], *, batch: bool
 ) -> Answer:
     """Accept the events, all or none; replay the stored answer for a used Idempotency-Key."""
@@ -155,14 +181,46 @@ def ingest(
     people = [
         inline_recipient(e.user_id, e.recipient, _prefix(batch, i)) for i, e in enumerate(events)
     ]
-    mark = fingerprint("POST", where, payload) if idem is not None else ""
+    if idem is None and not any(people):
+        try:
+            rows = checked_requests(items)
+            results = await asyncio.wrap_future(WRITER.submit_rows(rows))
+        except ClarionError as exc:
+            raise _refusal(exc, events, batch) from exc
+        answer, fresh = _accepted(events, results, lanes, batch=batch)
+    else:
+        mark = fingerprint("POST", where, payload) if idem is not None else ""
 
-    def write(conn: Connection) -> tuple[Answer, list[tuple[str, int, str]]]:
-        return _write(conn, key, idem, mark, people, items, events, lanes, batch=batch)
+        def write(conn: Connection) -> tuple[Answer, list[tuple[str, int, str]]]:
+            return _write(conn, key, idem, mark, people, items, events, lanes, batch=batch)
 
-    answer, fresh = WRITER.run(write)
+        answer, fresh = await asyncio.wrap_future(WRITER.submit(write))
     publish_in_background(fresh)
     return answer
+
+
+def _accepted(
+    events: list[Event], results: list[Enqueued], lanes: list[str | None], *, batch: bool
+) -> tuple[Answer, list[tuple[str, int, str]]]:
+    """The 202 for written requests, and the new ones to publish."""
+    accepted = [
+        {
+            "request_id": r.request_id,
+            "user_id": e.user_id,
+            "type": e.type,
+            "event_id": e.event_id,
+            "lane": lane,
+            "new": r.new,
+        }
+        for e, r, lane in zip(events, results, lanes, strict=True)
+    ]
+    fresh = [
+        (e.user_id, r.request_id, str(lane))
+        for e, r, lane in zip(events, results, lanes, strict=True)
+        if r.new
+    ]
+    body = ascii_json({"items": accepted} if batch else accepted[0]).decode("ascii")
+    return Answer(ACCEPTED, body), fresh
 
 
 def _write(
@@ -199,26 +257,10 @@ def _write(
         results = notify_many(items, connection=conn)
     except ClarionError as exc:
         raise _refusal(exc, events, batch) from exc
-    accepted = [
-        {
-            "request_id": r.request_id,
-            "user_id": e.user_id,
-            "type": e.type,
-            "event_id": e.event_id,
-            "lane": lane,
-            "new": r.new,
-        }
-        for e, r, lane in zip(events, results, lanes, strict=True)
-    ]
-    fresh = [
-        (e.user_id, r.request_id, str(lane))
-        for e, r, lane in zip(events, results, lanes, strict=True)
-        if r.new
-    ]
+    answer, fresh = _accepted(events, results, lanes, batch=batch)
     stray = now + timedelta(seconds=settings.get().stray_after)
     idempotency.postpone(conn, [(u, i) for u, i, _ in fresh], due_at=stray)
-    body = ascii_json({"items": accepted} if batch else accepted[0]).decode("ascii")
     if idem is not None:
-        idempotency.answer(conn, key.id, idem, status=ACCEPTED, response=body)
+        idempotency.answer(conn, key.id, idem, status=ACCEPTED, response=answer.content)
         idempotency.purge(conn, now=now)
-    return Answer(ACCEPTED, body), fresh
+    return answer, fresh

@@ -93,6 +93,46 @@ def test_a_key_without_expiry_never_expires(client):
     assert answer.status_code == 202, answer.text
 
 
+# --- revocation, with keys cached per process ----------------------------------------------------
+
+
+def test_a_key_revoked_elsewhere_is_refused_within_the_cache_time_and_here_at_once(client):
+    """Each web process keeps a key it read for KEY_CACHE_SECONDS: a revocation written by another
+    process (the statement alone, as `clarion keys revoke` on another host) is honoured once that
+    passed; a revocation through this process's revoke_key() at once."""
+    from clarion.db import api_keys
+    from clarion.db.engine import engine
+    from clarion.web.api_auth import KEY_CACHE_SECONDS, revoke_key
+
+    start = datetime.now(UTC)
+    with frozen_clock(start) as clk:
+        elsewhere = create_key("elsewhere", ["events:write"])
+        here = create_key("here", ["events:write"])
+        sent = 0
+
+        def post(made) -> int:
+            nonlocal sent
+            sent += 1
+            answer = client.post(
+                "/v1/events",
+                json=receipt(f"e{sent}"),
+                headers={"Authorization": f"Bearer {made.secret}"},
+            )
+            return answer.status_code
+
+        assert post(elsewhere) == post(here) == 202  # both read and cached now
+        with engine().begin() as conn:  # another process revokes: this one's cache is not told
+            assert api_keys.revoke_key(conn, elsewhere.record.prefix, now=start) is not None
+        clk.advance(KEY_CACHE_SECONDS / 2)
+        assert post(elsewhere) == 202  # the staleness allowed: at most KEY_CACHE_SECONDS
+        clk.advance(KEY_CACHE_SECONDS / 2)
+        assert post(elsewhere) == 401  # read again: revoked
+
+        revoke_key(here.record.prefix)  # this process: its cached copy is dropped at once
+        assert post(here) == 401
+    assert count("requests") == 3
+
+
 # --- last use -----------------------------------------------------------------------------------
 
 

@@ -204,3 +204,68 @@ def test_a_connection_lost_mid_group_fails_every_unit_of_the_group_and_writes_no
     assert isinstance(outcomes["k1"], OperationalError | int)
     assert _visible("k1") == isinstance(outcomes["k1"], int)
     assert group.run(_insert("after")) and _visible("after")  # the writer lives on
+
+
+def _rows_batch(calls: list[list[str]]):
+    """A batch for scratch: one INSERT for every payload's key; a key starting with `refuse`
+    is that payload's own refusal, `k0` (taken) makes the whole statement fail."""
+
+    def batch(conn: Connection, keys) -> list[object]:
+        calls.append(list(keys))
+        tx = conn.execute(text("SELECT txid_current()")).scalar_one()
+        taken = [k for k in keys if not k.startswith("refuse")]
+        if taken:
+            conn.execute(
+                text("INSERT INTO scratch SELECT k, :tx FROM unnest(CAST(:keys AS text[])) k"),
+                {"keys": taken, "tx": tx},
+            )
+        return [ValueError(f"refused {k}") if k.startswith("refuse") else int(tx) for k in keys]
+
+    return batch
+
+
+def _queue_behind_held_row(group: GroupCommit, pid: int, payloads: list[str]) -> list:
+    """Every payload submitted while the writer waits on the held row: they form one group."""
+    futures = [group.submit(_lock_row_1)]
+    _until(lambda: _blocked_on(pid) == 1, "the writer never reached the held row")
+    futures += [group.submit_rows(p) for p in payloads]
+    _until(lambda: group.queued() == 1 + len(payloads), "the payloads never queued together")
+    return futures
+
+
+def _lock_row_1(conn: Connection) -> int:
+    conn.execute(text("SELECT 1 FROM scratch WHERE k = 'row-1' FOR UPDATE"))
+    return 0
+
+
+def test_payloads_waiting_together_are_one_batch_call_and_a_refused_one_fails_alone(scratch):
+    calls: list[list[str]] = []
+    group: GroupCommit[str, int] = GroupCommit(engine, batch=_rows_batch(calls))
+    holder, pid = _holding("row-1")
+    futures = _queue_behind_held_row(group, pid, ["a", "refuse-b", "c"])
+    holder.rollback()
+    holder.close()
+    first, a, b, c = futures
+    assert first.result(30) == 0
+    with pytest.raises(ValueError, match="refused refuse-b"):
+        b.result(30)
+    assert a.result(30) == c.result(30)  # one transaction
+    assert calls == [["a", "refuse-b", "c"]]  # one call for the whole group
+    assert [_visible(k) for k in ("a", "c")] == [True, True]
+
+
+def test_a_batch_that_raises_runs_again_a_savepoint_per_payload(scratch):
+    calls: list[list[str]] = []
+    group: GroupCommit[str, int] = GroupCommit(engine, batch=_rows_batch(calls))
+    holder, pid = _holding("row-1")
+    futures = _queue_behind_held_row(group, pid, ["a", "k0", "c"])
+    with engine().begin() as conn:
+        conn.execute(text("INSERT INTO scratch VALUES ('k0', 0)"))  # k0 is taken now
+    holder.rollback()
+    holder.close()
+    first, a, k0, c = futures
+    with pytest.raises(DBAPIError, match="scratch_pkey"):
+        k0.result(30)
+    assert first.result(30) == 0 and a.result(30) == c.result(30)
+    assert calls == [["a", "k0", "c"], ["a"], ["k0"], ["c"]]  # the group, then one by one
+    assert [_visible(k) for k in ("a", "c")] == [True, True]

@@ -249,6 +249,39 @@ def test_notify_many_with_nothing_to_do_writes_nothing(ann):
     assert count("requests") == 0
 
 
+# --- insert_grouped(): many callers' rows in one statement -------------------------------------
+
+
+def test_grouped_callers_get_their_own_outcomes_as_if_they_came_one_by_one(ann):
+    from datetime import UTC, datetime
+
+    from clarion.tasks.producer import checked_requests, insert_grouped
+
+    def rows_of(*events: tuple[str, str]) -> list:
+        return checked_requests(
+            [dict(user_id=u, type_key="receipt", event_id=e, variables=ORDER) for u, e in events]
+        )
+
+    earlier = notify(ann, "receipt", event_id="e0", variables=ORDER)
+    groups = [
+        rows_of((ann, "e1")),
+        rows_of((ann, "e2"), ("bob", "e3")),  # bob is unknown: this caller alone is refused
+        rows_of((ann, "e1"), (ann, "e4")),  # e1 again, after the first caller's
+        rows_of((ann, "e0")),  # requested before
+    ]
+    now = datetime.now(UTC)
+    with engine().begin() as conn:
+        first, refused, third, fourth = insert_grouped(conn, groups, now=now, due_at=now)
+    assert isinstance(refused, UnknownRecipient) and refused.user_id == "bob"
+    assert isinstance(first, list) and isinstance(third, list) and isinstance(fourth, list)
+    assert [e.new for e in first] == [True]
+    assert [e.new for e in third] == [False, True]
+    assert third[0].request_id == first[0].request_id
+    assert fourth == [type(first[0])(earlier.request_id, False)]
+    keys = rows("SELECT occurrence_key FROM requests ORDER BY occurrence_key")
+    assert [r["occurrence_key"] for r in keys] == ["event:e0", "event:e1", "event:e4"]
+
+
 # --- repeats -----------------------------------------------------------------------------------
 
 
