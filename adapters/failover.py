@@ -19,10 +19,11 @@ evidence wait (at-least-once: the resend goes to whichever provider is healthy t
 (each Twilio account's Messages list), since the attempt may have gone to any of them.
 
 The recorded `platform` of a sent delivery is the provider's name (`sendgrid`, `smtp`,
-`twilio_backup`…). A failover counts in `clarion_provider_failovers_total{channel, from, to}`,
-opens a `provider_failover` alert (through the `ProviderAlerts` collaborator), and each circuit's
-state is the gauge `clarion_provider_circuit_state` (0 closed, 1 half-open, 2 open); the alert is
-cleared when that provider takes a message again.
+`twilio_backup`…). A failover counts in `clarion_provider_failovers_total{channel, from, to}`;
+each circuit's state is the gauge `clarion_provider_circuit_state` (0 closed, 1 half-open,
+2 open). A circuit that opens opens a `provider_failover` alert for its provider (through the
+`ProviderAlerts` collaborator); the probe that closes it clears the alert. Both follow the
+circuit's transitions in Redis, which one worker makes each, so the fleet raises one alert.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Protocol
 
 from clarion import metrics
 from clarion.adapters.base import Adapter
-from clarion.adapters.circuit import GAUGE, Change, Circuits, reopens_in
+from clarion.adapters.circuit import GAUGE, Change, Circuits, State, reopens_in
 from clarion.errors import (
     DeferredSendError,
     PermanentSendError,
@@ -98,7 +99,6 @@ class FailoverAdapter:
         self.dedups_by_key = all(a.dedups_by_key for a in adapters)
         self.evidence_wait = max(float(getattr(a, "evidence_wait", 0.0)) for a in adapters)
         self.replaces_on_device = all(getattr(a, "replaces_on_device", False) for a in adapters)
-        self._alerted: set[str] = set()  # providers this process reported failed over from
         if all(callable(getattr(a, "reconcile", None)) for a in adapters):
             self.reconcile = self._reconcile
 
@@ -145,8 +145,16 @@ class FailoverAdapter:
     def _record(self, provider: Provider, *, ok: bool) -> None:
         change = self.circuits.record(self._circuit(provider), ok)
         self._show(provider, change)
-        if ok and change.changed and self.alerts is not None:
-            self._alerted.discard(provider.name)
+        if self.alerts is None or change.before.state is change.after.state:
+            return
+        if change.after.state is State.OPEN:
+            detail = f"{self.circuits.policy.failures} failures in a row or a failed probe"
+            self._report(self.alerts.failed_over, provider.name, detail)
+            # A probe that closed the circuit meanwhile may have cleared before this opened:
+            # the circuit (Redis) is the judge, so look again.
+            if self.circuits.read(self._circuit(provider)).after.state is State.CLOSED:
+                self._report(self.alerts.recovered, provider.name)
+        elif change.after.state is State.CLOSED:
             self._report(self.alerts.recovered, provider.name)
 
     def _show(self, provider: Provider, change: Change) -> None:
@@ -176,10 +184,6 @@ class FailoverAdapter:
             to.name,
             extra={"action": "provider_failover", "delivery": message.delivery_id},
         )
-        if self.alerts is not None and first.name not in self._alerted:
-            self._alerted.add(first.name)
-            why = "; ".join(f"{p.name}: {w}" for p, w in passed)
-            self._report(self.alerts.failed_over, first.name, f"sent through {to.name}; {why}")
 
     def _report(self, call: Callable[..., None], provider: str, *detail: str) -> None:
         """An alert is best effort: the message was taken, and an error raised now would make
@@ -187,7 +191,6 @@ class FailoverAdapter:
         try:
             call(self.channel, provider, *detail)
         except Exception:
-            self._alerted.discard(provider)
             log.exception("failover alert not recorded", extra={"action": "failover_alert_lost"})
 
     def _reconcile(self, message: Message, since: datetime) -> SendResult | None:

@@ -24,7 +24,7 @@ from sqlalchemy import text
 
 from clarion.adapters.circuit import Circuits, Policy, RedisBackend, State
 from clarion.db.engine import engine
-from clarion.standins.fake_sendgrid import FakeSendGrid
+from clarion.standins.fake_sendgrid import EventKey, FakeSendGrid, event, post_events
 from clarion.standins.fake_slack import serving
 from clarion.standins.fake_smtp import FakeSmtp
 from clarion.standins.fake_twilio import FakeTwilio
@@ -315,6 +315,30 @@ def test_the_second_accounts_signed_callbacks_are_accepted_and_matched(world):
     [row] = rows("SELECT state FROM deliveries")
     assert row["state"] == "delivered"
     assert {r["platform"] for r in rows("SELECT platform FROM receipts")} == {"twilio_backup"}
+
+
+def test_a_second_sendgrid_accounts_events_are_verified_with_its_own_key(world, monkeypatch):
+    primary_key, backup_key = EventKey.generate(), EventKey.generate()
+    with FakeSendGrid(api_key="SG.backup.key") as backup:
+        configure(
+            monkeypatch,
+            email_providers="sendgrid,sendgrid_backup",
+            sendgrid_webhook_public_key=primary_key.public_key,
+            sendgrid_backup_api_key="SG.backup.key",
+            sendgrid_backup_api_url=backup.url,
+            sendgrid_backup_webhook_public_key=backup_key.public_key,
+        )
+        world.sendgrid.fail(401)  # the first account refused: certainly not taken
+        send(0, "receipt_email", order="E-0")
+        [mail] = backup.sent
+        url = f"{world.web}/webhooks/sendgrid"
+        assert post_events(url, EventKey.generate(), [event(mail, "delivered")])[0] == 401
+        assert post_events(url, backup_key, [event(mail, "delivered")])[0] == 200
+    [row] = rows("SELECT state, platform, provider_message_id FROM deliveries")
+    assert (row["state"], row["platform"]) == ("delivered", "sendgrid_backup")
+    assert row["provider_message_id"] == mail.message_id
+    assert [r["platform"] for r in rows("SELECT platform FROM receipts")] == ["sendgrid_backup"]
+    assert world.sendgrid.sent == [] and [c.status for c in world.sendgrid.calls] == [401]
 
 
 def test_a_refused_connection_sends_through_smtp_and_records_it(world):
