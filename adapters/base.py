@@ -12,6 +12,8 @@ from clarion.records import Message, SendResult
 if TYPE_CHECKING:
     import redis as redis_lib
 
+    from clarion.adapters.circuit import Circuits
+    from clarion.adapters.failover import ProviderAlerts
     from clarion.adapters.http1 import Connections
     from clarion.adapters.inapp import InboxStore
     from clarion.adapters.ratelimit import Quota, RateLimits
@@ -84,6 +86,8 @@ class Collaborators:
     references: ReferenceStore  # Teams conversation references (db.teams), and gone bots
     inbox: InboxStore  # the in-app inbox (db.inbox)
     http: Connections  # the process's kept-alive HTTP/1.1 connections (webhook)
+    circuits: Circuits  # every provider's health, shared by the fleet (adapters.circuit)
+    alerts: ProviderAlerts  # where a provider failover is reported (db.alerts)
 
 
 # --- the channel template ---------------------------------------------------------------------------

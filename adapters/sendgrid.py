@@ -306,10 +306,10 @@ def _detail(event: Mapping[str, Any]) -> str:
     return "; ".join(parts)[:500]
 
 
-def receipts(events: Iterable[Mapping[str, Any]]) -> list[Receipt]:
+def receipts(events: Iterable[Mapping[str, Any]], platform: str = "sendgrid") -> list[Receipt]:
     """Receipts for a verified, shape-checked batch (web/email.py checks the shape). Events
     clarion ignores are left out. clarion's custom args name the delivery; without them the
-    X-Message-Id does."""
+    X-Message-Id does. `platform`: the account whose key signed the batch."""
     found = []
     for event in events:
         name = event_name(event)
@@ -329,7 +329,7 @@ def receipts(events: Iterable[Mapping[str, Any]]) -> list[Receipt]:
                 user_id=user,
                 delivery_id=delivery,
                 event_id=clean_provider_id(event_id) if isinstance(event_id, str) else None,
-                platform="sendgrid",  # SendGrid's own report: it took the message
+                platform=platform,  # SendGrid's own report: it took the message
             )
         )
     return found

@@ -313,9 +313,11 @@ def status_receipt(
     error_code: str | None = None,
     user_id: str | None = None,
     delivery_id: int | None = None,
+    platform: str = "sms",
 ) -> Receipt | None:
     """A status callback as a receipt (None for a status clarion does not track). `user_id` and
-    `delivery_id` come from the callback URL's query, which Twilio's signature covers."""
+    `delivery_id` come from the callback URL's query, which Twilio's signature covers;
+    `platform` names the account whose token signed it (web.sms)."""
     event = STATUS_EVENTS.get(status)
     if event is None:
         return None
@@ -329,7 +331,7 @@ def status_receipt(
         detail=detail,
         user_id=user_id if delivery_id is not None else None,
         delivery_id=delivery_id if user_id is not None else None,
-        platform="sms",  # Twilio's own report: it took the message (settles an unknown outcome)
+        platform=platform,  # Twilio's own report: it took the message (settles an unknown outcome)
     )
 
 

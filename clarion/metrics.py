@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from clarion.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from prometheus_client import Counter, Histogram
+    from prometheus_client import Counter, Gauge, Histogram
 
     SENDS: Counter
     SUPPRESSED: Counter
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     EVENT_TO_DELIVERED: Histogram
     TICK_SECONDS: Histogram
     TICK_TAKEN: Counter
+    FAILOVERS: Counter
+    CIRCUIT: Gauge
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable, read where it reads it
 # Latency buckets from a second (a send) to a day (a quiet-hours deferral).
@@ -73,7 +75,7 @@ def folder() -> str:
 
 
 def _create() -> dict[str, Any]:
-    from prometheus_client import Counter, Histogram
+    from prometheus_client import Counter, Gauge, Histogram
 
     return {
         "SENDS": Counter(
@@ -110,6 +112,18 @@ def _create() -> dict[str, Any]:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 5),
         ),
         "TICK_TAKEN": Counter("clarion_tick_taken", "Rows the tick published or fired", ["kind"]),
+        "FAILOVERS": Counter(
+            "clarion_provider_failovers",
+            "Sends taken by a later provider because an earlier one certainly failed or its "
+            "circuit was open (adapters/failover.py)",
+            ["channel", "from_provider", "to_provider"],
+        ),
+        "CIRCUIT": Gauge(
+            "clarion_provider_circuit_state",
+            "A provider's circuit as last changed by any process here: 0 closed, 1 half-open, 2 open",
+            ["channel", "provider"],
+            multiprocess_mode="mostrecent",
+        ),
     }
 
 
@@ -122,6 +136,8 @@ NAMES = (
     "EVENT_TO_DELIVERED",
     "TICK_SECONDS",
     "TICK_TAKEN",
+    "FAILOVERS",
+    "CIRCUIT",
 )
 
 

@@ -29,7 +29,9 @@ SECRETS = frozenset(
         "slack_signing_secret",
         "teams_app_password",
         "sendgrid_api_key",
+        "sendgrid_backup_api_key",
         "twilio_auth_token",
+        "twilio_backup_auth_token",
         "flower_basic_auth",
         "link_secret",
         "address_secret",
@@ -48,6 +50,16 @@ def share() -> dict[str, Any]:
 
 def positive() -> dict[str, Any]:
     return {"check": lambda v: v > 0, "rule": "> 0"}
+
+
+def providers(*names: str) -> dict[str, Any]:
+    """A comma-separated list of distinct names among `names`."""
+
+    def check(value: str) -> bool:
+        listed = [n.strip() for n in value.split(",")]
+        return bool(listed) and len(set(listed)) == len(listed) and set(listed) <= set(names)
+
+    return {"check": check, "rule": f"distinct names among {', '.join(names)}, comma-separated"}
 
 
 # A PostgreSQL schema name that needs no quoting; not one PostgreSQL or a host app owns. At most
@@ -167,6 +179,15 @@ class Settings:
     email_per_second: int = field(
         default=10, metadata=at_least(1)
     )  # messages per second per relay credential or API key (clarion spends 90%)
+    # the email providers in order of preference, comma-separated: sendgrid, sendgrid_backup,
+    # smtp (adapters/failover.py); unset: sendgrid (and sendgrid_backup when its key is set),
+    # else smtp
+    email_providers: str | None = field(
+        default=None, metadata=providers("sendgrid", "sendgrid_backup", "smtp")
+    )
+    sendgrid_backup_api_key: str | None = None  # a second SendGrid account (sendgrid_backup)
+    sendgrid_backup_api_url: str = "https://api.sendgrid.com"  # its API (tests: a stand-in)
+    sendgrid_backup_webhook_public_key: str | None = None  # its Event Webhook's ECDSA key
 
     # --- sms -----------------------------------------------------------------------------------
     twilio_account_sid: str | None = None  # the sms channel exists when it is set
@@ -176,6 +197,24 @@ class Settings:
     twilio_from: str | None = None  # an E.164 long code or a Messaging Service SID (MG…)
     sms_segments_per_second: float = field(default=1.0, metadata=positive())  # per long code
     twilio_timeout: float = field(default=10.0, metadata=positive())  # connect + read, one call
+    # the sms providers in order of preference: twilio, twilio_backup; unset: twilio (and
+    # twilio_backup when its account is set)
+    sms_providers: str | None = field(default=None, metadata=providers("twilio", "twilio_backup"))
+    twilio_backup_account_sid: str | None = None  # a second Twilio account (twilio_backup)
+    twilio_backup_auth_token: str | None = None  # sends, and checks its callbacks' signatures
+    twilio_backup_api_url: str | None = None  # its stand-in (default: Twilio's own)
+    twilio_backup_from: str | None = None  # its own number or Messaging Service (its own budget)
+
+    # --- provider failover (adapters/circuit.py) --------------------------------------------
+    circuit_failures: int = field(
+        default=5, metadata=at_least(1)
+    )  # failures, timeouts or 5xx in a row that open a provider's circuit (the next takes over)
+    circuit_open_seconds: float = field(
+        default=30.0, metadata=positive()
+    )  # seconds an open circuit sends to the next provider before one probe tries it again
+    circuit_probe_seconds: float = field(
+        default=30.0, metadata=positive()
+    )  # seconds a probe may go unanswered (its worker died) before another probe is let through
 
     # --- push ----------------------------------------------------------------------------------
     fcm_service_account: Path | None = None  # service-account JSON; FCM devices when set

@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0022"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0025"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -538,7 +538,7 @@ api_idempotency = Table(
 
 # --- alerts (tasks/alerts.py): not per recipient, see migration 0011 ----------------------------
 
-ALERT_KINDS = ("send_rate_drop", "stuck_work")
+ALERT_KINDS = ("send_rate_drop", "stuck_work", "provider_failover")
 
 alerts = Table(
     "alerts",

@@ -65,6 +65,7 @@ class Sent:
     message_id: str
     payload: dict[str, Any]
     answered: bool = True
+    arrived: float = field(default_factory=time.monotonic)  # when it was taken (budgets)
 
     @property
     def to(self) -> str:
@@ -216,7 +217,7 @@ class FakeSendGrid(LocalServer):
         with self.lock:
             for i, sent in enumerate(self.sent):
                 if sent.message_id == message_id:
-                    self.sent[i] = Sent(sent.message_id, sent.payload, answered=False)
+                    self.sent[i] = Sent(sent.message_id, sent.payload, False, sent.arrived)
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self

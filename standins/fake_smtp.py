@@ -25,6 +25,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -48,6 +49,7 @@ class Received:
     rcpt_tos: tuple[str, ...]
     data: bytes
     answered: bool  # False: the relay took it and lost its answer on purpose
+    arrived: float = field(default_factory=time.monotonic)  # when it was taken (budgets)
 
     @property
     def message(self) -> EmailMessage:

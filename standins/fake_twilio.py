@@ -11,6 +11,8 @@ its arrival time (`time.monotonic()`), so a test can count segments per second.
 Faults on demand:
 - `losses.next("drop" | "late" | "5xx")`: the message is accepted, then its answer is lost;
 - `storm(n, retry_after)`: the next `n` requests are answered 429 with Retry-After;
+- `fail(500, times=n)`: the next `n` creates are answered a 5xx and nothing is taken (an outage);
+  `refuse()` / `reopen()` (standins.local_server): connections refused, then served again;
 - `fail_number(number, code)`: 21211 (invalid number) and 21610 (the recipient sent STOP) are
   refused at create; 30003 / 30005 / 30006 are accepted and come back `undelivered` later.
 
@@ -114,8 +116,19 @@ class FakeTwilio(LocalServer):
     AUTH_TOKEN = "clarion-twilio-test-token"
     NUMBER = "+15005550006"
 
-    def __init__(self, now: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        now: Callable[[], float] = time.time,
+        *,
+        account_sid: str | None = None,
+        auth_token: str | None = None,
+    ) -> None:
+        if account_sid is not None:  # a second account (tests of failover between accounts)
+            self.ACCOUNT_SID = account_sid
+        if auth_token is not None:
+            self.AUTH_TOKEN = auth_token
         self.now = now  # the wall clock of date_created / date_sent
+        self._outage: list[int] = []  # status of each create still to refuse (nothing taken)
         self.lookups: list[dict[str, str]] = []  # every list request's query
         self.accepted: list[Accepted] = []
         self.attempts: list[Attempt] = []
@@ -136,6 +149,17 @@ class FakeTwilio(LocalServer):
         """Answer the next `n` create requests 429 Too Many Requests with this Retry-After."""
         with self.lock:
             self._storm.extend([retry_after] * n)
+
+    def fail(self, status: int, *, times: int = 1) -> None:
+        """Answer the next `times` create requests `status` (a 5xx: Twilio's error body, code
+        20500) without taking the message: an outage, not a lost answer (for that: `losses`)."""
+        with self.lock:
+            self._outage.extend([status] * times)
+
+    def recover(self) -> None:
+        """End an outage begun with `fail`: creates are taken again."""
+        with self.lock:
+            self._outage.clear()
 
     def fail_number(self, number: str, code: int) -> None:
         if code not in REFUSED_CODES and code not in UNDELIVERED_CODES:
@@ -245,6 +269,8 @@ class FakeTwilio(LocalServer):
     ) -> tuple[int, dict, dict]:
         if auth != self._basic() or account != self.ACCOUNT_SID:
             return _error(401, 20003, "Authenticate")
+        if self._outage:
+            return _error(self._outage.pop(0), 20500, "Internal Server Error")
         if self._storm:
             wait = self._storm.pop(0)
             return _error(429, 20429, "Too Many Requests", {"Retry-After": f"{wait:g}"})

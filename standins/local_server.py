@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +16,19 @@ from typing import Self, cast
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.open_sockets: set[socket.socket] = set()  # accepted connections not yet closed
+
+    def get_request(self):
+        sock, address = super().get_request()
+        self.open_sockets.add(sock)
+        return sock, address
+
+    def shutdown_request(self, request) -> None:
+        self.open_sockets.discard(request)
+        super().shutdown_request(request)
+
     def handle_error(self, request, client_address) -> None:
         pass  # a client killed mid-request (as the chaos tests do) is not news
 
@@ -23,9 +38,34 @@ class LocalServer:
 
     def __init__(self, handler: type[BaseHTTPRequestHandler], port: int = 0) -> None:
         self.server = _Server(("127.0.0.1", port), handler)
-        self.thread = threading.Thread(
+        self.thread = self._thread()
+        self.listening = False
+
+    def _thread(self) -> threading.Thread:
+        return threading.Thread(
             target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
+
+    def refuse(self) -> None:
+        """An outage before anything is sent: stop listening and close every kept-alive
+        connection, so each new request is refused at connect, until `reopen`."""
+        if not self.listening:
+            return
+        self.listening = False
+        self.server.shutdown()
+        self.server.server_close()
+        for sock in list(self.server.open_sockets):
+            with contextlib.suppress(OSError):  # closed by the client already
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def reopen(self) -> None:
+        """Listen again on the same port (after `refuse`)."""
+        if self.listening:
+            return
+        self.server = _Server(self.server.server_address[:2], self.server.RequestHandlerClass)
+        self.thread = self._thread()
+        self.thread.start()
+        self.listening = True
 
     @property
     def base_url(self) -> str:
@@ -35,11 +75,11 @@ class LocalServer:
 
     def __enter__(self) -> Self:
         self.thread.start()
+        self.listening = True
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.refuse()
 
 
 def send_json(

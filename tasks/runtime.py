@@ -17,10 +17,11 @@ import redis as redis_lib
 from clarion import clock, extras, settings
 from clarion.adapters import registry, webhook
 from clarion.adapters.base import Adapter, Collaborators
+from clarion.adapters.circuit import Circuits, Policy, RedisBackend
 from clarion.adapters.ratelimit import RateLimits
 from clarion.catalog import Catalog
 from clarion.catalog.model import EXAMPLES
-from clarion.db import gating, teams
+from clarion.db import alerts, gating, teams
 from clarion.db.engine import engine
 from clarion.errors import ConfigurationError
 from clarion.tasks import catalogs
@@ -175,10 +176,29 @@ class TeamsReferences:
         self.suppressions.suppress(user_id, "teams", teams_user, "deactivated", detail)
 
 
+class LedgerProviderAlerts:
+    """A provider failover as an open `provider_failover` alert (db.alerts; one per provider),
+    cleared when the provider takes a message again."""
+
+    KIND = "provider_failover"
+
+    def failed_over(self, channel: str, provider: str, detail: str) -> None:
+        with engine().begin() as conn:
+            alerts.open_alert(
+                conn, self.KIND, f"{channel}:{provider}", value=1.0, detail=detail, now=clock.now()
+            )
+
+    def recovered(self, channel: str, provider: str) -> None:
+        with engine().begin() as conn:
+            alerts.clear_alert(conn, self.KIND, f"{channel}:{provider}", now=clock.now())
+
+
 @per_process
 def collaborators() -> Collaborators:
     """The composition root: what adapters get instead of importing db/ or tasks/."""
     suppressions = LedgerSuppressions()
+    s = settings.get()
+    policy = Policy(s.circuit_failures, s.circuit_open_seconds, s.circuit_probe_seconds)
     return Collaborators(
         redis=redis,
         limits=RateLimits(redis, wall=lambda: clock.now().timestamp()),
@@ -186,6 +206,8 @@ def collaborators() -> Collaborators:
         references=TeamsReferences(suppressions),
         inbox=LedgerInbox(),
         http=webhook.pool_manager(),  # one per process: kept-alive connections per host
+        circuits=Circuits(RedisBackend(redis), policy),
+        alerts=LedgerProviderAlerts(),
     )
 
 

@@ -74,9 +74,21 @@ def _verifier(public_key: str) -> EventWebhook:
 
     key = (os.getpid(), public_key)
     if key not in _verifiers:
-        _verifiers.clear()
+        if len(_verifiers) > 4:  # keys changed (tests), or a fork: keep only what is used
+            _verifiers.clear()
         _verifiers[key] = EventWebhook(public_key)
     return _verifiers[key]
+
+
+def _keys() -> list[tuple[str, str]]:
+    """(platform, public key) of each SendGrid account's Event Webhook: the second account
+    (CLARION_SENDGRID_BACKUP_WEBHOOK_PUBLIC_KEY) names its receipts `sendgrid_backup`."""
+    s = settings.get()
+    both = [
+        ("sendgrid", s.sendgrid_webhook_public_key),
+        ("sendgrid_backup", s.sendgrid_backup_webhook_public_key),
+    ]
+    return [(platform, key) for platform, key in both if key]
 
 
 def verify(verifier: EventWebhook, headers: Any, body: bytes) -> None:
@@ -95,6 +107,19 @@ def verify(verifier: EventWebhook, headers: Any, body: bytes) -> None:
         ok = False
     if not ok:
         raise Refused(401, "signature does not verify")
+
+
+def verified_by(verifiers: list[tuple[str, EventWebhook]], headers: Any, body: bytes) -> str:
+    """The account (platform) whose key verifies the batch; Refused(401) if none does."""
+    refused = Refused(401, "no webhook key configured")
+    for platform, verifier in verifiers:
+        try:
+            verify(verifier, headers, body)
+        except Refused as error:
+            refused = error
+            continue
+        return platform
+    raise refused
 
 
 def parse_events(body: bytes) -> list[dict[str, Any]]:
@@ -128,8 +153,8 @@ def parse_events(body: bytes) -> list[dict[str, Any]]:
 
 async def sendgrid_events(request: Request) -> Response:
     """POST /webhooks/sendgrid (see the module docstring)."""
-    public_key = settings.get().sendgrid_webhook_public_key
-    if not public_key:
+    keys = _keys()
+    if not keys:
         return JSONResponse({"error": "the sendgrid webhook is not configured"}, status_code=404)
     if not extras.installed("sendgrid"):
         log.error("no sendgrid SDK", extra={"action": "sendgrid_sdk_missing"})
@@ -138,17 +163,17 @@ async def sendgrid_events(request: Request) -> Response:
             status_code=503,
         )
     try:
-        verifier = _verifier(public_key)
+        verifiers = [(platform, _verifier(key)) for platform, key in keys]
     except ValueError:
         log.error("bad webhook key", extra={"action": "sendgrid_key_invalid"})
         return JSONResponse({"error": "the webhook key is misconfigured"}, status_code=503)
     try:
         body = await read_body(request, BODY_LIMIT)
-        verify(verifier, request.headers, body)
+        platform = verified_by(verifiers, request.headers, body)
         events = parse_events(body)
     except Refused as error:
         return refusal(error, "sendgrid")
-    found = sendgrid.receipts(events)
+    found = sendgrid.receipts(events, platform)
     outcomes = await run_in_threadpool(receipt_tasks.ingest, found)
     log.info(
         "sendgrid events",

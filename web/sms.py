@@ -1,7 +1,8 @@
 """Twilio's webhooks: message status callbacks and inbound messages (STOP / START / HELP).
 
 Both doors check, in this order, before anything is used: the body's size (413), the
-`X-Twilio-Signature` (the SDK's RequestValidator with CLARION_TWILIO_AUTH_TOKEN, over the full
+`X-Twilio-Signature` (the SDK's RequestValidator with CLARION_TWILIO_AUTH_TOKEN, or the second account's
+CLARION_TWILIO_BACKUP_AUTH_TOKEN, over the full
 public URL Twilio called — CLARION_PUBLIC_URL, the path and the query — and the form
 parameters): missing or wrong, 401 and nothing written. Then the fields (400 naming the field).
 
@@ -47,8 +48,11 @@ def public_url(request: Request) -> str:
     return f"{base}{local_path(request)}" + (f"?{query}" if query else "")
 
 
-async def verified_form(request: Request, token: str) -> ImmutableMultiDict[str, str]:
-    """The form parameters of a request Twilio signed; Refused (413, 401, 400) otherwise."""
+async def verified_form(
+    request: Request, tokens: list[tuple[str, str]]
+) -> tuple[str, ImmutableMultiDict[str, str]]:
+    """The provider whose account signed the request (`_tokens`), and its form parameters;
+    Refused (413, 401, 400) otherwise."""
     signature = request.headers.get(SIGNATURE_HEADER)
     if not signature:
         raise Refused(401, f"no {SIGNATURE_HEADER}")
@@ -58,9 +62,10 @@ async def verified_form(request: Request, token: str) -> ImmutableMultiDict[str,
     except UnicodeDecodeError as exc:
         raise Refused(401, "signature does not match") from exc  # nothing Twilio signs
     form = ImmutableMultiDict(parse_qsl(text, keep_blank_values=True))
-    if not RequestValidator(token).validate(public_url(request), form, signature):
-        raise Refused(401, "signature does not match")
-    return form
+    for provider, token in tokens:
+        if RequestValidator(token).validate(public_url(request), form, signature):
+            return provider, form
+    raise Refused(401, "signature does not match")
 
 
 def _field(form: ImmutableMultiDict[str, str], name: str, *, required: bool = True) -> str | None:
@@ -89,17 +94,24 @@ def _delivery(request: Request) -> tuple[str | None, int | None]:
     return clean(user, "u", max_len=256), int(delivery)
 
 
-def _token() -> str | None:
-    return settings.get().twilio_auth_token
+def _tokens() -> list[tuple[str, str]]:
+    """(provider, auth token) of each Twilio account clarion sends through: the provider names a
+    callback's receipt (its `platform`), `sms` with one account, `twilio` / `twilio_backup` with
+    two (adapters.failover records a send's platform the same way)."""
+    s = settings.get()
+    if not s.twilio_backup_auth_token:
+        return [("sms", s.twilio_auth_token)] if s.twilio_auth_token else []
+    both = [("twilio", s.twilio_auth_token), ("twilio_backup", s.twilio_backup_auth_token)]
+    return [(provider, token) for provider, token in both if token]
 
 
 async def status(request: Request) -> Response:
     """POST /webhooks/twilio/status: one message's status, as a receipt."""
-    token = _token()
-    if token is None:
+    tokens = _tokens()
+    if not tokens:
         return Response(status_code=404)
     try:
-        form = await verified_form(request, token)
+        provider, form = await verified_form(request, tokens)
         user_id, delivery_id = _delivery(request)
         receipt = status_receipt(
             _field(form, "MessageStatus") or "",
@@ -109,6 +121,7 @@ async def status(request: Request) -> Response:
             error_code=_field(form, "ErrorCode", required=False),
             user_id=user_id,
             delivery_id=delivery_id,
+            platform=provider,
         )
     except Refused as error:
         return refusal(error, "twilio")
@@ -121,11 +134,11 @@ async def status(request: Request) -> Response:
 
 async def inbound(request: Request) -> Response:
     """POST /webhooks/twilio/inbound: a reply to one of clarion's numbers; TwiML back."""
-    token = _token()
-    if token is None:
+    tokens = _tokens()
+    if not tokens:
         return Response(status_code=404)
     try:
-        form = await verified_form(request, token)
+        _, form = await verified_form(request, tokens)
         sender = _field(form, "From") or ""
         body = _field(form, "Body", required=False) or ""
     except Refused as error:

@@ -171,11 +171,14 @@ def test_a_processed_event_settles_a_held_digest_as_sent_without_an_operator(web
     assert decisions("ana")[-1]["reason"] == "settled_by_receipt"
 
 
+@pytest.mark.parametrize("loss", ["drop", "late", "5xx"])
 @pytest.mark.parametrize("kind", ["processed", "delivered"])
-def test_an_at_least_once_resend_waits_for_the_event_and_is_not_made_when_it_comes(web, fake, kind):
+def test_an_at_least_once_resend_waits_for_the_event_and_is_not_made_when_it_comes(
+    web, fake, kind, loss
+):
     from clarion.adapters.sendgrid import EVIDENCE_WAIT
 
-    fake.losses.next("drop")
+    fake.losses.next(loss, delay=2.0)
     with frozen_clock() as clock:
         receipt, _ = send("ana", "receipt_email", order="A-1")
         [row] = rows("SELECT state, not_before FROM deliveries WHERE id = :d", d=receipt[1])

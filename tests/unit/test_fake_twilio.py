@@ -234,3 +234,37 @@ def test_every_lost_answer_mode_still_takes_the_message(fake, loss):
         answer = None
     assert answer is None or answer.status_code == 500
     assert len(fake.messages()) == 1 and fake.losses.applied == [loss]
+
+
+def test_an_outage_answers_5xx_and_takes_nothing_until_it_recovers(fake, client):
+    fake.fail(503, times=2)
+    for _ in range(2):
+        with pytest.raises(TwilioRestException, match="Internal Server Error") as refused:
+            client.messages.create(to="+4915112345678", from_=FakeTwilio.NUMBER, body="x")
+        assert refused.value.status == 503
+    fake.fail(500, times=5)
+    fake.recover()
+    client.messages.create(to="+4915112345678", from_=FakeTwilio.NUMBER, body="x")
+    assert [a.status for a in fake.attempts] == [503, 503, 201] and len(fake.messages()) == 1
+
+
+def test_refused_connections_then_served_again_on_the_same_port(fake, client):
+    client.messages.create(to="+4915112345678", from_=FakeTwilio.NUMBER, body="kept alive")
+    url = fake.url
+    fake.refuse()
+    with pytest.raises(requests.ConnectionError, match="Connection refused"):
+        requests.post(fake.url + MESSAGES, data={"To": "+1", "Body": "x"}, auth=AUTH, timeout=5)
+    fake.reopen()
+    assert fake.url == url
+    client.messages.create(to="+4915112345678", from_=FakeTwilio.NUMBER, body="again")
+    assert [m.body for m in fake.messages()] == ["kept alive", "again"]
+
+
+def test_a_second_account_has_its_own_credentials():
+    with FakeTwilio(account_sid="AC" + "b" * 32, auth_token="other") as second:
+        mine = Client("AC" + "b" * 32, "other", http_client=RoutedHttpClient(second.url, 5.0))
+        mine.messages.create(to="+4915112345678", from_="+15005550007", body="x")
+        theirs = Client(*AUTH, http_client=RoutedHttpClient(second.url, 5.0))
+        with pytest.raises(TwilioRestException, match="Authenticate"):
+            theirs.messages.create(to="+4915112345678", from_="+15005550007", body="x")
+        assert len(second.messages()) == 1
