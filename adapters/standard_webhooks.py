@@ -54,7 +54,12 @@ def signature(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
 
 
 def verify(
-    secrets_: Iterable[str], headers: Mapping[str, str], body: bytes, *, now: float, tolerance: float = 300
+    secrets_: Iterable[str],
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    now: float,
+    tolerance: float = 300,
 ) -> bool:
     """For receivers (the stand-in, tests): does any signature match any of these secrets, with a
     timestamp within `tolerance` seconds of `now`?"""

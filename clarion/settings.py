@@ -203,6 +203,9 @@ class Settings:
     events_round: float = field(
         default=5.0, metadata=positive()
     )  # seconds one dispatch round keeps posting to an endpoint before the next round's turn
+    events_first_retry: float = field(
+        default=5.0, metadata=positive()
+    )  # seconds before an event refused once is tried again; doubling each time, up to an hour
     events_disable_after: float = field(
         default=86400.0, metadata=at_least(60)
     )  # seconds an endpoint may fail without a success before it is disabled (with an alert)

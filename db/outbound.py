@@ -265,9 +265,7 @@ def release(conn: Connection, endpoint_id: int, event_ids: Sequence[int]) -> Non
         conn.execute(_RELEASE, {"endpoint": endpoint_id, "events": list(event_ids)})
 
 
-def replay(
-    conn: Connection, endpoint_ids: Sequence[int], *, since: datetime, now: datetime
-) -> int:
+def replay(conn: Connection, endpoint_ids: Sequence[int], *, since: datetime, now: datetime) -> int:
     """Send again every event since `since` to these endpoints (delivered ones too: the same
     webhook-id, so a receiver drops what it has). The number of sends made pending."""
     params = {"endpoints": list(endpoint_ids), "since": since, "now": now}

@@ -682,7 +682,9 @@ outbound_sends = Table(
         ondelete="CASCADE",
     ),
     CheckConstraint("state IN ('pending', 'delivered')", name="outbound_sends_state_check"),
-    Index("outbound_sends_ready", "endpoint_id", "next_at", postgresql_where=text("state = 'pending'")),
+    Index(
+        "outbound_sends_ready", "endpoint_id", "next_at", postgresql_where=text("state = 'pending'")
+    ),
     Index(
         "outbound_sends_stream",
         "endpoint_id",

@@ -47,7 +47,7 @@ def checked_kinds(kinds: Iterable[str]) -> list[str]:
         raise InvalidField(
             "kinds",
             (f"unknown event kind {shown}" if unknown else "give at least one event kind")
-            + f"; known: {', '.join(EVENT_KINDS)} (or * for all)"
+            + f"; known: {', '.join(EVENT_KINDS)} (or * for all)",
         )
     return listed
 
@@ -144,9 +144,11 @@ def replay(since: datetime, endpoint_ids: Iterable[int] | None = None) -> int:
     """Send every event since `since` again to these endpoints (default: all); enables none."""
     now = clock.now()
     with engine().begin() as conn:
-        ids = list(endpoint_ids) if endpoint_ids is not None else [
-            e.id for e in outbound.endpoints(conn)
-        ]
+        ids = (
+            list(endpoint_ids)
+            if endpoint_ids is not None
+            else [e.id for e in outbound.endpoints(conn)]
+        )
         for endpoint_id in ids:
             _found(outbound.endpoint(conn, endpoint_id), endpoint_id)
         return outbound.replay(conn, ids, since=since, now=now)

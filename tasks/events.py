@@ -8,7 +8,8 @@ what was taken, the first failure with its next attempt, and give back the rest.
 endpoint's first failure (the others would most likely fail too) and goes on while there is work
 and CLARION_EVENTS_ROUND seconds have not passed.
 
-A failure waits `backoff(attempts)`: exponential from 5 s, capped at one hour, with jitter
+A failure waits `backoff(attempts)`: exponential from 5 s (CLARION_EVENTS_FIRST_RETRY), capped at
+one hour, with jitter
 (half of it random), so retries go on for as long as the endpoint fails; after
 CLARION_EVENTS_DISABLE_AFTER (a day) of failures without one success the endpoint is disabled with
 an `endpoint_disabled` alert, and its events wait for an operator (`clarion events endpoints
@@ -37,16 +38,18 @@ from clarion.db.engine import engine
 from clarion.db.outbound import Endpoint, ReadySend
 
 log = logging.getLogger(__name__)
-FIRST_DELAY = 5.0  # seconds before the first retry
 MAX_DELAY = 3600.0  # the longest wait between two attempts at one event
 DISABLED = "endpoint_disabled"
 _pool: http1.Connections | None = None
 
 
-def backoff(attempts: int, draw: Callable[[], float] = random.random) -> timedelta:
-    """The wait after the `attempts`-th failed attempt: 5 s × 2^(attempts-1), at most an hour,
-    of which the second half is random (so endpoints coming back are not hit all at once)."""
-    ceiling = min(MAX_DELAY, FIRST_DELAY * 2 ** min(max(attempts, 1) - 1, 30))
+def backoff(
+    attempts: int, draw: Callable[[], float] = random.random, *, first: float = 5.0
+) -> timedelta:
+    """The wait after the `attempts`-th failed attempt: first × 2^(attempts-1) (CLARION_EVENTS_
+    FIRST_RETRY, 5 s), at most an hour, of which the second half is random (so endpoints coming
+    back are not hit all at once)."""
+    ceiling = min(MAX_DELAY, first * 2 ** min(max(attempts, 1) - 1, 30))
     return timedelta(seconds=ceiling / 2 + draw() * ceiling / 2)
 
 
@@ -167,7 +170,7 @@ def _failed(
 ) -> bool:
     """Back the event off; disable the endpoint (and alert) after a day of failures."""
     send, error = failure
-    wait = backoff(send.attempts + 1)
+    wait = backoff(send.attempts + 1, first=settings.get().events_first_retry)
     outbound.mark_failed(conn, endpoint.id, send.event_id, next_at=at + wait, error=error)
     since = outbound.note_failure(conn, endpoint.id, now=at) or at
     log.info(

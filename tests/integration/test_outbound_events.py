@@ -77,7 +77,11 @@ def test_each_change_writes_its_event_in_its_transaction(ann):
     ]
     [sent] = _events("kind = 'delivery.sent'")
     assert sent["stream"] == f"d:{ann}:{sent['delivery_id']}"
-    assert (sent["type_key"], sent["occurrence_key"], sent["channel"]) == ("receipt", "event:e1", "webhook")
+    assert (sent["type_key"], sent["occurrence_key"], sent["channel"]) == (
+        "receipt",
+        "event:e1",
+        "webhook",
+    )
     assert sent["data"]["event_id"] == "e1" and sent["data"]["previous_state"] == "claimed"
     # the opted-out channel: a gate decision that stopped it, as its own event
     stopped = notify(ann, "nudge", event_id="e2", variables={"name": "Ann"})
@@ -92,17 +96,15 @@ def test_each_change_writes_its_event_in_its_transaction(ann):
 
 def test_a_rolled_back_change_leaves_no_event(ann):
     event_endpoints.create("http://127.0.0.1:9/x", ["request.accepted", "delivery.sent"])
-    with engine().connect() as conn:
-        with conn.begin() as tx:
-            notify(ann, "receipt", event_id="gone", variables=ORDER, connection=conn)
-            assert conn.execute(text("SELECT count(*) FROM outbound_events")).scalar() == 1
-            tx.rollback()
+    with engine().connect() as conn, conn.begin() as tx:
+        notify(ann, "receipt", event_id="gone", variables=ORDER, connection=conn)
+        assert conn.execute(text("SELECT count(*) FROM outbound_events")).scalar() == 1
+        tx.rollback()
     assert count("requests") == 0 and count("outbound_events") == 0
     request_id = _sent(ann, "kept")
-    with engine().connect() as conn:  # a state change rolled back: its event goes with it
-        with conn.begin() as tx:
-            conn.execute(text("UPDATE deliveries SET state = 'failed'"))
-            tx.rollback()
+    with engine().connect() as conn, conn.begin() as tx:  # a rolled back state change: no event
+        conn.execute(text("UPDATE deliveries SET state = 'failed'"))
+        tx.rollback()
     assert [e["kind"] for e in _events()] == ["request.accepted", "delivery.sent"]
     assert {e["request_id"] for e in _events()} == {request_id}
 
@@ -111,9 +113,10 @@ def test_an_endpoint_gets_only_the_kinds_it_wants(ann):
     wants_sent = event_endpoints.create("http://127.0.0.1:9/a", ["delivery.sent"])
     wants_all = event_endpoints.create("http://127.0.0.1:9/b", ["*"])
     _sent(ann, "e1")
-    per = {r["endpoint_id"]: r["n"] for r in rows(
-        "SELECT endpoint_id, count(*) AS n FROM outbound_sends GROUP BY endpoint_id"
-    )}
+    per = {
+        r["endpoint_id"]: r["n"]
+        for r in rows("SELECT endpoint_id, count(*) AS n FROM outbound_sends GROUP BY endpoint_id")
+    }
     assert per == {wants_sent.id: 1, wants_all.id: 2}
 
 
