@@ -10,19 +10,27 @@ that arrived names a change that exists (nothing from the rolled-back route)."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import time
 from collections import Counter, defaultdict
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
+from clarion.db.engine import engine
 from clarion.records import Receipt
 from clarion.standins.fake_app_endpoint import Arrival, FakeAppEndpoint
 from clarion.standins.receiver import Receiver
 from clarion.tasks import event_endpoints, notify_many, register_recipient
 from clarion.tasks.receipts import ingest
+from tests.support.cli import ok, refused
 from tests.support.cluster import Cluster, counts, wait_settled
-from tests.support.pipeline import rows
+from tests.support.pipeline import count, rows
 
 pytestmark = pytest.mark.acceptance
 USERS = 20
@@ -155,3 +163,62 @@ def test_events_arrive_once_or_more_signed_and_in_order_per_delivery(clarion_env
 @pytest.mark.soak
 def test_two_thousand_notifications_with_a_misbehaving_endpoint(clarion_env, tmp_path):
     run(clarion_env, tmp_path, notifications=2000)
+
+
+def _cli(clarion_env, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "clarion"), *args],
+        env={**os.environ, **clarion_env.env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_cli_registers_rotates_disables_enables_replays_and_removes(clarion_env):
+    register_recipient("ann", timezone="UTC")
+    secret = ok(
+        _cli(
+            clarion_env,
+            "events",
+            "endpoints",
+            "add",
+            "https://a.example/h",
+            "--kind",
+            "request.accepted",
+        )
+    ).strip()
+    assert secret.startswith("whsec_")
+    [endpoint] = rows("SELECT id, secret FROM webhook_endpoints")
+    assert endpoint["secret"] == secret
+    one = str(endpoint["id"])
+    assert re.search(
+        rf"^{one}\thttps://a.example/h\tenabled\trequest.accepted$",
+        ok(_cli(clarion_env, "events", "endpoints", "list")),
+        re.M,
+    )
+    assert "DISABLED (disabled by hand)" in ok(
+        _cli(clarion_env, "events", "endpoints", "disable", one)
+    )
+    assert "\tenabled\t" in ok(_cli(clarion_env, "events", "endpoints", "enable", one))
+    rotated = ok(_cli(clarion_env, "events", "endpoints", "rotate", one, "--overlap", "1h")).strip()
+    [row] = rows("SELECT secret, previous_secret FROM webhook_endpoints")
+    assert (row["secret"], row["previous_secret"]) == (rotated, secret)
+    from clarion.tasks import notify
+
+    notify("ann", "receipt", event_id="e1", variables={"order": "1"})
+    with engine().begin() as conn:
+        conn.execute(text("UPDATE outbound_sends SET state = 'delivered'"))
+    assert ok(_cli(clarion_env, "events", "replay", "--since", "1h")).startswith("1 events")
+    assert count("outbound_sends", "state = 'pending'") == 1
+    assert refused(_cli(clarion_env, "events", "replay", "--since", "yesterday")).startswith(
+        "clarion: --since takes an ISO time"
+    )
+    assert refused(
+        _cli(clarion_env, "events", "endpoints", "add", "https://a.example/", "--kind", "x")
+    ).startswith("clarion: kinds: unknown event kind 'x'")
+    ok(_cli(clarion_env, "events", "endpoints", "remove", one))
+    assert refused(_cli(clarion_env, "events", "endpoints", "remove", one)) == (
+        f"clarion: no webhook endpoint {one}"
+    )
+    assert count("webhook_endpoints") == 0 and count("outbound_sends") == 0
