@@ -267,3 +267,23 @@ def test_endpoint_input_is_refused_naming_the_field(clarion_env):
     with pytest.raises(UnknownEndpoint, match="^no webhook endpoint 77$"):
         event_endpoints.change(77, enabled=True)
     assert count("webhook_endpoints") == 0
+
+
+def test_retention_removes_what_every_endpoint_took_and_keeps_what_one_still_owes(ann):
+    from clarion.tasks.retention import remove_old
+
+    with FakeAppEndpoint([]) as app:
+        taking = event_endpoints.create(app.url, ["request.accepted"])
+        app.state.secrets.append(taking.secret)
+        notify(ann, "receipt", event_id="e1", variables=ORDER)
+        dispatch()
+        owing = event_endpoints.create("http://127.0.0.1:9/", ["request.accepted"])
+        notify(ann, "receipt", event_id="e2", variables=ORDER)
+        event_endpoints.change(owing.id, enabled=False)
+        dispatch()
+    assert count("outbound_sends", "state = 'delivered'") == 2
+    removed = remove_old(datetime.now(UTC) + timedelta(days=365))
+    assert (removed["outbound_sends"], removed["outbound_events"]) == (2, 1)
+    [kept] = _events()
+    assert kept["occurrence_key"] == "event:e2"  # the disabled endpoint has not taken it
+    assert count("outbound_sends", "state = 'pending'") == 1
