@@ -657,6 +657,7 @@ outbound_events = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     PrimaryKeyConstraint("user_id", "id", name="outbound_events_pkey"),
     Index("outbound_events_created", "created_at"),
+    Index("outbound_events_request", "user_id", "request_id"),  # GET /v1/requests/{id}
 )
 
 # One row per (endpoint, event): pending until the endpoint answers 2xx.

@@ -175,7 +175,8 @@ def _not_found(user_id: str) -> ApiError:
     "/requests/{request_id}",
     response_model=RequestReport,
     responses=refusals(404),
-    summary="A request, its decisions, deliveries, receipts and incidents (scope requests:read)",
+    summary="A request, its decisions, deliveries, receipts, incidents and outbound events "
+    "(scope requests:read)",
 )
 def get_request(
     request_id: Annotated[int, Path(ge=1, le=2**63 - 1, examples=[1])],

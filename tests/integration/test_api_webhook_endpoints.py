@@ -59,3 +59,30 @@ def test_bad_input_is_refused_naming_the_field(client, body, field):
 def test_the_scope_is_required(client):
     refused(client.get(PATH, headers=bearer("events:write")), 403, "Authorization")
     refused(client.get(PATH), 401, "Authorization")
+
+
+def test_the_request_report_lists_its_outbound_events_and_who_took_them(client, monkeypatch):
+    from clarion.standins.receiver import Receiver
+    from clarion.tasks import event_endpoints, notify, register_recipient
+    from clarion.tasks.route import route
+    from tests.support.pipeline import configure
+
+    register_recipient("ann", timezone="UTC")
+    event_endpoints.create("http://127.0.0.1:9/", ["request.accepted", "delivery.sent"])
+    with Receiver("clarion-test-secret") as receiver:
+        configure(monkeypatch, webhook_url=receiver.url)
+        made = notify("ann", "receipt", event_id="e1", variables={"order": "1"})
+        route(["ann"], [made.request_id])
+    answer = client.get(
+        f"/v1/requests/{made.request_id}",
+        params={"user_id": "ann"},
+        headers=bearer("requests:read"),
+    )
+    assert answer.status_code == 200, answer.text
+    events = answer.json()["events"]
+    assert [(e["kind"], e["taken"], e["pending"]) for e in events] == [
+        ("request.accepted", 0, 1),
+        ("delivery.sent", 0, 1),
+    ]
+    assert events[0]["id"] == f"evt_{events[0]['sequence']}"
+    assert events[1]["channel"] == "webhook" and events[1]["delivery_id"] is not None

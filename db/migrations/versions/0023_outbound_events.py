@@ -100,6 +100,7 @@ CREATE TABLE outbound_events (
     CONSTRAINT outbound_events_pkey PRIMARY KEY (user_id, id)
 );
 CREATE INDEX outbound_events_created ON outbound_events (created_at);
+CREATE INDEX outbound_events_request ON outbound_events (user_id, request_id);
 CREATE TABLE outbound_sends (
     endpoint_id   bigint NOT NULL,
     event_id      bigint NOT NULL,
