@@ -287,3 +287,24 @@ def test_retention_removes_what_every_endpoint_took_and_keeps_what_one_still_owe
     [kept] = _events()
     assert kept["occurrence_key"] == "event:e2"  # the disabled endpoint has not taken it
     assert count("outbound_sends", "state = 'pending'") == 1
+
+
+def test_reading_an_in_app_item_is_one_event_and_its_receipt_another(clarion_env, monkeypatch):
+    from pathlib import Path
+
+    from clarion.tasks import inbox as app_inbox
+    from tests.support.inbox import items, send
+
+    configure(monkeypatch, catalog=Path(__file__).parents[1] / "catalog_inapp.yaml")
+    register_recipient("ana", timezone="UTC")
+    event_endpoints.create("http://127.0.0.1:9/", ["inbox.read", "delivery.read"])
+    [key] = send("ana", "inbox_note", "e1", n="1")
+    [item] = items()
+    assert app_inbox.mark("ana", [item["id"]], "read") == [item["id"]]
+    assert app_inbox.mark("ana", [item["id"]], "read") == []  # read already: no second event
+    events = _events()
+    assert [(e["kind"], e["delivery_id"], e["stream"]) for e in events] == [
+        ("inbox.read", key[1], f"d:ana:{key[1]}"),
+        ("delivery.read", key[1], f"d:ana:{key[1]}"),
+    ]
+    assert events[0]["data"]["item_id"] == item["id"] and events[0]["request_id"] is not None

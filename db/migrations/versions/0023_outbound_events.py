@@ -10,7 +10,7 @@ whichever code path (or psql session) made it.
 
 Each trigger function starts with one cheap check, "does any endpoint want these kinds?" (a
 sequential scan of `webhook_endpoints`, a handful of rows); with none, it returns before reading
-its transition table. Endpoints that are disabled still count: their events wait, so that
+its transition table, and it writes only the kinds some endpoint wants. Endpoints that are disabled still count: their events wait, so that
 re-enabling one (or `clarion events replay --since`) delivers what it missed.
 
 - webhook_endpoints: URL, the kinds wanted, the Standard Webhooks secret (`whsec_` + base64) and
@@ -130,11 +130,15 @@ ALTER TABLE alerts ADD CONSTRAINT alerts_kind_check
 
 
 def _function(name: str, kinds: tuple[str, ...], body: str) -> str:
-    """A trigger function that returns at once unless some endpoint wants one of `kinds`."""
+    """A trigger function that returns at once unless some endpoint wants one of `kinds`;
+    `wanted` (every kind some endpoint wants) is there for the body to write only those."""
     return f"""
 CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    wanted text[];
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM webhook_endpoints WHERE kinds && {_array(kinds)}) THEN
+    SELECT array_agg(DISTINCT k) INTO wanted FROM webhook_endpoints, unnest(kinds) k;
+    IF wanted IS NULL OR NOT wanted && {_array(kinds)} THEN
         RETURN NULL;
     END IF;
     {body}
@@ -185,7 +189,9 @@ FUNCTIONS = "".join(
             jsonb_build_object('event_id', {_EVENT_ID.format(o="n.occurrence_key")},
                 'state', n.state, 'platform', n.platform, 'error', n.last_error,
                 'at', n.updated_at)
-        FROM new_rows n WHERE n.state IN ({_DELIVERY_STATES}) ORDER BY n.user_id, n.id;
+        FROM new_rows n
+        WHERE n.state IN ({_DELIVERY_STATES}) AND 'delivery.' || n.state = ANY(wanted)
+        ORDER BY n.user_id, n.id;
     ELSE
         {_INSERT}
         SELECT n.user_id, 'delivery.' || n.state, 'd:' || n.user_id || ':' || n.id, n.request_id,
@@ -195,6 +201,7 @@ FUNCTIONS = "".join(
                 'error', n.last_error, 'at', n.updated_at)
         FROM new_rows n JOIN old_rows o ON o.user_id = n.user_id AND o.id = n.id
         WHERE n.state IS DISTINCT FROM o.state AND n.state IN ({_DELIVERY_STATES})
+          AND 'delivery.' || n.state = ANY(wanted)
         ORDER BY n.user_id, n.id;
     END IF;""",
         ),
