@@ -308,3 +308,17 @@ def test_reading_an_in_app_item_is_one_event_and_its_receipt_another(clarion_env
         ("delivery.read", key[1], f"d:ana:{key[1]}"),
     ]
     assert events[0]["data"]["item_id"] == item["id"] and events[0]["request_id"] is not None
+
+
+def test_erasure_scrubs_the_detail_of_a_persons_events(ann):
+    from clarion.tasks import recipients
+
+    event_endpoints.create("http://127.0.0.1:9/", ["gate.stopped"])
+    set_preferences(ann, {"type:nudge/webhook": False})
+    stopped = notify(ann, "nudge", event_id="e1", variables={"name": "Ann"})
+    route([ann], [stopped.request_id])
+    assert all(e["data"]["detail"] for e in _events())
+    assert recipients.forget(ann) is not None
+    events = _events()
+    assert events and all("detail" not in e["data"] for e in events)
+    assert [e["data"]["reason"] for e in events] == ["opted_out", "no_channel"]  # kept
