@@ -132,7 +132,8 @@ _CLAIM = text(
 _DELIVERED = text(
     "UPDATE outbound_sends SET state = 'delivered', delivered_at = :now, lease_until = NULL, "
     "attempts = attempts + 1, last_error = '' "
-    "WHERE endpoint_id = :endpoint AND event_id = :event AND state = 'pending'"
+    "WHERE endpoint_id = :endpoint AND event_id = ANY(CAST(:events AS bigint[])) "
+    "AND state = 'pending'"
 )
 _FAILED = text(
     "UPDATE outbound_sends SET next_at = :next_at, lease_until = NULL, "
@@ -248,8 +249,12 @@ def claim_ready(
     return [ReadySend.from_row(r) for r in conn.execute(_CLAIM, params).mappings()]
 
 
-def mark_delivered(conn: Connection, endpoint_id: int, event_id: int, *, now: datetime) -> None:
-    conn.execute(_DELIVERED, {"endpoint": endpoint_id, "event": event_id, "now": now})
+def mark_delivered(
+    conn: Connection, endpoint_id: int, event_ids: Sequence[int], *, now: datetime
+) -> None:
+    """The endpoint took these (2xx): one statement for a round's batch."""
+    if event_ids:
+        conn.execute(_DELIVERED, {"endpoint": endpoint_id, "events": list(event_ids), "now": now})
 
 
 def mark_failed(

@@ -151,8 +151,7 @@ def _post_batch(
         taken.append(send.event_id)
     at = now()
     with engine().begin() as conn:
-        for event_id in taken:
-            outbound.mark_delivered(conn, endpoint.id, event_id, now=at)
+        outbound.mark_delivered(conn, endpoint.id, taken, now=at)
         if taken:
             outbound.note_success(conn, endpoint.id)
         tried = len(taken) + (failure is not None)
