@@ -1,7 +1,8 @@
 """Outbound events with real workers (a lanes worker, an events worker, beat) while the app's
 endpoint misbehaves (500s, timeouts, answers dropped after taking the event) and recovers, over
 notifications with receipts; the events worker is SIGKILLed once right after an endpoint took an
-event, and a route is killed once before its commit (its changes roll back).
+event, and the lanes worker once in a route before its commit (its changes roll back) and once
+right after it (the state changed; the sending waits for a takeover).
 
 Counted at the stand-in endpoint (standins/fake_app_endpoint.py): every event arrives and is
 acknowledged, every signature is valid, repeats carry the same webhook-id and body, and no event
@@ -54,6 +55,8 @@ def run(clarion_env, tmp_path, notifications: int) -> None:
             "CLARION_EVENTS_BATCH": "10",
             "CLARION_EVENTS_FIRST_RETRY": "0.2",
             "CLARION_STRAY_AFTER": "2",  # the killed route's request is published again soon
+            "CLARION_CLAIM_LEASE": "3",
+            "CLARION_SEND_TIMEOUT": "2",
             "CLARION_FAULTS_DIR": str(faults),
         }
         for u in range(USERS):
@@ -63,7 +66,9 @@ def run(clarion_env, tmp_path, notifications: int) -> None:
             cluster.worker(
                 "lanes",
                 ("transactional", "activation", "control"),
-                env={"CLARION_FAULTS": "route.before_commit=crash*1"},
+                # one route dies before its commit (its changes roll back), one after it (its
+                # claimed deliveries are taken over when the lease runs out, and sent)
+                env={"CLARION_FAULTS": "route.before_commit=crash*1,route.after_commit=crash*1"},
             )
             cluster.worker(
                 "events", ("events",), env={"CLARION_FAULTS": "events.after_post=crash*1"}
@@ -86,7 +91,7 @@ def run(clarion_env, tmp_path, notifications: int) -> None:
             assert _all_acknowledged(app, expected, timeout=120), "events still missing"
         finally:
             cluster.stop_together()
-    assert len(list(faults.iterdir())) == 2, "both kills did not happen"
+    assert len(list(faults.iterdir())) == 3, "the three kills did not all happen"
     assert app.state.scripted == 0, "the endpoint's misbehaviour was not all used"
     _check(app.state.snapshot(), expected, notifications)
 
