@@ -29,13 +29,14 @@ except ServicesUnavailable:
     # that publishes resolves the broker then (tasks.publish); a worker refuses to start without it.
     broker_url = None
 
-task_queues = [Queue("transactional"), Queue("activation"), Queue("control")]
+task_queues = [Queue("transactional"), Queue("activation"), Queue("control"), Queue("events")]
 task_default_queue = "control"
 task_routes = {
     "clarion.tick": {"queue": "control"},
     "clarion.alerts": {"queue": "control"},
     "clarion.refresh_collapsed": {"queue": "control"},
     "clarion.retention": {"queue": "control"},
+    "clarion.events": {"queue": "events"},
 }  # route/deliver name their lane when published
 
 task_serializer = "json"
@@ -76,6 +77,13 @@ beat_schedule = {
         "task": "clarion.alerts",
         "schedule": timedelta(seconds=_settings.alert_interval),
         "options": {"queue": "control", "expires": _settings.alert_interval},
+    },
+    # Outbound events to apps' endpoints (tasks/events.py): their own queue, so a slow endpoint
+    # never holds a lane that sends; a round missed (expired) is the next one's.
+    "events": {
+        "task": "clarion.events",
+        "schedule": timedelta(seconds=_settings.tick_interval),
+        "options": {"queue": "events", "expires": max(1.0, _settings.tick_interval * 5)},
     },
     # Retention (tasks/retention.py): hourly, in bounded batches; a run missed is the next one's.
     "retention": {

@@ -523,7 +523,35 @@ class Bench:
         self.db_url = _with_database(self.server_url, self.db_name)
         migrate(self.db_url)
         say(f"database: {self.db_name} (fresh, migrated; dropped at the end)")
+        if self.args.event_endpoint:
+            self._event_endpoint()
         self.pg_pids, self.redis_pids = _server_pids(self.db_url, self.redis_url)
+
+    def _event_endpoint(self) -> None:
+        """An app endpoint wanting every event kind (--event-endpoint): each change the phase
+        makes writes its outbound event and send rows (migration 0023's triggers). No events
+        worker runs, so this measures the outbox's cost on the sending path, not the posting."""
+        from datetime import UTC, datetime
+
+        from sqlalchemy import text
+
+        from clarion import settings
+        from clarion.adapters.standard_webhooks import new_secret
+        from clarion.db import outbound
+        from clarion.db.engine import one_off_engine
+        from clarion.db.schema import EVENT_KINDS
+
+        with one_off_engine(self.db_url).connect() as conn:
+            conn.execute(text(f'SET search_path TO "{settings.get().schema}"'))
+            outbound.create_endpoint(
+                conn,
+                url="http://127.0.0.1:9/",
+                kinds=EVENT_KINDS,
+                secret=new_secret(),
+                description="bench",
+                now=datetime.now(UTC),
+            )
+        say("  an app endpoint wants every event kind: each change writes its outbox rows")
 
     def _drop_database(self, admin) -> None:
         from sqlalchemy import text
@@ -1267,6 +1295,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="seed phase: the second copy of an occurrence comes this many items after the "
         "first (0: at the same time, as in the naive phase; a redelivery after a visibility "
         "timeout comes later)",
+    )
+    parser.add_argument(
+        "--event-endpoint",
+        action="store_true",
+        help="register an app endpoint for outbound events first, so every request and send "
+        "writes its event in the outbox (the cost of issue 25's triggers on the sending path)",
     )
     parser.add_argument(
         "--purge",

@@ -57,6 +57,14 @@ class MissingVariables(InvalidRequest):
         self.missing = sorted(missing)
 
 
+class UnknownEndpoint(ClarionError):
+    """No app webhook endpoint has this id (tasks/event_endpoints.py)."""
+
+    def __init__(self, endpoint_id: int) -> None:
+        super().__init__(f"no webhook endpoint {endpoint_id}")
+        self.endpoint_id = endpoint_id
+
+
 class UnknownRecipient(InvalidRequest):
     def __init__(self, user_id: str) -> None:
         super().__init__(f"unknown recipient {user_id!r}")

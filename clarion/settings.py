@@ -232,6 +232,26 @@ class Settings:
     inbox_keep_days: int = field(default=90, metadata=at_least(1))
     inbox_heartbeat: float = field(default=15.0, metadata=positive())  # seconds between SSE pings
 
+    # --- outbound events to apps' endpoints (tasks/events.py) ---------------------------------
+    events_timeout: float = field(
+        default=5.0, metadata=positive()
+    )  # seconds one POST to an app's endpoint may take, all of it
+    events_batch: int = field(
+        default=50, metadata=at_least(1)
+    )  # events leased per endpoint at once (the head of each delivery's stream)
+    events_round: float = field(
+        default=5.0, metadata=positive()
+    )  # seconds one dispatch round keeps posting to an endpoint before the next round's turn
+    events_first_retry: float = field(
+        default=5.0, metadata=positive()
+    )  # seconds before an event refused once is tried again; doubling each time, up to an hour
+    events_disable_after: float = field(
+        default=86400.0, metadata=at_least(60)
+    )  # seconds an endpoint may fail without a success before it is disabled (with an alert)
+    events_overlap: float = field(
+        default=86400.0, metadata=at_least(0)
+    )  # seconds the previous secret still signs after a rotation
+
     # --- alerts (tasks/alerts.py) and Flower ----------------------------------------------------
     alert_interval: float = field(default=60.0, metadata=positive())  # seconds between evaluations
     alert_window: float = field(

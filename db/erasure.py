@@ -88,6 +88,13 @@ STATEMENTS: tuple[tuple[str, str], ...] = (
            WHERE user_id = :u AND (items <> '[]'::jsonb OR state <> 'closed')""",
     ),
     ("collapse_refreshes", "DELETE FROM collapse_refreshes WHERE user_id = :u"),
+    # last: the events this erasure's own changes wrote are scrubbed too (a provider's error text,
+    # a gate's or incident's detail); kinds, ids and states stay, as in the tables they report
+    (
+        "outbound_events",
+        """UPDATE outbound_events SET data = data - 'detail' - 'error'
+           WHERE user_id = :u AND (data ? 'detail' OR data ? 'error')""",
+    ),
 )
 
 _PLAIN_SUPPRESSIONS = text(

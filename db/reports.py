@@ -106,6 +106,21 @@ _EXPLAIN_INCIDENTS = text(
     "WHERE i.user_id = :user_id AND d.request_id = ANY(CAST(:ids AS bigint[])) ORDER BY i.id"
 )
 
+# The outbound events about these requests (migration 0023), with how many endpoints took each.
+_EXPLAIN_EVENTS = text(
+    """
+    SELECT e.request_id, 'evt_' || e.id AS id, e.id AS sequence, e.kind, e.delivery_id,
+        e.channel, e.created_at, c.taken, c.pending
+    FROM outbound_events e CROSS JOIN LATERAL (
+        -- per endpoint (a handful), by the sends' primary key
+        SELECT count(*) FILTER (WHERE s.state = 'delivered') AS taken,
+            count(*) FILTER (WHERE s.state = 'pending') AS pending
+        FROM webhook_endpoints w JOIN outbound_sends s
+            ON s.endpoint_id = w.id AND s.event_id = e.id) c
+    WHERE e.user_id = :user_id AND e.request_id = ANY(CAST(:ids AS bigint[])) ORDER BY e.id
+    """
+)
+
 
 def explain_rows(
     conn: Connection, user_id: str, *, type_key: str | None, since: datetime, limit: int
@@ -124,8 +139,8 @@ _REQUEST = text(
 
 
 def request_row(conn: Connection, user_id: str, request_id: int) -> dict[str, Any] | None:
-    """One request with its decisions, deliveries, receipts and incidents (explain_rows' shape),
-    or None."""
+    """One request with its decisions, deliveries, receipts, incidents and outbound events
+    (explain_rows' shape), or None."""
     found = conn.execute(_REQUEST, {"user_id": user_id, "id": request_id}).mappings().first()
     return _with_history(conn, user_id, [dict(found)])[0] if found else None
 
@@ -142,10 +157,13 @@ def _with_history(
     for key in by_id.values():
         key["receipts"] = []
         key["incidents"] = []
+        key["events"] = []
     for row in conn.execute(_EXPLAIN_RECEIPTS, {"user_id": user_id, "ids": ids}).mappings():
         by_id[row["request_id"]]["receipts"].append(dict(row))
     for row in conn.execute(_EXPLAIN_INCIDENTS, {"user_id": user_id, "ids": ids}).mappings():
         by_id[row["request_id"]]["incidents"].append(dict(row))
+    for row in conn.execute(_EXPLAIN_EVENTS, {"user_id": user_id, "ids": ids}).mappings():
+        by_id[row["request_id"]]["events"].append(dict(row))
     return [by_id[i] for i in ids]
 
 

@@ -74,6 +74,20 @@ STATEMENTS: dict[str, tuple[TextClause, str]] = {
     "activation_windows": (_by("activation_windows", "until < :horizon"), "keep"),
     "fatigue_counters": (_by("fatigue_counters", "expires_at < :horizon"), "now"),
     "api_idempotency": (_by("api_idempotency", "expires_at < :horizon"), "now"),
+    # outbound events (migration 0023): what every endpoint took; an event some endpoint has not
+    # taken stays (a disabled endpoint's, waiting for an operator), and so does its send row
+    "outbound_sends": (
+        _by("outbound_sends", "state = 'delivered' AND created_at < :horizon"),
+        "keep",
+    ),
+    "outbound_events": (
+        _by(
+            "outbound_events",
+            "created_at < :horizon AND NOT EXISTS (SELECT 1 FROM outbound_sends s "
+            "WHERE s.user_id = outbound_events.user_id AND s.event_id = outbound_events.id)",
+        ),
+        "keep",
+    ),
 }
 
 

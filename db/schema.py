@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0025"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0024"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -538,7 +538,7 @@ api_idempotency = Table(
 
 # --- alerts (tasks/alerts.py): not per recipient, see migration 0011 ----------------------------
 
-ALERT_KINDS = ("send_rate_drop", "stuck_work", "provider_failover")
+ALERT_KINDS = ("send_rate_drop", "stuck_work", "endpoint_disabled", "provider_failover")
 
 alerts = Table(
     "alerts",
@@ -598,4 +598,100 @@ digests = Table(
         postgresql_where=text("state = 'open'"),
     ),
     Index("digests_request", "user_id", "request_id"),
+)
+
+
+# --- outbound events (migration 0023, db/outbound.py, tasks/events.py) ---------------------------
+
+# The kinds an app can subscribe to; the triggers of migration 0023 write them.
+OUTBOUND_DELIVERY_STATES = tuple(s for s in DELIVERY_STATES if s not in ("pending", "claimed"))
+EVENT_KINDS = (
+    "request.accepted",
+    "gate.stopped",
+    *(f"delivery.{s}" for s in OUTBOUND_DELIVERY_STATES),
+    "incident.recorded",
+    "preference.changed",
+    "inbox.read",
+)
+
+# An app's endpoint: not per recipient (like api_keys).
+webhook_endpoints = Table(
+    "webhook_endpoints",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("url", Text, nullable=False),
+    Column("kinds", ARRAY(Text), nullable=False),
+    Column("description", Text, nullable=False, server_default=""),
+    Column("secret", Text, nullable=False),
+    Column("previous_secret", Text),
+    _ts("previous_until"),
+    Column("enabled", Boolean, nullable=False, server_default=text("true")),
+    Column("disabled_reason", Text, nullable=False, server_default=""),
+    _ts("failing_since"),
+    _ts("created_at", False),
+    _ts("updated_at", False),
+    PrimaryKeyConstraint("id", name="webhook_endpoints_pkey"),
+    CheckConstraint(
+        "cardinality(kinds) > 0 AND kinds <@ ARRAY["
+        + ", ".join(repr(k) for k in EVENT_KINDS)
+        + "]::text[]",
+        name="webhook_endpoints_kinds_check",
+    ),
+)
+
+# The outbox: written by triggers in the transaction of the change it reports. `id` is the
+# sequence an app sorts by; `stream` the unit of ordering (a delivery, else a request, else a user).
+outbound_events = Table(
+    "outbound_events",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("stream", Text, nullable=False),
+    Column("request_id", BigInteger),
+    Column("delivery_id", BigInteger),
+    Column("channel", Text),
+    Column("type_key", Text),
+    Column("occurrence_key", Text),
+    Column("data", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    PrimaryKeyConstraint("user_id", "id", name="outbound_events_pkey"),
+    Index("outbound_events_created", "created_at"),
+    Index("outbound_events_request", "user_id", "request_id"),  # GET /v1/requests/{id}
+)
+
+# One row per (endpoint, event): pending until the endpoint answers 2xx.
+outbound_sends = Table(
+    "outbound_sends",
+    metadata,
+    Column("endpoint_id", BigInteger, nullable=False),
+    Column("event_id", BigInteger, nullable=False),
+    Column("user_id", Text, nullable=False),
+    Column("stream", Text, nullable=False),
+    Column("state", Text, nullable=False, server_default="pending"),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    _ts("next_at", False),
+    _ts("lease_until"),
+    Column("last_error", Text, nullable=False, server_default=""),
+    _ts("created_at", False),
+    _ts("delivered_at"),
+    PrimaryKeyConstraint("endpoint_id", "event_id", name="outbound_sends_pkey"),
+    ForeignKeyConstraint(
+        ["endpoint_id"],
+        ["webhook_endpoints.id"],
+        name="outbound_sends_endpoint_fkey",
+        ondelete="CASCADE",
+    ),
+    CheckConstraint("state IN ('pending', 'delivered')", name="outbound_sends_state_check"),
+    Index(
+        "outbound_sends_ready", "endpoint_id", "next_at", postgresql_where=text("state = 'pending'")
+    ),
+    Index(
+        "outbound_sends_stream",
+        "endpoint_id",
+        "stream",
+        "event_id",
+        postgresql_where=text("state = 'pending'"),
+    ),
+    Index("outbound_sends_created", "endpoint_id", "created_at"),
 )

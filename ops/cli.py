@@ -13,7 +13,7 @@ import clarion
 from clarion import logs, settings
 from clarion.errors import ClarionError, InvalidRequest
 from clarion.names import QUEUES
-from clarion.ops import launch, web_command
+from clarion.ops import events, launch, web_command
 
 
 def _services(args: argparse.Namespace) -> int:
@@ -512,7 +512,7 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         help="what the key may do (repeatable): events:write, requests:read, preferences:read, "
         "preferences:write, recipients:read, recipients:write, recipients:erase, "
-        "escalations:write",
+        "escalations:write, webhooks:manage",
     )
     kc.add_argument("--rate", default="100/s", help="requests per window: 100/s, 6000/m, 50/10s")
     kc.add_argument(
@@ -527,6 +527,7 @@ def parser() -> argparse.ArgumentParser:
     kr.add_argument("prefix", help="the key's prefix (from keys list) or the whole key")
     k.set_defaults(fn=_keys)
     _suppressions_parser(sub)
+    events.add_parser(sub)
     r = sub.add_parser("receiver", help="a local webhook receiver that verifies and counts")
     r.add_argument("--port", type=int, default=8099)
     r.set_defaults(fn=_receiver)

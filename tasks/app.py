@@ -52,12 +52,18 @@ app = Celery(
         "clarion.tasks.alerts",
         "clarion.tasks.refresh",
         "clarion.tasks.retention",
+        "clarion.tasks.events",
     ],
 )
 app.config_from_object(CONFIG_MODULE)
-# The beat's own work (the tick every second, alerts, refreshes, retention): no INFO line per run.
+# The beat's own work (the tick every second, alerts, refreshes, retention, the events round):
+# no INFO line per run.
 logs.quiet_control_tasks(
-    {name for name, route in app.conf.task_routes.items() if route.get("queue") == "control"}
+    {
+        name
+        for name, route in app.conf.task_routes.items()
+        if route.get("queue") in ("control", "events")
+    }
 )
 
 

@@ -71,7 +71,7 @@ RECIPIENT_BYTES = 64 * 1024
 router = APIRouter(prefix="/v1", default_response_class=AsciiJSONResponse)
 
 
-def _refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
+def refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": Error} for s in (401, 403, 422, 429, *statuses)}
 
 
@@ -112,7 +112,7 @@ def _answer(answer: Answer) -> Response:
     )
 
 
-def _body_doc(model: type[BaseModel]) -> dict[str, Any]:
+def body_doc(model: type[BaseModel]) -> dict[str, Any]:
     ref = {"$ref": f"#/components/schemas/{model.__name__}"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
@@ -138,8 +138,8 @@ IdempotencyKey = Annotated[
     "/events",
     status_code=202,
     response_model=Accepted,
-    responses=_refusals(400, 413, 415),
-    openapi_extra=_body_doc(Event),
+    responses=refusals(400, 413, 415),
+    openapi_extra=body_doc(Event),
     summary="Request one notification (scope events:write)",
 )
 async def post_event(request: Request, key: EventsWrite, idem: IdempotencyKey = None) -> Response:
@@ -155,8 +155,8 @@ async def post_event(request: Request, key: EventsWrite, idem: IdempotencyKey = 
     "/events/batch",
     status_code=202,
     response_model=BatchAccepted,
-    responses=_refusals(400, 413, 415),
-    openapi_extra=_body_doc(Batch),
+    responses=refusals(400, 413, 415),
+    openapi_extra=body_doc(Batch),
     summary="Request up to 500 notifications, all or none (scope events:write)",
 )
 async def post_events(request: Request, key: EventsWrite, idem: IdempotencyKey = None) -> Response:
@@ -194,8 +194,9 @@ def _not_found(user_id: str) -> ApiError:
 @router.get(
     "/requests/{request_id}",
     response_model=RequestReport,
-    responses=_refusals(404),
-    summary="A request, its decisions, deliveries, receipts and incidents (scope requests:read)",
+    responses=refusals(404),
+    summary="A request, its decisions, deliveries, receipts, incidents and outbound events "
+    "(scope requests:read)",
 )
 def get_request(
     request_id: Annotated[int, Path(ge=1, le=2**63 - 1, examples=[1])],
@@ -216,7 +217,7 @@ def get_request(
 @router.get(
     "/users/{user_id:path}/preferences",
     response_model=Preferences,
-    responses=_refusals(404),
+    responses=refusals(404),
     summary="A recipient's settings and the resolved type × channel matrix (preferences:read)",
 )
 def get_user_preferences(user_id: UserId, key: PreferencesRead) -> dict[str, Any]:
@@ -230,8 +231,8 @@ def get_user_preferences(user_id: UserId, key: PreferencesRead) -> dict[str, Any
 @router.put(
     "/users/{user_id:path}/preferences",
     response_model=Preferences,
-    responses=_refusals(400, 404, 413, 415),
-    openapi_extra=_body_doc(PreferencesPut),
+    responses=refusals(400, 404, 413, 415),
+    openapi_extra=body_doc(PreferencesPut),
     summary="Change settings; null removes one, settings not named are kept (preferences:write)",
 )
 async def put_user_preferences(
@@ -262,7 +263,7 @@ def _set_preferences(user: str, changes: dict[str, bool | None]) -> dict[str, An
 @router.get(
     "/users/{user_id:path}",
     response_model=Recipient,
-    responses=_refusals(404),
+    responses=refusals(404),
     summary="A recipient's settings; 404 when unknown or erased (scope recipients:read)",
 )
 def getuser_id_checked(user_id: UserId, key: RecipientsRead) -> dict[str, Any]:
@@ -276,8 +277,8 @@ def getuser_id_checked(user_id: UserId, key: RecipientsRead) -> dict[str, Any]:
 @router.put(
     "/users/{user_id:path}",
     response_model=Recipient,
-    responses={**_refusals(400, 413, 415), 201: {"model": Recipient}},
-    openapi_extra=_body_doc(RecipientPut),
+    responses={**refusals(400, 413, 415), 201: {"model": Recipient}},
+    openapi_extra=body_doc(RecipientPut),
     summary="Create (201) or replace (200) a recipient, as register_recipient() (recipients:write)",
 )
 async def putuser_id_checked(request: Request, user_id: UserId, key: RecipientsWrite) -> Response:
@@ -301,7 +302,7 @@ def _save_recipient(fields: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
 @router.delete(
     "/users/{user_id:path}",
     response_model=ErasedRecipient,
-    responses=_refusals(404),
+    responses=refusals(404),
     summary="Erase a recipient's personal data; keys and hashed suppressions stay (recipients:erase)",
 )
 def deleteuser_id_checked(user_id: UserId, key: RecipientsErase) -> dict[str, Any]:
@@ -333,7 +334,9 @@ def openapi(app: FastAPI) -> dict[str, Any]:
             title=app.title, version=app.version, description=app.description, routes=app.routes
         )
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in (Event, Batch, PreferencesPut, RecipientPut, InboxMark, InboxRefusal):
+        from clarion.web.api_events import BODIES
+
+        for model in (Event, Batch, PreferencesPut, RecipientPut, InboxMark, InboxRefusal, *BODIES):
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
@@ -361,6 +364,9 @@ def application(routes: Sequence[BaseRoute], *, docs: bool = True) -> FastAPI:
     from clarion.web.escalation_ack import router as escalations  # it builds on this module
 
     app.include_router(escalations)
+    from clarion.web.api_events import router as webhook_endpoints  # builds on this module too
+
+    app.include_router(webhook_endpoints)
     app.router.routes[0:0] = SERVED_FIRST
     app.add_exception_handler(ClarionError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_handler)

@@ -13,7 +13,8 @@ everything past 72 bytes.)
 Scopes: `events:write` (POST /v1/events…), `requests:read` (GET /v1/requests/…),
 `preferences:read` and `preferences:write` (/v1/users/{user_id}/preferences), `recipients:read`,
 `recipients:write` (GET/PUT /v1/users/{user_id}, and an event's inline `recipient` also needs it)
-and `recipients:erase` (DELETE /v1/users/{user_id}), kept apart from write. Other surfaces add
+and `recipients:erase` (DELETE /v1/users/{user_id}), kept apart from write; `webhooks:manage`
+(/v1/webhook-endpoints: where outbound events go, and their secrets). Other surfaces add
 theirs to SCOPES. Per-key rate limits spend one unit per HTTP request from the shared Redis
 budgets of adapters/ratelimit.py.
 
@@ -64,6 +65,7 @@ SCOPES = (
     "recipients:write",
     "recipients:erase",
     "escalations:write",
+    "webhooks:manage",
 )
 KEY = re.compile(r"clk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 DEFAULT_RATE = (100, 1)  # requests per seconds

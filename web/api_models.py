@@ -175,6 +175,20 @@ class Incident(BaseModel):
     created_at: datetime
 
 
+class OutboundEvent(BaseModel):
+    """An event about this request for apps' endpoints (docs/guides/outbound-events.md): its
+    `webhook-id`, sequence and kind, and how many endpoints took it or still owe it."""
+
+    id: str
+    sequence: int
+    kind: str
+    delivery_id: int | None
+    channel: str | None
+    created_at: datetime
+    taken: int
+    pending: int
+
+
 class RequestReport(BaseModel):
     """A request with its gate decisions, deliveries, receipts and incidents (`clarion explain`
     over HTTP)."""
@@ -191,6 +205,7 @@ class RequestReport(BaseModel):
     deliveries: list[Delivery]
     receipts: list[Receipt]
     incidents: list[Incident]
+    events: list[OutboundEvent]
 
 
 class PreferencesPut(Strict):

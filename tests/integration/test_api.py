@@ -476,6 +476,8 @@ def test_openapi_is_valid_and_lists_every_endpoint(client):
         "/v1/inbox/{user_id}": ["get"],
         "/v1/inbox/{user_id}/mark": ["post"],
         "/v1/inbox/{user_id}/stream": ["get"],
+        "/v1/webhook-endpoints": ["get", "post"],
+        "/v1/webhook-endpoints/{endpoint_id}": ["delete", "get", "patch"],
     }
     post = doc["paths"]["/v1/events"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"] == {

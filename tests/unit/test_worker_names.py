@@ -15,7 +15,7 @@ def node(argv: list[str]) -> str:
 
 def test_the_default_name_carries_the_lanes_and_the_process_id():
     assert node(["--lane", "activation"]) == f"activation-{os.getpid()}@%h"
-    assert node([]) == f"transactional-activation-control-{os.getpid()}@%h"
+    assert node([]) == f"transactional-activation-control-events-{os.getpid()}@%h"
 
 
 def test_two_supervisors_on_one_host_get_two_names(monkeypatch):

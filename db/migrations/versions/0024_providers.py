@@ -4,14 +4,14 @@ adapters/failover.py opens one per (channel, provider) the first time a message 
 provider (its connection refused, its circuit open), and clears it when the provider takes a
 message again. `alerts` is not per recipient (migration 0011): one table, in either layout.
 
-Revision ID: 0025
-Revises: 0022
+Revision ID: 0024
+Revises: 0023
 """
 
 from alembic import op
 
-revision = "0025"
-down_revision = "0022"
+revision = "0024"
+down_revision = "0023"
 
 
 def _kinds(*kinds: str) -> None:
@@ -21,9 +21,9 @@ def _kinds(*kinds: str) -> None:
 
 
 def upgrade() -> None:
-    _kinds("send_rate_drop", "stuck_work", "provider_failover")
+    _kinds("send_rate_drop", "stuck_work", "endpoint_disabled", "provider_failover")
 
 
 def downgrade() -> None:
     op.execute("DELETE FROM alerts WHERE kind = 'provider_failover'")
-    _kinds("send_rate_drop", "stuck_work")
+    _kinds("send_rate_drop", "stuck_work", "endpoint_disabled")
