@@ -21,8 +21,8 @@ class _FromRow:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any] | Sequence[Any]) -> Self:
-        names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
         if isinstance(row, Mapping):
+            names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
             return cls(**{name: row[name] for name in names if name in row})
         return cls(*row)
 

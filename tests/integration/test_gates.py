@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -955,7 +956,7 @@ def test_set_preferences_rejects_bad_settings_and_writes_nothing(gates, bad):
     register_recipient("quinn", timezone="Europe/Berlin")
     set_preferences("quinn", {"type:tip": False})
     before = get_preferences("quinn")
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidRequest, match=rf"(^|'){re.escape(next(iter(bad)))}('|: )"):
         set_preferences("quinn", {"all": False, "type:promo": True, **bad})  # valid ones first
     assert get_preferences("quinn") == before
     assert rows("SELECT scope, key, channel, enabled FROM preferences") == [
