@@ -35,10 +35,13 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from datetime import time as dtime
+from functools import partial
 from pathlib import Path
+from typing import Any, cast
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -58,10 +61,16 @@ from bench.common import say, start_services, table, with_database  # noqa: E402
 from clarion.db import gating, ledger  # noqa: E402
 from clarion.db.engine import engine, migrate, one_off_engine  # noqa: E402
 from clarion.gates.apply import needs_address, snapshots  # noqa: E402
-from clarion.gates.contract import Snapshot  # noqa: E402
+from clarion.gates.contract import Plan, Snapshot  # noqa: E402
 from clarion.gates.fatigue_caps import cap_buckets  # noqa: E402
 from clarion.gates.pipeline import plan  # noqa: E402
-from clarion.rows import DraftRequest, Recipient  # noqa: E402
+from clarion.rows import (  # noqa: E402
+    CollapseGroup,
+    DraftRequest,
+    OpenWindow,
+    Preference,
+    Recipient,
+)
 from clarion.tasks import runtime  # noqa: E402
 
 ZONES = [
@@ -127,7 +136,12 @@ def populate(
     catalog = runtime.catalog()
     users = [f"u{i:05d}" for i in range(n_recipients)]
     orgs = [f"org{i:03d}" for i in range(max(1, n_recipients // 50))]
-    recipients, prefs, suppressions, windows, counters, collapses = [], [], [], [], [], []
+    recipients: list[dict[str, Any]] = []
+    prefs: list[dict[str, Any]] = []
+    suppressions: list[dict[str, Any]] = []
+    windows: list[dict[str, Any]] = []
+    counters: list[dict[str, Any]] = []
+    collapses: list[dict[str, Any]] = []
     for uid in users:
         zone = rng.choice(ZONES)
         addresses = {"webhook": f"https://hooks.example/{uid}"} if rng.random() < 0.6 else {}
@@ -139,7 +153,7 @@ def populate(
             if quiet < 0.4
             else (None, None)
         )
-        r = {
+        r: dict[str, Any] = {
             "user_id": uid,
             "timezone": zone,
             "country": rng.choice(COUNTRIES),
@@ -216,7 +230,7 @@ def populate(
     new = []
     for i in range(n_requests):
         t = rng.choices(types, weights)[0]
-        ntype = catalog.get(t)
+        ntype = catalog.types[t]
         new.append(
             ledger.NewRequest(
                 rng.choice(users),
@@ -293,6 +307,7 @@ class Meter:
         self.server_cpu: float | None = (
             None  # the PostgreSQL backend's CPU seconds (None if not visible)
         )
+        self.snapshot_sql = 0.0  # clarion: inside db.gating.snapshot_rows
 
 
 def backend_cpu(pid: int) -> float | None:
@@ -310,7 +325,7 @@ def backend_cpu(pid: int) -> float | None:
 def connection(url: str, meter: Meter):
     """One connection for a whole pass (transactions per batch on it), with its CPU use measured."""
     with engine(url).connect() as conn:
-        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
         conn.commit()
         cpu, server = time.process_time(), backend_cpu(pid)
         yield conn
@@ -325,8 +340,7 @@ def run_clarion(
     """Per batch, in one transaction: recipients + snapshots (six queries), then plan() per request."""
     catalog = runtime.catalog()
     reachable = needs_address(runtime.adapters().values())
-    meter, plans = Meter(), []
-    meter.snapshot_sql = 0.0
+    meter, plans = Meter(), cast(list[Plan], [])
     original, gating.snapshot_rows = _timed_snapshot_rows(meter)
     try:
         return _run_clarion(
@@ -477,7 +491,7 @@ class PerGateSnapshot:
         return self._once(
             "preferences",
             lambda: tuple(
-                tuple(r)
+                Preference.from_row(r)
                 for r in self._query(
                     _Q_PREFERENCES,
                     u=self._request["user_id"],
@@ -490,8 +504,9 @@ class PerGateSnapshot:
     @property
     def window(self):
         def load():
-            row = self._query(_Q_WINDOW, u=self._request["user_id"], now=self._now).first()
-            return (row[0], row[1]) if row else None
+            user = self._request["user_id"]
+            row = self._query(_Q_WINDOW, u=user, now=self._now).first()
+            return OpenWindow(user, row[0], row[1]) if row else None
 
         return self._once("window", load)
 
@@ -511,12 +526,15 @@ class PerGateSnapshot:
             },
         )
 
+    parts: dict[str, object] = {}  # no registered gate reads parts of its own here
+
     @property
     def collapses(self):
         def load():
             key = self._ntype.collapse_key(self._request["variables"])
-            row = self._query(_Q_COLLAPSE, u=self._request["user_id"], k=key, now=self._now).first()
-            return {key: (row[0], row[1], row[2])} if row else {}
+            user = self._request["user_id"]
+            row = self._query(_Q_COLLAPSE, u=user, k=key, now=self._now).first()
+            return {key: CollapseGroup(user, key, row[0], row[1], row[2])} if row else {}
 
         return self._once("collapses", load)
 
@@ -526,16 +544,16 @@ def run_per_gate(
 ) -> tuple[list, float, Meter]:
     catalog = runtime.catalog()
     reachable = needs_address(runtime.adapters().values())
-    meter, plans = Meter(), []
+    meter, plans = Meter(), cast(list[Plan], [])
     with connection(url, meter) as conn:
         start = time.perf_counter()
         for i in range(0, len(requests), batch):
             with conn.begin():
                 for request in requests[i : i + batch]:
                     ntype = catalog.get(request["type_key"])
-                    snapshot = PerGateSnapshot(conn, request, ntype, now, meter)
-                    if snapshot.recipient is None:
-                        snapshot = Snapshot(None)
+                    lazy = PerGateSnapshot(conn, request, ntype, now, meter)
+                    # duck-typed: a Snapshot's attributes, each loaded on first read
+                    snapshot = Snapshot(None) if lazy.recipient is None else cast(Snapshot, lazy)
                     db_before, t0 = meter.db, time.perf_counter()
                     plans.append(
                         plan(
@@ -606,15 +624,17 @@ def main() -> None:
         run_clarion(url, warm, batch=batches[0], now=now)
         run_per_gate(url, warm, batch=batches[0], now=now)
 
-        paths = [
-            (f"clarion, batch {b}", lambda b=b: run_clarion(url, requests, batch=b, now=now))
+        paths: list[tuple[str, Callable[[], tuple[list[Plan], float, Meter]]]] = [
+            (f"clarion, batch {b}", partial(run_clarion, url, requests, batch=b, now=now))
             for b in batches
         ]
         paths.append(
             ("per-gate queries", lambda: run_per_gate(url, requests, batch=batches[0], now=now))
         )
         results: dict[str, list[tuple[float, Meter]]] = {label: [] for label, _ in paths}
-        reference, mismatches, outcomes = None, Counter(), Counter()
+        reference: list[Plan] | None = None
+        mismatches: Counter[str] = Counter()
+        outcomes: Counter[str] = Counter()
         for rnd in range(args.rounds):
             order = paths if rnd % 2 == 0 else list(reversed(paths))  # alternate, against drift
             for label, run in order:
@@ -649,7 +669,7 @@ def main() -> None:
             base_cpu = [m.client_cpu + (m.server_cpu or 0) for _, m in base]
             server = [m.server_cpu for _, m in runs]
             cpu_cell = f"{1e6 * meter.client_cpu / n:.0f}" + (
-                "" if None in server else f" + {1e6 * meter.server_cpu / n:.0f}"
+                "" if None in server else f" + {1e6 * (meter.server_cpu or 0.0) / n:.0f}"
             )
             rows.append(
                 [

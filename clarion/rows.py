@@ -21,8 +21,8 @@ class _FromRow:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any] | Sequence[Any]) -> Self:
-        names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
         if isinstance(row, Mapping):
+            names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
             return cls(**{name: row[name] for name in names if name in row})
         return cls(*row)
 
@@ -174,3 +174,68 @@ class ClaimedDelivery(_FromRow):
             lease_left=created.lease_left or 0.0,
             claimed_at=claimed_at,
         )
+
+
+# --- what the gates read about a recipient (gates.contract.Snapshot), per gate's db module ------
+
+
+@dataclass(frozen=True)
+class Preference(_FromRow):
+    """One of a recipient's settings: scope (type | category | all), its key ('*' for all), the
+    channel ('*': every channel) and whether it is on."""
+
+    scope: str
+    key: str
+    channel: str
+    enabled: bool
+
+
+@dataclass(frozen=True)
+class Suppression(_FromRow):
+    """An address on the suppression list, listed for `user_id` (whoever else holds it)."""
+
+    user_id: str
+    channel: str
+    address: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class HashedSuppression(_FromRow):
+    """A suppression found by the keyed hash of an address about to be used (listed for anyone)."""
+
+    user_id: str
+    channel: str
+    address_hash: str
+    reason: str
+    detail: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class OpenWindow(_FromRow):
+    """A recipient's open activation window: until when, and the type whose nudge opened it."""
+
+    user_id: str
+    until: datetime
+    type_key: str
+
+
+@dataclass(frozen=True)
+class FatigueCount(_FromRow):
+    """Slots taken under a fatigue cap: a scope (`user:<id>`, `org:<id>`) in one bucket."""
+
+    scope: str
+    bucket: str
+    count: int
+
+
+@dataclass(frozen=True)
+class CollapseGroup(_FromRow):
+    """An open collapse group: its leader request, when its window ends, members so far."""
+
+    user_id: str
+    key: str
+    leader_id: int
+    until: datetime
+    count: int

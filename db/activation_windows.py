@@ -12,15 +12,16 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from clarion.db.ledger import THESE_USERS
+from clarion.rows import OpenWindow
 
 _WINDOWS = text(
     f"SELECT user_id, until, type_key FROM activation_windows {THESE_USERS} WHERE until > :now"
 )
 
 
-def open_windows(conn: Connection, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-    """(user_id, until, type_key) of the open windows of `params["users"]` at `params["now"]`."""
-    return [tuple(r) for r in conn.execute(_WINDOWS, params)]
+def open_windows(conn: Connection, params: Mapping[str, Any]) -> list[OpenWindow]:
+    """The open windows of `params["users"]` at `params["now"]`."""
+    return [OpenWindow.from_row(r) for r in conn.execute(_WINDOWS, params)]
 
 
 _CLAIM_WINDOW = text(
@@ -34,7 +35,7 @@ _CLAIM_WINDOW = text(
     RETURNING request_id
     """
 )
-_WINDOW = text("SELECT until, type_key FROM activation_windows WHERE user_id = :user_id")
+_WINDOW = text("SELECT user_id, until, type_key FROM activation_windows WHERE user_id = :user_id")
 
 
 def claim_window(
@@ -45,8 +46,8 @@ def claim_window(
     type_key: str,
     now: datetime,
     until: datetime,
-) -> tuple[datetime, str] | None:
-    """Open the recipient's activation window; None if we did, else (until, type) of the open one."""
+) -> OpenWindow | None:
+    """Open the recipient's activation window; None if we did, else the open one."""
     won = conn.execute(
         _CLAIM_WINDOW,
         {
@@ -59,5 +60,4 @@ def claim_window(
     ).first()
     if won is not None:
         return None
-    row = conn.execute(_WINDOW, {"user_id": user_id}).one()
-    return row[0], row[1]
+    return OpenWindow.from_row(conn.execute(_WINDOW, {"user_id": user_id}).one())

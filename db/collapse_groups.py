@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from clarion.db.ledger import THESE_USERS
+from clarion.rows import CollapseGroup
 
 _COLLAPSES = text(
     "SELECT user_id, collapse_key, leader_id, window_until, count FROM collapse_groups "
@@ -19,9 +20,9 @@ _COLLAPSES = text(
 )
 
 
-def open_groups(conn: Connection, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-    """(user_id, key, leader_id, until, count) of the open groups of `params["users"]`."""
-    return [tuple(r) for r in conn.execute(_COLLAPSES, params)]
+def open_groups(conn: Connection, params: Mapping[str, Any]) -> list[CollapseGroup]:
+    """The open groups of `params["users"]` at `params["now"]`."""
+    return [CollapseGroup.from_row(r) for r in conn.execute(_COLLAPSES, params)]
 
 
 _CLAIM_COLLAPSE = text(
@@ -32,20 +33,20 @@ _CLAIM_COLLAPSE = text(
         leader_id = CASE WHEN g.window_until > :now THEN g.leader_id ELSE excluded.leader_id END,
         count = CASE WHEN g.window_until > :now THEN g.count + 1 ELSE 1 END,
         window_until = CASE WHEN g.window_until > :now THEN g.window_until ELSE excluded.window_until END
-    RETURNING leader_id, window_until, count
+    RETURNING user_id, collapse_key, leader_id, window_until, count
     """
 )
 
 
 def claim_collapse(
     conn: Connection, user_id: str, *, key: str, request_id: int, now: datetime, until: datetime
-) -> tuple[int, datetime, int]:
-    """Join or lead the collapse group; returns (leader request id, window end, members so far)."""
+) -> CollapseGroup:
+    """Join or lead the collapse group; returns the group (its leader, window end, members so far)."""
     row = conn.execute(
         _CLAIM_COLLAPSE,
         {"user_id": user_id, "key": key, "request_id": request_id, "now": now, "until": until},
     ).one()
-    return row[0], row[1], row[2]
+    return CollapseGroup.from_row(row)
 
 
 _JOIN_COLLAPSE = text(

@@ -11,15 +11,17 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from clarion.rows import FatigueCount
+
 _COUNTERS = text(
     "SELECT scope, bucket, count FROM fatigue_counters "
     "JOIN unnest(CAST(:scopes AS text[])) AS these(scope) USING (scope) WHERE expires_at > :now"
 )
 
 
-def live_counters(conn: Connection, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-    """(scope, bucket, count) of the unexpired counters of `params["scopes"]` at `params["now"]`."""
-    return [tuple(r) for r in conn.execute(_COUNTERS, params)]
+def live_counters(conn: Connection, params: Mapping[str, Any]) -> list[FatigueCount]:
+    """The unexpired counters of `params["scopes"]` at `params["now"]`."""
+    return [FatigueCount.from_row(r) for r in conn.execute(_COUNTERS, params)]
 
 
 _CLAIM_CAP = text(

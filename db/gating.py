@@ -8,15 +8,24 @@ them with the others, so a snapshot stays six queries whatever the number of rec
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import Connection, text
 
 from clarion import hashing, settings
 from clarion.db import activation_windows, collapse_groups, fatigue_counters
 from clarion.db.ledger import THESE_USERS
+from clarion.rows import (
+    CollapseGroup,
+    FatigueCount,
+    HashedSuppression,
+    OpenWindow,
+    Preference,
+    Suppression,
+)
 
 # Joined with the arrays, not `= ANY(:users)`: a prepared statement's generic plan walks the array
 # for every row it reads (db/ledger.py, THESE_USERS, has the measurements).
@@ -33,6 +42,19 @@ _HASHED_SUPPRESSIONS = text(
 )
 
 
+@dataclass(frozen=True)
+class SnapshotRows:
+    """What the gates read about a batch of recipients, as rows (gates.apply groups them into
+    one Snapshot per recipient)."""
+
+    preferences: dict[str, list[Preference]]  # by user
+    suppressions: list[Suppression]  # listed for these users
+    hashed_suppressions: list[HashedSuppression]  # their addresses, listed for anyone
+    windows: list[OpenWindow]
+    counters: list[FatigueCount]
+    collapses: list[CollapseGroup]
+
+
 def snapshot_rows(
     conn: Connection,
     users: Iterable[str],
@@ -40,28 +62,41 @@ def snapshot_rows(
     *,
     now: datetime,
     hashed: Iterable[tuple[str, str]] = (),
-) -> dict[str, Any]:
+) -> SnapshotRows:
     """Everything the gates read about these recipients, in six indexed queries (`hashed`:
     (channel, keyed hash) of their addresses, matched against everyone's suppressions)."""
-    users = list(set(users))
     pairs = set(hashed)
     params = {
-        "users": users,
+        "users": list(set(users)),
         "now": now,
         "scopes": list(set(scopes)),
         "channels": sorted({channel for channel, _ in pairs}),
         "hashed": sorted({digest for _, digest in pairs}),
     }
-    return {
-        "preferences": [tuple(r) for r in conn.execute(_PREFERENCES, params)],
-        "suppressions": [tuple(r) for r in conn.execute(_SUPPRESSIONS, params)],
-        "hashed_suppressions": [tuple(r) for r in conn.execute(_HASHED_SUPPRESSIONS, params)]
+    return SnapshotRows(
+        preferences=_preferences(conn, params),
+        suppressions=[Suppression.from_row(r) for r in conn.execute(_SUPPRESSIONS, params)],
+        hashed_suppressions=[
+            HashedSuppression.from_row(r) for r in conn.execute(_HASHED_SUPPRESSIONS, params)
+        ]
         if params["hashed"]
         else [],
-        "windows": activation_windows.open_windows(conn, params),
-        "counters": fatigue_counters.live_counters(conn, params),
-        "collapses": collapse_groups.open_groups(conn, params),
-    }
+        windows=activation_windows.open_windows(conn, params),
+        counters=fatigue_counters.live_counters(conn, params),
+        collapses=collapse_groups.open_groups(conn, params),
+    )
+
+
+def preferences_of(conn: Connection, users: Iterable[str]) -> dict[str, list[Preference]]:
+    """The settings of these recipients, by user (one with none is absent)."""
+    return _preferences(conn, {"users": list(set(users))})
+
+
+def _preferences(conn: Connection, params: dict[str, object]) -> dict[str, list[Preference]]:
+    found: defaultdict[str, list[Preference]] = defaultdict(list)
+    for user_id, *setting in conn.execute(_PREFERENCES, params):
+        found[user_id].append(Preference.from_row(setting))
+    return dict(found)
 
 
 _DEFER = text(

@@ -4,7 +4,7 @@ claim in PostgreSQL); a nudge that meets an open window is skipped, or deferred 
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from sqlalchemy import Connection
 
@@ -18,6 +18,7 @@ from clarion.gates.contract import (
     Plan,
     with_step,
 )
+from clarion.rows import OpenWindow
 
 
 def plan(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
@@ -26,7 +27,7 @@ def plan(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
         return p, channels
     if ntype.window_exempt:
         return with_step(p, "activation_window", "allow", "exempt", "window-exempt type"), channels
-    if snapshot.window is not None and snapshot.window[0] > now:
+    if snapshot.window is not None and snapshot.window.until > now:
         return blocked_by_window(p, snapshot.window), []
     until = now + timedelta(hours=policy.activation_window_hours)
     return replace(
@@ -35,10 +36,12 @@ def plan(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
     ), channels
 
 
-def blocked_by_window(p: Plan, window: tuple[datetime, str]) -> Plan:
+def blocked_by_window(p: Plan, window: OpenWindow) -> Plan:
     """The plan for a nudge that meets an open window: skipped, or deferred to its end (per type)."""
-    until, opener = window
-    detail = f"another activation nudge ({opener}) holds the window until {until.isoformat()}"
+    until = window.until
+    detail = (
+        f"another activation nudge ({window.type_key}) holds the window until {until.isoformat()}"
+    )
     if p.on_window == "defer":
         return replace(
             with_step(p, "activation_window", "defer", "activation_window", detail, until=until),

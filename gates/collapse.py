@@ -20,7 +20,7 @@ from clarion.gates.contract import (
     Snapshot,
     with_step,
 )
-from clarion.rows import PlannedRequest
+from clarion.rows import CollapseGroup, PlannedRequest
 
 
 def plan(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
@@ -30,7 +30,7 @@ def plan(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
     if key is None or spec is None:
         return p, channels
     if (follows := open_group(request, ntype, snapshot, now)) is not None:
-        return collapsed(p, *follows), []
+        return collapsed(p, follows), []
     until = now + timedelta(seconds=spec.window_seconds)
     return replace(
         with_step(p, "collapse", "allow", "leads_group", f"key {key!r} until {until.isoformat()}"),
@@ -40,18 +40,23 @@ def plan(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
 
 def open_group(
     request: PlannedRequest, ntype: NotificationType, snapshot: Snapshot, now: datetime
-) -> tuple[str, tuple[int, datetime, int]] | None:
-    """(key, group) of the open collapse group this request would follow, or None."""
+) -> CollapseGroup | None:
+    """The open collapse group this request would follow, or None."""
     key = ntype.collapse_key(request.variables)
     group = snapshot.collapses.get(key) if key is not None else None
-    if key is None or group is None or group[1] <= now or group[0] == request.id:
+    if group is None or group.until <= now or group.leader_id == request.id:
         return None
-    return key, group
+    return group
 
 
-def collapsed(p: Plan, key: str, group: tuple[int, datetime, int]) -> Plan:
-    leader, until, count = group
-    detail = f"collapsed into request {leader} (key {key!r}, {count + 1} so far, window until {until.isoformat()})"
+def collapsed(p: Plan, group: CollapseGroup, *, joining: int = 1) -> Plan:
+    """The plan for a follower of `group`: counted on it (`joining`: the members it will have
+    gained, this request included, when the follower joins it)."""
+    key = group.key
+    detail = (
+        f"collapsed into request {group.leader_id} (key {key!r}, {group.count + joining} so far, "
+        f"window until {group.until.isoformat()})"
+    )
     return replace(
         with_step(p, "collapse", "collapse", "collapsed", detail),
         collapse=None,
@@ -68,10 +73,10 @@ def claim(conn: Connection, p: Plan, c: ClaimContext) -> Plan:
         return p
     key, until = p.collapse
     r = c.request
-    leader, group_until, count = collapse_groups.claim_collapse(
+    group = collapse_groups.claim_collapse(
         conn, r.user_id, key=key, request_id=r.id, now=c.now, until=until
     )
-    return p if leader == r.id else collapsed(p, key, (leader, group_until, count - 1))
+    return p if group.leader_id == r.id else collapsed(p, group, joining=0)
 
 
 GATE = FunctionGate("collapse", plan)

@@ -2,8 +2,11 @@
 
 A per-request gate is a `Gate`: a name and a pure `plan` step. A gate that must win a race in
 PostgreSQL (the activation window, fatigue caps, collapse) names its claim on the `Plan` and is
-also a `Claim`: gates.apply makes the claims in `pipeline.CLAIMS` order. The gates themselves are
-one module each beside this one; gates.pipeline holds the ordered lists and the runner.
+also a `Claim`: gates.apply makes the claims in `pipeline.CLAIMS` order. A gate that reads rows of
+its own has a `SnapshotPart`: gates.apply reads it for the whole batch with the snapshot (the
+route and the dry run alike), and the gate finds its recipient's share with `Snapshot.part`. The
+gates themselves are one module each beside this one; gates.pipeline holds the ordered lists and
+the runner.
 """
 
 from __future__ import annotations
@@ -11,14 +14,23 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, TypeVar, cast
 
 from sqlalchemy import Connection
 
 from clarion.catalog import NotificationType
 from clarion.catalog.model import Policy
-from clarion.gates import preferences
-from clarion.rows import PlannedRequest, Recipient, ResolvedRequest
+from clarion.rows import (
+    CollapseGroup,
+    OpenWindow,
+    PlannedRequest,
+    Preference,
+    Recipient,
+    ResolvedRequest,
+)
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 
 @dataclass(frozen=True)
@@ -38,17 +50,32 @@ class Snapshot:
     """What the gates may look at for one recipient, read in one go."""
 
     recipient: Recipient | None
-    preferences: tuple[preferences.Preference, ...] = ()
-    suppressed: Mapping[tuple[str, str], str] = field(
-        default_factory=dict
-    )  # (channel, address) -> reason
-    window: tuple[datetime, str] | None = None  # (until, type that opened it)
-    counters: Mapping[tuple[str, str], int] = field(
-        default_factory=dict
-    )  # (scope, bucket) -> count
-    collapses: Mapping[str, tuple[int, datetime, int]] = field(
-        default_factory=dict
-    )  # key -> (leader, until, n)
+    preferences: tuple[Preference, ...] = ()
+    # (channel, address) -> reason
+    suppressed: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    window: OpenWindow | None = None
+    # (scope, bucket) -> count
+    counters: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    collapses: Mapping[str, CollapseGroup] = field(default_factory=dict)  # by collapse key
+    # a registered gate's own rows for this recipient, by its SnapshotPart's name
+    parts: Mapping[str, object] = field(default_factory=dict)
+
+    def part(self, reader: SnapshotPart[T]) -> T | None:
+        """This recipient's share of `reader`'s rows (None: it read nothing for them)."""
+        return cast("T | None", self.parts.get(reader.name))
+
+
+class SnapshotPart(Protocol[T_co]):
+    """A gate's own snapshot query: `read` runs once per batch, inside the snapshot's
+    transaction, and returns each recipient's share by user id (a recipient with nothing may be
+    absent). Its `name` keys the share in `Snapshot.parts`."""
+
+    @property
+    def name(self) -> str: ...
+
+    def read(
+        self, conn: Connection, recipients: Mapping[str, Recipient], now: datetime
+    ) -> Mapping[str, T_co]: ...
 
 
 @dataclass(frozen=True)

@@ -47,12 +47,13 @@ from clarion.gates.contract import (
     Gate,
     Plan,
     Snapshot,
+    SnapshotPart,
     Step,
 )
 from clarion.rows import PlannedRequest, Recipient
 from clarion.scheduling.zones import country_of
 
-_Named = TypeVar("_Named", Gate, Claim)
+_Named = TypeVar("_Named", Gate, Claim, SnapshotPart[object])
 
 # The channel gates, in order, for each of the type's channels.
 CHANNEL_GATES: list[ChannelGate] = [
@@ -77,6 +78,10 @@ GATES: list[Gate] = [
 # collapse claims before caps; a leader that then finds the cap spent is folded, and the route's
 # savepoint takes its leadership back. The window comes first: a nudge it blocks claims nothing.
 CLAIMS: list[Claim] = [activation_window.CLAIM, collapse.CLAIM, fatigue_caps.CLAIM]
+
+# The registered gates' own snapshot queries (gates.apply.snapshots reads them with the rest). The
+# built-in gates' rows are Snapshot fields instead: gates.simulate evolves them on a virtual clock.
+PARTS: list[SnapshotPart[object]] = []
 
 
 def plan(
@@ -145,22 +150,34 @@ def register(
     before: str | None = None,
     claim: Claim | None = None,
     claim_before: str | None = None,
+    snapshot: SnapshotPart[object] | None = None,
 ) -> None:
     """Add a gate to the pipeline: last, or just before the gate named `before`; with its
-    `claim`, if it has one, in CLAIMS (last, or just before the claim named `claim_before`)."""
+    `claim`, if it has one, in CLAIMS (last, or just before the claim named `claim_before`); and
+    its own `snapshot` query, if it reads rows of its own (its share: `Snapshot.part`)."""
+    _free(GATES, gate)  # all or nothing: refuse a taken name before inserting any
+    _free(CLAIMS, claim)
+    _free(PARTS, snapshot)
     _insert(GATES, gate, before)
     if claim is not None:
         _insert(CLAIMS, claim, claim_before)
+    if snapshot is not None:
+        _insert(PARTS, snapshot, None)
 
 
 def unregister(name: str) -> None:
-    """Take the gate named `name` (and its claim) out of the pipeline (a test's own gate)."""
+    """Take the gate named `name` (its claim and snapshot query too) out of the pipeline (a
+    test's own gate)."""
     GATES[:] = [g for g in GATES if g.name != name]
     CLAIMS[:] = [c for c in CLAIMS if c.name != name]
+    PARTS[:] = [p for p in PARTS if p.name != name]
+
+
+def _free(ordered: list[_Named], entry: _Named | None) -> None:
+    if entry is not None and entry.name in [e.name for e in ordered]:
+        raise ValueError(f"a gate named {entry.name!r} is already registered")
 
 
 def _insert(ordered: list[_Named], entry: _Named, before: str | None) -> None:
     names = [e.name for e in ordered]
-    if entry.name in names:
-        raise ValueError(f"a gate named {entry.name!r} is already registered")
     ordered.insert(names.index(before) if before is not None else len(ordered), entry)

@@ -16,11 +16,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from clarion.catalog import NotificationType
+from clarion.rows import Preference
 
 LOCKED_CATEGORIES = frozenset({"transactional", "security"})
 MARKETING_OPT_OUT_COUNTRIES = frozenset({"US"})
-
-Preference = tuple[str, str, str, bool]  # (scope, key, channel, enabled)
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ def resolve(
     """Whether `ntype` may go to this recipient on `channel`, and which rule said so."""
     if locked(ntype):
         return Resolution(True, f"locked ({ntype.category})")
-    table = {(scope, key, ch): enabled for scope, key, ch, enabled in preferences}
+    table = {(p.scope, p.key, p.channel): p.enabled for p in preferences}
     for scope, key in (("type", ntype.key), ("category", ntype.category), ("all", "*")):
         for ch in (channel, "*"):
             if (scope, key, ch) in table:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from clarion.gates.contract import Plan, Snapshot
-from clarion.rows import PlannedRequest
+from clarion.rows import CollapseGroup, OpenWindow, PlannedRequest
 
 
 def applied(snapshot: Snapshot, plan: Plan, request: PlannedRequest) -> Snapshot:
@@ -18,12 +18,13 @@ def applied(snapshot: Snapshot, plan: Plan, request: PlannedRequest) -> Snapshot
         return snapshot
     window = snapshot.window
     if plan.window_until is not None:
-        window = (plan.window_until, request.type_key)
+        window = OpenWindow(request.user_id, plan.window_until, request.type_key)
     counters = dict(snapshot.counters)
     for cap in plan.caps:
         counters[(cap.scope, cap.bucket)] = counters.get((cap.scope, cap.bucket), 0) + 1
     collapses = dict(snapshot.collapses)
     if plan.collapse is not None:
         key, until = plan.collapse
-        collapses[key] = (request.id or 0, until, 1)  # a simulated request always has one
+        # a simulated request always has an id
+        collapses[key] = CollapseGroup(request.user_id, key, request.id or 0, until, 1)
     return replace(snapshot, window=window, counters=counters, collapses=collapses)

@@ -71,12 +71,9 @@ def get_preferences(user_id: str) -> dict[str, Any]:
         recipient = ledger.recipient(conn, user_id)  # None when unknown or erased
         if recipient is None:
             raise UnknownRecipient(user_id)
-        rows = [
-            tuple(r[1:])
-            for r in gating.snapshot_rows(conn, [user_id], [], now=clock.now())["preferences"]
-        ]
+        rows = gating.preferences_of(conn, [user_id]).get(user_id, [])
     country = country_of(recipient["country"], recipient["timezone"])
-    settings = {_name(scope, key, channel): enabled for scope, key, channel, enabled in rows}
+    settings = {_name(r.scope, r.key, r.channel): r.enabled for r in rows}
     types = {
         t.key: {c: vars(resolution.resolve(t, c, rows, country)) for c in t.channels}
         for t in catalog.types.values()

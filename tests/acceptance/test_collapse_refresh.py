@@ -5,7 +5,6 @@ collapse leader's Slack message showing its group's count, then close it, on the
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,12 @@ types:
         title: "{{ collapsed_count }} hosts{{ ' (and counting)' if collapse_open else '' }}"
         body: "first: {{ host }}"
 """
+
+
+def _owed_or_leased() -> int:
+    return counts(
+        "SELECT count(*) FROM collapse_refreshes WHERE due_at IS NOT NULL OR lease_until IS NOT NULL"
+    )
 
 
 def _titles(fake: FakeSlack) -> list[str]:
@@ -70,7 +75,10 @@ def test_beat_and_a_worker_update_the_leader_in_place_and_close_it(
             )
             assert launch.wait_until(lambda: "4 hosts (and counting)" in _titles(fake), 30, 0.1)
             assert launch.wait_until(lambda: _titles(fake)[-1:] == ["4 hosts"], 30, 0.1)
-            time.sleep(1.5)  # a few more beats: nothing more is owed
+            # Not a guessed quiet spell: an update comes only from an owed row, and the job sets
+            # the message before it lets its row go (db.refresh.finish). So once no row is owed
+            # or leased, every update there will be has been made.
+            assert launch.wait_until(lambda: _owed_or_leased() == 0, 30, 0.1)
         finally:
             cluster.stop()
     assert _titles(fake) == ["4 hosts (and counting)", "4 hosts"]

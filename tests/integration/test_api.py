@@ -231,7 +231,7 @@ def test_every_unauthenticated_request_is_a_401_before_its_body_is_read(client, 
 
     live = create_key("live", ["events:write"]).secret
     revoked = create_key("gone", ["events:write"]).secret
-    with pytest.raises(SystemExit) as done:
+    with pytest.raises(SystemExit, match=r"^0$") as done:
         main(["keys", "revoke", revoked.split("_")[1]])
     assert done.value.code == 0
     prefix = live.split("_")[1]
@@ -284,7 +284,7 @@ def test_a_key_without_the_scope_is_a_403(client, ann):
 def test_keys_are_shown_once_and_stored_hashed(clarion_env, capsys):
     from clarion.ops.cli import main
 
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match=r"^0$"):
         main(["keys", "create", "--name", "billing", "--scope", "events:write", "--rate", "50/10s"])
     secret = capsys.readouterr().out.strip()
     assert secret.startswith("clk_")
@@ -297,20 +297,20 @@ def test_keys_are_shown_once_and_stored_hashed(clarion_env, capsys):
         50,
         10,
     )
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match=r"^0$"):
         main(["keys", "list"])
     listed = capsys.readouterr().out
     assert (
         stored["prefix"] in listed and "billing" in listed and secret.split("_", 2)[2] not in listed
     )
-    with pytest.raises(SystemExit) as bad:
+    with pytest.raises(SystemExit, match=r"^2$") as bad:
         main(["keys", "create", "--name", "x", "--scope", "everything"])
     assert bad.value.code == 2 and "unknown scope everything" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as twice:
+    with pytest.raises(SystemExit, match=r"^0$") as twice:
         main(["keys", "revoke", stored["prefix"]])
         main(["keys", "revoke", stored["prefix"]])
     assert twice.value.code == 0
-    with pytest.raises(SystemExit) as again:
+    with pytest.raises(SystemExit, match=r"^2$") as again:
         main(["keys", "revoke", stored["prefix"]])
     assert again.value.code == 2 and "no live API key" in capsys.readouterr().err
 

@@ -1,5 +1,6 @@
 """A gate added by one module and one registration line, against real PostgreSQL: the dry run
-(`clarion send --dry-run`: tasks.planning.preview) and the real route agree on it."""
+(`clarion send --dry-run`: tasks.planning.preview) and the real route agree on it, and on the rows
+it reads of its own with the snapshot (tests/support/weekday_gate.py: first contact on a weekend)."""
 
 from __future__ import annotations
 
@@ -19,21 +20,23 @@ from tests.support.gates import (
     decisions_of,
     deliveries_of,
     fresh_event,
+    send_and_route,
     use_gates_catalog,
 )
 from tests.support.pipeline import configure
-from tests.support.weekday_gate import WeekdayOnly
+from tests.support.weekday_gate import GATE
 
 pytestmark = pytest.mark.integration
 
-SATURDAY = datetime(2026, 12, 5, 11, 0, tzinfo=UTC)  # 12:00 in Berlin
+FRIDAY = datetime(2026, 12, 4, 11, 0, tzinfo=UTC)  # 12:00 in Berlin
+SATURDAY = datetime(2026, 12, 5, 11, 0, tzinfo=UTC)
 MONDAY = datetime(2026, 12, 7, 11, 0, tzinfo=UTC)
 
 
 @pytest.fixture
 def weekday_gate(clarion_env, monkeypatch) -> Iterator[Receiver]:
     use_gates_catalog(monkeypatch)
-    register(WeekdayOnly(), before="quiet_hours")
+    register(GATE, before="quiet_hours", snapshot=GATE)
     try:
         with Receiver(settings.get().webhook_secret) as running:
             configure(monkeypatch, webhook_url=running.url)
@@ -42,15 +45,27 @@ def weekday_gate(clarion_env, monkeypatch) -> Iterator[Receiver]:
         unregister("weekday_only")
 
 
-@pytest.mark.parametrize(("at", "outcome"), [(SATURDAY, "suppress"), (MONDAY, "deliver")])
-def test_the_dry_run_and_the_route_agree_on_a_new_gate(weekday_gate, at, outcome) -> None:
-    clock = VirtualClock(at)
+@pytest.mark.parametrize(
+    ("at", "contacted", "outcome", "reason"),
+    [
+        pytest.param(SATURDAY, True, "suppress", "weekend", id="weekend"),
+        pytest.param(SATURDAY, False, "deliver", "first_contact", id="weekend-first-contact"),
+        pytest.param(MONDAY, True, "deliver", "weekday", id="weekday"),
+    ],
+)
+def test_the_dry_run_and_the_route_agree_on_a_new_gate(
+    weekday_gate, at, contacted, outcome, reason
+) -> None:
+    clock = VirtualClock(FRIDAY)
     try:
         register_recipient("wes", timezone="Europe/Berlin")
+        if contacted:  # a receipt on Friday: the gate's own snapshot rows count it
+            assert deliveries_of("wes", send_and_route("wes", "receipt", {"order": "A-0"}))
+        clock.set(at)
         event = fresh_event()
         planned = preview("wes", "receipt", event_id=event, variables={"order": "A-1"})
         assert planned.outcome == outcome
-        assert "weekday_only" in [s.gate for s in planned.steps]
+        assert [s.reason for s in planned.steps if s.gate == "weekday_only"] == [reason]
         request_id = notify("wes", "receipt", event_id=event, variables={"order": "A-1"}).request_id
         assert route(["wes"], [request_id]) == 1
         expected = [(s.gate, s.outcome, s.reason, s.channel, s.detail) for s in planned.decisions]
@@ -64,3 +79,5 @@ def test_the_dry_run_and_the_route_agree_on_a_new_gate(weekday_gate, at, outcome
         assert expected == [
             ("weekday_only", "suppress", "weekend", None, "Saturday in Europe/Berlin")
         ]
+    else:
+        assert planned.channels != ()

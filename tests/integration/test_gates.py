@@ -11,10 +11,11 @@
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -214,7 +215,8 @@ CASES = st.builds(
     suppressed=st.sampled_from((None, None, "webhook", "console")),
 )
 
-_BASE = dict(
+_BASE = Case(
+    type_key="receipt",  # every example names its own
     zone="Europe/Berlin",
     country=None,
     quiet=None,
@@ -230,27 +232,23 @@ _BASE = dict(
 )
 # Every outcome at least once, whatever hypothesis draws.
 EXAMPLES = [
-    Case(**{**_BASE, "type_key": "cpu_alert", "collapse_seconds_ago": 5}),  # collapse
-    Case(**{**_BASE, "type_key": "tip", "capped_before": 3, "org": True}),  # fold
-    Case(**{**_BASE, "type_key": "stalled_plan", "window_hours_ago": 1.0}),  # window: skip
-    Case(**{**_BASE, "type_key": "goal_prompt", "window_hours_ago": 47.5}),  # window: defer
-    Case(**{**_BASE, "type_key": "kickoff", "quiet": ("09:00", "17:30")}),  # quiet hours
-    Case(**{**_BASE, "type_key": "promo", "country": "US", "settings": {"all/console": False}}),
-    Case(
-        **{
-            **_BASE,
-            "type_key": "promo",
-            "suppressed": "webhook",
-            "settings": {"category:marketing": True},
-        }
+    replace(_BASE, type_key="cpu_alert", collapse_seconds_ago=5),  # collapse
+    replace(_BASE, type_key="tip", capped_before=3, org=True),  # fold
+    replace(_BASE, type_key="stalled_plan", window_hours_ago=1.0),  # window: skip
+    replace(_BASE, type_key="goal_prompt", window_hours_ago=47.5),  # window: defer
+    replace(_BASE, type_key="kickoff", quiet=("09:00", "17:30")),  # quiet hours
+    replace(_BASE, type_key="promo", country="US", settings={"all/console": False}),
+    replace(
+        _BASE,
+        type_key="promo",
+        suppressed="webhook",
+        settings={"category:marketing": True},
     ),
-    Case(
-        **{
-            **_BASE,
-            "type_key": "security_code",
-            "settings": {"all": False},
-            "quiet": ("09:00", "17:30"),
-        }
+    replace(
+        _BASE,
+        type_key="security_code",
+        settings={"all": False},
+        quiet=("09:00", "17:30"),
     ),
 ]
 
@@ -696,7 +694,7 @@ def test_alerts_with_one_collapse_key_inside_the_window_make_one_delivery(gates,
 
 def _three_followers(vclock: VirtualClock, batch: bool) -> list[int]:
     """A cpu_alert leader and three followers on the same cluster, 20 s apart or in one route batch."""
-    items = [
+    items: list[dict[str, Any]] = [
         dict(
             user_id="fay",
             type_key="cpu_alert",
@@ -709,11 +707,11 @@ def _three_followers(vclock: VirtualClock, batch: bool) -> list[int]:
         made = notify_many(items)
         route(["fay"] * 4, [e.request_id for e in made])
         return [e.request_id for e in made]
-    made = []
+    one_by_one: list[int] = []
     for item in items:
-        made.append(send_and_route("fay", "cpu_alert", item["variables"], item["event_id"]))
+        one_by_one.append(send_and_route("fay", "cpu_alert", item["variables"], item["event_id"]))
         vclock.advance(seconds=20)
-    return made
+    return one_by_one
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["one_by_one", "one_batch"])
@@ -958,7 +956,7 @@ def test_set_preferences_rejects_bad_settings_and_writes_nothing(gates, bad):
     register_recipient("quinn", timezone="Europe/Berlin")
     set_preferences("quinn", {"type:tip": False})
     before = get_preferences("quinn")
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidRequest, match=rf"(^|'){re.escape(next(iter(bad)))}('|: )"):
         set_preferences("quinn", {"all": False, "type:promo": True, **bad})  # valid ones first
     assert get_preferences("quinn") == before
     assert rows("SELECT scope, key, channel, enabled FROM preferences") == [

@@ -55,7 +55,7 @@ def stranded(
     request = notify(user, type_key, event_id=event, variables=variables)
     configure(monkeypatch, faults="route.after_commit=raise")
     try:
-        with pytest.raises(FaultInjected):
+        with pytest.raises(FaultInjected, match=r"^route\.after_commit$"):
             route([user], [request.request_id])
     finally:
         configure(monkeypatch, faults="")
@@ -101,7 +101,7 @@ def test_an_item_without_content_fails_for_good():
     from clarion.adapters.inapp import to_request
     from clarion.records import Message
 
-    with pytest.raises(PermanentSendError):
+    with pytest.raises(PermanentSendError, match=r"^empty: type t renders no title or body$"):
         to_request(Message(1, "u", "t", "o", "in_app", {"title": "", "body": ""}))
 
 

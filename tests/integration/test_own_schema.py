@@ -352,11 +352,14 @@ def test_outbox_on_a_host_connection_rolled_back_never_existed(shared):
     with engine().connect() as conn:
         before = row_counts(conn, "clarion")
     assert before["requests"] == before["recipients"] == 0
-    with pytest.raises(HostFailed), eng.begin() as conn:
+    with (
+        pytest.raises(HostFailed, match=r"^the host app failed after clarion wrote$"),
+        eng.begin() as conn,
+    ):
         _host_order(conn, "h3")
         register_recipient("cat", timezone="UTC", connection=conn)
         notify("cat", "receipt", event_id="e1", variables=ORDER, connection=conn)
-        raise HostFailed
+        raise HostFailed("the host app failed after clarion wrote")
     with engine().connect() as conn:
         assert row_counts(conn, "clarion") == before
     assert tick()["requests"] == 0

@@ -102,7 +102,7 @@ def _unsent(user: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Key, str]:
     Returns its key and that token."""
     configure(monkeypatch, faults="route.after_commit=raise")
     request = notify(user, "receipt", event_id="e1", variables=ORDER)
-    with pytest.raises(FaultInjected):
+    with pytest.raises(FaultInjected, match=r"^route\.after_commit$"):
         route([user], [request.request_id])
     configure(monkeypatch, faults=None)
     [row] = rows("SELECT user_id, id, state, attempts, claim_token FROM deliveries")
@@ -157,9 +157,12 @@ def test_an_outbox_request_rolled_back_with_the_callers_transaction_leaves_no_ro
     class CallerFailed(Exception):
         pass
 
-    with pytest.raises(CallerFailed), engine().begin() as conn:
+    with (
+        pytest.raises(CallerFailed, match=r"^the caller failed after notify$"),
+        engine().begin() as conn,
+    ):
         notify(ann, "receipt", event_id="e1", variables=ORDER, connection=conn)
-        raise CallerFailed
+        raise CallerFailed("the caller failed after notify")
     assert count("requests") == 0
     assert _tick() == NOTHING
     assert published(LANE)[ROUTE] == []
@@ -704,7 +707,7 @@ def test_a_worker_whose_claim_was_taken_during_the_send_records_a_possible_dupli
 def test_a_request_whose_publish_was_lost_is_routed_by_the_sweeper(ann, monkeypatch):
     configure(monkeypatch, faults="notify.before_publish=raise")
     with frozen_clock() as clk:
-        with pytest.raises(FaultInjected):
+        with pytest.raises(FaultInjected, match=r"^notify\.before_publish$"):
             notify(ann, "receipt", event_id="e1", variables=ORDER)
         [request] = rows("SELECT id, state, due_at FROM requests")
         assert (request["state"], request["due_at"]) == ("pending", clk.now + timedelta(seconds=30))
@@ -725,7 +728,7 @@ def test_deliveries_a_route_died_before_sending_are_sent_after_the_sweeper(
     configure(monkeypatch, faults="route.after_commit=raise*1")
     with frozen_clock() as clk:
         request = notify(ann, "receipt", event_id="e1", variables=ORDER)
-        with pytest.raises(FaultInjected):
+        with pytest.raises(FaultInjected, match=r"^route\.after_commit$"):
             route([ann], [request.request_id])
         [row] = rows("SELECT user_id, id, state, attempts, due_at, lease_until FROM deliveries")
         assert (row["state"], row["attempts"]) == ("claimed", 1)
@@ -750,7 +753,7 @@ def test_a_route_that_fails_before_commit_leaves_the_request_to_be_routed_again(
     configure(monkeypatch, faults="route.before_commit=raise*1")
     with frozen_clock() as clk:
         request = notify(ann, "two_channels", event_id="e1")
-        with pytest.raises(FaultInjected):
+        with pytest.raises(FaultInjected, match=r"^route\.before_commit$"):
             route([ann], [request.request_id])
         assert rows("SELECT state FROM requests") == [{"state": "pending"}]
         assert (count("deliveries"), count("decisions")) == (0, 0)

@@ -225,13 +225,13 @@ def test_links_name_known_recipients_and_a_sane_ttl(client) -> None:
 
 
 def test_clarion_link_prints_a_link_that_opens_the_page(client, capsys) -> None:
-    with pytest.raises(SystemExit) as done:
+    with pytest.raises(SystemExit, match=r"^0$") as done:
         cli.main(["link", "--user", "ann", "--ttl", "2h"])
     assert done.value.code == 0
     url = capsys.readouterr().out.strip()
     assert re.fullmatch(r"http://testserver/preferences\?t=[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+", url)
     assert client.get(url).status_code == 200
-    with pytest.raises(SystemExit) as refused:
+    with pytest.raises(SystemExit, match=r"^2$") as refused:
         cli.main(["link", "--user", "nobody"])
     assert refused.value.code == 2
     assert "unknown recipient 'nobody'" in capsys.readouterr().err

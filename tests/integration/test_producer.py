@@ -73,11 +73,28 @@ REFUSED = {
 }
 
 
-@pytest.mark.parametrize("call, error", REFUSED.values(), ids=REFUSED.keys())
-def test_a_bad_notify_call_raises_a_typed_error_and_writes_nothing(ann, call, error):
+# What each refusal says: it names the type, the recipient or the field at fault.
+REFUSAL = {
+    "unknown type": r"^unknown notification type 'no_such_type': not in catalog ",
+    "missing variable": r"^type 'receipt' needs variables: order$",
+    "unknown recipient": r"^unknown recipient 'bob'$",
+    "neither event nor occurrence": r"^occurrence_key: give exactly one of event_id or occurrence_key$",
+    "both event and occurrence": r"^occurrence_key: give exactly one of event_id or occurrence_key$",
+    "empty event id": r"^event_id: must not be empty$",
+    "empty occurrence key": r"^occurrence_key: must not be empty$",
+    "non-string occurrence key": r"^occurrence_key: must be a string, not 7$",
+    "variables not JSON (object)": r"^variables\.order: must be a JSON value .*, not a object$",
+    "variables not JSON (set)": r"^variables\.extra: must be a JSON value .*, not a set$",
+}
+
+
+@pytest.mark.parametrize(
+    "call, error, refusal", [(*REFUSED[k], REFUSAL[k]) for k in REFUSED], ids=REFUSED.keys()
+)
+def test_a_bad_notify_call_raises_a_typed_error_and_writes_nothing(ann, call, error, refusal):
     call = dict(call)
     before = counts()
-    with pytest.raises(error):
+    with pytest.raises(error, match=refusal):
         notify(call.pop("user_id", ann), **call)
     assert counts() == before
     assert published("transactional")[ROUTE] == []
@@ -137,13 +154,25 @@ REACHES_THE_DATABASE = {
     "NUL in the event id": dict(event_id="e\x001"),
     "user_id None": dict(user_id=None),
 }
+# The field each is refused by, before PostgreSQL sees it.
+STORED_FIELD = {
+    "NaN variable": r"^variables\.order: numbers must be finite, not nan$",
+    "Infinity variable": r"^variables\.order: numbers must be finite, not inf$",
+    "NUL in a variable": r"^variables\.order: must not contain NUL characters$",
+    "NUL in the event id": r"^event_id: must not contain NUL characters$",
+    "user_id None": r"^user_id: must be a string, not None$",
+}
 
 
-@pytest.mark.parametrize("bad", REACHES_THE_DATABASE.values(), ids=REACHES_THE_DATABASE.keys())
-def test_input_postgresql_cannot_store_is_refused_with_a_typed_error(ann, bad):
+@pytest.mark.parametrize(
+    "bad, refusal",
+    [(REACHES_THE_DATABASE[k], STORED_FIELD[k]) for k in REACHES_THE_DATABASE],
+    ids=REACHES_THE_DATABASE.keys(),
+)
+def test_input_postgresql_cannot_store_is_refused_with_a_typed_error(ann, bad, refusal):
     call = {"user_id": ann, "type_key": "receipt", "event_id": "e1", "variables": ORDER, **bad}
     before = counts()
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidRequest, match=refusal):
         notify(call.pop("user_id"), call.pop("type_key"), **call)
     assert counts() == before
 
@@ -230,15 +259,21 @@ BAD_ITEM = {
     "validation error": dict(user_id="ann", type_key="receipt", event_id="e9", variables={}),
     "unknown recipient": dict(user_id="bob", type_key="receipt", event_id="e9", variables=ORDER),
 }
+BAD_ITEM_REFUSAL = {
+    "validation error": r"^type 'receipt' needs variables: order\nin items\[2\]$",
+    "unknown recipient": r"^unknown recipient 'bob'$",
+}
 
 
-@pytest.mark.parametrize("bad", BAD_ITEM.values(), ids=BAD_ITEM.keys())
-def test_notify_many_with_one_bad_item_writes_nothing(ann, bad):
+@pytest.mark.parametrize(
+    "bad, refusal", [(BAD_ITEM[k], BAD_ITEM_REFUSAL[k]) for k in BAD_ITEM], ids=BAD_ITEM.keys()
+)
+def test_notify_many_with_one_bad_item_writes_nothing(ann, bad, refusal):
     good = [
         dict(user_id=ann, type_key="receipt", event_id=f"e{n}", variables=ORDER) for n in range(3)
     ]
     before = counts()
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidRequest, match=refusal):
         notify_many([*good[:2], bad, good[2]])
     assert counts() == before
     assert published("transactional")[ROUTE] == []

@@ -78,18 +78,18 @@ def route_pending() -> None:
 
 
 @pytest.mark.parametrize(
-    ("call", "error"),
+    ("call", "error", "refusal"),
     [
-        (dict(type_key="nope"), UnknownType),
-        (dict(user_id="ghost"), UnknownRecipient),
-        (dict(every="fortnightly-ish"), InvalidRequest),
-        (dict(calendar_policy="maybe"), InvalidRequest),
-        (dict(count=0), InvalidRequest),
-        (dict(anchor="next tuesday"), InvalidRequest),
-        (dict(type_key="tip"), MissingVariables),
+        (dict(type_key="nope"), UnknownType, r"^unknown notification type 'nope'"),
+        (dict(user_id="ghost"), UnknownRecipient, r"^unknown recipient 'ghost'$"),
+        (dict(every="fortnightly-ish"), InvalidRequest, r"^every: cannot read the interval"),
+        (dict(calendar_policy="maybe"), InvalidRequest, r"^calendar_policy: .*not 'maybe'$"),
+        (dict(count=0), InvalidRequest, r"^count: must be a whole number .*, not 0$"),
+        (dict(anchor="next tuesday"), InvalidRequest, r"^anchor: .*not 'next tuesday'$"),
+        (dict(type_key="tip"), MissingVariables, r"^type 'tip' needs variables: n$"),
     ],
 )
-def test_bad_arm_calls_fail_and_write_nothing(gates_catalog, call, error):
+def test_bad_arm_calls_fail_and_write_nothing(gates_catalog, call, error, refusal):
     register_recipient("u1", timezone="Europe/Berlin")
     args = dict(
         user_id="u1",
@@ -100,7 +100,7 @@ def test_bad_arm_calls_fail_and_write_nothing(gates_catalog, call, error):
         count=None,
     )
     args.update(call)
-    with pytest.raises(error):
+    with pytest.raises(error, match=refusal):
         arm_series(args.pop("user_id"), args.pop("type_key"), **args)
     assert rows("SELECT count(*) FROM series") == [(0,)]
 
@@ -166,7 +166,7 @@ def test_a_tick_whose_commit_fails_writes_and_counts_nothing(
     now = virtual_clock.advance(days=3, hours=1, minutes=30)  # three missed, one to send
     missed = counted("clarion_suppressed_total", gate="schedule", reason="missed")
     configure(monkeypatch, faults="tick.before_commit=raise*1")
-    with pytest.raises(FaultInjected):
+    with pytest.raises(FaultInjected, match=r"^tick\.before_commit$"):
         tick(now)
     assert rows("SELECT (SELECT count(*) FROM requests), (SELECT next_n FROM series)") == [(0, 0)]
     assert counted("clarion_suppressed_total", gate="schedule", reason="missed") == missed
@@ -290,7 +290,7 @@ def test_due_rows_read_as_a_list_of_dicts_converting_only_what_is_read(clarion_e
         assert due[1] == expected[1] and len(due._read) == 2
         assert due[5:100] == expected[5:] and len(due._read) == 7
         assert due[-1] == expected[-1] and list(due) == expected and due[3:1] == []
-        with pytest.raises(IndexError):
+        with pytest.raises(IndexError, match=r"index out of range"):
             due[7]
         empty = DueRows(raw.execute("SELECT 1 AS n WHERE false"))
         assert len(empty) == 0 and not empty and empty[0:25] == []

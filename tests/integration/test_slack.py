@@ -410,7 +410,7 @@ def test_the_adapter_updates_a_sent_message_in_place_and_a_failed_update_raises(
     with pytest.raises(PermanentSendError, match="bad_message_id"):
         adapter.update(message, "not-a-ref", "Grow my team")
     fake.fail("chat.update", "ratelimited", status=429, retry_after=30)
-    with pytest.raises(ThrottledError):
+    with pytest.raises(ThrottledError, match=r"^ratelimited: slack answered 429"):
         adapter.update(message, ref, "Grow my team")
     with pytest.raises(ThrottledError, match="paused"):  # every worker waits the 429 out
         adapter.update(message, ref, "Grow my team")
@@ -448,7 +448,7 @@ def _died_before_the_send(user: str, monkeypatch) -> Key:
     runs out."""
     configure(monkeypatch, faults="deliver.after_claim=raise*1")
     request = notify(user, "goal_prompt", event_id="e1", variables={"first_name": "Ana"})
-    with pytest.raises(FaultInjected):
+    with pytest.raises(FaultInjected, match=r"^deliver\.after_claim$"):
         route([user], [request.request_id])
     drain("activation")
     [found] = rows(

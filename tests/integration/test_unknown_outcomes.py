@@ -176,7 +176,7 @@ def test_a_send_whose_worker_died_mid_call_is_counted_unknown_by_the_taker(serve
     # The route inserts its row claimed under its own token and sends it itself; here it commits
     # and goes no further (a raise in place of its send) ...
     configure(monkeypatch, faults="route.after_commit=raise*1")
-    with pytest.raises(FaultInjected):
+    with pytest.raises(FaultInjected, match=r"^route\.after_commit$"):
         route(["u1"], [request.request_id])
     configure(monkeypatch, faults=None)
     drain("transactional"), drain("activation")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
-from clarion.rows import DraftRequest, Recipient
+from clarion.rows import CollapseGroup, DraftRequest, OpenWindow, Recipient
 
 
 def recipient(**overrides: Any) -> Recipient:
@@ -37,3 +38,15 @@ def request(
 ) -> DraftRequest:
     """A request as the planner sees it (the fields every gate may read)."""
     return DraftRequest(user_id, id, type_key, occurrence_key, dict(variables or {}))
+
+
+def window(until: datetime, type_key: str, *, user_id: str = "u1") -> OpenWindow:
+    """An open activation window in a recipient's snapshot."""
+    return OpenWindow(user_id, until, type_key)
+
+
+def group(
+    key: str, leader_id: int, until: datetime, count: int, *, user_id: str = "u1"
+) -> dict[str, CollapseGroup]:
+    """A snapshot's collapses holding one open group (`Snapshot(collapses=group(...))`)."""
+    return {key: CollapseGroup(user_id, key, leader_id, until, count)}

@@ -68,7 +68,7 @@ def failed_in_a_rolling_deploy(
         assert route([user], [request.request_id]) == 1
     else:
         configure(monkeypatch, faults="route.after_commit=raise*1")
-        with pytest.raises(FaultInjected):
+        with pytest.raises(FaultInjected, match=r"^route\.after_commit$"):
             route([user], [request.request_id])
     [row] = rows("SELECT user_id, id FROM deliveries WHERE request_id = :r", r=request.request_id)
     key = (row["user_id"], row["id"])

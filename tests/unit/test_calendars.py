@@ -170,14 +170,14 @@ def test_odd_settings_are_noted_not_raised() -> None:
 
 
 @pytest.mark.parametrize(
-    "call",
+    ("call", "refusal"),
     [
-        lambda: recipient("Nowhere/Atlantis"),
-        lambda: recipient("UTC", workweek=[]),
-        lambda: recipient("UTC", workweek=[0, 7]),
-        lambda: WorkCalendar("ZZ", None, None),
-        lambda: WorkCalendar("US", "XX", None),
-        lambda: WorkCalendar(None, "CA", None),
+        (lambda: recipient("Nowhere/Atlantis"), "not an IANA time zone: 'Nowhere/Atlantis'"),
+        (lambda: recipient("UTC", workweek=[]), "workweek must list weekdays"),
+        (lambda: recipient("UTC", workweek=[0, 7]), r"workweek .* not frozenset\(\{0, 7\}\)"),
+        (lambda: WorkCalendar("ZZ", None, None), "Country ZZ not available"),
+        (lambda: WorkCalendar("US", "XX", None), "does not have subdivision XX"),
+        (lambda: WorkCalendar(None, "CA", None), "subdivision 'CA' needs a country"),
     ],
     ids=[
         "unknown-zone",
@@ -188,8 +188,8 @@ def test_odd_settings_are_noted_not_raised() -> None:
         "subdivision-alone",
     ],
 )
-def test_malformed_calendars_raise(call) -> None:
-    with pytest.raises(ValueError):
+def test_malformed_calendars_raise(call, refusal: str) -> None:
+    with pytest.raises(ValueError, match=refusal):
         call()
 
 

@@ -154,7 +154,9 @@ def test_unknown_type_names_the_catalog_file_and_digest(configured, tmp_path) ->
     path = write(tmp_path / "catalog.yaml", BASE)
     configured(str(path))
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    with pytest.raises(UnknownType) as caught:
+    with pytest.raises(
+        UnknownType, match=r"^unknown notification type 'invoice_paid': not in catalog "
+    ) as caught:
         build_request("ann", "invoice_paid", "e1", None, {})
     assert str(caught.value) == (
         f"unknown notification type 'invoice_paid': not in catalog {path} (sha256 {digest[:12]})"

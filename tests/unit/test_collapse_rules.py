@@ -15,7 +15,7 @@ from clarion.adapters.webhook import WebhookAdapter
 from clarion.catalog import Catalog
 from clarion.catalog.model import CatalogError
 from tests.support.plans import NOW, ORG_CAPPED, run, user_cap
-from tests.support.records import recipient
+from tests.support.records import group, recipient
 
 
 def _catalog(collapse: dict | None, title: str = "{{ collapsed_count }} hosts") -> Catalog:
@@ -61,14 +61,14 @@ def test_a_follower_collapses_even_when_the_organisation_cap_is_spent():
     """It adds no notification (its leader spent the slot), so it is counted on the leader and
     updates its message, rather than being folded into the summary."""
     spent = {**user_cap(1), ("org:acme", NOW.strftime("%Y-%m-%dT%H")): 10}
-    group = {"thread-42": (5, NOW + timedelta(seconds=100), 2)}
+    open_group = group("thread-42", 5, NOW + timedelta(seconds=100), 2)
     who = recipient(org_id="acme", addresses={"email": "a@example.com"})
     follower = run(
         "mention",
         variables={"thread": 42},
         policy=ORG_CAPPED,
         counters=spent,
-        collapses=group,
+        collapses=open_group,
         who=who,
     )
     assert (follower.outcome, follower.fold, follower.join_collapse) == (

@@ -284,9 +284,17 @@ def test_relay_urls(url, relay):
     assert Relay.from_url(url) == relay
 
 
-@pytest.mark.parametrize("url", ["http://mx.example", "smtp://", "smtp://mx:99999", "mx.example"])
-def test_bad_relay_urls_are_configuration_errors(url):
-    with pytest.raises(ConfigurationError):
+@pytest.mark.parametrize(
+    ("url", "refusal"),
+    [
+        ("http://mx.example", "must be smtp://"),
+        ("smtp://", "must be smtp://"),
+        ("smtp://mx:99999", "bad port"),
+        ("mx.example", "must be smtp://"),
+    ],
+)
+def test_bad_relay_urls_are_configuration_errors(url, refusal):
+    with pytest.raises(ConfigurationError, match=rf"^CLARION_SMTP_URL\b.*{refusal}"):
         Relay.from_url(url)
 
 
@@ -341,7 +349,7 @@ def test_sendgrid_answers_as_outcomes(response, kind, wait):
         result = sendgrid_outcome(response, now=1_000_000)
         assert result.provider_message_id == "abc" and result.platform == "sendgrid"
         return
-    with pytest.raises(kind) as raised:
+    with pytest.raises(kind, match=rf"^http_{response.status}: ") as raised:
         sendgrid_outcome(response, now=1_000_000)
     if wait is not None:
         assert raised.value.retry_after == wait

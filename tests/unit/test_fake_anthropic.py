@@ -35,7 +35,9 @@ def test_ok_is_one_text_block_ending_the_turn(fake):
 
 def test_overloaded_is_a_529_the_sdk_raises(fake):
     fake.answer("5xx")
-    with pytest.raises(anthropic.APIStatusError) as failed:
+    with pytest.raises(
+        anthropic.APIStatusError, match=r"^Error code: 529 .*overloaded_error"
+    ) as failed:
         ask(fake)
     assert failed.value.status_code == 529
     assert ask(fake).content[0].text == "Two sellers answered"  # then as usual
@@ -50,7 +52,9 @@ def test_a_refusal_has_no_text(fake):
 
 def test_garbage_is_not_json(fake):
     fake.answer("garbage")
-    with pytest.raises(ValueError):  # the SDK lets the JSONDecodeError through
+    with pytest.raises(
+        ValueError, match=r"^Expecting value: line 1 column 1"
+    ):  # the SDK lets the JSONDecodeError through
         ask(fake)
     assert fake.calls == {"garbage": 1}
 

@@ -44,7 +44,9 @@ def test_a_new_message_gets_an_id_and_its_update_replaces_it(fake):
 
 
 def test_an_update_of_an_activity_it_never_issued_is_404(fake):
-    with pytest.raises(ErrorResponseException) as refused:
+    with pytest.raises(
+        ErrorResponseException, match=r"^\(ActivityNotFound\) no such activity$"
+    ) as refused:
         client(fake).conversations.update_activity(CONVERSATION, "1:404", message("x"))
     assert refused.value.response.status_code == 404
     assert fake.updates == []
@@ -52,7 +54,9 @@ def test_an_update_of_an_activity_it_never_issued_is_404(fake):
 
 def test_after_an_uninstall_every_call_is_403_not_in_roster(fake):
     fake.remove_bot(CONVERSATION)
-    with pytest.raises(ErrorResponseException) as refused:
+    with pytest.raises(
+        ErrorResponseException, match=r"^\(BotNotInConversationRoster\) "
+    ) as refused:
         client(fake).conversations.send_to_conversation(CONVERSATION, message("x"))
     assert refused.value.response.status_code == 403
     assert refused.value.error.error.code == "BotNotInConversationRoster"
@@ -71,7 +75,9 @@ def test_scripted_failures_answer_in_order_with_retry_after_then_normally(fake):
 
 def test_a_lost_answer_was_still_taken(fake):
     fake.losses.next("drop")
-    with pytest.raises(requests.ConnectionError):
+    with pytest.raises(
+        requests.ConnectionError, match=r"Remote end closed connection without response"
+    ):
         requests.post(
             f"{fake.url}v3/conversations/{CONVERSATION}/activities",
             json={"type": "message", "text": "x"},

@@ -56,7 +56,7 @@ def test_a_send_is_taken_with_a_message_id(fake):
 
 
 def test_a_wrong_key_is_401_and_nothing_is_taken(fake):
-    with pytest.raises(http_errors.UnauthorizedError):
+    with pytest.raises(http_errors.UnauthorizedError, match=r"^HTTP Error 401: Unauthorized$"):
         _client(fake, "SG.wrong").send(MAIL)
     assert fake.sent == [] and [c.status for c in fake.calls] == [401]
 
@@ -83,7 +83,9 @@ def test_a_wrong_key_is_401_and_nothing_is_taken(fake):
 )
 def test_a_malformed_payload_is_400_naming_the_field(fake, change, field):
     assert payload_errors(MAIL) == []
-    with pytest.raises(http_errors.BadRequestsError) as refused:
+    with pytest.raises(
+        http_errors.BadRequestsError, match=r"^HTTP Error 400: Bad Request$"
+    ) as refused:
         _client(fake).send({**MAIL, **change})
     assert field in [e["field"] for e in json.loads(refused.value.body)["errors"]]
     assert fake.sent == []
@@ -91,14 +93,18 @@ def test_a_malformed_payload_is_400_naming_the_field(fake, change, field):
 
 def test_429_carries_sendgrids_rate_limit_headers_and_is_used_once(fake):
     fake.fail(429, reset=time.time() + 30)
-    with pytest.raises(http_errors.TooManyRequestsError) as limited:
+    with pytest.raises(
+        http_errors.TooManyRequestsError, match=r"^HTTP Error 429: Too Many Requests$"
+    ) as limited:
         _client(fake).send(MAIL)
     headers = limited.value.headers
     assert (
         headers["X-RateLimit-Remaining"] == "0" and int(headers["X-RateLimit-Reset"]) > time.time()
     )
     fake.fail(429, retry_after=3)
-    with pytest.raises(http_errors.TooManyRequestsError) as limited:
+    with pytest.raises(
+        http_errors.TooManyRequestsError, match=r"^HTTP Error 429: Too Many Requests$"
+    ) as limited:
         _client(fake).send(MAIL)
     assert limited.value.headers["Retry-After"] == "3"
     assert _client(fake).send(MAIL).status_code == 202
@@ -109,7 +115,10 @@ def test_429_carries_sendgrids_rate_limit_headers_and_is_used_once(fake):
 def test_a_lost_answer_is_taken_and_counted(fake, mode):
     fake.losses.next(mode)
     error = http.client.RemoteDisconnected if mode == "drop" else http_errors.InternalServerError
-    with pytest.raises(error):
+    with pytest.raises(
+        error,
+        match=r"^(Remote end closed connection without response|HTTP Error 500: Internal Server Error)$",
+    ):
         _client(fake).send(MAIL)
     [sent] = fake.sent
     assert not sent.answered and fake.losses.applied == [mode]

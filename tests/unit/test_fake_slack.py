@@ -58,7 +58,7 @@ def test_chat_update_replaces_text_and_blocks_and_keeps_every_update_in_order(fa
 
 def test_chat_update_of_a_message_slack_does_not_have_is_message_not_found(fake, client):
     channel, _ = _post(client)
-    with pytest.raises(SlackApiError) as caught:
+    with pytest.raises(SlackApiError, match=r"'error': 'message_not_found'") as caught:
         client.chat_update(channel=channel, ts="1.999999", text="x")
     assert caught.value.response["error"] == "message_not_found"
     assert fake.posts()[0].update_texts == []
@@ -70,7 +70,7 @@ def test_a_limited_method_answers_429_with_retry_after_past_its_window(fake, cli
     for n in range(2):
         client.chat_update(channel=channel, ts=ts, text=f"u{n}")
         clock.now += 1
-    with pytest.raises(SlackApiError) as caught:
+    with pytest.raises(SlackApiError, match=r"'error': 'ratelimited'") as caught:
         client.chat_update(channel=channel, ts=ts, text="too soon")
     assert caught.value.response.status_code == 429
     assert caught.value.response["error"] == "ratelimited"

@@ -3,6 +3,7 @@ answers it loses on purpose (counted at the fake)."""
 
 from __future__ import annotations
 
+import re
 import smtplib
 import ssl
 from collections.abc import Iterator
@@ -45,7 +46,12 @@ def test_it_keeps_the_envelope_and_the_message(relay):
 
 def test_a_rejected_address_gets_550_at_rcpt_and_nothing_is_taken(relay):
     relay.reject("Gone@Example.com")
-    with _client(relay) as client, pytest.raises(smtplib.SMTPRecipientsRefused) as refused:
+    with (
+        _client(relay) as client,
+        pytest.raises(
+            smtplib.SMTPRecipientsRefused, match=r"^\{'gone@example.com': \(550, .*User unknown"
+        ) as refused,
+    ):
         client.send_message(_mail("gone@example.com"))
     code, text = refused.value.recipients["gone@example.com"]
     assert code == 550 and text.startswith(b"5.1.1")
@@ -63,7 +69,7 @@ def test_a_rejected_address_gets_550_at_rcpt_and_nothing_is_taken(relay):
 def test_scripted_replies_are_used_once(relay, stage, reply, error):
     relay.fail(stage, reply)
     with _client(relay) as client:
-        with pytest.raises(error):
+        with pytest.raises(error, match=re.escape(reply.split(" ", 1)[1])):
             client.send_message(_mail())
         client.rset()
         assert client.send_message(_mail()) == {}  # the script is spent
@@ -73,7 +79,7 @@ def test_scripted_replies_are_used_once(relay, stage, reply, error):
 def test_a_dropped_answer_after_the_data_is_kept_and_counted(relay):
     relay.lose("drop")
     client = _client(relay)
-    with pytest.raises(smtplib.SMTPServerDisconnected):
+    with pytest.raises(smtplib.SMTPServerDisconnected, match=r"^Connection unexpectedly closed$"):
         client.send_message(_mail())
     assert len(relay.messages) == 1 and relay.lost == 1 and not relay.messages[0].answered
     with _client(relay) as again:  # the next connection is answered as usual
@@ -93,10 +99,18 @@ def test_auth_is_required_when_asked_for():
     with FakeSmtp(auth=("relay-user", "pa:ss")) as relay:
         assert relay.url.startswith("smtp://relay-user:pa:ss@127.0.0.1:")
         with _client(relay) as client:
-            with pytest.raises(smtplib.SMTPSenderRefused) as refused:
+            with pytest.raises(
+                smtplib.SMTPSenderRefused, match=r"^\(530, b'5.7.0 Authentication required'"
+            ) as refused:
                 client.send_message(_mail())
             assert refused.value.smtp_code == 530
-        with _client(relay) as client, pytest.raises(smtplib.SMTPAuthenticationError):
+        with (
+            _client(relay) as client,
+            pytest.raises(
+                smtplib.SMTPAuthenticationError,
+                match=r"^\(535, b'5.7.8 Authentication credentials invalid'\)$",
+            ),
+        ):
             client.login("relay-user", "wrong")
         with _client(relay) as client:
             client.login("relay-user", "pa:ss")
@@ -109,12 +123,23 @@ def test_starttls_and_implicit_tls_with_a_self_signed_certificate(tmp_path):
     trusted = ssl.create_default_context(cafile=str(cafile))
     with FakeSmtp(tls=context) as relay:
         assert relay.url.startswith("smtp+starttls://")
-        with _client(relay) as client, pytest.raises(smtplib.SMTPSenderRefused):
+        with (
+            _client(relay) as client,
+            pytest.raises(
+                smtplib.SMTPSenderRefused, match=r"^\(530, b'Must issue a STARTTLS command first'"
+            ),
+        ):
             client.send_message(_mail())  # STARTTLS is required
         with _client(relay) as client:
             client.starttls(context=trusted)
             client.send_message(_mail())
-        with _client(relay) as client, pytest.raises(ssl.SSLCertVerificationError):
+        with (
+            _client(relay) as client,
+            pytest.raises(
+                ssl.SSLCertVerificationError,
+                match=r"CERTIFICATE_VERIFY_FAILED.*self-signed certificate",
+            ),
+        ):
             client.starttls(context=ssl.create_default_context())  # not trusted by default
     with FakeSmtp(tls=context, implicit_tls=True) as smtps:
         assert smtps.url.startswith("smtps://")

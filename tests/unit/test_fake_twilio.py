@@ -115,17 +115,21 @@ def test_a_storm_answers_429_with_retry_after_then_passes(fake, client):
 
 def test_scripted_refusals_reach_the_sdk_as_its_exception(fake, client):
     fake.fail_number("+4915100000001", 21610)
-    with pytest.raises(TwilioRestException) as refused:
+    with pytest.raises(
+        TwilioRestException, match=r"Attempt to send to unsubscribed recipient: \+4915100000001$"
+    ) as refused:
         client.messages.create(to="+4915100000001", from_=FakeTwilio.NUMBER, body="x")
     assert (refused.value.status, refused.value.code) == (400, 21610)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^no scripted failure for code 12345$"):
         fake.fail_number("+4915100000001", 12345)
 
 
 def test_a_lost_answer_still_takes_the_message(fake):
     fake.losses.next("drop")
     form = {"To": "+4915112345678", "From": FakeTwilio.NUMBER, "Body": "x"}
-    with pytest.raises(requests.ConnectionError):
+    with pytest.raises(
+        requests.ConnectionError, match=r"Remote end closed connection without response"
+    ):
         requests.post(fake.url + MESSAGES, data=form, auth=AUTH, timeout=5)
     assert len(fake.messages()) == 1 and fake.losses.applied == ["drop"]
 

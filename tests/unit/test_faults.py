@@ -88,7 +88,7 @@ def test_parse_invalid(spec: str, message: str) -> None:
 
 
 def test_unknown_point_error_names_the_known_ones() -> None:
-    with pytest.raises(ConfigurationError) as caught:
+    with pytest.raises(ConfigurationError, match=r"^unknown fault point 'x'; known: ") as caught:
         parse("x=raise")
     assert all(point in str(caught.value) for point in POINTS)
 
@@ -147,7 +147,7 @@ def test_hit_times_limits_firing(fault_env: Callable[[str], Path]) -> None:
         "deliver.after_claim.1",
         "deliver.after_claim.2",
     ]
-    with pytest.raises(FaultInjected):
+    with pytest.raises(FaultInjected, match=r"^route\.after_commit$"):
         faults.hit("route.after_commit")
     faults.hit("route.after_commit")
 
@@ -157,7 +157,7 @@ def test_times_count_is_shared_through_the_folder(fault_env: Callable[[str], Pat
     folder = fault_env("notify.before_publish=raise*2")
     folder.mkdir(parents=True)
     (folder / "notify.before_publish.1").touch()
-    with pytest.raises(FaultInjected):
+    with pytest.raises(FaultInjected, match=r"^notify\.before_publish$"):
         faults.hit("notify.before_publish")
     faults.hit("notify.before_publish")
     assert (folder / "notify.before_publish.2").exists()
@@ -165,7 +165,7 @@ def test_times_count_is_shared_through_the_folder(fault_env: Callable[[str], Pat
 
 def test_times_count_survives_a_reset(fault_env: Callable[[str], Path]) -> None:
     fault_env("route.before_commit=raise*1")
-    with pytest.raises(FaultInjected):
+    with pytest.raises(FaultInjected, match=r"^route\.before_commit$"):
         faults.hit("route.before_commit")
     faults.reset()
     settings.reset()
@@ -178,7 +178,7 @@ def test_faults_dir_defaults_to_home(
     fault_env("route.before_commit=raise*1")
     monkeypatch.delenv("CLARION_FAULTS_DIR")
     settings.reset()
-    with pytest.raises(FaultInjected):
+    with pytest.raises(FaultInjected, match=r"^route\.before_commit$"):
         faults.hit("route.before_commit")
     assert (tmp_path / "home" / "faults" / "route.before_commit.1").exists()
 
@@ -190,5 +190,7 @@ def test_hit_sleep(fault_env: Callable[[str], Path]) -> None:
 
 def test_bad_spec_fails_on_first_hit(fault_env: Callable[[str], Path]) -> None:
     fault_env("deliver.after_send=explode")
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(
+        ConfigurationError, match=r"^unknown fault action 'explode' for deliver\.after_send$"
+    ):
         faults.hit("deliver.after_send")

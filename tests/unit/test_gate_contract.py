@@ -10,9 +10,9 @@ import pytest
 from clarion.catalog import Catalog
 from clarion.catalog.model import Policy
 from clarion.gates.contract import FunctionClaim, Snapshot
-from clarion.gates.pipeline import CLAIMS, GATES, plan, register, unregister
+from clarion.gates.pipeline import CLAIMS, GATES, PARTS, plan, register, unregister
 from tests.support.records import recipient, request
-from tests.support.weekday_gate import WeekdayOnly
+from tests.support.weekday_gate import GATE, WeekdayOnly
 
 CATALOG = Catalog.from_dict(
     {
@@ -38,12 +38,12 @@ def weekday_gate() -> Iterator[None]:
         unregister("weekday_only")
 
 
-def _plan(now: datetime, zone: str = "UTC"):
+def _plan(now: datetime, zone: str = "UTC", parts: dict[str, object] | None = None):
     who = recipient(timezone=zone, addresses={"email": "a@example.com"})
     return plan(
         request("tip"),
         CATALOG.get("tip"),
-        Snapshot(who),
+        Snapshot(who, parts=parts or {}),
         now=now,
         policy=Policy(),
         needs_address={"email": True},
@@ -103,3 +103,28 @@ def test_a_gate_with_a_claim_registers_both_in_one_line() -> None:
     finally:
         unregister("weekday_only")
     assert "weekday_only" not in [c.name for c in CLAIMS] + [g.name for g in GATES]
+
+
+@pytest.mark.parametrize(
+    ("deliveries", "outcome", "reason"),
+    [(0, "deliver", "first_contact"), (1, "suppress", "weekend"), (None, "suppress", "weekend")],
+)
+def test_the_gate_reads_its_own_part_of_the_snapshot(weekday_gate, deliveries, outcome, reason):
+    """Its share of the snapshot, by its name: a recipient never contacted goes out on Saturday;
+    one contacted before, or a snapshot read without the part, does not."""
+    parts = {} if deliveries is None else {"weekday_only": deliveries}
+    saturday = _plan(SATURDAY, parts=parts)
+    assert saturday.outcome == outcome
+    assert [s.reason for s in saturday.steps if s.gate == "weekday_only"] == [reason]
+
+
+def test_a_gate_with_its_own_snapshot_registers_it_in_the_same_line() -> None:
+    register(GATE, before="quiet_hours", snapshot=GATE)
+    try:
+        assert [p.name for p in PARTS] == ["weekday_only"]
+        with pytest.raises(ValueError, match="'weekday_only' is already registered"):
+            register(WeekdayOnly(name="weekday_twice"), snapshot=GATE)
+        assert "weekday_twice" not in [g.name for g in GATES]  # refused whole, not half-added
+    finally:
+        unregister("weekday_only")
+    assert PARTS == [] and "weekday_only" not in [g.name for g in GATES]

@@ -20,6 +20,7 @@ from clarion.gates.collapse import collapsed
 from clarion.gates.contract import CapClaim, Fold, Plan, Snapshot, Step
 from clarion.gates.fatigue_caps import cap_buckets, folded
 from clarion.gates.pipeline import plan
+from clarion.rows import Preference, Recipient
 from tests.support.plans import (
     CAPPED,
     CAPPED_NO_SUMMARY,
@@ -33,6 +34,7 @@ from tests.support.plans import (
     type_spec,
     user_cap,
 )
+from tests.support.records import group, window
 from tests.support.records import request as fake_request
 
 
@@ -169,7 +171,7 @@ NO_CHANNEL = ("channels", SUPPRESS, "no_channel", None)
         pytest.param(
             "comment",
             recipient(),
-            {"preferences": (("type", "comment", "email", False),)},
+            {"preferences": (Preference("type", "comment", "email", False),)},
             ["sms"],
             [("preferences", SUPPRESS, "opted_out", "email")],
             id="opted-out-email",
@@ -177,7 +179,7 @@ NO_CHANNEL = ("channels", SUPPRESS, "no_channel", None)
         pytest.param(
             "comment",
             recipient(),
-            {"preferences": (("all", "*", "*", False),)},
+            {"preferences": (Preference("all", "*", "*", False),)},
             [],
             [
                 ("preferences", SUPPRESS, "opted_out", "email"),
@@ -189,7 +191,7 @@ NO_CHANNEL = ("channels", SUPPRESS, "no_channel", None)
         pytest.param(
             "receipt",
             recipient(),
-            {"preferences": (("all", "*", "*", False),)},
+            {"preferences": (Preference("all", "*", "*", False),)},
             ["email"],
             [],
             id="transactional-ignores-unsubscribe-all",
@@ -197,7 +199,12 @@ NO_CHANNEL = ("channels", SUPPRESS, "no_channel", None)
         pytest.param(
             "login_alert",
             recipient(),
-            {"preferences": (("all", "*", "*", False), ("category", "security", "*", False))},
+            {
+                "preferences": (
+                    Preference("all", "*", "*", False),
+                    Preference("category", "security", "*", False),
+                )
+            },
             ["email"],
             [],
             id="security-ignores-unsubscribe-all",
@@ -213,7 +220,7 @@ NO_CHANNEL = ("channels", SUPPRESS, "no_channel", None)
         pytest.param(
             "chat_nudge",
             recipient(),
-            {"preferences": (("type", "chat_nudge", "slack", False),)},
+            {"preferences": (Preference("type", "chat_nudge", "slack", False),)},
             ["teams"],
             [("preferences", SUPPRESS, "opted_out", "slack")],
             id="one-platform-first-allowed",
@@ -267,7 +274,7 @@ NO_CHANNEL = ("channels", SUPPRESS, "no_channel", None)
 )
 def test_channel_gates(
     type_key: str,
-    who: dict[str, Any],
+    who: Recipient,
     snapshot: dict[str, Any],
     channels: list[str],
     decisions: list[tuple],
@@ -290,7 +297,7 @@ def test_suppressed_address_names_the_list_reason() -> None:
         pytest.param(
             "comment",
             recipient(),
-            (("type", "comment", "sms", False),),
+            (Preference("type", "comment", "sms", False),),
             "sms",
             "recipient setting: type comment on sms",
             id="type-setting",
@@ -298,7 +305,7 @@ def test_suppressed_address_names_the_list_reason() -> None:
         pytest.param(
             "comment",
             recipient(),
-            (("category", "alert", "*", False),),
+            (Preference("category", "alert", "*", False),),
             "email",
             "recipient setting: category alert on every channel",
             id="category-setting",
@@ -306,7 +313,7 @@ def test_suppressed_address_names_the_list_reason() -> None:
         pytest.param(
             "comment",
             recipient(),
-            (("all", "*", "email", False),),
+            (Preference("all", "*", "email", False),),
             "email",
             "recipient setting: all notifications on email",
             id="all-setting",
@@ -322,14 +329,14 @@ def test_suppressed_address_names_the_list_reason() -> None:
     ],
 )
 def test_opt_out_is_recorded_with_the_deciding_rule(
-    type_key: str, who: dict[str, Any], prefs: tuple, channel: str, detail: str
+    type_key: str, who: Recipient, prefs: tuple, channel: str, detail: str
 ) -> None:
     p = run(type_key, who=who, preferences=prefs)
     assert Step("preferences", "suppress", "opted_out", detail, channel) in p.decisions
 
 
 def test_allowed_channels_carry_the_deciding_rule_too() -> None:
-    p = run("receipt", preferences=(("all", "*", "*", False),))
+    p = run("receipt", preferences=(Preference("all", "*", "*", False),))
     assert Step("preferences", "allow", "allowed", "locked (transactional)", "email") in p.steps
     assert p.decisions == ()
 
@@ -411,7 +418,7 @@ def test_quiet_hours(
         assert why(p) == [("quiet_hours", "defer", "quiet_hours", None)]
     else:
         assert step.outcome == "allow"
-        assert sent_on(p) == list(CATALOG.get(type_key).channels)
+        assert sent_on(p) == list(CATALOG.types[type_key].channels)
 
 
 def test_quiet_hours_defer_plans_no_claims() -> None:
@@ -425,7 +432,7 @@ def test_quiet_hours_defer_is_after_now_in_the_repeated_autumn_hour_ok_first_pas
     who = recipient(timezone="America/New_York", quiet_start=time(0, 0), quiet_end=time(1, 30))
     now = datetime(2026, 11, 1, 5, 10, tzinfo=UTC)  # 01:10 EDT, first pass
     p = run("comment", who=who, now=now)
-    assert p.outcome == "defer"
+    assert p.outcome == "defer" and p.defer_until is not None
     # astimezone: == between zones is always False for an ambiguous wall time (PEP 495)
     assert p.defer_until.astimezone(UTC) == datetime(2026, 11, 1, 5, 30, tzinfo=UTC)
 
@@ -434,7 +441,7 @@ def test_quiet_hours_defer_is_after_now_in_the_repeated_autumn_hour_second_pass(
     who = recipient(timezone="America/New_York", quiet_start=time(0, 0), quiet_end=time(1, 30))
     now = datetime(2026, 11, 1, 6, 10, tzinfo=UTC)  # 01:10 EST, second pass
     p = run("comment", who=who, now=now)
-    assert p.outcome == "defer"
+    assert p.outcome == "defer" and p.defer_until is not None
     assert p.defer_until.astimezone(UTC) == datetime(2026, 11, 1, 6, 30, tzinfo=UTC)
 
 
@@ -502,7 +509,7 @@ def ny(wall: str) -> datetime:
     ],
 )
 def test_marketing_sms_hours(
-    type_key: str, who: dict[str, Any], now: datetime, channels: list[tuple[str, datetime | None]]
+    type_key: str, who: Recipient, now: datetime, channels: list[tuple[str, datetime | None]]
 ) -> None:
     p = run(type_key, who=who, now=now)
     assert p.outcome == "deliver"
@@ -535,7 +542,7 @@ def test_marketing_sms_only_channel_is_held_not_deferred() -> None:
 
 # --- activation window -----------------------------------------------------------------------
 
-OPEN = (NOW + timedelta(hours=5), "chat_nudge")
+OPEN = window(NOW + timedelta(hours=5), "chat_nudge")
 
 
 @pytest.mark.parametrize(
@@ -543,7 +550,7 @@ OPEN = (NOW + timedelta(hours=5), "chat_nudge")
     [
         pytest.param("nudge", OPEN, NO_POLICY, "suppress", None, None, id="open-window-skips"),
         pytest.param(
-            "nudge_defer", OPEN, NO_POLICY, "defer", None, OPEN[0], id="open-window-defers"
+            "nudge_defer", OPEN, NO_POLICY, "defer", None, OPEN.until, id="open-window-defers"
         ),
         pytest.param(
             "chat_nudge", OPEN, NO_POLICY, "suppress", None, None, id="opener-type-also-blocked"
@@ -581,7 +588,7 @@ OPEN = (NOW + timedelta(hours=5), "chat_nudge")
         ),
         pytest.param(
             "nudge",
-            (NOW, "chat_nudge"),
+            window(NOW, "chat_nudge"),
             NO_POLICY,
             "deliver",
             NOW + timedelta(hours=48),
@@ -590,7 +597,7 @@ OPEN = (NOW + timedelta(hours=5), "chat_nudge")
         ),
         pytest.param(
             "nudge",
-            (NOW - timedelta(hours=1), "chat_nudge"),
+            window(NOW - timedelta(hours=1), "chat_nudge"),
             NO_POLICY,
             "deliver",
             NOW + timedelta(hours=48),
@@ -599,7 +606,7 @@ OPEN = (NOW + timedelta(hours=5), "chat_nudge")
         ),
         pytest.param(
             "nudge",
-            (NOW + timedelta(seconds=1), "chat_nudge"),
+            window(NOW + timedelta(seconds=1), "chat_nudge"),
             NO_POLICY,
             "suppress",
             None,
@@ -628,7 +635,7 @@ def test_activation_window(
     steps = [s for s in p.steps if s.gate == "activation_window"]
     if outcome == "deliver":
         assert p.decisions == ()
-        if CATALOG.get(type_key).category != "activation":
+        if CATALOG.types[type_key].category != "activation":
             assert steps == []
         else:
             assert [s.reason for s in steps] == [
@@ -884,7 +891,7 @@ LA_DAY_END = datetime(2026, 6, 16, tzinfo=ZoneInfo("America/Los_Angeles"))  # 20
 )
 def test_fatigue_caps(
     type_key: str,
-    who: dict[str, Any],
+    who: Recipient,
     counters: dict,
     policy: Policy,
     outcome: str,
@@ -945,7 +952,7 @@ def test_under_cap_activation_nudge_claims_window_and_cap() -> None:
         ),
     ],
 )
-def test_cap_buckets(who: dict[str, Any], now: datetime, expected: list) -> None:
+def test_cap_buckets(who: Recipient, now: datetime, expected: list) -> None:
     got = cap_buckets(who, now)
     assert [(scope, bucket) for scope, bucket, _ in got] == [(s, b) for s, b, _ in expected]
     assert [ends for _, _, ends in got] == [ends for _, _, ends in expected]
@@ -969,7 +976,7 @@ def test_cap_buckets(who: dict[str, Any], now: datetime, expected: list) -> None
         pytest.param(
             "mention",
             {"thread": 42},
-            {"thread-42": (5, NOW + timedelta(seconds=100), 2)},
+            group("thread-42", 5, NOW + timedelta(seconds=100), 2),
             "collapse",
             None,
             id="second-within-window-collapses",
@@ -977,7 +984,7 @@ def test_cap_buckets(who: dict[str, Any], now: datetime, expected: list) -> None
         pytest.param(
             "mention",
             {"thread": 42},
-            {"thread-42": (5, NOW, 2)},
+            group("thread-42", 5, NOW, 2),
             "deliver",
             ("thread-42", NOW + timedelta(seconds=300)),
             id="window-ending-now-leads-again",
@@ -985,7 +992,7 @@ def test_cap_buckets(who: dict[str, Any], now: datetime, expected: list) -> None
         pytest.param(
             "mention",
             {"thread": 42},
-            {"thread-42": (5, NOW - timedelta(minutes=1), 2)},
+            group("thread-42", 5, NOW - timedelta(minutes=1), 2),
             "deliver",
             ("thread-42", NOW + timedelta(seconds=300)),
             id="after-window-leads-again",
@@ -993,7 +1000,7 @@ def test_cap_buckets(who: dict[str, Any], now: datetime, expected: list) -> None
         pytest.param(
             "mention",
             {"thread": 42},
-            {"thread-41": (5, NOW + timedelta(seconds=100), 2)},
+            group("thread-41", 5, NOW + timedelta(seconds=100), 2),
             "deliver",
             ("thread-42", NOW + timedelta(seconds=300)),
             id="other-key",
@@ -1001,7 +1008,7 @@ def test_cap_buckets(who: dict[str, Any], now: datetime, expected: list) -> None
         pytest.param(
             "mention",
             {"thread": 42},
-            {"thread-42": (7, NOW + timedelta(seconds=100), 1)},
+            group("thread-42", 7, NOW + timedelta(seconds=100), 1),
             "deliver",
             ("thread-42", NOW + timedelta(seconds=300)),
             id="leader-replanned",
@@ -1017,7 +1024,7 @@ def test_cap_buckets(who: dict[str, Any], now: datetime, expected: list) -> None
         pytest.param(
             "comment",
             {},
-            {"thread-42": (5, NOW + timedelta(seconds=100), 2)},
+            group("thread-42", 5, NOW + timedelta(seconds=100), 2),
             "deliver",
             None,
             id="no-collapse-option",
@@ -1047,7 +1054,7 @@ def test_collapsed_request_claims_no_cap() -> None:
         variables={"thread": 42},
         policy=CAPPED,
         counters=user_cap(1),
-        collapses={"thread-42": (5, NOW + timedelta(seconds=100), 2)},
+        collapses=group("thread-42", 5, NOW + timedelta(seconds=100), 2),
     )
     assert (p.outcome, p.caps, p.collapse, p.fold) == ("collapse", (), None, None)
 
@@ -1061,7 +1068,7 @@ def test_leader_claims_cap_and_group() -> None:
 
 # --- a claim lost to another worker (gates.apply turns the plan into the gate's own outcome) ---
 
-LOST_WINDOW = (NOW + timedelta(hours=2), "chat_nudge")
+LOST_WINDOW = window(NOW + timedelta(hours=2), "chat_nudge")
 
 
 def _lost(name: str) -> tuple[Plan, Plan]:
@@ -1079,14 +1086,14 @@ def _lost(name: str) -> tuple[Plan, Plan]:
         p = run("nudge", policy=CAPPED_NO_SUMMARY, counters=user_cap(2))
         return p, folded(p, recipient(), NOW, CAPPED_NO_SUMMARY, "user:u1 reached 3 in 2026-06-15")
     p = run("mention", variables={"thread": 42}, policy=CAPPED)
-    return p, collapsed(p, "thread-42", (5, NOW + timedelta(seconds=60), 1))
+    return p, collapsed(p, group("thread-42", 5, NOW + timedelta(seconds=60), 1)["thread-42"])
 
 
 @pytest.mark.parametrize(
     ("name", "outcome", "defer_until", "fold"),
     [
         pytest.param("window-skip", "suppress", None, None, id="window-skip"),
-        pytest.param("window-defer", "defer", LOST_WINDOW[0], None, id="window-defer"),
+        pytest.param("window-defer", "defer", LOST_WINDOW.until, None, id="window-defer"),
         pytest.param(
             "cap-fold",
             "fold",
@@ -1130,7 +1137,7 @@ def test_decisions_are_exactly_the_non_allow_steps_in_order() -> None:
         {"types": {"blast": type_spec("marketing", ["push", "slack", "email", "sms"])}}
     )
     request = fake_request("blast", id=1)
-    snap = Snapshot(NY_US, preferences=(("type", "blast", "slack", False),))
+    snap = Snapshot(NY_US, preferences=(Preference("type", "blast", "slack", False),))
     p = plan(
         request,
         catalog.get("blast"),
@@ -1202,14 +1209,13 @@ def test_plan_outcome(p: Plan, outcome: str) -> None:
 
 def test_plan_does_not_touch_its_inputs() -> None:
     counters = user_cap(1)
-    collapses = {"thread-42": (5, NOW - timedelta(minutes=1), 2)}
+    collapses = group("thread-42", 5, NOW - timedelta(minutes=1), 2)
     snap = Snapshot(recipient(), counters=counters, collapses=collapses)
     request = fake_request("mention", id=7, variables={"thread": 42})
     p = plan(
         request, CATALOG.get("mention"), snap, now=NOW, policy=CAPPED, needs_address=NEEDS_ADDRESS
     )
     assert p.collapse is not None and p.caps != ()
-    assert counters == user_cap(1) and collapses == {
-        "thread-42": (5, NOW - timedelta(minutes=1), 2)
-    }
+    assert counters == user_cap(1)
+    assert collapses == group("thread-42", 5, NOW - timedelta(minutes=1), 2)
     assert request == fake_request("mention", id=7, variables={"thread": 42})

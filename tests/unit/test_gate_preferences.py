@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from clarion.catalog import Catalog, NotificationType
-from clarion.gates.preferences import Preference, Resolution, category_default, resolve
+from clarion.gates.preferences import Resolution, category_default, resolve
+from clarion.rows import Preference
 
 OFF, ON = False, True
 
@@ -42,14 +43,14 @@ def src_all(where: str) -> str:
 
 
 EVERYTHING_OFF: tuple[Preference, ...] = (
-    ("type", "t", "email", OFF),
-    ("type", "t", "*", OFF),
-    ("category", "transactional", "*", OFF),
-    ("category", "security", "*", OFF),
-    ("category", "transactional", "email", OFF),
-    ("category", "security", "email", OFF),
-    ("all", "*", "email", OFF),
-    ("all", "*", "*", OFF),
+    Preference("type", "t", "email", OFF),
+    Preference("type", "t", "*", OFF),
+    Preference("category", "transactional", "*", OFF),
+    Preference("category", "security", "*", OFF),
+    Preference("category", "transactional", "email", OFF),
+    Preference("category", "security", "email", OFF),
+    Preference("all", "*", "email", OFF),
+    Preference("all", "*", "*", OFF),
 )
 
 
@@ -79,7 +80,7 @@ CASES = [
     pytest.param(
         "transactional",
         None,
-        (("all", "*", "*", OFF),),
+        (Preference("all", "*", "*", OFF),),
         "sms",
         None,
         True,
@@ -100,7 +101,7 @@ CASES = [
     pytest.param(
         "alert",
         None,
-        (("type", "t", "email", OFF), ("type", "t", "*", ON)),
+        (Preference("type", "t", "email", OFF), Preference("type", "t", "*", ON)),
         "email",
         None,
         False,
@@ -110,7 +111,7 @@ CASES = [
     pytest.param(
         "alert",
         None,
-        (("type", "t", "email", ON), ("type", "t", "*", OFF)),
+        (Preference("type", "t", "email", ON), Preference("type", "t", "*", OFF)),
         "email",
         None,
         True,
@@ -120,7 +121,7 @@ CASES = [
     pytest.param(
         "alert",
         None,
-        (("type", "t", "*", OFF),),
+        (Preference("type", "t", "*", OFF),),
         "sms",
         None,
         False,
@@ -130,7 +131,7 @@ CASES = [
     pytest.param(
         "alert",
         None,
-        (("type", "t", "email", OFF),),
+        (Preference("type", "t", "email", OFF),),
         "sms",
         None,
         True,
@@ -140,7 +141,7 @@ CASES = [
     pytest.param(
         "alert",
         None,
-        (("type", "t", "*", ON), ("category", "alert", "email", OFF)),
+        (Preference("type", "t", "*", ON), Preference("category", "alert", "email", OFF)),
         "email",
         None,
         True,
@@ -150,7 +151,7 @@ CASES = [
     pytest.param(
         "alert",
         None,
-        (("type", "t", "email", ON), ("all", "*", "email", OFF)),
+        (Preference("type", "t", "email", ON), Preference("all", "*", "email", OFF)),
         "email",
         None,
         True,
@@ -160,7 +161,7 @@ CASES = [
     pytest.param(
         "marketing",
         None,
-        (("type", "t", "*", ON),),
+        (Preference("type", "t", "*", ON),),
         "email",
         "DE",
         True,
@@ -170,7 +171,7 @@ CASES = [
     pytest.param(
         "alert",
         "off",
-        (("type", "t", "sms", ON),),
+        (Preference("type", "t", "sms", ON),),
         "sms",
         None,
         True,
@@ -180,7 +181,7 @@ CASES = [
     pytest.param(
         "alert",
         None,
-        (("type", "other", "*", OFF),),
+        (Preference("type", "other", "*", OFF),),
         "email",
         None,
         True,
@@ -191,7 +192,7 @@ CASES = [
     pytest.param(
         "alert",
         None,
-        (("category", "alert", "email", OFF), ("category", "alert", "*", ON)),
+        (Preference("category", "alert", "email", OFF), Preference("category", "alert", "*", ON)),
         "email",
         None,
         False,
@@ -201,7 +202,7 @@ CASES = [
     pytest.param(
         "alert",
         None,
-        (("category", "alert", "*", OFF), ("all", "*", "email", ON)),
+        (Preference("category", "alert", "*", OFF), Preference("all", "*", "email", ON)),
         "email",
         None,
         False,
@@ -211,7 +212,7 @@ CASES = [
     pytest.param(
         "activation",
         None,
-        (("category", "activation", "sms", ON), ("all", "*", "*", OFF)),
+        (Preference("category", "activation", "sms", ON), Preference("all", "*", "*", OFF)),
         "sms",
         None,
         True,
@@ -221,7 +222,7 @@ CASES = [
     pytest.param(
         "marketing",
         None,
-        (("category", "marketing", "*", OFF),),
+        (Preference("category", "marketing", "*", OFF),),
         "email",
         "US",
         False,
@@ -231,7 +232,7 @@ CASES = [
     pytest.param(
         "alert",
         None,
-        (("category", "marketing", "*", OFF),),
+        (Preference("category", "marketing", "*", OFF),),
         "email",
         None,
         True,
@@ -241,7 +242,7 @@ CASES = [
     pytest.param(
         "digest",
         "off",
-        (("category", "digest", "email", ON),),
+        (Preference("category", "digest", "email", ON),),
         "email",
         None,
         True,
@@ -252,7 +253,7 @@ CASES = [
     pytest.param(
         "alert",
         None,
-        (("all", "*", "email", ON), ("all", "*", "*", OFF)),
+        (Preference("all", "*", "email", ON), Preference("all", "*", "*", OFF)),
         "email",
         None,
         True,
@@ -262,7 +263,7 @@ CASES = [
     pytest.param(
         "alert",
         None,
-        (("all", "*", "email", ON), ("all", "*", "*", OFF)),
+        (Preference("all", "*", "email", ON), Preference("all", "*", "*", OFF)),
         "sms",
         None,
         False,
@@ -272,7 +273,7 @@ CASES = [
     pytest.param(
         "activation",
         None,
-        (("all", "*", "*", OFF),),
+        (Preference("all", "*", "*", OFF),),
         "email",
         None,
         False,
@@ -282,7 +283,7 @@ CASES = [
     pytest.param(
         "marketing",
         None,
-        (("all", "*", "*", OFF),),
+        (Preference("all", "*", "*", OFF),),
         "email",
         "US",
         False,
@@ -292,7 +293,7 @@ CASES = [
     pytest.param(
         "marketing",
         None,
-        (("all", "*", "*", ON),),
+        (Preference("all", "*", "*", ON),),
         "sms",
         "DE",
         True,
@@ -302,7 +303,7 @@ CASES = [
     pytest.param(
         "alert",
         "off",
-        (("all", "*", "*", ON),),
+        (Preference("all", "*", "*", ON),),
         "email",
         None,
         True,
@@ -432,7 +433,7 @@ def test_resolve_precedence(
 
 
 def test_resolve_accepts_any_iterable_of_preferences() -> None:
-    prefs = (p for p in [("category", "alert", "*", OFF)])
+    prefs = (p for p in [Preference("category", "alert", "*", OFF)])
     assert resolve(ntype("alert"), "email", prefs, None) == Resolution(
         False, src_category("alert", "every channel")
     )

@@ -532,10 +532,18 @@ def test_parse_time(text: str, expected: time) -> None:
 
 
 @pytest.mark.parametrize(
-    "text",
-    ["24:00", "08:60", "0800", "8", "08:00:00", "ab:cd", ""],
+    ("text", "refusal"),
+    [
+        ("24:00", "hour must be in 0..23"),
+        ("08:60", "minute must be in 0..59"),
+        ("0800", "not enough values to unpack"),
+        ("8", "not enough values to unpack"),
+        ("08:00:00", "too many values to unpack"),
+        ("ab:cd", "invalid literal for int"),
+        ("", "not enough values to unpack"),
+    ],
     ids=["hour-24", "minute-60", "no-colon", "hour-only", "seconds", "letters", "empty"],
 )
-def test_parse_time_rejects_malformed(text: str) -> None:
-    with pytest.raises(ValueError):
+def test_parse_time_rejects_malformed(text: str, refusal: str) -> None:
+    with pytest.raises(ValueError, match=refusal):
         parse_time(text)

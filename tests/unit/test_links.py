@@ -5,6 +5,7 @@ user's token, the CSRF token, the key and its settings, ttl parsing."""
 from __future__ import annotations
 
 import base64
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -44,7 +45,9 @@ def test_every_one_character_change_is_refused() -> None:
             if other == ch:
                 continue
             bad = good[:i] + other + good[i + 1 :]
-            with pytest.raises(BadLink):
+            with pytest.raises(
+                BadLink, match=r"^(malformed link token|the link's signature does not verify)$"
+            ):
                 links.verify(KEY, "preferences", bad, now=NOW)
 
 
@@ -67,22 +70,24 @@ def test_every_one_character_change_is_refused() -> None:
     ],
 )
 def test_malformed_tokens_are_refused(bad: str) -> None:
-    with pytest.raises(BadLink):
+    with pytest.raises(
+        BadLink, match=r"^(malformed link token|the link's signature does not verify)$"
+    ):
         links.verify(KEY, "preferences", bad, now=NOW)
 
 
 def test_not_a_string_is_refused() -> None:
-    with pytest.raises(BadLink):
+    with pytest.raises(BadLink, match=r"^malformed link token$"):
         links.verify(KEY, "preferences", None, now=NOW)  # type: ignore[arg-type]
 
 
 def test_another_users_payload_under_this_signature_is_refused() -> None:
     ann, bob = token("ann"), token("bob")
     swapped = f"{bob.split('.')[0]}.{ann.split('.')[1]}"
-    with pytest.raises(BadLink):
+    with pytest.raises(BadLink, match=r"^the link's signature does not verify$"):
         links.verify(KEY, "preferences", swapped, now=NOW)
     forged = f"{b64(f'bob{chr(31)}{EXPIRES}')}.{ann.split('.')[1]}"
-    with pytest.raises(BadLink):
+    with pytest.raises(BadLink, match=r"^the link's signature does not verify$"):
         links.verify(KEY, "preferences", forged, now=NOW)
     assert links.verify(KEY, "preferences", ann, now=NOW) == "ann"
 
@@ -90,21 +95,23 @@ def test_another_users_payload_under_this_signature_is_refused() -> None:
 def test_a_longer_life_cannot_be_written_in() -> None:
     mac = token().split(".")[1]
     later = f"{b64(f'ann{chr(31)}{EXPIRES + 86400 * 365}')}.{mac}"
-    with pytest.raises(BadLink):
+    with pytest.raises(BadLink, match=r"^the link's signature does not verify$"):
         links.verify(KEY, "preferences", later, now=NOW)
 
 
 def test_another_key_or_purpose_is_refused() -> None:
-    with pytest.raises(BadLink):
+    with pytest.raises(BadLink, match=r"^the link's signature does not verify$"):
         links.verify(b"other", "preferences", token(), now=NOW)
-    with pytest.raises(BadLink):
+    with pytest.raises(BadLink, match=r"^the link's signature does not verify$"):
         links.verify(KEY, "inbox", token(), now=NOW)
 
 
 def test_expiry_is_exact_on_the_given_clock() -> None:
     at = datetime.fromtimestamp(EXPIRES, tz=UTC)
     assert links.verify(KEY, "preferences", token(), now=at - timedelta(seconds=1)) == "ann"
-    with pytest.raises(ExpiredLink) as caught:
+    with pytest.raises(
+        ExpiredLink, match=r"^the link expired at 2026-12-07T10:00:00\+00:00$"
+    ) as caught:
         links.verify(KEY, "preferences", token(), now=at)
     assert caught.value.expired_at == at
 
@@ -112,7 +119,7 @@ def test_expiry_is_exact_on_the_given_clock() -> None:
 def test_the_signature_is_checked_before_the_expiry() -> None:
     """A tampered expired token says "bad", not "expired": nothing of it is believed unsigned."""
     old = token(expires=EXPIRES - 7200)
-    with pytest.raises(BadLink):
+    with pytest.raises(BadLink, match=r"^the link's signature does not verify$"):
         links.verify(KEY, "preferences", old[:-2] + "AA", now=NOW)
 
 
@@ -134,7 +141,7 @@ def test_a_preferences_token_expires_on_the_injected_clock(env) -> None:
     clock.set_source(lambda: NOW + timedelta(minutes=59, seconds=59))
     assert preference_links.read_preferences_token(made) == "ann"
     clock.set_source(lambda: NOW + timedelta(hours=1))
-    with pytest.raises(ExpiredLink):
+    with pytest.raises(ExpiredLink, match=r"^the link expired at "):
         preference_links.read_preferences_token(made)
 
 
@@ -142,7 +149,7 @@ def test_the_secret_signs_and_a_new_secret_revokes_every_link(env) -> None:
     made = preference_links.preferences_token("ann")
     env.setenv("CLARION_LINK_SECRET", "rotated")
     settings.reset()
-    with pytest.raises(BadLink):
+    with pytest.raises(BadLink, match=r"^the link's signature does not verify$"):
         preference_links.read_preferences_token(made)
     assert preference_links.read_preferences_token(preference_links.preferences_token("ann"))
 
@@ -211,22 +218,25 @@ def test_only_the_changed_cells_become_settings(gates_catalog) -> None:
     assert view.changes(gates_catalog, {}) == {}
 
 
+NOT_OFFERED = "is not a setting the page offers"
+
+
 @pytest.mark.parametrize(
-    "form",
+    ("form", "refusal"),
     [
-        {"was": ["receipt/in_app:1"]},  # locked: transactional
-        {"was": ["security_code/in_app:0"]},  # locked: security
-        {"was": ["nope/in_app:1"]},
-        {"was": ["tip/email:1"]},  # a channel the type does not have
-        {"was": ["tip/webhook:1"]},  # a channel the page never offers
-        {"was": ["tip/in_app:2"]},
-        {"was": ["tip/in_app"]},
-        {"was": ["tip/in_app:1", "tip/in_app:0"]},
-        {"was": ["tip/in_app:1"], "on": ["promo/in_app"]},  # checked but never shown
+        ({"was": ["receipt/in_app:1"]}, f"'receipt/in_app' {NOT_OFFERED}"),  # locked
+        ({"was": ["security_code/in_app:0"]}, f"'security_code/in_app' {NOT_OFFERED}"),  # locked
+        ({"was": ["nope/in_app:1"]}, f"'nope/in_app' {NOT_OFFERED}"),
+        ({"was": ["tip/email:1"]}, f"'tip/email' {NOT_OFFERED}"),  # not a channel of the type
+        ({"was": ["tip/webhook:1"]}, f"'tip/webhook' {NOT_OFFERED}"),  # never on the page
+        ({"was": ["tip/in_app:2"]}, "bad was field 'tip/in_app:2'"),
+        ({"was": ["tip/in_app"]}, "bad was field 'tip/in_app'"),
+        ({"was": ["tip/in_app:1", "tip/in_app:0"]}, "bad was field 'tip/in_app:0'"),
+        ({"was": ["tip/in_app:1"], "on": ["promo/in_app"]}, "a checked box the page did not show"),
     ],
 )
-def test_a_form_the_page_did_not_offer_is_stale(gates_catalog, form) -> None:
-    with pytest.raises(view.StaleForm):
+def test_a_form_the_page_did_not_offer_is_stale(gates_catalog, form, refusal) -> None:
+    with pytest.raises(view.StaleForm, match=f"^{re.escape(refusal)}$"):
         view.changes(gates_catalog, form)
 
 

@@ -32,9 +32,13 @@ def test_the_core_section_sets_every_strict_flag() -> None:
         assert where.get(name) == value, f"{name} = {value} is part of --strict"
 
 
-def test_gating_is_held_to_none_of_them_yet() -> None:
-    gating = _override("clarion.db.gating")
-    for name, value in define_options()[2]:
-        if name not in GLOBAL_ONLY:
-            assert gating.get(name) is (not value), name
-    assert not any(m.startswith("clarion.gates") for m in _override("clarion.db.*")["module"])
+def test_the_gates_are_core_and_nothing_is_let_off() -> None:
+    """clarion.gates.* and clarion.db.gating are in the core section, no narrower section undoes
+    a strict flag for them, and no module is let off its errors."""
+    core = _override("clarion.db.*")
+    assert "clarion.gates.*" in core["module"]
+    strict = {name for name, _ in define_options()[2]} - GLOBAL_ONLY
+    for section in _config()["overrides"]:
+        if section != core:
+            assert not strict & section.keys(), section["module"]
+            assert not section.get("ignore_errors"), section["module"]

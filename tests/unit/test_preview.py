@@ -83,5 +83,5 @@ def test_what_is_unknown_is_refused_naming_it(kwargs: dict, message: str) -> Non
 
 
 def test_an_unknown_type() -> None:
-    with pytest.raises(UnknownType):
+    with pytest.raises(UnknownType, match=r"^unknown notification type 'nope'$"):
         preview(None, "nope", Settings())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from clarion.errors import InvalidRequest, InvalidTimezone
@@ -51,7 +53,9 @@ def test_valid_zones_are_returned_unchanged(zone: str) -> None:
     ],
 )
 def test_invalid_zones_are_rejected(zone: str) -> None:
-    with pytest.raises(InvalidTimezone) as caught:
+    with pytest.raises(
+        InvalidTimezone, match=rf"^timezone: not an IANA time zone: {re.escape(repr(zone))}$"
+    ) as caught:
         validate_timezone(zone)
     assert caught.value.zone == zone
     assert isinstance(caught.value, InvalidRequest)
@@ -59,11 +63,13 @@ def test_invalid_zones_are_rejected(zone: str) -> None:
 
 @pytest.mark.parametrize("zone", [None, 3, ["UTC"]])
 def test_non_strings_are_rejected(zone: object) -> None:
-    with pytest.raises(InvalidTimezone):
+    with pytest.raises(InvalidTimezone, match=r"^timezone: not an IANA time zone: "):
         validate_timezone(zone)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("zone", ["Europe", "America", "America/Argentina", "Etc"])
 def test_zone_directory_is_rejected(zone: str) -> None:
-    with pytest.raises(InvalidTimezone):
+    with pytest.raises(
+        InvalidTimezone, match=rf"^timezone: not an IANA time zone: {re.escape(repr(zone))}$"
+    ):
         validate_timezone(zone)

@@ -4,6 +4,7 @@ devices' outcomes make the delivery's (adapters.push.combine)."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 import jwt
@@ -89,14 +90,14 @@ def test_the_delivery_outcome_from_its_devices(outcomes, raises, reason):
         result = combine(outcomes)
         assert (result.platform, result.provider_message_id, result.repeat) == ("push", "m1", None)
         return
-    with pytest.raises(raises) as caught:
+    with pytest.raises(raises, match=rf"^{re.escape(reason)}: ") as caught:
         combine(outcomes)
     assert caught.value.reason == reason
     assert raises is not PermanentSendError or not isinstance(caught.value, TransientSendError)
 
 
 def test_a_throttled_delivery_waits_as_long_as_its_longest_pause():
-    with pytest.raises(ThrottledError) as caught:
+    with pytest.raises(ThrottledError, match=r"^r: ") as caught:
         combine(
             [
                 _o("throttled", retry_after=5),

@@ -67,7 +67,9 @@ def test_told_to_fail_it_answers_503_and_takes_nothing(receiver):
 def test_a_lost_answer_is_counted_all_the_same(receiver, mode):
     receiver.arrivals.losses.next(mode)
     if mode == "drop":
-        with pytest.raises(requests.ConnectionError):
+        with pytest.raises(
+            requests.ConnectionError, match=r"Remote end closed connection without response"
+        ):
             post(receiver, message())
     else:
         assert post(receiver, message()).status_code == 500

@@ -249,8 +249,14 @@ def test_working_days_need_a_calendar() -> None:
     ],
     ids=["aware-anchor", "negative-n", "unknown-zone", "naive-after"],
 )
-def test_bad_arguments_raise_value_error(call) -> None:
-    with pytest.raises(ValueError):
+def test_bad_arguments_raise_value_error(call, request: pytest.FixtureRequest) -> None:
+    refusal = {
+        "aware-anchor": "anchor_local must be a naive local wall time",
+        "negative-n": "occurrence numbers start at 0, not -1",
+        "unknown-zone": "not an IANA time zone: 'Mars/Olympus_Mons'",
+        "naive-after": "after must be a timezone-aware datetime",
+    }[request.node.callspec.id]
+    with pytest.raises(ValueError, match=refusal):
         call()
 
 

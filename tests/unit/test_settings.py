@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,7 +96,9 @@ def test_unknown_variable_is_an_error(name: str) -> None:
     ],
 )
 def test_bad_number_is_an_error(name: str, raw: str) -> None:
-    with pytest.raises(ConfigurationError) as caught:
+    with pytest.raises(
+        ConfigurationError, match=rf"^{name}={re.escape(repr(raw))} is not a valid (float|int)$"
+    ) as caught:
         from_env({name: raw})
     assert name in str(caught.value) and repr(raw) in str(caught.value)
     assert isinstance(caught.value.__cause__, ValueError)
@@ -123,7 +126,9 @@ def test_urls_without_services_explains_what_to_do(
     tmp_path: Path, database_url: str | None, redis_url: str | None, names: str
 ) -> None:
     home = tmp_path / "home"
-    with pytest.raises(ServicesUnavailable) as caught:
+    with pytest.raises(
+        ServicesUnavailable, match=rf"^{names} and no embedded services are running in "
+    ) as caught:
         Settings(home=home, database_url=database_url, redis_url=redis_url).urls()
     message = str(caught.value)
     assert message.startswith(names)
@@ -185,7 +190,9 @@ def test_stale_or_broken_embedded_file_means_no_services(
     elif content is not None:
         (tmp_path / EMBEDDED_FILE).write_text(content)
     assert read_embedded(tmp_path) is None
-    with pytest.raises(ServicesUnavailable):
+    with pytest.raises(
+        ServicesUnavailable, match=r"not set and no embedded services are running in "
+    ):
         Settings(home=tmp_path).urls()
 
 

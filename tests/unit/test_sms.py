@@ -168,7 +168,10 @@ def test_a_messaging_service_sid_is_sent_as_one_and_a_number_as_from():
     assert request.create_args()["from_"] == "+15005550006" and request.segments == 1
     assert adapter.budget(MESSAGE, request) == (adapter.quota, "+15005550006", 1)
     for bad in ({"address": None}, {"content": {"body": "  "}}):
-        with pytest.raises(PermanentSendError):
+        with pytest.raises(
+            PermanentSendError,
+            match=r"^(no_address: .* has no sms number|empty_body: .* renders no SMS text)$",
+        ):
             adapter.to_request(Message(**{**MESSAGE.__dict__, **bad}))
 
 
@@ -185,7 +188,7 @@ def test_a_messaging_service_sid_is_sent_as_one_and_a_number_as_from():
     ],
 )
 def test_answers_become_outcomes(answer, error, reason):
-    with pytest.raises(error) as raised:
+    with pytest.raises(error, match=rf"^{reason}: twilio answered {answer.status}: ") as raised:
         outcome(answer)
     assert raised.value.reason == reason
     if error is ThrottledError:
@@ -313,12 +316,12 @@ def test_refusals_throttles_and_lost_answers_through_the_sdk(fake):
         adapter.send(MESSAGE)
     fake.failing.clear()
     fake.storm(1, retry_after=7)
-    with pytest.raises(ThrottledError) as throttled:
+    with pytest.raises(ThrottledError, match=r"^twilio_20429: twilio answered 429: ") as throttled:
         adapter.send(MESSAGE)
     assert throttled.value.retry_after == 7  # Retry-After read from this thread's answer
     for loss, reason in (("drop", "no_answer"), ("late", "no_answer"), ("5xx", "http_500")):
         fake.losses.next(loss, delay=1.0)
-        with pytest.raises(UnknownSendError) as unknown:
+        with pytest.raises(UnknownSendError, match=rf"^{reason}: ") as unknown:
             adapter.send(MESSAGE)
         assert unknown.value.reason == reason
     assert len(fake.messages()) == 3  # each lost answer was a message taken

@@ -232,7 +232,7 @@ def test_from_response_failed_but_worth_retrying(
     status: int, retry_after_header: str | None, retry_after: float | None
 ) -> None:
     headers = {} if retry_after_header is None else {"Retry-After": retry_after_header}
-    with pytest.raises(TransientSendError) as caught:
+    with pytest.raises(TransientSendError, match=rf"^http_{status}: busy$") as caught:
         from_response(status, headers, b"busy")
     error = caught.value
     assert isinstance(error, ThrottledError) == (status == 429)  # a 429 refunds the attempt
@@ -249,7 +249,7 @@ def test_a_5xx_leaves_the_outcome_unknown(
     status: int, retry_after_header: str | None, retry_after: float | None
 ) -> None:
     headers = {} if retry_after_header is None else {"Retry-After": retry_after_header}
-    with pytest.raises(UnknownSendError) as caught:
+    with pytest.raises(UnknownSendError, match=rf"^http_{status}: busy$") as caught:
         from_response(status, headers, b"busy")
     error = caught.value
     assert error.reason == f"http_{status}"
@@ -259,7 +259,7 @@ def test_a_5xx_leaves_the_outcome_unknown(
 
 @pytest.mark.parametrize("status", [301, 400, 401, 403, 404, 410, 413, 422])
 def test_from_response_permanent(status: int) -> None:
-    with pytest.raises(PermanentSendError) as caught:
+    with pytest.raises(PermanentSendError, match=rf"^http_{status}: no$") as caught:
         from_response(status, {"Retry-After": "5"}, b"no")
     assert caught.value.reason == f"http_{status}"
     assert not isinstance(caught.value, TransientSendError)
@@ -270,7 +270,7 @@ def test_failed_statuses_table() -> None:
 
 
 def test_from_response_detail_is_truncated_and_decoded() -> None:
-    with pytest.raises(PermanentSendError) as caught:
+    with pytest.raises(PermanentSendError, match=r"^http_400: ") as caught:
         from_response(400, {}, b"\xff" + b"x" * 500)
     assert caught.value.detail == "\ufffd" + "x" * 199
     assert str(caught.value).startswith("http_400: ")
@@ -376,7 +376,7 @@ def test_send_retries_carry_the_same_idempotency_key(receiver: Receiver) -> None
 
 def test_send_503_is_unknown_with_hint(receiver: Receiver) -> None:
     receiver.replies["/hook"] = Reply(503, {"Retry-After": "12"}, b"maintenance")
-    with pytest.raises(UnknownSendError) as caught:
+    with pytest.raises(UnknownSendError, match=r"^http_503: maintenance$") as caught:
         adapter(default_url=receiver.url + "/hook").send(MESSAGE)
     assert (caught.value.reason, caught.value.detail, caught.value.retry_after) == (
         "http_503",
@@ -394,7 +394,7 @@ def test_send_410_is_permanent(receiver: Receiver) -> None:
 def test_a_read_timeout_leaves_the_outcome_unknown(receiver: Receiver) -> None:
     receiver.replies["/slow"] = Reply(200, delay=1.0)
     started = time.monotonic()
-    with pytest.raises(UnknownSendError) as caught:
+    with pytest.raises(UnknownSendError, match=r"^no_answer: TimeoutError: ") as caught:
         adapter(default_url=receiver.url + "/slow", timeout=0.2).send(MESSAGE)
     assert caught.value.reason == "no_answer"
     assert len(receiver.received) == 1  # the request had arrived: it may well have been taken
@@ -402,7 +402,9 @@ def test_a_read_timeout_leaves_the_outcome_unknown(receiver: Receiver) -> None:
 
 
 def test_send_connection_refused_is_failed_not_unknown() -> None:
-    with pytest.raises(TransientSendError) as caught:
+    with pytest.raises(
+        TransientSendError, match=r"^connection: ConnectionRefusedError: "
+    ) as caught:
         adapter(default_url=f"http://127.0.0.1:{closed_port()}/hook").send(MESSAGE)
     assert caught.value.reason == "connection"
     assert caught.value.retry_after is None
@@ -411,7 +413,9 @@ def test_send_connection_refused_is_failed_not_unknown() -> None:
 
 @pytest.mark.parametrize("config", [{}, {"url": ""}, {"url": None}])
 def test_send_without_url_is_permanent(config: dict) -> None:
-    with pytest.raises(PermanentSendError) as caught:
+    with pytest.raises(
+        PermanentSendError, match=r"^no_url: type receipt has no webhook url$"
+    ) as caught:
         adapter(default_url=None).send(replace(MESSAGE, config=config))
     assert caught.value.reason == "no_url"
     assert "receipt" in caught.value.detail
@@ -420,6 +424,6 @@ def test_send_without_url_is_permanent(config: dict) -> None:
 
 @pytest.mark.parametrize("url", ["ftp://example.invalid/hook", "not a url", "http://"])
 def test_send_to_a_malformed_url_is_permanent(url: str) -> None:
-    with pytest.raises(PermanentSendError) as caught:
+    with pytest.raises(PermanentSendError, match=r"^bad_url: ") as caught:
         adapter(default_url=None).send(replace(MESSAGE, config={"url": url}))
     assert caught.value.reason == "bad_url"
