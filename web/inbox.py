@@ -362,7 +362,18 @@ class Listener:
                 event.set()
 
     async def _run(self) -> None:
-        url = make_url(settings.get().urls()[0]).set(drivername="postgresql")
+        # LISTEN needs a session: a transaction pooler's connection would hear nothing
+        direct = settings.get().listen_database_url
+        if direct is None and settings.get().database_pooler == "transaction":
+            log.warning(
+                "no LISTEN behind a transaction pooler: set CLARION_LISTEN_DATABASE_URL; "
+                "in-app streams see new items at their heartbeat only",
+                extra={"action": "inbox_unlisten"},
+            )
+            self.ready.set()
+            return
+        direct = direct or settings.get().urls()[0]
+        url = make_url(direct).set(drivername="postgresql")
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
