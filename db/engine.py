@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.exc import DBAPIError
@@ -31,10 +32,32 @@ _PATH_KEY = "clarion_search_path"
 def normalise_url(url: str) -> str:
     """Accept postgresql:// and postgres:// URLs; always drive them with psycopg 3. (Cached: every
     statement's engine() call asks, and parsing a URL costs more than the lookup.)"""
-    parsed = make_url(url)
+    parsed = make_url(_hosts_as_query(url))
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed.render_as_string(hide_password=False)
+
+
+def _hosts_as_query(url: str) -> str:
+    """libpq's multi-host URL (`postgresql://u@h1:5432,h2:5432/db`, as `pg_autoctl show uri`
+    prints it) in the form SQLAlchemy reads (`postgresql://u@/db?host=h1:5432&host=h2:5432`)."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if "," not in hosts:
+        return url
+    query = "&".join([*(f"host={h}" for h in hosts.split(",")), *filter(None, [parts.query])])
+    return urlunsplit(parts._replace(netloc=f"{userinfo}{at}", query=query))
+
+
+def driver_args(url: str) -> dict[str, Any]:
+    """psycopg.connect's keyword arguments for `url`, every host of a multi-host URL included
+    (for the few places that talk to PostgreSQL without SQLAlchemy)."""
+    from sqlalchemy.dialects.postgresql.psycopg import dialect
+
+    psycopg_dialect = dialect()  # type: ignore[no-untyped-call]
+    _, kwargs = psycopg_dialect.create_connect_args(make_url(normalise_url(url)))  # type: ignore[no-untyped-call]
+    kwargs.pop("context", None)  # SQLAlchemy's adapters
+    return dict(kwargs)
 
 
 def engine(url: str | None = None) -> Engine:

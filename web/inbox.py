@@ -39,7 +39,6 @@ from fastapi import Security
 from fastapi.routing import APIRoute
 from fastapi.security import APIKeyQuery, HTTPBearer
 from pydantic import TypeAdapter
-from sqlalchemy import make_url
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -47,7 +46,7 @@ from starlette.routing import Route
 
 from clarion import settings
 from clarion.db import inbox as store
-from clarion.db.engine import engine
+from clarion.db.engine import driver_args, engine
 from clarion.db.inbox import Cursor, Item
 from clarion.tasks import inbox
 from clarion.validation import USER_ID_BYTES
@@ -373,11 +372,10 @@ class Listener:
             self.ready.set()
             return
         direct = direct or settings.get().urls()[0]
-        url = make_url(direct).set(drivername="postgresql")
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                    url.render_as_string(hide_password=False), autocommit=True
+                    **driver_args(direct), autocommit=True
                 ) as conn:
                     await conn.execute(f"LISTEN {store.NOTIFY_CHANNEL}")
                     self.ready.set()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -168,10 +169,26 @@ class Rig:
 
     # --- processes ------------------------------------------------------------------------------
 
-    def command(self, name: str, argv: Sequence[str], *, user: str | None = None) -> list[str]:
-        """`argv` run inside host `name` (as `user`, when given: PostgreSQL refuses root)."""
+    def command(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        private: Sequence[str] = (),
+    ) -> list[str]:
+        """`argv` run inside host `name` (as `user`, when given: PostgreSQL refuses root).
+        `private`: folders this host sees empty and its own (a tmpfs mounted over each in the
+        process's mount namespace, which `ip netns exec` makes; the machine's stay untouched)."""
         drop = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups"] if user else []
-        return ["ip", "netns", "exec", self.hosts[name].netns, *drop, *argv]
+        inner = [*drop, *argv]
+        if private:
+            owner = f",uid={user},gid={user}" if user else ""
+            mounts = " && ".join(
+                f"mount -t tmpfs -o mode=0775{owner} tmpfs {shlex.quote(d)}" for d in private
+            )
+            inner = ["sh", "-c", f'{mounts} && exec "$@"', "sh", *inner]
+        return ["ip", "netns", "exec", self.hosts[name].netns, *inner]
 
     def start(
         self,
@@ -181,6 +198,7 @@ class Rig:
         env: Mapping[str, str] | None = None,
         log: Path | None = None,
         user: str | None = None,
+        private: Sequence[str] = (),
         clock: bool = False,
     ) -> launch.Process:
         """A process in host `name`, stopped by the rig at the end (or by `kill`). `clock`: its
@@ -193,7 +211,9 @@ class Rig:
                 "FAKETIME_CACHE_DURATION": "1",
                 "FAKETIME_DONT_FAKE_MONOTONIC": "1",
             }
-        process = launch.Process(self.command(name, argv, user=user), env=extra, log=log)
+        process = launch.Process(
+            self.command(name, argv, user=user, private=private), env=extra, log=log
+        )
         self.processes[name].append(process)
         return process
 
