@@ -114,13 +114,14 @@ def check_search_path(eng: Engine, schema: str) -> None:
     @event.listens_for(eng, "connect", insert=True)
     def _check(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
         with dbapi_connection.cursor() as cursor:
-            cursor.execute("SELECT current_user, current_schema()")
-            user, found = cursor.fetchone()
+            cursor.execute("SELECT current_user, current_setting('search_path')")
+            user, path = cursor.fetchone()
         dbapi_connection.rollback()
+        found = path.split(",")[0].strip().strip('"')  # the schema may not exist yet: unmigrated
         if found != schema:
             raise ConfigurationError(
                 f"CLARION_DATABASE_POOLER=transaction: the server gives this connection the "
-                f"schema {found!r}, not clarion's {schema!r}; a pooler cannot keep a session "
+                f"search_path {path!r}, not clarion's {schema!r}; a pooler cannot keep a session "
                 f'setting, so run `ALTER ROLE "{user}" SET search_path = "{schema}"` '
                 "(or ALTER DATABASE ... SET) on PostgreSQL"
             )

@@ -161,7 +161,8 @@ def clarion_env(
     if pooler := os.environ.get("TEST_CLARION_POOLER_URL"):  # see _start_pgbouncer
         with admin.connect() as conn:  # what a pooler asks of the server (db/engine.py)
             conn.execute(text(f'ALTER DATABASE "{name}" SET search_path = "clarion"'))
-        url, pooled = with_database(pooler, name), {"CLARION_DATABASE_POOLER": "transaction"}
+        pooled = {"CLARION_DATABASE_POOLER": "transaction", "CLARION_LISTEN_DATABASE_URL": url}
+        url = with_database(pooler, name)
     redis.Redis.from_url(services.redis_url).flushdb()
     env = {
         **pooled,

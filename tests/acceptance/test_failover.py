@@ -172,15 +172,17 @@ def _run(rig: Rig, ha: AutoFailover, tmp_path: Path, monkeypatch: pytest.MonkeyP
         items = _items()
         producer = Producer(items, batch=20, pause=0.4)  # 2,000 over ~60 s at least
         started = time.monotonic()
+        began = time.perf_counter()
         producer.start()
         assert launch.wait_until(lambda: receiver.arrivals.unique >= 200, 120), "nothing arrived"
         before = receiver.arrivals.unique
         old = ha.primary()
         rig.cut(old)  # the primary's host drops off the network: COMMITs in flight get no answer
-        failed_at = time.monotonic()
+        failed_at, cut_at = time.monotonic(), time.perf_counter()
         time.sleep(2)
         rig.kill(old)  # and it dies (its synchronous standby has every acknowledged commit)
         new = ha.wait_primary(other_than=old)
+        promoted_at = time.perf_counter()
         failover_s = time.monotonic() - failed_at
         producer.join(600)
         assert producer.error is None, producer.error
@@ -206,13 +208,24 @@ def _run(rig: Rig, ha: AutoFailover, tmp_path: Path, monkeypatch: pytest.MonkeyP
     repeated = {arrivals.deliveries[k] for k, n in arrivals.by_key.items() if n > 1}
     incidents = _incidents()
     assert repeated <= incidents.get("repeat", set()), "a webhook repeat with no incident"
+    phases = _rates(arrivals, [began, cut_at, promoted_at, max(arrivals.first_at.values())])
     print(
+        f"\narrivals/s before, during and after the failover: {phases}"
         f"\nfailover: {old} -> {new} in {failover_s:.1f} s; arrived before it {before}; "
         f"total {len(items)} in {elapsed:.0f} s; producer errors {producer.errors}, "
         f"already written on retry {producer.found_on_retry}; arrivals {arrivals.total} "
         f"(repeats dropped by key {arrivals.repeats}); incidents "
         f"{ {k: len(v) for k, v in incidents.items()} }"
     )
+
+
+def _rates(arrivals, edges: list[float]) -> list[str]:
+    """First arrivals per second between consecutive edges (perf_counter readings)."""
+    times = list(arrivals.first_at.values())
+    return [
+        f"{sum(a <= t < b for t in times) / max(b - a, 1e-9):.1f}"
+        for a, b in zip(edges, edges[1:], strict=False)
+    ]
 
 
 def _occ_of(arrivals, key: str) -> str:
