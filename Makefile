@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # What make test, make demo and CI install: every version pinned (make lock refreshes it).
 LOCK := requirements/lock.txt
 
-.PHONY: lock demo test unit integration acceptance chaos soak lint docs bench clean browser hosts-deps
+.PHONY: lock demo test unit integration acceptance chaos soak lint docs bench clean browser hosts-deps integration-pgbouncer
 
 $(STAMP): pyproject.toml $(LOCK)
 	@test -n "$(PYTHON)" || { echo "clarion needs Python 3.11 or 3.12 on PATH"; exit 1; }
@@ -68,6 +68,11 @@ unit: $(STAMP)
 
 integration: $(STAMP) browser
 	$(BIN)/pytest -q tests/integration
+
+# The integration tier with clarion's connections through Debian's pgbouncer in transaction mode
+# (CLARION_DATABASE_POOLER=transaction; docs/beyond-one-machine.md says which tests are refused).
+integration-pgbouncer: $(STAMP) hosts-deps browser
+	TEST_CLARION_POOLER=pgbouncer $(BIN)/pytest -q -n 2 -m 'not soak and not chaos' tests/integration
 
 acceptance: $(STAMP)
 	$(BIN)/pytest -q tests/acceptance

@@ -108,3 +108,19 @@ def test_a_socket_opened_inside_a_host_serves_there(rig):
         assert peer[0] == rig.address("a")
     with pytest.raises(OSError, match="refused|unreachable"):
         socket.create_connection(("127.0.0.1", port), timeout=1)  # not in the root namespace
+
+
+def test_a_private_folder_is_the_hosts_own_and_the_machines_stays_untouched(rig, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "machine.txt").write_text("the machine's")
+    out = rig.folder / "ls.out"
+    seen = rig.start(
+        "a",
+        ["sh", "-c", f"touch {shared}/host.txt && ls -A {shared}"],
+        log=out,
+        private=[str(shared)],
+    )
+    assert seen.popen.wait(10) == 0
+    assert out.read_text().split() == ["host.txt"], "the host saw the machine's folder"
+    assert sorted(p.name for p in shared.iterdir()) == ["machine.txt"], "the host wrote through"

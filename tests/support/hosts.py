@@ -3,6 +3,7 @@ private /24, each running real processes; faults are functions.
 
     with Rig(tmp_path, ("db", "broker", "w1", "receiver")) as rig:
         rig.start("db", ["postgres", ...])           # a real process inside host "db"
+        rig.start("db", [...], private=["/run/postgresql"])  # a folder of the host's own
         rig.cut("w1"); ...; rig.heal("w1")           # its link down: silence, both ways
         rig.block("w1", "db")                        # w1 hears nothing from db (db's answers dropped)
         rig.degrade("w1", delay_ms=50, loss=5)       # tc netem on w1's link, both directions
