@@ -208,6 +208,7 @@ def _run(rig: Rig, ha: AutoFailover, tmp_path: Path, monkeypatch: pytest.MonkeyP
     repeated = {arrivals.deliveries[k] for k, n in arrivals.by_key.items() if n > 1}
     incidents = _incidents()
     assert repeated <= incidents.get("repeat", set()), "a webhook repeat with no incident"
+    assert incidents.get("repeat", set()) <= repeated, "a repeat incident with no repeat"
     phases = _rates(arrivals, [began, cut_at, promoted_at, max(arrivals.first_at.values())])
     print(
         f"\narrivals/s before, during and after the failover: {phases}"
