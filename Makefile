@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # What make test, make demo and CI install: every version pinned (make lock refreshes it).
 LOCK := requirements/lock.txt
 
-.PHONY: lock demo test unit integration acceptance chaos soak lint docs bench clean browser
+.PHONY: lock demo test unit integration acceptance chaos soak lint docs bench clean browser hosts-deps integration-pgbouncer
 
 $(STAMP): pyproject.toml $(LOCK)
 	@test -n "$(PYTHON)" || { echo "clarion needs Python 3.11 or 3.12 on PATH"; exit 1; }
@@ -28,6 +28,21 @@ browser:
 	  echo "installing Debian's chromium (the preferences-page browser test needs $(CHROMIUM))"; \
 	  $(APT_GET) install chromium >/dev/null || { $(APT_GET) update >/dev/null && $(APT_GET) install chromium >/dev/null; }; \
 	  test -x $(CHROMIUM) || { echo "could not install chromium with apt-get (root and Debian's package lists are needed): tests/integration/test_preferences_browser.py fails without $(CHROMIUM)"; exit 1; }; }
+
+# The multi-host rig (tests/support/hosts.py) and the soak tests on it: network namespaces and
+# tc netem (iproute2), libfaketime for a host's skewed clock, Debian's pgbouncer and pg_auto_failover
+# (pg_autoctl, for the system's PostgreSQL 15 binaries). Installed here when missing; their
+# services are never started by the rig (each test runs its own instances on its own ports).
+HOSTS_PACKAGES := iproute2 iputils-ping libfaketime pgbouncer postgresql-15-auto-failover
+HOSTS_FILES := /usr/sbin/ip /usr/sbin/tc /usr/bin/ping /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 \
+  /usr/sbin/pgbouncer /usr/bin/pg_autoctl /usr/lib/postgresql/15/lib/pgautofailover.so
+
+hosts-deps:
+	@missing=; for f in $(HOSTS_FILES); do test -e $$f || missing=1; done; \
+	test -z "$$missing" || { \
+	  echo "installing $(HOSTS_PACKAGES) (the multi-host rig needs $(HOSTS_FILES))"; \
+	  $(APT_GET) install $(HOSTS_PACKAGES) >/dev/null || { $(APT_GET) update >/dev/null && $(APT_GET) install $(HOSTS_PACKAGES) >/dev/null; }; \
+	  for f in $(HOSTS_FILES); do test -e $$f || { echo "could not install $$f with apt-get (root and Debian's package lists are needed): the soak tier's multi-host tests fail without it"; exit 1; }; done; }
 
 # Re-resolve the lock from pyproject.toml's ranges (newest versions inside them) for Python 3.11,
 # the oldest we support; commit the result. UV_ARGS='--upgrade-package celery' moves one package.
@@ -54,13 +69,18 @@ unit: $(STAMP)
 integration: $(STAMP) browser
 	$(BIN)/pytest -q tests/integration
 
+# The integration tier with clarion's connections through Debian's pgbouncer in transaction mode
+# (CLARION_DATABASE_POOLER=transaction; docs/beyond-one-machine.md says which tests are refused).
+integration-pgbouncer: $(STAMP) hosts-deps browser
+	TEST_CLARION_POOLER=pgbouncer $(BIN)/pytest -q -n 2 -m 'not soak and not chaos' tests/integration
+
 acceptance: $(STAMP)
 	$(BIN)/pytest -q tests/acceptance
 
 chaos: $(STAMP)  # kills, a broker restart and a database restart under load (its own services)
 	$(BIN)/pytest -q -s -m chaos tests/acceptance
 
-soak: $(STAMP)  # full-size runs that take minutes (e.g. 2,000 SMS against a 10 segments/s budget)
+soak: $(STAMP) hosts-deps  # full-size runs that take minutes (e.g. 2,000 SMS against a 10 segments/s budget)
 	$(BIN)/pytest -q -s -m soak tests
 
 lint: $(STAMP)

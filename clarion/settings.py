@@ -37,7 +37,9 @@ SECRETS = frozenset(
         "address_secret",
     }
 )
-URLS = frozenset({"database_url", "redis_url", "broker_url"})  # their passwords are masked in repr
+URLS = frozenset(
+    {"database_url", "redis_url", "broker_url", "listen_database_url"}
+)  # their passwords are masked in repr
 
 
 def at_least(low: float) -> dict[str, Any]:
@@ -278,6 +280,13 @@ class Settings:
     schema: str = field(
         default="clarion", metadata=schema_name()
     )  # the PostgreSQL schema holding all of clarion's tables (db/engine.py); partitions: <schema>_partitions
+    database_pooler: str = field(
+        default="none",
+        metadata={"check": lambda v: v in ("none", "transaction"), "rule": "none or transaction"},
+    )  # transaction: CLARION_DATABASE_URL is a pooler in transaction mode (pgbouncer): no prepared
+    # statements or startup options; the server must give clarion's role its search_path
+    listen_database_url: str | None = None  # a session connection for the inbox's LISTEN
+    # (straight to PostgreSQL when CLARION_DATABASE_URL is a transaction pooler); unset: that URL
 
     # --- scale (db/partitioning.py, tasks/retention.py) ---------------------------------------
     partitions: int | None = field(

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.exc import DBAPIError
@@ -31,10 +32,32 @@ _PATH_KEY = "clarion_search_path"
 def normalise_url(url: str) -> str:
     """Accept postgresql:// and postgres:// URLs; always drive them with psycopg 3. (Cached: every
     statement's engine() call asks, and parsing a URL costs more than the lookup.)"""
-    parsed = make_url(url)
+    parsed = make_url(_hosts_as_query(url))
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed.render_as_string(hide_password=False)
+
+
+def _hosts_as_query(url: str) -> str:
+    """libpq's multi-host URL (`postgresql://u@h1:5432,h2:5432/db`, as `pg_autoctl show uri`
+    prints it) in the form SQLAlchemy reads (`postgresql://u@/db?host=h1:5432&host=h2:5432`)."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if "," not in hosts:
+        return url
+    query = "&".join([*(f"host={h}" for h in hosts.split(",")), *filter(None, [parts.query])])
+    return urlunsplit(parts._replace(netloc=f"{userinfo}{at}", query=query))
+
+
+def driver_args(url: str) -> dict[str, Any]:
+    """psycopg.connect's keyword arguments for `url`, every host of a multi-host URL included
+    (for the few places that talk to PostgreSQL without SQLAlchemy)."""
+    from sqlalchemy.dialects.postgresql.psycopg import dialect
+
+    psycopg_dialect = dialect()  # type: ignore[no-untyped-call]
+    _, kwargs = psycopg_dialect.create_connect_args(make_url(normalise_url(url)))  # type: ignore[no-untyped-call]
+    kwargs.pop("context", None)  # SQLAlchemy's adapters
+    return dict(kwargs)
 
 
 def engine(url: str | None = None) -> Engine:
@@ -47,14 +70,17 @@ def engine(url: str | None = None) -> Engine:
         # thousands of times per connection; measured ~20% less CPU per notification. None of them
         # carries a partial-index predicate as a parameter (DESIGN's auto-prepare trap), and
         # tests/integration/test_claims.py runs the claim 50+ times on one connection.
+        # Behind a transaction pooler (CLARION_DATABASE_POOLER=transaction) consecutive
+        # transactions may run on different server connections: nothing is prepared.
+        pooled = pooled_transactions()
         created = create_engine(
             url,
             pool_size=10,
             max_overflow=10,
             pool_pre_ping=True,
-            connect_args={"prepare_threshold": 0},
+            connect_args={"prepare_threshold": None if pooled else 0},
         )
-        use_schema(created, settings.get().schema)
+        (check_search_path if pooled else use_schema)(created, settings.get().schema)
         check_schema(created)
         _engines[key] = created
     return _engines[key]
@@ -72,6 +98,43 @@ def use_schema(eng: Engine, schema: str) -> None:
             cursor.execute(f'SET search_path TO "{schema}"')
         dbapi_connection.autocommit = autocommit
         record.info[_PATH_KEY] = f'"{schema}"'
+
+
+def pooled_transactions() -> bool:
+    """CLARION_DATABASE_URL leads to a pooler in transaction mode (pgbouncer's pool_mode=transaction)."""
+    return settings.get().database_pooler == "transaction"
+
+
+def check_search_path(eng: Engine, schema: str) -> None:
+    """Behind a transaction pooler a session's `SET search_path` stays on whichever server
+    connection ran it, and the pooler refuses the `options` startup parameter: clarion's
+    search_path must come from the server (`ALTER ROLE ... SET search_path`). Every connection
+    `eng` opens checks that it did, and refuses to run clarion's statements elsewhere."""
+
+    @event.listens_for(eng, "connect", insert=True)
+    def _check(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute("SELECT current_user, current_setting('search_path')")
+            user, path = cursor.fetchone()
+        dbapi_connection.rollback()
+        found = path.split(",")[0].strip().strip('"')  # the schema may not exist yet: unmigrated
+        if found != schema:
+            raise ConfigurationError(
+                f"CLARION_DATABASE_POOLER=transaction: the server gives this connection the "
+                f"search_path {path!r}, not clarion's {schema!r}; a pooler cannot keep a session "
+                f'setting, so run `ALTER ROLE "{user}" SET search_path = "{schema}"` '
+                "(or ALTER DATABASE ... SET) on PostgreSQL"
+            )
+        record.info[_PATH_KEY] = f'"{schema}"'
+
+
+def timeout_args(connect: float, statement: float) -> dict[str, Any]:
+    """psycopg arguments that bound a connect and (server side) each statement, in seconds.
+    A transaction pooler refuses startup options: there, pgbouncer's query_timeout bounds them."""
+    bounded: dict[str, Any] = {"connect_timeout": max(1, round(connect))}
+    if pooled_transactions():
+        return bounded | {"prepare_threshold": None}
+    return bounded | {"options": f"-c statement_timeout={int(statement * 1000)}"}
 
 
 _SWITCH = text("SELECT current_setting('search_path'), set_config('search_path', :path, :local)")

@@ -134,22 +134,26 @@ def _read_request(rfile: BinaryIO) -> tuple[str, str, dict[str, str], bytes] | N
 
 
 class Receiver:
-    """A receiver serving on 127.0.0.1 from `with` until the block ends: a thread per kept-alive
+    """A receiver serving on 127.0.0.1 (or `host`) from `with` until the block ends: a thread per kept-alive
     connection, each request parsed with no more than the signature check needs (the benchmark
     counts its CPU with clarion's)."""
 
-    def __init__(self, secret: str, port: int = 0, latency: float = 0.0) -> None:
-        """`latency`: seconds each answer takes, after the arrival is counted (a real provider's)."""
+    def __init__(
+        self, secret: str, port: int = 0, latency: float = 0.0, host: str = "127.0.0.1"
+    ) -> None:
+        """`latency`: seconds each answer takes, after the arrival is counted (a real provider's).
+        `host`: the address to serve on (a multi-host test's receiver host)."""
         self.arrivals = Arrivals(latency=latency)
         self.secret = secret
-        self.listener = socket.create_server(("127.0.0.1", port))
+        self.host = host
+        self.listener = socket.create_server((host, port))
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        return f"http://{self.host}:{self.listener.getsockname()[1]}"
 
     @property
     def url(self) -> str:

@@ -89,20 +89,15 @@ def database_probe(url: str) -> Probe:
     def probe() -> str | None:
         import psycopg
 
+        from clarion.db.engine import driver_args
+
         try:
-            with psycopg.connect(_libpq(url), connect_timeout=int(PROBE_TIMEOUT)):
+            with psycopg.connect(**driver_args(url) | {"connect_timeout": int(PROBE_TIMEOUT)}):
                 return None
         except psycopg.OperationalError as exc:
             return _short(exc)
 
     return probe
-
-
-def _libpq(url: str) -> str:
-    """A SQLAlchemy URL (postgresql+psycopg://) as libpq takes it."""
-    from sqlalchemy import make_url
-
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def _short(exc: BaseException) -> str:

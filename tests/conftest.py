@@ -63,16 +63,29 @@ def pytest_configure(config: pytest.Config) -> None:
     cannot take them away from another."""
     if hasattr(config, "workerinput") or os.environ.get("TEST_CLARION_DATABASE_URL"):
         return
-    if os.environ.get("CLARION_DATABASE_URL") and os.environ.get("CLARION_REDIS_URL"):
-        return
     if not _needs_services(config):
         return
-    from clarion.db.embedded import ensure_running
+    if not (os.environ.get("CLARION_DATABASE_URL") and os.environ.get("CLARION_REDIS_URL")):
+        from clarion.db.embedded import ensure_running
 
-    handle = ensure_running(ROOT / ".clarion" / "test")
-    _EMBEDDED.append(handle)
-    os.environ["TEST_CLARION_DATABASE_URL"] = handle.database_url
-    os.environ["TEST_CLARION_REDIS_URL"] = handle.redis_url
+        handle = ensure_running(ROOT / ".clarion" / "test")
+        _EMBEDDED.append(handle)
+        os.environ["TEST_CLARION_DATABASE_URL"] = handle.database_url
+        os.environ["TEST_CLARION_REDIS_URL"] = handle.redis_url
+    if os.environ.get("TEST_CLARION_POOLER") == "pgbouncer":
+        _start_pgbouncer()
+
+
+def _start_pgbouncer() -> None:
+    """TEST_CLARION_POOLER=pgbouncer: clarion reaches each test's database through pgbouncer in
+    transaction mode (CLARION_DATABASE_POOLER=transaction); the fixtures' own admin work (creating,
+    migrating and dropping databases) stays direct."""
+    from tests.support.pgbouncer import PgBouncer
+
+    server = os.environ.get("CLARION_DATABASE_URL") or os.environ["TEST_CLARION_DATABASE_URL"]
+    bouncer = PgBouncer(ROOT / ".clarion" / f"pgbouncer-{os.getpid()}", server).__enter__()
+    _EMBEDDED.append(bouncer)
+    os.environ["TEST_CLARION_POOLER_URL"] = bouncer.url("postgres")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -156,9 +169,15 @@ def clarion_env(
     admin = one_off_engine(services.database_url)
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"'))
-    url = with_database(services.database_url, name)
+    url, pooled = with_database(services.database_url, name), {}
+    if pooler := os.environ.get("TEST_CLARION_POOLER_URL"):  # see _start_pgbouncer
+        with admin.connect() as conn:  # what a pooler asks of the server (db/engine.py)
+            conn.execute(text(f'ALTER DATABASE "{name}" SET search_path = "clarion"'))
+        pooled = {"CLARION_DATABASE_POOLER": "transaction", "CLARION_LISTEN_DATABASE_URL": url}
+        url = with_database(pooler, name)
     redis.Redis.from_url(services.redis_url).flushdb()
     env = {
+        **pooled,
         "CLARION_HOME": str(tmp_path / "home"),
         "CLARION_DATABASE_URL": url,
         "CLARION_REDIS_URL": services.redis_url,

@@ -39,7 +39,6 @@ from fastapi import Security
 from fastapi.routing import APIRoute
 from fastapi.security import APIKeyQuery, HTTPBearer
 from pydantic import TypeAdapter
-from sqlalchemy import make_url
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -47,7 +46,7 @@ from starlette.routing import Route
 
 from clarion import settings
 from clarion.db import inbox as store
-from clarion.db.engine import engine
+from clarion.db.engine import driver_args, engine
 from clarion.db.inbox import Cursor, Item
 from clarion.tasks import inbox
 from clarion.validation import USER_ID_BYTES
@@ -362,11 +361,21 @@ class Listener:
                 event.set()
 
     async def _run(self) -> None:
-        url = make_url(settings.get().urls()[0]).set(drivername="postgresql")
+        # LISTEN needs a session: a transaction pooler's connection would hear nothing
+        direct = settings.get().listen_database_url
+        if direct is None and settings.get().database_pooler == "transaction":
+            log.warning(
+                "no LISTEN behind a transaction pooler: set CLARION_LISTEN_DATABASE_URL; "
+                "in-app streams see new items at their heartbeat only",
+                extra={"action": "inbox_unlisten"},
+            )
+            self.ready.set()
+            return
+        direct = direct or settings.get().urls()[0]
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                    url.render_as_string(hide_password=False), autocommit=True
+                    **driver_args(direct), autocommit=True
                 ) as conn:
                     await conn.execute(f"LISTEN {store.NOTIFY_CHANNEL}")
                     self.ready.set()

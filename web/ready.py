@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from clarion import settings
-from clarion.db.engine import normalise_url, schema_problem
+from clarion.db.engine import normalise_url, schema_problem, timeout_args
 from clarion.db.schema import SCHEMA_REVISION
 
 CHECK_SECONDS = 2.0  # each check's budget; they run concurrently
@@ -38,10 +38,7 @@ def _probe_engine(url: str) -> Engine:
     return create_engine(
         normalise_url(url),
         poolclass=NullPool,
-        connect_args={
-            "connect_timeout": CONNECT_SECONDS,
-            "options": f"-c statement_timeout={int(CHECK_SECONDS * 1000)}",
-        },
+        connect_args=timeout_args(CONNECT_SECONDS, CHECK_SECONDS),
     )
 
 

