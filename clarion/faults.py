@@ -29,6 +29,8 @@ POINTS = frozenset(
         "deliver.after_send",  # provider accepted, "sent" not yet recorded
         "deliver.before_flush",  # a group of accepted sends about to be recorded (tasks.send.group)
         "click.before_commit",  # a button answer and what it stops applied, not committed
+        "broadcast.before_commit",  # a broadcast's chunk of requests written, not committed
+        "broadcast.after_chunk",  # a chunk and its cursor committed, its requests not published
         "tick.before_commit",  # due series advanced and their occurrences written, not committed
     }
 )

@@ -52,6 +52,7 @@ app = Celery(
         "clarion.tasks.alerts",
         "clarion.tasks.refresh",
         "clarion.tasks.retention",
+        "clarion.tasks.broadcasts",
     ],
 )
 app.config_from_object(CONFIG_MODULE)
