@@ -61,7 +61,7 @@ def checked_audience(value: object) -> Audience:
     for key in value:
         if key not in AUDIENCE_KEYS:
             raise InvalidField(
-                f"audience.{check.show(key)}",
+                f"audience.{key if isinstance(key, str) else check.show(key)}",
                 f"is not part of an audience; known: {', '.join(AUDIENCE_KEYS)}",
             )
     topic = value.get("topic")
@@ -80,7 +80,7 @@ def _segment(value: object) -> tuple[tuple[str, tuple[str, ...]], ...]:
         raise InvalidField("audience.segment", f"must be a mapping, not {check.show(value)}")
     filters = []
     for name, wanted in value.items():
-        field = f"audience.segment.{check.show(name)}"
+        field = f"audience.segment.{name if isinstance(name, str) else check.show(name)}"
         if name not in SEGMENT_FIELDS:
             raise InvalidField(
                 field, f"is not a segment field; known: {', '.join(sorted(SEGMENT_FIELDS))}"

@@ -79,17 +79,25 @@ def _asked(
 
 
 def _when(at: object) -> datetime | time:
-    """None (now), an aware datetime (that instant), or a local wall time ("09:00" or a time)."""
+    """None (now), an aware datetime or ISO 8601 text with an offset (that instant), or a local
+    wall time ("09:00" or a naive time)."""
     if at is None:
         return clock.now()
     if isinstance(at, datetime):
         return check.aware_datetime("at", at)
     if isinstance(at, str) and check.HH_MM.fullmatch(at):
         return check.clock_time("at", at)
+    if isinstance(at, str) and len(at) <= 64:
+        try:
+            return check.aware_datetime("at", datetime.fromisoformat(at))
+        except ValueError:
+            pass
     if isinstance(at, time) and at.tzinfo is None:
         return at
     raise InvalidField(
-        "at", f"must be now (None), an aware datetime or a local time HH:MM, not {check.show(at)}"
+        "at",
+        f"must be now (None), an instant with its offset or a local time HH:MM, not "
+        f"{check.show(at)}",
     )
 
 
@@ -192,7 +200,7 @@ class Progress:
         }
 
 
-def progress(broadcast_id: int) -> Progress:
+def broadcast_progress(broadcast_id: int) -> Progress:
     """Planned, requested, sent, waiting and suppressed (by reason) of one broadcast."""
     with engine().connect() as conn:
         found = db.get(conn, broadcast_id)
@@ -279,7 +287,7 @@ class DryRun:
         }
 
 
-def dry_run(
+def dry_run_broadcast(
     type_key: str,
     audience: Mapping[str, Any],
     variables: Mapping[str, Any] | None = None,
@@ -327,7 +335,7 @@ __all__ = [
     "Started",
     "broadcast",
     "cancel_broadcast",
-    "dry_run",
+    "dry_run_broadcast",
     "fan_out",
-    "progress",
+    "broadcast_progress",
 ]

@@ -313,7 +313,17 @@ def openapi(app: FastAPI) -> dict[str, Any]:
             title=app.title, version=app.version, description=app.description, routes=app.routes
         )
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in (Event, Batch, PreferencesPut, RecipientPut, InboxMark, InboxRefusal):
+        from clarion.web.api_broadcasts import MODELS as broadcast_models
+
+        for model in (
+            Event,
+            Batch,
+            PreferencesPut,
+            RecipientPut,
+            InboxMark,
+            InboxRefusal,
+            *broadcast_models,
+        ):
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
@@ -337,6 +347,9 @@ def application(routes: Sequence[BaseRoute], *, docs: bool = True) -> FastAPI:
     from clarion.web.escalation_ack import router as escalations  # it builds on this module
 
     app.include_router(escalations)
+    from clarion.web.api_broadcasts import router as broadcasts  # it builds on this module
+
+    app.include_router(broadcasts)
     app.add_exception_handler(ClarionError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error)
