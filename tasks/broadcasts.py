@@ -40,7 +40,6 @@ from clarion.tasks.publish import publish
 log = logging.getLogger(__name__)
 
 FAN_OUT = "clarion.fan_out"
-CHUNK = 1000  # recipients requested per transaction
 RUN_SECONDS = 10.0  # a fan-out task hands over (publishes itself again) after this long
 KEY_BYTES = 256
 
@@ -225,7 +224,9 @@ def publish_due(now: datetime) -> int:
 
 
 def _lease() -> float:
-    return max(settings.get().stray_after, RUN_SECONDS * 2)
+    """How long a fan-out holds its broadcast between chunks: each chunk renews it, so it need
+    only outlast one chunk; a fan-out that stops is published again when it runs out."""
+    return settings.get().stray_after
 
 
 @shared_task(name=FAN_OUT, send_events=False)
@@ -234,10 +235,12 @@ def fan_out_task(users: list[str], ids: list[int]) -> int:
     return sum(fan_out(i) for i in ids)
 
 
-def fan_out(broadcast_id: int, *, chunk: int = CHUNK, seconds: float = RUN_SECONDS) -> int:
-    """Request the due recipients of a broadcast, a chunk per transaction, for up to `seconds`
-    (then hand over to a new task); returns how many were requested."""
+def fan_out(broadcast_id: int, *, chunk: int | None = None, seconds: float = RUN_SECONDS) -> int:
+    """Request the due recipients of a broadcast, a chunk (CLARION_BROADCAST_CHUNK) per
+    transaction, for up to `seconds` (then hand over to a new task); returns how many were
+    requested."""
     s = settings.get()
+    chunk = chunk or s.broadcast_chunk
     total, stop = 0, monotonic.monotonic() + seconds
     while True:
         now = clock.now()
