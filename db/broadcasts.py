@@ -171,9 +171,12 @@ def _walk(audience: Audience, zones: Sequence[str] | None) -> tuple[str, dict[st
     if zones is not None:
         where += " AND r.timezone = ANY(CAST(:zones AS text[]))"
         params["zones"] = list(zones)
+    # the cursor on both sides of a topic's join: a merge join then starts each index there,
+    # instead of reading the recipients before it (half the table, half-way through)
     statement = (
-        f"SELECT {key} AS user_id, r.locale FROM {source} WHERE {where} AND {key} > :cursor "
-        f"ORDER BY {key} LIMIT :limit"
+        f"SELECT {key} AS user_id, r.locale FROM {source} WHERE {where} AND r.user_id > :cursor "
+        + (f"AND {key} > :cursor " if key != "r.user_id" else "")
+        + f"ORDER BY {key} LIMIT :limit"
     )
     return statement, params
 

@@ -34,7 +34,12 @@ from clarion.scheduling.broadcasts import PASSED, local_waves
 from clarion.scheduling.zones import zone_names
 from clarion.tasks.audiences import checked_audience, require_topic
 from clarion.tasks.planning import plan_many
-from clarion.tasks.producer import checked_type, checked_type_variables, publish_after_commit
+from clarion.tasks.producer import (
+    checked_type,
+    checked_type_variables,
+    publish_in_background,
+    publishing_settled,
+)
 from clarion.tasks.publish import publish
 
 log = logging.getLogger(__name__)
@@ -257,12 +262,14 @@ def fan_out(broadcast_id: int, *, chunk: int | None = None, seconds: float = RUN
         if done is None:  # cancelled, finished, or unknown
             return total
         faults.hit("broadcast.after_chunk")
-        publish_after_commit([(u, i, done.lane) for u, i in done.keys])
+        # on the publishing thread, while the next chunk is written; lost with the process, the
+        # requests are published by the tick at their due_at
+        publish_in_background([(u, i, done.lane) for u, i in done.keys])
         total += len(done.keys)
-        if done.wave is None or done.finished:
-            return total
-        if monotonic.monotonic() > stop:
-            publish_fan_out([(broadcast_id, done.lane)])
+        if done.wave is None or done.finished or monotonic.monotonic() > stop:
+            if done.wave is not None and not done.finished:
+                publish_fan_out([(broadcast_id, done.lane)])  # hand over to a new task
+            publishing_settled()
             return total
 
 
