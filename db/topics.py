@@ -35,8 +35,6 @@ _LEAVE = text(
 
 _EXISTS = text("SELECT EXISTS (SELECT 1 FROM topics WHERE key = :topic)")
 
-_FORGET = text("DELETE FROM topic_members WHERE user_id = :u")
-
 
 def join(conn: Connection, topic: str, user_ids: Sequence[str], *, now: datetime) -> int:
     """Add recipients to a topic (created on first use); how many were not members already."""
@@ -53,8 +51,3 @@ def leave(conn: Connection, topic: str, user_ids: Sequence[str]) -> int:
 def exists(conn: Connection, topic: str) -> bool:
     """True once anybody has ever joined the topic (a topic outlives its last member)."""
     return bool(conn.execute(_EXISTS, {"topic": topic}).scalar())
-
-
-def forget(conn: Connection, user_id: str) -> int:
-    """Remove an erased recipient from every topic."""
-    return conn.execute(_FORGET, {"u": user_id}).rowcount

@@ -40,6 +40,7 @@ from clarion.tasks.broadcasts import (
     dry_run_broadcast,
     fan_out,
 )
+from clarion.tasks.recipients import forget
 from clarion.tasks.tick import tick
 from tests.support.broadcasts import join, recipients, use_broadcast_catalog, work
 from tests.support.pipeline import (
@@ -373,3 +374,12 @@ def test_metrics_show_a_running_broadcasts_plan_and_progress(env):
     labels = {"broadcast": str(started.id), "type": "notice"}
     assert counted("clarion_broadcast_planned", **labels) == 30
     assert counted("clarion_broadcast_requested", **labels) == 10
+
+
+def test_an_erased_recipient_leaves_every_topic(env):
+    users = recipients("us", 3)
+    join("news", users)
+    join("beta", users[:1])
+    forget(users[0])
+    assert count("topic_members", "user_id = :u", u=users[0]) == 0
+    assert count("topic_members") == 2
