@@ -98,7 +98,7 @@ class Settings:
     max_attempts: int = field(default=8, metadata=at_least(1))  # attempts, then retries_exhausted
     batch_size: int = field(default=100, metadata=at_least(1))  # rows per route/deliver message
     broadcast_chunk: int = field(
-        default=1000, metadata=at_least(1)
+        default=5000, metadata=at_least(1)
     )  # recipients a broadcast's fan-out requests per transaction
     send_concurrency: int = field(
         default=8, metadata=at_least(1)
