@@ -55,7 +55,9 @@ def _run(clarion_env, tmp_path: Path, monkeypatch, size: int, chunk: int, timeou
             # SIGKILL a worker every few seconds while the fan-out runs, at least 3 and at most
             # 10 in all (a worker takes seconds to start on a busy 2-core host: kill faster and
             # none is ever up)
-            while not stop.wait(rng.uniform(2.0, 4.0)):
+            pause = rng.uniform(0.3, 0.8)  # the first soon after the broadcast starts
+            while not stop.wait(pause):
+                pause = rng.uniform(2.0, 4.0)
                 running = fanning_out()
                 if len(kills) >= 10 or not running and len(kills) >= 3:
                     return
