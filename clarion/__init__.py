@@ -4,6 +4,7 @@ What app code calls, importable from here (each loaded on first use, so importin
 `clarion.settings` never pulls in Celery or the database layer):
 
     from clarion import notify, notify_many, register_recipient, arm_series
+    from clarion import subscribe, broadcast
 
 The Celery app is `clarion.celery.app` (`celery -A clarion worker`); the HTTP API is
 `clarion.web.router` (mount it in a host app) or `clarion web`.
@@ -28,6 +29,12 @@ _PUBLIC = {
     "register_recipient": "clarion.tasks.producer",
     "preferences_link": "clarion.tasks.links",
     "arm_series": "clarion.tasks.arming",
+    "broadcast": "clarion.tasks.broadcasts",
+    "broadcast_progress": "clarion.tasks.broadcasts",
+    "cancel_broadcast": "clarion.tasks.broadcasts",
+    "dry_run_broadcast": "clarion.tasks.broadcasts",
+    "subscribe": "clarion.tasks.audiences",
+    "unsubscribe": "clarion.tasks.audiences",
     "cancel_series": "clarion.tasks.series",
     "pause_series": "clarion.tasks.series",
     "resume_series": "clarion.tasks.series",
@@ -55,6 +62,12 @@ __all__ = [
     "register_recipient",
     "preferences_link",
     "arm_series",
+    "broadcast",
+    "broadcast_progress",
+    "cancel_broadcast",
+    "dry_run_broadcast",
+    "subscribe",
+    "unsubscribe",
     "cancel_series",
     "pause_series",
     "resume_series",
@@ -96,6 +109,13 @@ if TYPE_CHECKING:
         UnknownType,
     )
     from clarion.tasks.arming import arm_series
+    from clarion.tasks.audiences import subscribe, unsubscribe
+    from clarion.tasks.broadcasts import (
+        broadcast,
+        broadcast_progress,
+        cancel_broadcast,
+        dry_run_broadcast,
+    )
     from clarion.tasks.inbox import feed, inbox_token, mark, mark_all_read, unread_count
     from clarion.tasks.links import preferences_link
     from clarion.tasks.preferences import get_preferences, set_preferences

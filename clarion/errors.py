@@ -71,6 +71,20 @@ class UnknownRecipient(InvalidRequest):
         self.user_id = user_id
 
 
+class UnknownTopic(InvalidField):
+    """A broadcast to a topic nobody ever joined (a typo would otherwise reach nobody, silently)."""
+
+    def __init__(self, topic: str, field: str = "audience.topic") -> None:
+        super().__init__(field, f"unknown topic {topic[:80]!r}")
+        self.topic = topic
+
+
+class UnknownBroadcast(InvalidField):
+    def __init__(self, broadcast_id: int, field: str = "broadcast_id") -> None:
+        super().__init__(field, f"no broadcast {broadcast_id}")
+        self.broadcast_id = broadcast_id
+
+
 class NotInChain(InvalidRequest):
     """An acknowledgement for a request that belongs to no escalation chain (or does not exist)."""
 

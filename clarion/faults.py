@@ -29,8 +29,10 @@ POINTS = frozenset(
         "deliver.after_send",  # provider accepted, "sent" not yet recorded
         "deliver.before_flush",  # a group of accepted sends about to be recorded (tasks.send.group)
         "click.before_commit",  # a button answer and what it stops applied, not committed
-        "tick.before_commit",
-        "events.after_post",  # an app's endpoint took an event, "delivered" not yet recorded  # due series advanced and their occurrences written, not committed
+        "broadcast.before_commit",  # a broadcast's chunk of requests written, not committed
+        "broadcast.after_chunk",  # a chunk and its cursor committed, its requests not published
+        "tick.before_commit",  # due series advanced and their occurrences written, not committed
+        "events.after_post",  # an app's endpoint took an event, "delivered" not yet recorded
     }
 )
 

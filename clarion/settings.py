@@ -111,6 +111,9 @@ class Settings:
     )  # seconds before a published-but-untouched row is published again
     max_attempts: int = field(default=8, metadata=at_least(1))  # attempts, then retries_exhausted
     batch_size: int = field(default=100, metadata=at_least(1))  # rows per route/deliver message
+    broadcast_chunk: int = field(
+        default=5000, metadata=at_least(1)
+    )  # recipients a broadcast's fan-out requests per transaction
     send_concurrency: int = field(
         default=8, metadata=at_least(1)
     )  # most sends in flight at once within one deliver batch (fewer for a fast provider)

@@ -40,7 +40,9 @@ DEFAULT_MAX_DEPTH = (
 )
 DEFAULT_MAX_BYTES = 64 * 1024  # variables encoded as compact JSON
 MAX_INT = 2**63  # JSON integers must fit in 64 bits; bigger numbers travel as strings
-RESERVED_PREFIXES = ("series:", "escalation:")  # occurrence keys only series / chains write
+# occurrence keys only series, escalation chains and broadcasts write
+RESERVED_PREFIXES = ("series:", "escalation:", "broadcast:")
+WRITTEN_BY = {"series:": "series", "escalation:": "escalation chains", "broadcast:": "broadcasts"}
 
 CHANNEL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 SLACK_USER = re.compile(r"[UW][A-Z0-9]{1,31}")
@@ -339,8 +341,8 @@ def quiet_hours(value: object, field: str = "quiet_hours") -> tuple[time | None,
 
 def occurrence_key(event_id: object, occurrence_key: object) -> str:
     """The request's occurrence key: `event:<event_id>`, or an explicit occurrence key that does
-    not start with a reserved prefix (`series:` and `escalation:` keys are written by series and
-    escalation chains only)."""
+    not start with a reserved prefix (`series:`, `escalation:` and `broadcast:` keys are written by
+    series, escalation chains and broadcasts only)."""
     if (event_id is None) == (occurrence_key is None):
         raise InvalidOccurrence("give exactly one of event_id or occurrence_key")
     try:
@@ -352,8 +354,7 @@ def occurrence_key(event_id: object, occurrence_key: object) -> str:
     if key.startswith(RESERVED_PREFIXES):
         prefix = next(p for p in RESERVED_PREFIXES if key.startswith(p))
         raise InvalidOccurrence(
-            f"keys starting with {prefix!r} are reserved for "
-            + ("series" if prefix == "series:" else "escalation chains")
+            f"keys starting with {prefix!r} are reserved for " + WRITTEN_BY[prefix]
         )
     return key
 

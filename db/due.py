@@ -1,9 +1,9 @@
 """What the beat tick has to do, in one read: an idle tick asks this and nothing else.
 
 Each flag is an EXISTS over the partial index the matching take uses (series_due, requests_due,
-deliveries_due, receipts_early, escalations_due, collapse_refreshes_due), with the take's own
-predicate or a wider one, never a narrower one: a false flag must mean that step would have taken
-nothing. The tick then runs only the steps whose flag is set (tasks/tick.py).
+deliveries_due, receipts_early, escalations_due, collapse_refreshes_due, broadcasts_due), with the
+take's own predicate or a wider one, never a narrower one: a false flag must mean that step would
+have taken nothing. The tick then runs only the steps whose flag is set (tasks/tick.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ class Due:
     early_receipts: bool
     escalations: bool
     refreshes: bool
+    broadcasts: bool
 
     @property
     def anything(self) -> bool:
@@ -32,6 +33,7 @@ class Due:
             or self.early_receipts
             or self.escalations
             or self.refreshes
+            or self.broadcasts
         )
 
 
@@ -51,7 +53,8 @@ def _probe(lanes: tuple[str, ...]) -> str:
       EXISTS (SELECT 1 FROM receipts WHERE outcome = 'early') AS early_receipts,
       EXISTS (SELECT 1 FROM escalations WHERE state = 'waiting' AND due_at <= :now) AS escalations,
       EXISTS (SELECT 1 FROM collapse_refreshes WHERE due_at IS NOT NULL AND due_at <= :now)
-        AS refreshes
+        AS refreshes,
+      EXISTS (SELECT 1 FROM broadcasts WHERE due_at <= :now) AS broadcasts
     """
 
 
@@ -70,4 +73,5 @@ def what_is_due(conn: Connection, *, now: datetime, lanes: tuple[str, ...]) -> D
         early_receipts=row["early_receipts"],
         escalations=row["escalations"],
         refreshes=row["refreshes"],
+        broadcasts=row["broadcasts"],
     )

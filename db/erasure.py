@@ -88,6 +88,7 @@ STATEMENTS: tuple[tuple[str, str], ...] = (
            WHERE user_id = :u AND (items <> '[]'::jsonb OR state <> 'closed')""",
     ),
     ("collapse_refreshes", "DELETE FROM collapse_refreshes WHERE user_id = :u"),
+    ("topic_members", "DELETE FROM topic_members WHERE user_id = :u"),  # off every audience
     # last: the events this erasure's own changes wrote are scrubbed too (a provider's error text,
     # a gate's or incident's detail); kinds, ids and states stay, as in the tables they report
     (

@@ -49,6 +49,7 @@ PARTITIONED = (
     "escalation_requests",
     "digests",
     "collapse_refreshes",
+    "topic_members",
 )
 MAX_PARTITIONS = 256
 

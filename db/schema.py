@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0024"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0025"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -122,6 +122,11 @@ requests = Table(
     CheckConstraint(_in("state", REQUEST_STATES), name="requests_state_check"),
     CheckConstraint(_in("lane", LANES), name="requests_lane_check"),
     Index("requests_due", "lane", "due_at", postgresql_where=text("due_at IS NOT NULL")),
+    Index(
+        "requests_broadcast",
+        "occurrence_key",
+        postgresql_where=text("occurrence_key LIKE 'broadcast:%'"),
+    ),
 )
 
 deliveries = Table(
@@ -694,4 +699,70 @@ outbound_sends = Table(
         postgresql_where=text("state = 'pending'"),
     ),
     Index("outbound_sends_created", "endpoint_id", "created_at"),
+)
+
+# --- audiences and broadcasts (tasks/broadcasts.py, migration 0025) -----------------------------
+
+BROADCAST_STATES = ("running", "done", "cancelled")
+
+topics = Table(
+    "topics",
+    metadata,
+    Column("key", Text, nullable=False),
+    _ts("created_at", False),
+    PrimaryKeyConstraint("key", name="topics_pkey"),
+)
+
+topic_members = Table(
+    "topic_members",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("topic_key", Text, nullable=False),
+    _ts("created_at", False),
+    PrimaryKeyConstraint("user_id", "topic_key", name="topic_members_pkey"),
+    ForeignKeyConstraint(["user_id"], ["recipients.user_id"], name="topic_members_user_id_fkey"),
+    ForeignKeyConstraint(["topic_key"], ["topics.key"], name="topic_members_topic_key_fkey"),
+    Index("topic_members_by_topic", "topic_key", "user_id"),
+)
+
+broadcasts = Table(
+    "broadcasts",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("idempotency_key", Text),
+    Column("type_key", Text, nullable=False),
+    Column("lane", Text, nullable=False),
+    Column("template_version", Integer, nullable=False),
+    Column("variables", JSONB, nullable=False),
+    Column("audience", JSONB, nullable=False),
+    Column("at_local", Time),
+    Column("passed", Text),
+    Column("state", Text, nullable=False, server_default="running"),
+    Column("planned", BigInteger, nullable=False, server_default="0"),
+    Column("skipped", BigInteger, nullable=False, server_default="0"),
+    Column("requested", BigInteger, nullable=False, server_default="0"),
+    _ts("due_at"),
+    _ts("created_at", False),
+    _ts("finished_at"),
+    PrimaryKeyConstraint("id", name="broadcasts_pkey"),
+    UniqueConstraint("idempotency_key", name="broadcasts_idempotency_key"),
+    CheckConstraint(_in("state", BROADCAST_STATES), name="broadcasts_state_check"),
+    Index("broadcasts_due", "due_at", postgresql_where=text("due_at IS NOT NULL")),
+)
+
+broadcast_waves = Table(
+    "broadcast_waves",
+    metadata,
+    Column("broadcast_id", BigInteger, nullable=False),
+    Column("wave", Integer, nullable=False),
+    _ts("due_at", False),
+    Column("zones", ARRAY(Text)),
+    Column("cursor", Text),
+    Column("planned", BigInteger, nullable=False, server_default="0"),
+    Column("requested", BigInteger, nullable=False, server_default="0"),
+    Column("done", Boolean, nullable=False, server_default=text("false")),
+    PrimaryKeyConstraint("broadcast_id", "wave", name="broadcast_waves_pkey"),
+    ForeignKeyConstraint(
+        ["broadcast_id"], ["broadcasts.id"], name="broadcast_waves_broadcast_id_fkey"
+    ),
 )

@@ -8,6 +8,7 @@ import os
 import sys
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import clarion
 from clarion import logs, settings
@@ -105,6 +106,39 @@ def _stats(args: argparse.Namespace) -> int:
     from clarion.ops.stats import report
 
     print(report(*settings.get().urls()))
+    return 0
+
+
+def _broadcasts(args: argparse.Namespace) -> int:
+    from clarion.ops import broadcasts
+
+    if args.cancel and args.id is None:
+        raise InvalidRequest("--cancel needs the broadcast's id")
+    if args.cancel:
+        from clarion.tasks.broadcasts import cancel_broadcast
+
+        stopped = cancel_broadcast(args.id)
+        print(f"broadcast {stopped.id} {stopped.state}; {stopped.requested} recipient(s) requested")
+    print(broadcasts.listing() if args.id is None else broadcasts.detail(args.id))
+    return 0
+
+
+def _broadcast(args: argparse.Namespace) -> int:
+    from clarion.ops import broadcasts as shown
+    from clarion.tasks import broadcasts
+
+    audience = shown.audience(args.topic, args.segment)
+    asked: dict[str, Any] = dict(variables=_parse_vars(args.var), at=args.at, passed=args.passed)
+    if args.dry_run:
+        print(shown.dry_run_table(broadcasts.dry_run_broadcast(args.type, audience, **asked)))
+        return 0
+    started = broadcasts.broadcast(args.type, audience, **asked, idempotency_key=args.key)
+    print(
+        f"broadcast {started.id} "
+        + ("started" if started.new else "already existed; nothing new")
+        + f": {started.planned} planned, {started.skipped} skipped; follow it with "
+        f"`clarion broadcasts {started.id}`"
+    )
     return 0
 
 
@@ -399,6 +433,30 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--loglevel", default="INFO")
     b.set_defaults(fn=_beat)
     sub.add_parser("stats", help="print counts by state, reason and queue").set_defaults(fn=_stats)
+    bs = sub.add_parser("broadcasts", help="recent broadcasts, or one's progress (and --cancel)")
+    bs.add_argument("id", type=int, nargs="?", help="a broadcast: its progress by reason")
+    bs.add_argument("--cancel", action="store_true", help="stop requesting the rest of it")
+    bs.set_defaults(fn=_broadcasts)
+    bc = sub.add_parser("broadcast", help="send a type to an audience (try --dry-run first)")
+    bc.add_argument("type")
+    bc.add_argument("--topic", help="the members of this topic")
+    bc.add_argument(
+        "--segment",
+        action="append",
+        help="field=value over recipient fields (repeatable): country, locale, org, timezone, "
+        "subdivision",
+    )
+    bc.add_argument("--var", action="append", help="template variable name=value (repeatable)")
+    bc.add_argument("--at", help="HH:MM in each recipient's zone, or an ISO instant (default: now)")
+    bc.add_argument(
+        "--passed",
+        default="tomorrow",
+        choices=["tomorrow", "skip"],
+        help="recipients whose HH:MM passed today get tomorrow's, or are skipped",
+    )
+    bc.add_argument("--key", help="idempotency key: the same key starts nothing new")
+    bc.add_argument("--dry-run", action="store_true", help="count by channel and reason only")
+    bc.set_defaults(fn=_broadcast)
     web_command.add_web(sub)
     web_command.add_ping(sub)
     fl = sub.add_parser("flower", help="run Flower on the clarion broker")
@@ -512,7 +570,7 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         help="what the key may do (repeatable): events:write, requests:read, preferences:read, "
         "preferences:write, recipients:read, recipients:write, recipients:erase, "
-        "escalations:write, webhooks:manage",
+        "escalations:write, webhooks:manage, topics:write, broadcasts:write, broadcasts:read",
     )
     kc.add_argument("--rate", default="100/s", help="requests per window: 100/s, 6000/m, 50/10s")
     kc.add_argument(

@@ -53,6 +53,7 @@ app = Celery(
         "clarion.tasks.refresh",
         "clarion.tasks.retention",
         "clarion.tasks.events",
+        "clarion.tasks.broadcasts",
     ],
 )
 app.config_from_object(CONFIG_MODULE)

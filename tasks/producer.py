@@ -16,6 +16,7 @@ from sqlalchemy import Connection
 
 from clarion import clock, faults, settings
 from clarion import validation as check
+from clarion.catalog.model import NotificationType
 from clarion.db import ledger
 from clarion.db.engine import clarion_search_path, engine, in_transaction
 from clarion.drain import Drain
@@ -142,16 +143,28 @@ def build_request(
 ) -> ledger.NewRequest:
     """Check one notify() call; returns the request row to write (nothing is written here).
     The arguments are the caller's, unchecked (notify_many passes whatever an item holds)."""
+    ntype = checked_type(type_key)
+    user_text = check.text("user_id", user_id, max_bytes=check.USER_ID_BYTES)
+    key = check.occurrence_key(event_id, occurrence_key)
+    plain = checked_type_variables(ntype, variables)
+    return ledger.NewRequest(user_text, ntype.key, key, ntype.lane, ntype.version, plain)
+
+
+def checked_type(type_key: object) -> NotificationType:
+    """The catalog's type of that key (a newer catalog's, mid-deploy); else UnknownType."""
     key_text = check.text("type_key", type_key, max_bytes=check.TYPE_KEY_BYTES)
     ntype = runtime.catalog().get(key_text) or runtime.catalog_now().get(key_text)
     if ntype is None:
         raise UnknownType(key_text, runtime.catalog().name)
-    user_text = check.text("user_id", user_id, max_bytes=check.USER_ID_BYTES)
-    key = check.occurrence_key(event_id, occurrence_key)
+    return ntype
+
+
+def checked_type_variables(ntype: NotificationType, variables: object) -> dict[str, Any]:
+    """Template variables checked (checked_variables), none of the type's required ones missing."""
     plain = checked_variables(variables)
     if missing := ntype.missing(plain):
-        raise MissingVariables(key_text, missing)
-    return ledger.NewRequest(user_text, key_text, key, ntype.lane, ntype.version, plain)
+        raise MissingVariables(ntype.key, missing)
+    return plain
 
 
 def notify(

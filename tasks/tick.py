@@ -2,7 +2,8 @@
 
 Requests never published (outbox rows written in a caller's transaction), published but never
 routed (a lost message), or deferred until now; deliveries never picked up, due for a retry, or
-whose claim lease lapsed; then receipts that arrived before their send was recorded. Two beat processes, or overlapping ticks, only publish wake-ups twice:
+whose claim lease lapsed; broadcasts whose fan-out is due (a wave's time came, or a fan-out
+stopped); then receipts that arrived before their send was recorded. Two beat processes, or overlapping ticks, only publish wake-ups twice:
 route and deliver are idempotent by construction.
 
 Each lane has its own republish budget per tick, transactional first, so an activation backlog (or
@@ -21,7 +22,7 @@ from clarion import clock, metrics, settings
 from clarion.db import claims, ledger
 from clarion.db.due import what_is_due
 from clarion.db.engine import engine
-from clarion.tasks import escalation, refresh
+from clarion.tasks import broadcasts, escalation, refresh
 from clarion.tasks.publish import DELIVER, ROUTE, publish
 from clarion.tasks.receipts import replay_early
 from clarion.tasks.series import tick_series
@@ -66,6 +67,7 @@ def _tick() -> dict[str, int]:
     taken["escalations"] = escalation.tick() if due.escalations else 0
     expires = max(1.0, s.tick_interval * 5)
     taken["refreshes"] = refresh.publish_if_due(now, expires=expires) if due.refreshes else 0
+    taken["broadcasts"] = broadcasts.publish_due(now) if due.broadcasts else 0
     return taken
 
 

@@ -334,9 +334,19 @@ def openapi(app: FastAPI) -> dict[str, Any]:
             title=app.title, version=app.version, description=app.description, routes=app.routes
         )
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        from clarion.web.api_broadcasts import MODELS as broadcast_models
         from clarion.web.api_events import BODIES
 
-        for model in (Event, Batch, PreferencesPut, RecipientPut, InboxMark, InboxRefusal, *BODIES):
+        for model in (
+            Event,
+            Batch,
+            PreferencesPut,
+            RecipientPut,
+            InboxMark,
+            InboxRefusal,
+            *BODIES,
+            *broadcast_models,
+        ):
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
@@ -367,6 +377,9 @@ def application(routes: Sequence[BaseRoute], *, docs: bool = True) -> FastAPI:
     from clarion.web.api_events import router as webhook_endpoints  # builds on this module too
 
     app.include_router(webhook_endpoints)
+    from clarion.web.api_broadcasts import router as broadcasts  # it builds on this module
+
+    app.include_router(broadcasts)
     app.router.routes[0:0] = SERVED_FIRST
     app.add_exception_handler(ClarionError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_handler)

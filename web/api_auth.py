@@ -66,6 +66,9 @@ SCOPES = (
     "recipients:erase",
     "escalations:write",
     "webhooks:manage",
+    "topics:write",
+    "broadcasts:write",
+    "broadcasts:read",
 )
 KEY = re.compile(r"clk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 DEFAULT_RATE = (100, 1)  # requests per seconds

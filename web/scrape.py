@@ -103,7 +103,7 @@ def _ledger_engine(url: str, timeout: float) -> Any:
 
 def _read_ledger(url: str, timeout: float) -> dict[str, list[tuple[Any, ...]]]:
     from clarion import clock
-    from clarion.db import reports
+    from clarion.db import broadcasts, reports
     from clarion.db.alerts import open_alerts
 
     eng = _ledger_engine(url, timeout)
@@ -115,6 +115,7 @@ def _read_ledger(url: str, timeout: float) -> dict[str, list[tuple[Any, ...]]]:
                 "oldest": [tuple(r) for r in reports.oldest_due(conn, clock.now())],
                 "digests": [tuple(r) for r in reports.digest_counts(conn)],
                 "escalations": [tuple(r) for r in reports.escalation_counts(conn)],
+                "broadcasts": [tuple(r) for r in broadcasts.running(conn)],
             }
     finally:
         eng.dispose()
@@ -177,6 +178,16 @@ LEDGER_GAUGES = {
         "Escalation chains waiting on a timer, per type and the step it is for",
         ["type", "step"],
     ),
+    "planned": (
+        "clarion_broadcast_planned",
+        "Recipients a running broadcast plans to request",
+        ["broadcast", "type"],
+    ),
+    "requested": (
+        "clarion_broadcast_requested",
+        "Recipients a running broadcast has requested so far (its fan-out's progress)",
+        ["broadcast", "type"],
+    ),
     "alerts": (
         "clarion_alerts_open",
         "Alerts firing (db.alerts: send_rate_drop per channel, stuck_work per kind and lane)",
@@ -208,4 +219,7 @@ def _ledger_families(ledger: dict[str, list[tuple[Any, ...]]]) -> Iterator[Gauge
     for type_key, state, step, n, _ in ledger["escalations"]:
         if state == "waiting":
             g["chains"].add_metric([type_key, str(step)], n)
+    for broadcast_id, type_key, planned, requested in ledger["broadcasts"]:
+        g["planned"].add_metric([str(broadcast_id), type_key], planned)
+        g["requested"].add_metric([str(broadcast_id), type_key], requested)
     yield from g.values()

@@ -478,6 +478,10 @@ def test_openapi_is_valid_and_lists_every_endpoint(client):
         "/v1/inbox/{user_id}/stream": ["get"],
         "/v1/webhook-endpoints": ["get", "post"],
         "/v1/webhook-endpoints/{endpoint_id}": ["delete", "get", "patch"],
+        "/v1/topics/{topic}/subscribers": ["delete", "put"],
+        "/v1/broadcasts": ["post"],
+        "/v1/broadcasts/{broadcast_id}": ["get"],
+        "/v1/broadcasts/{broadcast_id}/cancel": ["post"],
     }
     post = doc["paths"]["/v1/events"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"] == {
