@@ -72,4 +72,4 @@ def claim(conn: Connection, p: Plan, c: ClaimContext) -> Plan:
 
 
 GATE = FunctionGate("activation_window", plan)
-CLAIM = FunctionClaim("activation_window", claim)
+CLAIM = FunctionClaim("activation_window", claim, lambda p: p.window_until is not None)

@@ -104,7 +104,7 @@ def apply(
 ) -> Plan:
     """Make the plan's claims; returns the plan that actually holds (the same one, unless a race was lost)."""
     key = (request.user_id, request.id)
-    if plan.window_until or plan.caps or plan.collapse:
+    if any(claim.needed(plan) for claim in CLAIMS):
         savepoint = conn.begin_nested()
         final = _claim(conn, request, plan, snapshot, catalog, now)
         if final is plan:
@@ -212,6 +212,8 @@ def _claim(
     """Make the plan's claims in CLAIMS order; the first one lost gives the plan that holds."""
     context = ClaimContext(request, snapshot, catalog.policy, now)
     for claim in CLAIMS:
+        if not claim.needed(plan):
+            continue
         final = claim.claim(conn, plan, context)
         if final is not plan:
             return final

@@ -80,4 +80,4 @@ def claim(conn: Connection, p: Plan, c: ClaimContext) -> Plan:
 
 
 GATE = FunctionGate("collapse", plan)
-CLAIM = FunctionClaim("collapse", claim)
+CLAIM = FunctionClaim("collapse", claim, lambda p: p.collapse is not None)

@@ -117,6 +117,7 @@ class Plan:
     join_collapse: str | None = None  # count this request on the open group with that key
     digest: DigestJoin | None = None
     on_window: str = "skip"
+    asks: frozenset[str] = frozenset()  # registered claims (by name) gates.apply must make
 
     @property
     def outcome(self) -> str:
@@ -203,15 +204,29 @@ class Claim(Protocol):
     @property
     def name(self) -> str: ...
 
+    def needed(self, p: Plan) -> bool:
+        """Whether the plan asks for this claim: gates.apply opens its savepoint only then."""
+        ...
+
     def claim(self, conn: Connection, p: Plan, c: ClaimContext) -> Plan: ...
+
+
+def asked(p: Plan, claim: str) -> Plan:
+    """The plan, asking gates.apply to make the registered claim named `claim`."""
+    return replace(p, asks=p.asks | {claim})
 
 
 @dataclass(frozen=True)
 class FunctionClaim:
-    """A claim made of a function."""
+    """A claim made of a function. `wanted` says whether a plan asks for it; by default, whether
+    the plan names it in `asks` (what a registered gate's plan step sets with `asked`)."""
 
     name: str
     step: Callable[[Connection, Plan, ClaimContext], Plan]
+    wanted: Callable[[Plan], bool] | None = None
+
+    def needed(self, p: Plan) -> bool:
+        return self.wanted(p) if self.wanted is not None else self.name in p.asks
 
     def claim(self, conn: Connection, p: Plan, c: ClaimContext) -> Plan:
         return self.step(conn, p, c)

@@ -99,4 +99,4 @@ def claim(conn: Connection, p: Plan, c: ClaimContext) -> Plan:
 
 
 GATE = FunctionGate("fatigue_cap", plan)
-CLAIM = FunctionClaim("fatigue_cap", claim)
+CLAIM = FunctionClaim("fatigue_cap", claim, lambda p: bool(p.caps))

@@ -344,11 +344,9 @@ def test_explain_answers_for_one_recipient_of_a_broadcast(receiver):
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    with pytest.raises(SystemExit) as exited:
+    with pytest.raises(SystemExit, match="^0$"):
         main(list(argv))
-    out, err = capsys.readouterr()
-    assert exited.value.code == 0, err
-    return out
+    return capsys.readouterr().out
 
 
 def test_the_cli_dry_runs_starts_follows_and_cancels_a_broadcast(receiver, capsys):

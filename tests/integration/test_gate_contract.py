@@ -5,11 +5,14 @@ it reads of its own with the snapshot (tests/support/weekday_gate.py: first cont
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import pytest
+from sqlalchemy import Connection
 
 from clarion import settings
+from clarion.gates.contract import Channels, ClaimContext, Context, Plan, asked, with_step
 from clarion.gates.pipeline import register, unregister
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, register_recipient
@@ -81,3 +84,46 @@ def test_the_dry_run_and_the_route_agree_on_a_new_gate(
         ]
     else:
         assert planned.channels != ()
+
+
+@dataclass(frozen=True)
+class AlwaysTaken:
+    """A toy gate with an atomic claim of its own (like the window, caps and collapse): its plan
+    step asks for the claim, and the claim always finds that another worker took it first."""
+
+    name: str = "always_taken"
+
+    def plan(self, p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
+        return asked(with_step(p, self.name, "allow", "claim_asked"), self.name), channels
+
+    def needed(self, p: Plan) -> bool:
+        return self.name in p.asks
+
+    def claim(self, conn: Connection, p: Plan, c: ClaimContext) -> Plan:
+        assert conn.in_nested_transaction(), "a claim runs inside the route's savepoint"
+        return replace(with_step(p, self.name, "suppress", "claim_lost"), channels=())
+
+
+def test_a_registered_claim_is_made_when_only_its_own_plan_asks_for_it(weekday_gate) -> None:
+    """No window, cap or collapse is planned for a receipt: the route still makes the new gate's
+    claim, and the plan its loss gives is what the route records."""
+    toy = AlwaysTaken()
+    register(toy, claim=toy)
+    try:
+        clock = VirtualClock(MONDAY)
+        try:
+            register_recipient("tia", timezone="Europe/Berlin")
+            planned = preview("tia", "receipt", event_id="e-claim", variables={"order": "A-2"})
+            assert planned.outcome == "deliver" and "always_taken" in planned.asks
+            assert (planned.window_until, planned.caps, planned.collapse) == (None, (), None)
+            sent = notify("tia", "receipt", event_id="e-claim", variables={"order": "A-2"})
+            assert route(["tia"], [sent.request_id]) == 1
+        finally:
+            clock.close()
+    finally:
+        unregister("always_taken")
+    assert decisions_of("tia", sent.request_id) == [
+        ("always_taken", "suppress", "claim_lost", None, "")
+    ]
+    assert deliveries_of("tia", sent.request_id) == []
+    assert weekday_gate.arrivals.total == 0
