@@ -80,7 +80,7 @@ def test_flower_wants_the_configured_login_and_then_shows_lane_depths(clarion_en
         # (`clarion flower --broker-api`); without it the list is empty (docs/operations/monitoring.md, "Flower").
         assert depths == {}
         return
-    assert depths == {"transactional": 0, "activation": 3, "control": 0}
+    assert depths == {"transactional": 0, "activation": 3, "control": 0, "events": 0}
 
 
 def test_without_a_configured_login_one_is_made_up_and_printed(clarion_env, tmp_path):
