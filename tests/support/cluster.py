@@ -112,23 +112,14 @@ def mixed_requests(users: int, per_user: int) -> list[dict]:
     for u in range(users):
         for n in range(per_user):
             if n % 2:
-                items.append(
-                    dict(
-                        user_id=f"u{u}",
-                        type_key="nudge",
-                        occurrence_key=f"nudge:{n}",
-                        variables={"name": f"N{u}"},
-                    )
+                kind = dict(
+                    type_key="nudge", occurrence_key=f"nudge:{n}", variables={"name": f"N{u}"}
                 )
             else:
-                items.append(
-                    dict(
-                        user_id=f"u{u}",
-                        type_key="receipt",
-                        event_id=f"order-{u}-{n}",
-                        variables={"order": f"{u}-{n}"},
-                    )
+                kind = dict(
+                    type_key="receipt", event_id=f"order-{u}-{n}", variables={"order": f"{u}-{n}"}
                 )
+            items.append(dict(user_id=f"u{u}", **kind))
     return items
 
 
