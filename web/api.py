@@ -105,6 +105,11 @@ def shaped(model: type[BaseModel], payload: Any) -> Any:
         raise ApiError(422, "invalid_field", "body", "nests too deep") from exc
 
 
+def modelled(model: type[BaseModel], body: Any, status: int = 200) -> Response:
+    """`body` as `model` shows it (its fields, none more), with `status`."""
+    return AsciiJSONResponse(model.model_validate(body).model_dump(mode="json"), status_code=status)
+
+
 def _answer(answer: Answer) -> Response:
     headers = {"Idempotent-Replayed": "true"} if answer.replayed else {}
     return Response(
@@ -125,6 +130,7 @@ RecipientsRead = Annotated[ApiKey, Depends(require("recipients:read"))]
 RecipientsWrite = Annotated[ApiKey, Depends(require("recipients:write"))]
 RecipientsErase = Annotated[ApiKey, Depends(require("recipients:erase"))]
 UserId = Annotated[str, Path(description="A registered recipient.", examples=["user-42"])]
+RowId = Annotated[int, Path(ge=1, le=2**63 - 1, examples=[1])]  # a bigint identity in a path
 IdempotencyKey = Annotated[
     str | None,
     Header(
@@ -199,7 +205,7 @@ def _not_found(user_id: str) -> ApiError:
     "(scope requests:read)",
 )
 def get_request(
-    request_id: Annotated[int, Path(ge=1, le=2**63 - 1, examples=[1])],
+    request_id: RowId,
     user_id: Annotated[
         str,
         Query(description="The recipient: request ids are unique per user.", examples=["user-42"]),
@@ -241,7 +247,7 @@ async def put_user_preferences(
     user = user_id_checked(user_id)
     changes = shaped(PreferencesPut, await read_json(request, PREFERENCES_BYTES)).settings
     body = await run_in_threadpool(_set_preferences, user, changes)
-    return AsciiJSONResponse(Preferences.model_validate(body).model_dump(mode="json"))
+    return modelled(Preferences, body)
 
 
 def _set_preferences(user: str, changes: dict[str, bool | None]) -> dict[str, Any]:
@@ -287,8 +293,7 @@ async def putuser_id_checked(request: Request, user_id: UserId, key: RecipientsW
     fields = inline_recipient(user, body, "", member="")
     assert fields is not None
     created, found = await run_in_threadpool(_save_recipient, fields)
-    shown = Recipient.model_validate(found).model_dump(mode="json")
-    return AsciiJSONResponse(shown, status_code=201 if created else 200)
+    return modelled(Recipient, found, 201 if created else 200)
 
 
 def _save_recipient(fields: dict[str, Any]) -> tuple[bool, dict[str, Any]]:

@@ -26,7 +26,7 @@ from starlette.responses import Response
 from clarion.db.api_keys import ApiKey
 from clarion.errors import UnknownBroadcast, UnknownRecipient
 from clarion.tasks import audiences, broadcasts
-from clarion.web.api import IdempotencyKey, body_doc, read_json, refusals, shaped
+from clarion.web.api import IdempotencyKey, RowId, body_doc, read_json, refusals, shaped
 from clarion.web.api_auth import require
 from clarion.web.api_errors import ApiError, AsciiJSONResponse
 
@@ -38,7 +38,6 @@ TopicsWrite = Annotated[ApiKey, Depends(require("topics:write"))]
 BroadcastsWrite = Annotated[ApiKey, Depends(require("broadcasts:write"))]
 BroadcastsRead = Annotated[ApiKey, Depends(require("broadcasts:read"))]
 Topic = Annotated[str, Path(description="A topic key.", examples=["newsletter"])]
-BroadcastId = Annotated[int, Path(ge=1, le=2**63 - 1, examples=[1])]
 
 
 class Subscribers(BaseModel):
@@ -189,7 +188,7 @@ def _shown(broadcast_id: int, *, cancel: bool = False) -> dict[str, Any]:
     summary="A broadcast's progress: planned, requested, sent, suppressed by reason "
     "(broadcasts:read)",
 )
-def get_broadcast(broadcast_id: BroadcastId, key: BroadcastsRead) -> dict[str, Any]:
+def get_broadcast(broadcast_id: RowId, key: BroadcastsRead) -> dict[str, Any]:
     return _shown(broadcast_id)
 
 
@@ -199,5 +198,5 @@ def get_broadcast(broadcast_id: BroadcastId, key: BroadcastsRead) -> dict[str, A
     responses=refusals(404),
     summary="Stop a broadcast; `requested` is how many it reached first (broadcasts:write)",
 )
-def cancel_broadcast(broadcast_id: BroadcastId, key: BroadcastsWrite) -> dict[str, Any]:
+def cancel_broadcast(broadcast_id: RowId, key: BroadcastsWrite) -> dict[str, Any]:
     return _shown(broadcast_id, cancel=True)

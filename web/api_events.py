@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -27,7 +27,7 @@ from clarion.db.api_keys import ApiKey
 from clarion.db.schema import EVENT_KINDS
 from clarion.errors import UnknownEndpoint
 from clarion.tasks import event_endpoints
-from clarion.web.api import body_doc, read_json, refusals, shaped
+from clarion.web.api import RowId, body_doc, modelled, read_json, refusals, shaped
 from clarion.web.api_auth import require
 from clarion.web.api_errors import ApiError, AsciiJSONResponse
 from clarion.web.api_models import Strict
@@ -35,7 +35,6 @@ from clarion.web.api_models import Strict
 BODY_BYTES = 64 * 1024  # above the most the models allow, escaped: a 413 is never a shape error
 router = APIRouter(prefix="/v1", default_response_class=AsciiJSONResponse)
 Manage = Annotated[ApiKey, Depends(require("webhooks:manage"))]
-EndpointId = Annotated[int, Path(ge=1, le=2**63 - 1, examples=[1])]
 Kind = Annotated[str, Field(max_length=64)]
 KINDS_DOC = f"Event kinds wanted, or ['*'] for all: {', '.join(EVENT_KINDS)}."
 
@@ -86,11 +85,6 @@ def _gone(exc: UnknownEndpoint) -> ApiError:
     return ApiError(404, "not_found", "endpoint_id", str(exc))
 
 
-def _answer(body: dict[str, Any], status: int = 200) -> Response:
-    shown = WebhookEndpoint.model_validate(body).model_dump(mode="json")
-    return AsciiJSONResponse(shown, status_code=status)
-
-
 @router.post(
     "/webhook-endpoints",
     status_code=201,
@@ -108,7 +102,7 @@ async def post_endpoint(request: Request, key: Manage) -> Response:
         description=body.description,
         secret=body.secret,
     )
-    return _answer(event_endpoints.shown(made, with_secret=True), 201)
+    return modelled(WebhookEndpoint, event_endpoints.shown(made, with_secret=True), 201)
 
 
 @router.get(
@@ -127,7 +121,7 @@ def list_endpoints(key: Manage) -> dict[str, Any]:
     responses=refusals(404),
     summary="One endpoint for outbound events (scope webhooks:manage)",
 )
-def get_endpoint(endpoint_id: EndpointId, key: Manage) -> dict[str, Any]:
+def get_endpoint(endpoint_id: RowId, key: Manage) -> dict[str, Any]:
     try:
         return event_endpoints.shown(event_endpoints.get(endpoint_id))
     except UnknownEndpoint as exc:
@@ -141,7 +135,7 @@ def get_endpoint(endpoint_id: EndpointId, key: Manage) -> dict[str, Any]:
     openapi_extra=body_doc(EndpointPatch),
     summary="Change, enable, disable or rotate the secret of an endpoint (scope webhooks:manage)",
 )
-async def patch_endpoint(request: Request, endpoint_id: EndpointId, key: Manage) -> Response:
+async def patch_endpoint(request: Request, endpoint_id: RowId, key: Manage) -> Response:
     body = shaped(EndpointPatch, await read_json(request, BODY_BYTES))
     try:
         changed = await run_in_threadpool(
@@ -157,7 +151,7 @@ async def patch_endpoint(request: Request, endpoint_id: EndpointId, key: Manage)
         )
     except UnknownEndpoint as exc:
         raise _gone(exc) from exc
-    return _answer(event_endpoints.shown(changed, with_secret=body.rotate_secret))
+    return modelled(WebhookEndpoint, event_endpoints.shown(changed, with_secret=body.rotate_secret))
 
 
 @router.delete(
@@ -166,7 +160,7 @@ async def patch_endpoint(request: Request, endpoint_id: EndpointId, key: Manage)
     responses=refusals(404),
     summary="Remove an endpoint and the events it had not taken (scope webhooks:manage)",
 )
-def delete_endpoint(endpoint_id: EndpointId, key: Manage) -> Response:
+def delete_endpoint(endpoint_id: RowId, key: Manage) -> Response:
     try:
         event_endpoints.remove(endpoint_id)
     except UnknownEndpoint as exc:

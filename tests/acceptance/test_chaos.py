@@ -13,7 +13,7 @@ from clarion.db.engine import engine
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient
 from clarion.tasks.publish import DELIVER, ROUTE, publish
-from tests.support.cluster import Cluster, counts, wait_settled
+from tests.support.cluster import Cluster, counts, mixed_requests, occurrence, wait_settled
 
 pytestmark = pytest.mark.acceptance
 
@@ -23,36 +23,6 @@ FAST = {
     "CLARION_BATCH_SIZE": "50",
     "CLARION_TICK_INTERVAL": "0.5",
 }
-
-
-def _requests(users: int, per_user: int) -> list[dict]:
-    items = []
-    for u in range(users):
-        for n in range(per_user):
-            if n % 2:
-                items.append(
-                    dict(
-                        user_id=f"u{u}",
-                        type_key="nudge",
-                        occurrence_key=f"nudge:{n}",
-                        variables={"name": f"N{u}"},
-                    )
-                )
-            else:
-                items.append(
-                    dict(
-                        user_id=f"u{u}",
-                        type_key="receipt",
-                        event_id=f"order-{u}-{n}",
-                        variables={"order": f"{u}-{n}"},
-                    )
-                )
-    return items
-
-
-def _occurrence(item: dict) -> str:
-    key = item.get("occurrence_key") or f"event:{item['event_id']}"
-    return f"{item['user_id']}/{item['type_key']}/{key}"
 
 
 def _enqueue(items: list[dict], users: int) -> None:
@@ -73,7 +43,7 @@ def _republish_some(rng: random.Random, count: int) -> None:
 
 def _assert_every_occurrence_once(receiver: Receiver, items: list[dict]) -> None:
     arrivals = receiver.arrivals
-    expected = {_occurrence(i) for i in items}
+    expected = {occurrence(i) for i in items}
     assert set(arrivals.occurrences) == expected, "some occurrence never arrived, or a stranger did"
     split = [o for o, keys in arrivals.occurrences.items() if len(keys) != 1]
     assert split == [], f"occurrences that arrived under different idempotency keys: {split[:5]}"
@@ -101,7 +71,7 @@ def _incident_deliveries(kind: str) -> set[int]:
 def test_ten_thousand_requests_survive_workers_killed_every_few_seconds(clarion_env, tmp_path):
     rng = random.Random(2026)
     users, per_user = 500, 20
-    items = _requests(users, per_user)  # 10,000 distinct occurrences
+    items = mixed_requests(users, per_user)  # 10,000 distinct occurrences
     repeats = rng.sample(items, len(items) // 10)  # repeated events ...
     with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as receiver:
         cluster = Cluster(
@@ -150,7 +120,7 @@ def test_ten_thousand_requests_survive_workers_killed_every_few_seconds(clarion_
 
 
 def test_a_crash_after_the_send_resends_once_under_the_same_key(clarion_env, tmp_path):
-    items = _requests(20, 10)  # 200 occurrences
+    items = mixed_requests(20, 10)  # 200 occurrences
     with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as receiver:
         # one send in flight per process, each recorded before the next (no group commit), so
         # each crash leaves exactly one sent-but-unrecorded row (with more in flight, a crash can

@@ -19,7 +19,7 @@ from clarion.ops import launch
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient
 from tests.support.autofailover import AutoFailover
-from tests.support.cluster import counts
+from tests.support.cluster import counts, mixed_requests, occurrence
 from tests.support.environment import CATALOG, WEBHOOK_SECRET, use_only
 from tests.support.hosts import Rig, unavailable
 
@@ -38,36 +38,6 @@ FAST = {
     "CLARION_START_WAIT": "120",
 }
 USERS, PER_USER = 200, 10  # 2,000 occurrences, half transactional (at least once), half activation
-
-
-def _items() -> list[dict]:
-    items = []
-    for u in range(USERS):
-        for n in range(PER_USER):
-            if n % 2:
-                items.append(
-                    dict(
-                        user_id=f"u{u}",
-                        type_key="nudge",
-                        occurrence_key=f"nudge:{n}",
-                        variables={"name": f"N{u}"},
-                    )
-                )
-            else:
-                items.append(
-                    dict(
-                        user_id=f"u{u}",
-                        type_key="receipt",
-                        event_id=f"order-{u}-{n}",
-                        variables={"order": f"{u}-{n}"},
-                    )
-                )
-    return items
-
-
-def _occurrence(item: dict) -> str:
-    key = item.get("occurrence_key") or f"event:{item['event_id']}"
-    return f"{item['user_id']}/{item['type_key']}/{key}"
 
 
 class Producer(threading.Thread):
@@ -169,7 +139,7 @@ def _run(rig: Rig, ha: AutoFailover, tmp_path: Path, monkeypatch: pytest.MonkeyP
             home = tmp_path / "home" / f"beat-{name}"
             home.mkdir(parents=True)
             rig.start(name, launch.beat_command(home), log=logs / f"beat-{name}.log")
-        items = _items()
+        items = mixed_requests(USERS, PER_USER)
         producer = Producer(items, batch=20, pause=0.4)  # 2,000 over ~60 s at least
         started = time.monotonic()
         began = time.perf_counter()
@@ -193,7 +163,7 @@ def _run(rig: Rig, ha: AutoFailover, tmp_path: Path, monkeypatch: pytest.MonkeyP
             rig.kill(name)
     assert settled, f"not every occurrence arrived: {receiver.arrivals.unique} of {len(items)}"
     arrivals = receiver.arrivals
-    expected = {_occurrence(i) for i in producer.acknowledged}
+    expected = {occurrence(i) for i in producer.acknowledged}
     assert len(producer.acknowledged) == len(items)
     assert set(arrivals.occurrences) == expected, (
         "an acknowledged request was lost (or a stranger came)"

@@ -51,6 +51,7 @@ from tests.support.pipeline import (
     frozen_clock,
     publishing_to_this_tests_broker,
     rows,
+    webhook_receiver,
 )
 
 pytestmark = pytest.mark.integration
@@ -65,8 +66,7 @@ def env(clarion_env, monkeypatch) -> Iterator[None]:
 
 @pytest.fixture
 def receiver(env, monkeypatch) -> Iterator[Receiver]:
-    with Receiver(settings.get().webhook_secret) as running:
-        configure(monkeypatch, webhook_url=running.url)
+    with webhook_receiver(monkeypatch) as running:
         yield running
 
 

@@ -21,23 +21,12 @@ from clarion.tasks import event_endpoints, notify, register_recipient
 from clarion.tasks.events import backoff, dispatch
 from clarion.tasks.preferences import set_preferences
 from clarion.tasks.route import route
-from tests.support.pipeline import (
-    Clock,
-    configure,
-    count,
-    frozen_clock,
-    publishing_to_this_tests_broker,
-    rows,
-)
+from tests.support.api import _broker
+from tests.support.pipeline import Clock, configure, count, frozen_clock, rows
 
 pytestmark = pytest.mark.integration
+__all__ = ["_broker"]  # the fixture, from tests/support/api.py
 ORDER = {"order": "A-1"}
-
-
-@pytest.fixture(autouse=True)
-def _broker(clarion_env) -> Iterator[None]:
-    with publishing_to_this_tests_broker():
-        yield
 
 
 @pytest.fixture

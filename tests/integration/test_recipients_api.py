@@ -22,7 +22,6 @@ import pytest
 from sqlalchemy import text
 from starlette.testclient import TestClient
 
-from clarion import settings as clarion_settings
 from clarion.db.engine import engine
 from clarion.records import Receipt
 from clarion.standins.receiver import Receiver
@@ -31,11 +30,11 @@ from clarion.tasks.route import route
 from clarion.web.api_auth import SCOPES, create_key
 from clarion.web.app import create_app
 from tests.support.pipeline import (
-    configure,
     drain,
     frozen_clock,
     publishing_to_this_tests_broker,
     rows,
+    webhook_receiver,
 )
 
 pytestmark = pytest.mark.integration
@@ -61,8 +60,7 @@ def _broker(clarion_env) -> Iterator[None]:
 
 @pytest.fixture
 def receiver(clarion_env, monkeypatch) -> Iterator[Receiver]:
-    with Receiver(clarion_settings.get().webhook_secret) as running:
-        configure(monkeypatch, webhook_url=running.url)
+    with webhook_receiver(monkeypatch) as running:
         yield running
 
 

@@ -103,3 +103,27 @@ def wait_settled(timeout: float, *, expect_sent: int | None = None) -> bool:
             return True
         time.sleep(0.5)
     return False
+
+
+def mixed_requests(users: int, per_user: int) -> list[dict]:
+    """`users * per_user` distinct occurrences: odd ones activation nudges (occurrence keys),
+    even ones transactional receipts (event ids)."""
+    items = []
+    for u in range(users):
+        for n in range(per_user):
+            if n % 2:
+                kind = dict(
+                    type_key="nudge", occurrence_key=f"nudge:{n}", variables={"name": f"N{u}"}
+                )
+            else:
+                kind = dict(
+                    type_key="receipt", event_id=f"order-{u}-{n}", variables={"order": f"{u}-{n}"}
+                )
+            items.append(dict(user_id=f"u{u}", **kind))
+    return items
+
+
+def occurrence(item: dict) -> str:
+    """The receiver's key for one of `mixed_requests`' items: user/type/occurrence."""
+    key = item.get("occurrence_key") or f"event:{item['event_id']}"
+    return f"{item['user_id']}/{item['type_key']}/{key}"

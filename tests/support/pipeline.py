@@ -16,6 +16,7 @@ from sqlalchemy import text
 
 from clarion import clock, faults, settings
 from clarion.db.engine import engine
+from clarion.standins.receiver import Receiver
 from clarion.tasks import producer, runtime
 from clarion.tasks.app import app
 from clarion.web import scrape
@@ -50,6 +51,14 @@ class Clock:
         if self.step:
             self.advance(self.step)
         return reading
+
+
+@contextmanager
+def webhook_receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
+    """The real webhook receiver (standins/receiver.py), as the default webhook URL."""
+    with Receiver(settings.get().webhook_secret) as running:
+        configure(monkeypatch, webhook_url=running.url)
+        yield running
 
 
 @contextmanager
