@@ -34,9 +34,16 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Protocol
 
-from clarion import errors, metrics
+from clarion import metrics
 from clarion.adapters.base import Adapter
 from clarion.adapters.circuit import GAUGE, Change, Circuits, State, reopens_in
+from clarion.errors import (
+    DeferredSendError,
+    PermanentSendError,
+    SendError,
+    TransientSendError,
+    UnknownSendError,
+)
 from clarion.records import Message, SendResult
 
 log = logging.getLogger(__name__)
@@ -58,15 +65,15 @@ class Provider:
     adapter: Adapter
 
 
-def confirmed_failure(error: errors.SendError) -> bool:
+def confirmed_failure(error: SendError) -> bool:
     """True if `error` proves the provider did not take the message and the next one may:
     nothing was attempted of it (no connection, a transient refusal), or the account was
     refused. Never an unknown outcome; never a throttle (the provider's budget says wait)."""
-    if isinstance(error, errors.UnknownSendError | errors.DeferredSendError):
+    if isinstance(error, UnknownSendError | DeferredSendError):
         return False
-    if isinstance(error, errors.TransientSendError):
+    if isinstance(error, TransientSendError):
         return True
-    return isinstance(error, errors.PermanentSendError) and error.reason in ACCOUNT_REFUSED
+    return isinstance(error, PermanentSendError) and error.reason in ACCOUNT_REFUSED
 
 
 class FailoverAdapter:
@@ -109,10 +116,10 @@ class FailoverAdapter:
                 continue
             try:
                 result = provider.adapter.send(message)
-            except errors.SendError as error:
-                if not isinstance(error, errors.DeferredSendError):
-                    permanent = isinstance(error, errors.PermanentSendError)
-                    self._record(provider, ok=permanent and not confirmed_failure(error))
+            except SendError as error:
+                if not isinstance(error, DeferredSendError):
+                    ok = isinstance(error, PermanentSendError) and not confirmed_failure(error)
+                    self._record(provider, ok=ok)
                 if not confirmed_failure(error):
                     raise
                 passed.append((provider, str(error)[:200]))
@@ -123,7 +130,7 @@ class FailoverAdapter:
             return replace(result, platform=provider.name)
         raise self._none_took(passed)
 
-    def _none_took(self, passed: list[tuple[Provider, str]]) -> errors.SendError:
+    def _none_took(self, passed: list[tuple[Provider, str]]) -> SendError:
         """Every provider was skipped (circuits open: nothing attempted, wait for a probe) or
         refused the message for certain (retried later)."""
         detail = "; ".join(f"{p.name}: {why}" for p, why in passed)[:300]
@@ -132,10 +139,8 @@ class FailoverAdapter:
             for p in self.providers:
                 seen = self.circuits.read(self._circuit(p))
                 waits.append(reopens_in(seen.after, seen.now, self.circuits.policy))
-            return errors.DeferredSendError(
-                "circuits_open", detail, retry_after=max(0.5, min(waits))
-            )
-        return errors.TransientSendError("all_providers_failed", detail)
+            return DeferredSendError("circuits_open", detail, retry_after=max(0.5, min(waits)))
+        return TransientSendError("all_providers_failed", detail)
 
     def _record(self, provider: Provider, *, ok: bool) -> None:
         change = self.circuits.record(self._circuit(provider), ok)
@@ -192,16 +197,16 @@ class FailoverAdapter:
         """An earlier attempt's message, asked of every provider (it may have gone to any):
         found by one → sent by it; not found by all, conclusively → None; otherwise the first
         provider's error (TransientSendError: ask later; UnknownSendError: cannot tell)."""
-        refusals: list[errors.SendError] = []
+        errors: list[SendError] = []
         for provider in self.providers:
             try:
                 found = provider.adapter.reconcile(message, since)  # type: ignore[attr-defined]
-            except errors.SendError as error:
-                refusals.append(error)
+            except SendError as error:
+                errors.append(error)
                 continue
             if found is not None:
                 return replace(found, platform=provider.name)
-        if refusals:
-            transient = [e for e in refusals if not isinstance(e, errors.UnknownSendError)]
-            raise (transient or refusals)[0]
+        if errors:
+            transient = [e for e in errors if not isinstance(e, UnknownSendError)]
+            raise (transient or errors)[0]
         return None
