@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 
 import pytest
 
-from clarion import errors
 from clarion.adapters.circuit import (
     Circuit,
     Circuits,
@@ -21,6 +20,14 @@ from clarion.adapters.circuit import (
     reopens_in,
 )
 from clarion.adapters.failover import FailoverAdapter, Provider, confirmed_failure
+from clarion.errors import (
+    DeferredSendError,
+    PermanentSendError,
+    SendError,
+    ThrottledError,
+    TransientSendError,
+    UnknownSendError,
+)
 from clarion.records import Message, SendResult
 
 POLICY = Policy(failures=3, open_for=10.0, probe_for=5.0)
@@ -104,15 +111,15 @@ def test_a_whole_outage_and_recovery_on_the_stores_clock():
 @pytest.mark.parametrize(
     ("error", "confirmed"),
     [
-        (errors.TransientSendError("connection", "refused"), True),
-        (errors.TransientSendError("smtp_421", "service not available"), True),
-        (errors.PermanentSendError("http_401", "bad key"), True),
-        (errors.PermanentSendError("twilio_20003", "Authenticate"), True),
-        (errors.PermanentSendError("http_400", "bad address"), False),
-        (errors.UnknownSendError("http_500", "may have taken it"), False),
-        (errors.UnknownSendError("no_answer", "timeout"), False),
-        (errors.ThrottledError("http_429", "slow down", 1.0), False),
-        (errors.DeferredSendError("budget_full", "wait", retry_after=1.0), False),
+        (TransientSendError("connection", "refused"), True),
+        (TransientSendError("smtp_421", "service not available"), True),
+        (PermanentSendError("http_401", "bad key"), True),
+        (PermanentSendError("twilio_20003", "Authenticate"), True),
+        (PermanentSendError("http_400", "bad address"), False),
+        (UnknownSendError("http_500", "may have taken it"), False),
+        (UnknownSendError("no_answer", "timeout"), False),
+        (ThrottledError("http_429", "slow down", 1.0), False),
+        (DeferredSendError("budget_full", "wait", retry_after=1.0), False),
     ],
 )
 def test_only_a_certain_failure_may_go_to_the_next_provider(error, confirmed):
@@ -124,7 +131,7 @@ class Scripted:
     """A provider at the adapter boundary that answers from a script, and counts what it got."""
 
     name: str
-    answers: list[errors.SendError | None] = field(default_factory=list)
+    answers: list[SendError | None] = field(default_factory=list)
     got: list[int] = field(default_factory=list)
     channel: str = "email"
     needs_address: bool = True
@@ -167,9 +174,7 @@ def message(n: int = 1) -> Message:
     )
 
 
-def pair(
-    *scripts: list[errors.SendError | None],
-) -> tuple[FailoverAdapter, list[Scripted], Clock, Alerts]:
+def pair(*scripts: list[SendError | None]) -> tuple[FailoverAdapter, list[Scripted], Clock, Alerts]:
     clock, alerts = Clock(), Alerts()
     providers = [
         Scripted(name, list(s)) for name, s in zip(("sendgrid", "smtp"), scripts, strict=True)
@@ -184,9 +189,7 @@ def pair(
 
 
 def test_a_refused_connection_goes_to_the_next_provider_which_is_recorded():
-    adapter, (first, second), _, alerts = pair(
-        [errors.TransientSendError("connection", "refused")], []
-    )
+    adapter, (first, second), _, alerts = pair([TransientSendError("connection", "refused")], [])
     result = adapter.send(message())
     assert result.platform == "smtp" and result.provider_message_id == "smtp-1"
     assert (first.got, second.got) == ([1], [1])
@@ -196,24 +199,24 @@ def test_a_refused_connection_goes_to_the_next_provider_which_is_recorded():
 @pytest.mark.parametrize(
     "error",
     [
-        errors.UnknownSendError("http_500", "may have taken it"),
-        errors.ThrottledError("http_429", "slow down", 1.0),
-        errors.PermanentSendError("http_400", "bad address"),
+        UnknownSendError("http_500", "may have taken it"),
+        ThrottledError("http_429", "slow down", 1.0),
+        PermanentSendError("http_400", "bad address"),
     ],
 )
 def test_an_unknown_outcome_a_throttle_or_a_bad_message_never_fails_over(error):
     adapter, (first, second), _, alerts = pair([error], [])
-    with pytest.raises(errors.SendError, match=error.reason):
+    with pytest.raises(SendError, match=error.reason):
         adapter.send(message())
     assert (first.got, second.got) == ([1], [])
     assert alerts.events == []
 
 
 def test_an_open_circuit_skips_the_provider_until_its_probe_succeeds():
-    outage: list[errors.SendError | None] = [errors.UnknownSendError("http_503", "down")] * 3
+    outage: list[SendError | None] = [UnknownSendError("http_503", "down")] * 3
     adapter, (first, second), clock, alerts = pair(outage, [])
     for n in range(1, 4):  # three unknown outcomes: no failover, but they open the circuit
-        with pytest.raises(errors.UnknownSendError, match="http_503"):
+        with pytest.raises(UnknownSendError, match="http_503"):
             adapter.send(message(n))
     assert adapter.send(message(4)).platform == "smtp"  # skipped without being asked
     assert (first.got, second.got) == ([1, 2, 3], [4])
@@ -228,21 +231,21 @@ def test_an_open_circuit_skips_the_provider_until_its_probe_succeeds():
 
 
 def test_every_circuit_open_defers_until_the_first_probe_without_asking_anyone():
-    down: list[errors.SendError | None] = [errors.TransientSendError("connection", "refused")] * 3
+    down: list[SendError | None] = [TransientSendError("connection", "refused")] * 3
     adapter, providers, clock, _ = pair(down, list(down))
     for n in range(3):
-        with pytest.raises(errors.TransientSendError, match="all_providers_failed"):
+        with pytest.raises(TransientSendError, match="all_providers_failed"):
             adapter.send(message(n))
     asked = [len(p.got) for p in providers]
     clock.now += 4.0
-    with pytest.raises(errors.DeferredSendError, match="circuits_open") as deferred:
+    with pytest.raises(DeferredSendError, match="circuits_open") as deferred:
         adapter.send(message(9))
     assert deferred.value.retry_after == pytest.approx(POLICY.open_for - 4.0)
     assert [len(p.got) for p in providers] == asked == [3, 3]
 
 
 def test_an_account_refused_fails_over():
-    adapter, (first, second), _, _ = pair([errors.PermanentSendError("http_401", "bad key")], [])
+    adapter, (first, second), _, _ = pair([PermanentSendError("http_401", "bad key")], [])
     assert adapter.send(message()).platform == "smtp"
     assert (first.got, second.got) == ([1], [1])
 
@@ -256,10 +259,10 @@ def test_failover_takes_the_most_careful_capabilities_of_its_providers():
 
 @dataclass
 class Findable(Scripted):
-    found: SendResult | None | errors.SendError = None
+    found: SendResult | None | SendError = None
 
     def reconcile(self, message: Message, since: datetime) -> SendResult | None:
-        if isinstance(self.found, errors.SendError):
+        if isinstance(self.found, SendError):
             raise self.found
         return self.found
 
@@ -269,11 +272,11 @@ class Findable(Scripted):
     [
         (None, SendResult(platform="sms", provider_message_id="SM2"), "twilio_backup"),
         (None, None, None),
-        (errors.UnknownSendError("lookup_inconclusive", "?"), None, errors.UnknownSendError),
+        (UnknownSendError("lookup_inconclusive", "?"), None, UnknownSendError),
         (
-            errors.TransientSendError("lookup_failed", "down"),
-            errors.UnknownSendError("x", "?"),
-            errors.TransientSendError,
+            TransientSendError("lookup_failed", "down"),
+            UnknownSendError("x", "?"),
+            TransientSendError,
         ),
     ],
 )
