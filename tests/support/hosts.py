@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
 import shlex
 import shutil
@@ -35,7 +36,7 @@ from clarion.ops import launch
 
 HOSTS = ("db", "broker", "w1", "w2", "w3", "receiver")
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
-PREFIX = "clarion-rig"  # namespace names: clarion-rig-<pid>-<host>
+PREFIX = "clarion-rig"  # namespace names: clarion-rig-<pid>-<rig>-<host>
 CLONE_NEWNET = 0x40000000
 
 
@@ -71,10 +72,10 @@ def remove_orphans() -> None:
     for line in _ip("netns", "list").splitlines():
         name = line.split()[0]
         if name.startswith(PREFIX + "-"):
-            pid = int(name.split("-")[2])
-            if not _alive(pid):
+            pid, rig = name.split("-")[2:4]
+            if not _alive(int(pid)):
                 _remove_netns(name)
-                _ip("link", "del", f"clb{pid}", check=False)
+                _ip("link", "del", f"clb{pid}s{rig}", check=False)
 
 
 def _alive(pid: int) -> bool:
@@ -107,13 +108,18 @@ class Host:
     clock_file: Path  # libfaketime's offset for processes started with clock=True
 
 
+_RIGS = itertools.count()
+
+
 class Rig:
     """Hosts on one bridge; see the module's docstring."""
 
     def __init__(self, folder: Path, names: Sequence[str] = HOSTS) -> None:
         self.folder = folder
-        self.pid = os.getpid()
-        self.bridge = f"clb{self.pid}"
+        # Each rig its own names: a deleted namespace's veth goes away after the kernel's cleanup,
+        # so the next rig of this process must not reuse its interface names.
+        self.pid, self.seq = os.getpid(), next(_RIGS) % 100
+        self.bridge = f"clb{self.pid}s{self.seq}"
         self.names = tuple(names)
         self.hosts: dict[str, Host] = {}
         self.processes: dict[str, list[launch.Process]] = {n: [] for n in names}
@@ -143,7 +149,8 @@ class Rig:
         self.close()
 
     def _add_host(self, index: int, name: str) -> None:
-        netns, link = f"{PREFIX}-{self.pid}-{name}", f"clv{self.pid}x{index}"
+        netns = f"{PREFIX}-{self.pid}-{self.seq}-{name}"
+        link = f"clv{self.pid}s{self.seq}x{index}"  # at most 15 characters: 7-digit pid, s99, x9
         host = Host(name, netns, f"{self.subnet}.{10 + index}", link, self.folder / f"{name}.clock")
         host.clock_file.write_text("+0\n")
         self.hosts[name] = host
