@@ -634,6 +634,9 @@ class Bench:
 
         from bench import noop
 
+        # noop.app took celeryconfig's broker when first imported, maybe before this run's
+        # settings were set (then Celery's default, amqp://localhost): the workers get ours
+        noop.app.conf.broker_url = self.broker_url
         a = self.args
         say(
             f"\n(a) raw Celery: {a.n} no-op tasks, one message each, "
