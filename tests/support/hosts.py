@@ -28,6 +28,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,7 +224,21 @@ class Rig:
             self.command(name, argv, user=user, private=private), env=extra, log=log
         )
         self.processes[name].append(process)
+        self._await_entry(name, process)
         return process
+
+    def _await_entry(self, name: str, process: launch.Process, timeout: float = 10.0) -> None:
+        """Return once `process` runs in host `name`'s network (`ip netns exec` enters it
+        between fork and exec), so a fault applied next reaches it; or once it has exited."""
+        there = os.stat(f"/run/netns/{self.hosts[name].netns}").st_ino
+        deadline = time.monotonic() + timeout
+        while process.popen.poll() is None:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                if os.stat(f"/proc/{process.popen.pid}/ns/net").st_ino == there:
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pid {process.popen.pid} did not enter host {name}")
+            time.sleep(0.005)
 
     def run(
         self, name: str, argv: Sequence[str], *, timeout: float = 30, user: str | None = None
