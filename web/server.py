@@ -118,6 +118,9 @@ def parse_bind(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+HEALTHCHECK_SECONDS = 60
+
+
 def public_config(options: WebOptions) -> WebConfig:
     app = "clarion.web.app:public_app" if options.admin else "clarion.web.app:create_app"
     return WebConfig(
@@ -126,6 +129,10 @@ def public_config(options: WebOptions) -> WebConfig:
         host=options.host,
         port=options.port,
         workers=options.workers,
+        # uvicorn kills a spawned worker that does not answer its supervisor's ping within this
+        # many seconds (default 5) and starts another; a worker still importing on a busy host
+        # would be killed and re-spawned for ever. A hung worker is still replaced, later.
+        timeout_worker_healthcheck=HEALTHCHECK_SECONDS,
         http=HeaderTimeoutProtocol,
         header_timeout=options.header_timeout,
         timeout_keep_alive=max(1, round(options.keep_alive_timeout)),

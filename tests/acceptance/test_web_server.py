@@ -6,6 +6,10 @@ timeout and an admin listener, on the test's PostgreSQL and Redis.
   measured and printed); a kept-alive connection whose second request crawls is closed too.
 - /metrics, /docs and /openapi.json answer 404 on the public listener and 200 on the admin one;
   the API is not on the admin one.
+
+Each spawned worker starts 6 s late (a sitecustomize sleeps before the worker can answer its
+supervisor), as on a busy host: past uvicorn's default 5 s ping, which killed and re-spawned such
+workers for ever; `clarion web` waits longer.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -42,15 +47,25 @@ class Web:
     log: list[str]
 
 
-def _env(clarion_env) -> dict[str, str]:
+SLOW_START = 6.0  # seconds each spawned worker sleeps before it can answer a ping
+SITECUSTOMIZE = f"""
+import sys, time
+if "--multiprocessing-fork" in sys.argv:  # a worker that multiprocessing spawned
+    time.sleep({SLOW_START})
+"""
+
+
+def _env(clarion_env, slow_start: Path) -> dict[str, str]:
     import os
 
+    slow_start.mkdir()
+    (slow_start / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLARION_")}
-    return {**env, **clarion_env.env, "PYTHONPATH": str(ROOT)}
+    return {**env, **clarion_env.env, "PYTHONPATH": f"{slow_start}:{ROOT}"}
 
 
 @pytest.fixture
-def web(clarion_env) -> Iterator[Web]:
+def web(clarion_env, tmp_path: Path) -> Iterator[Web]:
     command = [
         *CLI,
         "web",
@@ -66,7 +81,7 @@ def web(clarion_env) -> Iterator[Web]:
     process = subprocess.Popen(
         command,
         cwd=ROOT,
-        env=_env(clarion_env),
+        env=_env(clarion_env, tmp_path / "slow-start"),
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
@@ -90,6 +105,7 @@ def web(clarion_env) -> Iterator[Web]:
             assert time.monotonic() < deadline, "".join(log)
             time.sleep(0.2)
         assert "admin" in found, "".join(log)
+        assert not any("died" in line for line in log), "".join(log)
         yield Web(found["public"], found["admin"], log)
     finally:
         process.terminate()
