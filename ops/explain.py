@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from clarion import clock
-from clarion.db import ledger, reports
+from clarion.db import activity, ledger
+from clarion.db.activity import Delivery, RequestHistory
 from clarion.db.engine import engine
 from clarion.db.schema import SENT_STATES
 from clarion.errors import InvalidRequest, UnknownRecipient
@@ -50,14 +51,15 @@ def relative(at: datetime, now: datetime) -> str:
     return f"in {text}" if seconds > 0 else f"{text} ago"
 
 
-def _next_attempt(d: dict, now: datetime) -> tuple:
+def _next_attempt(d: Delivery, now: datetime) -> tuple:
     """The row for when a pending delivery is tried next (a claimed one: when its lease runs out)."""
-    at = d["next_attempt_at"]
-    if d["state"] == "claimed":
+    at = d.next_attempt_at
+    assert at is not None
+    if d.state == "claimed":
         what = f"lease ends {relative(at, now)}; tried again then if not settled"
     else:
         what = f"{relative(at, now)}" + (" (overdue: waits for a tick)" if at < now else "")
-    return ("next", at, d["channel"], "attempt", f"#{d['attempts'] + 1}", "", what)
+    return ("next", at, d.channel, "attempt", f"#{d.attempts + 1}", "", what)
 
 
 def explain(
@@ -66,20 +68,17 @@ def explain(
     with engine().connect() as conn:
         if user_id not in ledger.recipients(conn, [user_id]):
             raise UnknownRecipient(user_id)
-        rows = reports.explain_rows(
+        rows = activity.requests_of(
             conn, user_id, type_key=type_key, since=parse_since(since), limit=limit
         )
-        listed = reports.suppression_rows(conn, user_id)
+        listed = activity.suppressions(conn, user_id)
     now = clock.now()
     blocks = []
     if listed:
         blocks.append(
             render(
                 ["since (UTC)", "channel", "address", "reason", "detail"],
-                [
-                    (_when(r["created_at"]), r["channel"], r["address"], r["reason"], r["detail"])
-                    for r in listed
-                ],
+                [(_when(r.created_at), r.channel, r.address, r.reason, r.detail) for r in listed],
                 f"{user_id} is on the suppression list for:",
             )
         )
@@ -92,41 +91,32 @@ def explain(
         return "\n\n".join(blocks)
     for r in rows:
         title = (
-            f"request {r['id']}  {r['type_key']}  ({r['occurrence_key']})  requested "
-            f"{_when(r['created_at'])} UTC — {_verdict(r, now)}"
+            f"request {r.id}  {r.type_key}  ({r.occurrence_key})  requested "
+            f"{_when(r.created_at)} UTC — {verdict(r, now)}"
         )
-        lines = [
-            (
-                "decided",
-                d["decided_at"],
-                d["gate"],
-                d["outcome"],
-                d["reason"],
-                d["channel"] or "",
-                d["detail"],
-            )
-            for d in r["decisions"]
+        lines: list[tuple[str, datetime | None, str, str, str, str, str]] = [
+            ("decided", d.decided_at, d.gate, d.outcome, d.reason, d.channel or "", d.detail)
+            for d in r.decisions
         ]
         lines += [
             (
                 "delivery",
-                d["sent_at"],
-                d["channel"],
-                d["state"],
-                f"attempts {d['attempts']}",
-                d["platform"] or "",
-                d["last_error"] or "",
+                d.sent_at,
+                d.channel,
+                d.state,
+                f"attempts {d.attempts}",
+                d.platform or "",
+                d.last_error or "",
             )
-            for d in r["deliveries"]
+            for d in r.deliveries
         ]
         lines += [
-            ("receipt", e["received_at"], e["channel"], e["event"], e["outcome"], "", e["detail"])
-            for e in r["receipts"]
+            ("receipt", e.received_at, e.channel, e.event, e.outcome, "", e.detail)
+            for e in r.receipts
         ]
-        lines += [_next_attempt(d, now) for d in r["deliveries"] if d["next_attempt_at"]]
+        lines += [_next_attempt(d, now) for d in r.deliveries if d.next_attempt_at]
         lines += [
-            ("incident", i["created_at"], i["channel"], i["kind"], "", "", i["detail"])
-            for i in r["incidents"]
+            ("incident", i.created_at, i.channel, i.kind, "", "", i.detail) for i in r.incidents
         ]
         lines.sort(key=lambda x: x[1] or datetime.max.replace(tzinfo=clock.now().tzinfo))
         blocks.append(
@@ -139,28 +129,28 @@ def explain(
     return "\n\n".join(blocks)
 
 
-def _verdict(r: dict, now: datetime) -> str:
+def verdict(r: RequestHistory, now: datetime) -> str:
     sent = [
-        d["channel"] + ("" if d["state"] == "sent" else f" ({d['state']})")
-        for d in r["deliveries"]
-        if d["state"] in SENT_STATES
+        d.channel + ("" if d.state == "sent" else f" ({d.state})")
+        for d in r.deliveries
+        if d.state in SENT_STATES
     ]
     if sent:
         return "sent on " + ", ".join(sent)
-    if r["state"] == "deferred":
-        return f"deferred until {_when(r['due_at'])} UTC ({relative(r['due_at'], now)})"
-    if r["state"] == "pending":
+    if r.state == "deferred" and r.due_at is not None:
+        return f"deferred until {_when(r.due_at)} UTC ({relative(r.due_at, now)})"
+    if r.state == "pending":
         return "waiting to be routed"
-    waiting = [d["next_attempt_at"] for d in r["deliveries"] if d["state"] == "pending"]
+    waiting = [
+        d.next_attempt_at for d in r.deliveries if d.state == "pending" and d.next_attempt_at
+    ]
     if waiting:
         first = min(waiting)
         return f"being delivered; next attempt {_when(first)} UTC ({relative(first, now)})"
-    if any(d["state"] == "claimed" for d in r["deliveries"]):
+    if any(d.state == "claimed" for d in r.deliveries):
         return "being delivered"
-    reasons = [
-        d["reason"] for d in r["decisions"] if d["channel"] is None and d["reason"] != "no_channel"
-    ]
-    reasons = reasons or sorted({d["reason"] for d in r["decisions"] if d["channel"]})
+    reasons = [d.reason for d in r.decisions if d.channel is None and d.reason != "no_channel"]
+    reasons = reasons or sorted({d.reason for d in r.decisions if d.channel})
     return "not sent: " + (", ".join(reasons[-1:] if reasons else ["no decision recorded"]))
 
 
