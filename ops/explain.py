@@ -149,6 +149,9 @@ def verdict(r: RequestHistory, now: datetime) -> str:
         return f"being delivered; next attempt {_when(first)} UTC ({relative(first, now)})"
     if any(d.state == "claimed" for d in r.deliveries):
         return "being delivered"
+    held = [d.channel for d in r.deliveries if d.state == "unknown"]
+    if held:
+        return f"outcome unknown on {', '.join(held)}: may have arrived; held, not sent again"
     reasons = [d.reason for d in r.decisions if d.channel is None and d.reason != "no_channel"]
     reasons = reasons or sorted({d.reason for d in r.decisions if d.channel})
     return "not sent: " + (", ".join(reasons[-1:] if reasons else ["no decision recorded"]))

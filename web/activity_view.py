@@ -19,6 +19,7 @@ from clarion.db.activity import Delivery, RequestHistory
 
 # stage: the kind of step, in the order the page's legend names them
 STAGES = ("request", "decision", "delivery", "receipt", "incident", "event")
+SEND_GATES = ("deliver",)  # decisions recorded by a send, after its delivery was made
 
 REASONS = {
     # gate decisions
@@ -163,7 +164,18 @@ def timeline(history: RequestHistory, now: datetime) -> list[Step]:
                 "",
             )
         )
-    return sorted(steps, key=lambda s: (s.at, STAGES.index(s.stage)))
+    sending = {f"{readable(g)}: " for g in SEND_GATES}
+
+    def order(step: Step) -> tuple[datetime, float]:
+        """Time first; at the same instant, the order things happen in: the gates, then a
+        delivery is made, then its send is decided on (the sort keeps a delivery's own steps in
+        the order given)."""
+        rank = float(STAGES.index(step.stage))
+        if step.stage == "decision" and any(step.what.startswith(g) for g in sending):
+            rank = STAGES.index("delivery") + 0.5
+        return step.at, rank
+
+    return sorted(steps, key=order)
 
 
 def _delivery_steps(d: Delivery, now: datetime) -> list[Step]:
