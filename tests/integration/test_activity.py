@@ -140,3 +140,20 @@ def test_the_api_answers_the_same_records_and_steps(stories):
         (s.stage, s.reason, s.words) for s in steps
     ]
     assert all(set(s) == set(asdict(steps[0])) for s in got["timeline"])
+
+
+def test_bad_search_fields_are_refused_naming_the_field(clarion_env):
+    from clarion.errors import InvalidRequest
+    from clarion.web.activity import staff_token
+
+    headers = {"Authorization": f"Bearer {create_key('support', ['activity:read']).secret}"}
+    with TestClient(create_app()) as client:
+        for query, field in (("tz=Mars/Olympus", "tz:"), ("request=12x", "request:")):
+            answer = client.get(f"/activity?user=ann&{query}", headers=headers)
+            assert answer.status_code == 400 and field in answer.text, query
+        fine = client.get("/activity", headers=headers)
+        assert fine.status_code == 200 and "Recipient" not in fine.text
+        assert "script-src" not in fine.headers["content-security-policy"]
+        assert fine.headers["referrer-policy"] == "no-referrer"
+    with pytest.raises(InvalidRequest, match=r"^ttl: a staff link lives at most 24h"):
+        staff_token("sam", ttl="2d")
