@@ -6,12 +6,14 @@ from datetime import datetime, timedelta
 
 from clarion import clock
 from clarion.db import activity, ledger
-from clarion.db.activity import Delivery, RequestHistory
+from clarion.db.activity import Delivery
 from clarion.db.engine import engine
-from clarion.db.schema import SENT_STATES
 from clarion.errors import InvalidRequest, UnknownRecipient
 from clarion.gates.contract import Plan
 from clarion.ops.table import render
+from clarion.web.activity_view import relative, verdict
+
+__all__ = ["explain", "parse_since", "plan_table", "relative", "verdict"]
 
 
 def parse_since(value: str | None) -> datetime:
@@ -32,23 +34,6 @@ def parse_since(value: str | None) -> datetime:
 
 def _when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
-
-
-def relative(at: datetime, now: datetime) -> str:
-    """'in 4m 10s', '2h 0m ago', 'now': how far `at` is from `now`, in its largest unit and the
-    next one (rounded down to whole seconds)."""
-    seconds = int((at - now).total_seconds())
-    if seconds == 0:
-        return "now"
-    left = abs(seconds)
-    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
-    first = next(i for i, (_, size) in enumerate(units) if left >= size)
-    parts = [f"{left // units[first][1]}{units[first][0]}"]
-    if first + 1 < len(units):
-        unit, size = units[first + 1]
-        parts.append(f"{left % units[first][1] // size}{unit}")
-    text = " ".join(parts)
-    return f"in {text}" if seconds > 0 else f"{text} ago"
 
 
 def _next_attempt(d: Delivery, now: datetime) -> tuple:
@@ -127,34 +112,6 @@ def explain(
             )
         )
     return "\n\n".join(blocks)
-
-
-def verdict(r: RequestHistory, now: datetime) -> str:
-    sent = [
-        d.channel + ("" if d.state == "sent" else f" ({d.state})")
-        for d in r.deliveries
-        if d.state in SENT_STATES
-    ]
-    if sent:
-        return "sent on " + ", ".join(sent)
-    if r.state == "deferred" and r.due_at is not None:
-        return f"deferred until {_when(r.due_at)} UTC ({relative(r.due_at, now)})"
-    if r.state == "pending":
-        return "waiting to be routed"
-    waiting = [
-        d.next_attempt_at for d in r.deliveries if d.state == "pending" and d.next_attempt_at
-    ]
-    if waiting:
-        first = min(waiting)
-        return f"being delivered; next attempt {_when(first)} UTC ({relative(first, now)})"
-    if any(d.state == "claimed" for d in r.deliveries):
-        return "being delivered"
-    held = [d.channel for d in r.deliveries if d.state == "unknown"]
-    if held:
-        return f"outcome unknown on {', '.join(held)}: may have arrived; held, not sent again"
-    reasons = [d.reason for d in r.decisions if d.channel is None and d.reason != "no_channel"]
-    reasons = reasons or sorted({d.reason for d in r.decisions if d.channel})
-    return "not sent: " + (", ".join(reasons[-1:] if reasons else ["no decision recorded"]))
 
 
 def plan_table(plan: Plan) -> str:

@@ -40,7 +40,6 @@ from clarion import validation as check
 from clarion.db import activity
 from clarion.db.engine import engine
 from clarion.errors import ClarionError, InvalidRequest
-from clarion.ops.explain import verdict
 from clarion.web import activity_view as view
 from clarion.web.api_auth import authorize
 from clarion.web.api_errors import ApiError
@@ -270,7 +269,7 @@ def _people(search: Search) -> list[Person]:
 
 
 def _person(conn: Any, match: activity.Match, viewer: ZoneInfo, now: datetime) -> Person:
-    theirs = view.zone(match.timezone) or ZoneInfo("UTC")
+    theirs = view.zone(match.timezone) or view.UTC
 
     def row(step: view.Step) -> Row:
         return Row(view.local(step.at, theirs), view.local(step.at, viewer), step)
@@ -286,7 +285,7 @@ def _person(conn: Any, match: activity.Match, viewer: ZoneInfo, now: datetime) -
         Story(
             h.id,
             f"Request {h.id}: {h.type_key}" + (f" (event {h.event_id})" if h.event_id else ""),
-            verdict(h, now),
+            view.verdict(h, now),
             [row(s) for s in view.timeline(h, now)],
         )
         for h in histories
