@@ -1,9 +1,9 @@
-"""Named read-only queries for `clarion stats`, the demo and explain."""
+"""Named read-only queries for `clarion stats` and the demo (a request's whole history, for
+`clarion explain`, the API and the activity page, is db/activity.py)."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import Connection, text
 
@@ -73,109 +73,6 @@ def progress(conn: Connection) -> tuple[int, int, int]:
         conn.execute(_UNSETTLED).scalar_one(),
         conn.execute(_SENT).scalar_one(),
     )
-
-
-_EXPLAIN_REQUESTS = text(
-    """
-    SELECT id, type_key, occurrence_key, state, created_at, routed_at, due_at FROM requests
-    WHERE user_id = :user_id AND (CAST(:type_key AS text) IS NULL OR type_key = :type_key)
-      AND created_at >= :since
-    ORDER BY created_at DESC, id DESC LIMIT :limit
-    """
-)
-_EXPLAIN_DECISIONS = text(
-    "SELECT request_id, decided_at, gate, outcome, reason, channel, detail FROM decisions "
-    "WHERE user_id = :user_id AND request_id = ANY(CAST(:ids AS bigint[])) ORDER BY decided_at, id"
-)
-_EXPLAIN_RECEIPTS = text(
-    "SELECT d.request_id, e.received_at, e.channel, e.event, e.outcome, e.detail FROM receipts e "
-    "JOIN deliveries d ON d.user_id = e.user_id AND d.id = e.delivery_id "
-    "WHERE e.user_id = :user_id AND d.request_id = ANY(CAST(:ids AS bigint[])) ORDER BY e.id"
-)
-# next_attempt_at: a pending row is tried once both its claim time (not_before) and the tick's
-# republish time (due_at) have come; a claimed row again only if its holder lets the lease run out.
-_EXPLAIN_DELIVERIES = text(
-    "SELECT request_id, channel, state, attempts, sent_at, platform, last_error, not_before, "
-    "CASE WHEN state = 'pending' THEN greatest(not_before, due_at) "
-    "WHEN state = 'claimed' THEN lease_until END AS next_attempt_at FROM deliveries "
-    "WHERE user_id = :user_id AND request_id = ANY(CAST(:ids AS bigint[])) ORDER BY id"
-)
-_EXPLAIN_INCIDENTS = text(
-    "SELECT d.request_id, d.channel, i.kind, i.detail, i.created_at FROM incidents i "
-    "JOIN deliveries d ON d.user_id = i.user_id AND d.id = i.delivery_id "
-    "WHERE i.user_id = :user_id AND d.request_id = ANY(CAST(:ids AS bigint[])) ORDER BY i.id"
-)
-
-# The outbound events about these requests (migration 0023), with how many endpoints took each.
-_EXPLAIN_EVENTS = text(
-    """
-    SELECT e.request_id, 'evt_' || e.id AS id, e.id AS sequence, e.kind, e.delivery_id,
-        e.channel, e.created_at, c.taken, c.pending
-    FROM outbound_events e CROSS JOIN LATERAL (
-        -- per endpoint (a handful), by the sends' primary key
-        SELECT count(*) FILTER (WHERE s.state = 'delivered') AS taken,
-            count(*) FILTER (WHERE s.state = 'pending') AS pending
-        FROM webhook_endpoints w JOIN outbound_sends s
-            ON s.endpoint_id = w.id AND s.event_id = e.id) c
-    WHERE e.user_id = :user_id AND e.request_id = ANY(CAST(:ids AS bigint[])) ORDER BY e.id
-    """
-)
-
-
-def explain_rows(
-    conn: Connection, user_id: str, *, type_key: str | None, since: datetime, limit: int
-) -> list[dict[str, Any]]:
-    """A recipient's requests, newest first, each with its decisions, deliveries, receipts and
-    incidents (deliveries carry next_attempt_at: when a pending or claimed one is tried next)."""
-    params = {"user_id": user_id, "type_key": type_key, "since": since, "limit": limit}
-    requests = [dict(r) for r in conn.execute(_EXPLAIN_REQUESTS, params).mappings()]
-    return _with_history(conn, user_id, requests)
-
-
-_REQUEST = text(
-    "SELECT id, type_key, occurrence_key, state, created_at, routed_at, due_at FROM requests "
-    "WHERE user_id = :user_id AND id = :id"
-)
-
-
-def request_row(conn: Connection, user_id: str, request_id: int) -> dict[str, Any] | None:
-    """One request with its decisions, deliveries, receipts, incidents and outbound events
-    (explain_rows' shape), or None."""
-    found = conn.execute(_REQUEST, {"user_id": user_id, "id": request_id}).mappings().first()
-    return _with_history(conn, user_id, [dict(found)])[0] if found else None
-
-
-def _with_history(
-    conn: Connection, user_id: str, requests: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    ids = [r["id"] for r in requests]
-    by_id = {r["id"]: {**r, "decisions": [], "deliveries": []} for r in requests}
-    for row in conn.execute(_EXPLAIN_DECISIONS, {"user_id": user_id, "ids": ids}).mappings():
-        by_id[row["request_id"]]["decisions"].append(dict(row))
-    for row in conn.execute(_EXPLAIN_DELIVERIES, {"user_id": user_id, "ids": ids}).mappings():
-        by_id[row["request_id"]]["deliveries"].append(dict(row))
-    for key in by_id.values():
-        key["receipts"] = []
-        key["incidents"] = []
-        key["events"] = []
-    for row in conn.execute(_EXPLAIN_RECEIPTS, {"user_id": user_id, "ids": ids}).mappings():
-        by_id[row["request_id"]]["receipts"].append(dict(row))
-    for row in conn.execute(_EXPLAIN_INCIDENTS, {"user_id": user_id, "ids": ids}).mappings():
-        by_id[row["request_id"]]["incidents"].append(dict(row))
-    for row in conn.execute(_EXPLAIN_EVENTS, {"user_id": user_id, "ids": ids}).mappings():
-        by_id[row["request_id"]]["events"].append(dict(row))
-    return [by_id[i] for i in ids]
-
-
-_SUPPRESSIONS = text(
-    "SELECT channel, address, reason, detail, created_at FROM suppressions "
-    "WHERE user_id = :user_id ORDER BY created_at, channel, address"
-)
-
-
-def suppression_rows(conn: Connection, user_id: str) -> list[dict[str, Any]]:
-    """The recipient's entries on the permanent suppression list."""
-    return [dict(r) for r in conn.execute(_SUPPRESSIONS, {"user_id": user_id}).mappings()]
 
 
 _OPEN_DELIVERIES = text(

@@ -312,6 +312,13 @@ def _link(args: argparse.Namespace) -> int:
     return 0
 
 
+def _staff_link(args: argparse.Namespace) -> int:
+    from clarion.web.activity import staff_link
+
+    print(staff_link(args.staff, ttl=args.ttl))
+    return 0
+
+
 def _keys(args: argparse.Namespace) -> int:
     from clarion.ops.table import render
     from clarion.web import api_auth
@@ -561,6 +568,12 @@ def parser() -> argparse.ArgumentParser:
     ln.add_argument("--user", required=True)
     ln.add_argument("--ttl", default="7d", help="how long it works: 30m, 12h, 7d, 2w (default 7d)")
     ln.set_defaults(fn=_link)
+    sl = sub.add_parser(
+        "staff-link", help="print a signed, expiring link to the support activity page"
+    )
+    sl.add_argument("--staff", required=True, help="who it is for (named in the page's log)")
+    sl.add_argument("--ttl", default="8h", help="how long it works: 30m, 8h (default), at most 24h")
+    sl.set_defaults(fn=_staff_link)
     k = sub.add_parser("keys", help="create, list and revoke HTTP API keys")
     ks = k.add_subparsers(dest="action", required=True)
     kc = ks.add_parser("create", help="make a key; prints it once (only its hash is kept)")
@@ -570,7 +583,8 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         help="what the key may do (repeatable): events:write, requests:read, preferences:read, "
         "preferences:write, recipients:read, recipients:write, recipients:erase, "
-        "escalations:write, webhooks:manage, topics:write, broadcasts:write, broadcasts:read",
+        "escalations:write, webhooks:manage, topics:write, broadcasts:write, broadcasts:read, "
+        "activity:read",
     )
     kc.add_argument("--rate", default="100/s", help="requests per window: 100/s, 6000/m, 50/10s")
     kc.add_argument(

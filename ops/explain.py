@@ -5,12 +5,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from clarion import clock
-from clarion.db import ledger, reports
+from clarion.db import activity, ledger
+from clarion.db.activity import Delivery
 from clarion.db.engine import engine
-from clarion.db.schema import SENT_STATES
 from clarion.errors import InvalidRequest, UnknownRecipient
 from clarion.gates.contract import Plan
 from clarion.ops.table import render
+from clarion.web.activity_view import relative, verdict
+
+__all__ = ["explain", "parse_since", "plan_table", "relative", "verdict"]
 
 
 def parse_since(value: str | None) -> datetime:
@@ -33,31 +36,15 @@ def _when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
 
 
-def relative(at: datetime, now: datetime) -> str:
-    """'in 4m 10s', '2h 0m ago', 'now': how far `at` is from `now`, in its largest unit and the
-    next one (rounded down to whole seconds)."""
-    seconds = int((at - now).total_seconds())
-    if seconds == 0:
-        return "now"
-    left = abs(seconds)
-    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
-    first = next(i for i, (_, size) in enumerate(units) if left >= size)
-    parts = [f"{left // units[first][1]}{units[first][0]}"]
-    if first + 1 < len(units):
-        unit, size = units[first + 1]
-        parts.append(f"{left % units[first][1] // size}{unit}")
-    text = " ".join(parts)
-    return f"in {text}" if seconds > 0 else f"{text} ago"
-
-
-def _next_attempt(d: dict, now: datetime) -> tuple:
+def _next_attempt(d: Delivery, now: datetime) -> tuple:
     """The row for when a pending delivery is tried next (a claimed one: when its lease runs out)."""
-    at = d["next_attempt_at"]
-    if d["state"] == "claimed":
+    at = d.next_attempt_at
+    assert at is not None
+    if d.state == "claimed":
         what = f"lease ends {relative(at, now)}; tried again then if not settled"
     else:
         what = f"{relative(at, now)}" + (" (overdue: waits for a tick)" if at < now else "")
-    return ("next", at, d["channel"], "attempt", f"#{d['attempts'] + 1}", "", what)
+    return ("next", at, d.channel, "attempt", f"#{d.attempts + 1}", "", what)
 
 
 def explain(
@@ -66,20 +53,17 @@ def explain(
     with engine().connect() as conn:
         if user_id not in ledger.recipients(conn, [user_id]):
             raise UnknownRecipient(user_id)
-        rows = reports.explain_rows(
+        rows = activity.requests_of(
             conn, user_id, type_key=type_key, since=parse_since(since), limit=limit
         )
-        listed = reports.suppression_rows(conn, user_id)
+        listed = activity.suppressions(conn, user_id)
     now = clock.now()
     blocks = []
     if listed:
         blocks.append(
             render(
                 ["since (UTC)", "channel", "address", "reason", "detail"],
-                [
-                    (_when(r["created_at"]), r["channel"], r["address"], r["reason"], r["detail"])
-                    for r in listed
-                ],
+                [(_when(r.created_at), r.channel, r.address, r.reason, r.detail) for r in listed],
                 f"{user_id} is on the suppression list for:",
             )
         )
@@ -92,41 +76,32 @@ def explain(
         return "\n\n".join(blocks)
     for r in rows:
         title = (
-            f"request {r['id']}  {r['type_key']}  ({r['occurrence_key']})  requested "
-            f"{_when(r['created_at'])} UTC — {_verdict(r, now)}"
+            f"request {r.id}  {r.type_key}  ({r.occurrence_key})  requested "
+            f"{_when(r.created_at)} UTC — {verdict(r, now)}"
         )
-        lines = [
-            (
-                "decided",
-                d["decided_at"],
-                d["gate"],
-                d["outcome"],
-                d["reason"],
-                d["channel"] or "",
-                d["detail"],
-            )
-            for d in r["decisions"]
+        lines: list[tuple[str, datetime | None, str, str, str, str, str]] = [
+            ("decided", d.decided_at, d.gate, d.outcome, d.reason, d.channel or "", d.detail)
+            for d in r.decisions
         ]
         lines += [
             (
                 "delivery",
-                d["sent_at"],
-                d["channel"],
-                d["state"],
-                f"attempts {d['attempts']}",
-                d["platform"] or "",
-                d["last_error"] or "",
+                d.sent_at,
+                d.channel,
+                d.state,
+                f"attempts {d.attempts}",
+                d.platform or "",
+                d.last_error or "",
             )
-            for d in r["deliveries"]
+            for d in r.deliveries
         ]
         lines += [
-            ("receipt", e["received_at"], e["channel"], e["event"], e["outcome"], "", e["detail"])
-            for e in r["receipts"]
+            ("receipt", e.received_at, e.channel, e.event, e.outcome, "", e.detail)
+            for e in r.receipts
         ]
-        lines += [_next_attempt(d, now) for d in r["deliveries"] if d["next_attempt_at"]]
+        lines += [_next_attempt(d, now) for d in r.deliveries if d.next_attempt_at]
         lines += [
-            ("incident", i["created_at"], i["channel"], i["kind"], "", "", i["detail"])
-            for i in r["incidents"]
+            ("incident", i.created_at, i.channel, i.kind, "", "", i.detail) for i in r.incidents
         ]
         lines.sort(key=lambda x: x[1] or datetime.max.replace(tzinfo=clock.now().tzinfo))
         blocks.append(
@@ -137,31 +112,6 @@ def explain(
             )
         )
     return "\n\n".join(blocks)
-
-
-def _verdict(r: dict, now: datetime) -> str:
-    sent = [
-        d["channel"] + ("" if d["state"] == "sent" else f" ({d['state']})")
-        for d in r["deliveries"]
-        if d["state"] in SENT_STATES
-    ]
-    if sent:
-        return "sent on " + ", ".join(sent)
-    if r["state"] == "deferred":
-        return f"deferred until {_when(r['due_at'])} UTC ({relative(r['due_at'], now)})"
-    if r["state"] == "pending":
-        return "waiting to be routed"
-    waiting = [d["next_attempt_at"] for d in r["deliveries"] if d["state"] == "pending"]
-    if waiting:
-        first = min(waiting)
-        return f"being delivered; next attempt {_when(first)} UTC ({relative(first, now)})"
-    if any(d["state"] == "claimed" for d in r["deliveries"]):
-        return "being delivered"
-    reasons = [
-        d["reason"] for d in r["decisions"] if d["channel"] is None and d["reason"] != "no_channel"
-    ]
-    reasons = reasons or sorted({d["reason"] for d in r["decisions"] if d["channel"]})
-    return "not sent: " + (", ".join(reasons[-1:] if reasons else ["no decision recorded"]))
 
 
 def plan_table(plan: Plan) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query
@@ -30,12 +31,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from clarion.db import reports
+from clarion import clock
+from clarion.db import activity
 from clarion.db.api_keys import ApiKey
 from clarion.db.engine import engine
 from clarion.errors import ClarionError, InvalidRequest, UnknownRecipient
 from clarion.tasks import recipients
 from clarion.tasks.preferences import get_preferences, parse_setting, set_preferences
+from clarion.web.activity_view import timeline
 from clarion.web.api_auth import authorize, require, user_id_checked
 from clarion.web.api_errors import (
     ApiError,
@@ -214,10 +217,12 @@ def get_request(
 ) -> dict[str, Any]:
     user = user_id_checked(user_id)
     with engine().connect() as conn:
-        found = reports.request_row(conn, user, request_id)
+        found = activity.request(conn, user, request_id)
     if found is None:
         raise ApiError(404, "not_found", "request_id", f"no request {request_id} for this user_id")
-    return {"user_id": user, "type": found.pop("type_key"), **found}
+    body = asdict(found)
+    steps = [asdict(s) for s in timeline(found, clock.now())]
+    return {**body, "type": body.pop("type_key"), "event_id": found.event_id, "timeline": steps}
 
 
 @router.get(

@@ -14,7 +14,8 @@ Scopes: `events:write` (POST /v1/eventsâ€¦), `requests:read` (GET /v1/requests/â
 `preferences:read` and `preferences:write` (/v1/users/{user_id}/preferences), `recipients:read`,
 `recipients:write` (GET/PUT /v1/users/{user_id}, and an event's inline `recipient` also needs it)
 and `recipients:erase` (DELETE /v1/users/{user_id}), kept apart from write; `webhooks:manage`
-(/v1/webhook-endpoints: where outbound events go, and their secrets). Other surfaces add
+(/v1/webhook-endpoints: where outbound events go, and their secrets); `activity:read` (the support
+staff's activity page, /activity: every recipient's history, so never an app's key). Other surfaces add
 theirs to SCOPES. Per-key rate limits spend one unit per HTTP request from the shared Redis
 budgets of adapters/ratelimit.py.
 
@@ -69,6 +70,7 @@ SCOPES = (
     "topics:write",
     "broadcasts:write",
     "broadcasts:read",
+    "activity:read",
 )
 KEY = re.compile(r"clk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 DEFAULT_RATE = (100, 1)  # requests per seconds

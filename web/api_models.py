@@ -145,6 +145,7 @@ class Decision(BaseModel):
 
 
 class Delivery(BaseModel):
+    id: int
     channel: str
     state: str
     attempts: int
@@ -156,10 +157,19 @@ class Delivery(BaseModel):
         description="When a pending delivery is tried next (or a claimed one again, should its "
         "lease run out); null once it is settled."
     )
+    created_at: datetime
+    send_started_at: datetime | None = Field(
+        description="When the current attempt reached the provider call."
+    )
+    maybe_sent_at: datetime | None = Field(
+        description="An attempt whose answer was lost may have sent from this time on."
+    )
 
 
 class Receipt(BaseModel):
+    delivery_id: int | None
     received_at: datetime
+    occurred_at: datetime
     channel: str
     event: str
     outcome: str
@@ -169,6 +179,7 @@ class Receipt(BaseModel):
 class Incident(BaseModel):
     """A delivery that may have reached the recipient twice (`possible_duplicate`, `repeat`)."""
 
+    delivery_id: int | None
     channel: str
     kind: str
     detail: str
@@ -189,14 +200,29 @@ class OutboundEvent(BaseModel):
     pending: int
 
 
+class Step(BaseModel):
+    """One step of a request's story, as the support staff's activity page shows it
+    (docs/operations/activity.md)."""
+
+    at: datetime
+    stage: Literal["request", "decision", "delivery", "receipt", "incident", "event"]
+    channel: str | None
+    what: str = Field(description="A short title.", examples=["Quiet hours: deferred"])
+    reason: str = Field(description="The code: a decision's reason, a receipt's event, ...")
+    words: str = Field(description="The reason in words.")
+    detail: str
+
+
 class RequestReport(BaseModel):
-    """A request with its gate decisions, deliveries, receipts and incidents (`clarion explain`
-    over HTTP)."""
+    """A request with its gate decisions, deliveries, receipts, incidents and outbound events
+    (`clarion explain` over HTTP), and all of them as one time-ordered `timeline`: the same
+    records and steps as the activity page."""
 
     id: int
     user_id: str
     type: str
     occurrence_key: str
+    event_id: str | None = Field(description="The app's event id, when the request has one.")
     state: str
     created_at: datetime
     routed_at: datetime | None
@@ -206,6 +232,7 @@ class RequestReport(BaseModel):
     receipts: list[Receipt]
     incidents: list[Incident]
     events: list[OutboundEvent]
+    timeline: list[Step] = Field(description="Every step above in time order, with words.")
 
 
 class PreferencesPut(Strict):

@@ -38,7 +38,7 @@ async def metrics(request: Request) -> Response:
 
 
 def _surfaces() -> list[BaseRoute]:
-    from clarion.web import email, escalation_ack, inbox, preferences, ready
+    from clarion.web import activity, email, escalation_ack, inbox, preferences, ready
 
     routes: list[BaseRoute] = [*ready.routes()]
     # A provider's doors are served when its SDK (its extra) is installed.
@@ -48,7 +48,7 @@ def _surfaces() -> list[BaseRoute]:
     routes += email.routes() + inbox.routes()
     if extras.installed("twilio"):
         routes += import_module("clarion.web.sms").routes()
-    return routes + preferences.routes() + escalation_ack.routes()
+    return routes + preferences.routes() + escalation_ack.routes() + activity.routes()
 
 
 def create_app(*, admin: bool = True) -> FastAPI:

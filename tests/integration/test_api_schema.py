@@ -148,3 +148,35 @@ def test_the_checks_refuse_an_answer_the_document_does_not_declare(status, body,
     ) as failed:
         case.validate_response(answer, checks=CHECKS)
     assert sorted(type(f).__name__ for f in failed.value.exceptions) == found
+
+
+def test_the_request_read_is_documented_and_each_story_matches_it(clarion_env, monkeypatch):
+    """GET /v1/requests/{id} answers decisions, deliveries, receipts, incidents, outbound events
+    and the activity page's timeline (docs/operations/activity.md); the document names them, and
+    a bounced, a suppressed, a deferred and a held-unknown request each answer what it declares."""
+    from clarion import settings as clarion_settings
+    from tests.support.activity import four_stories
+
+    document = schema.raw_schema["components"]["schemas"]
+    report = document["RequestReport"]["properties"]
+    assert {"decisions", "deliveries", "receipts", "incidents", "events", "timeline"} <= set(report)
+    assert set(document["Step"]["properties"]) == {
+        "at",
+        "stage",
+        "channel",
+        "what",
+        "reason",
+        "words",
+        "detail",
+    }
+    with four_stories(clarion_settings.get().webhook_secret, monkeypatch) as stories:
+        headers = {"Authorization": f"Bearer {create_key('reader', ['requests:read']).secret}"}
+        operation = schema["/v1/requests/{request_id}"]["GET"]
+        for request_id in (stories.bounced, stories.suppressed, stories.deferred, stories.unknown):
+            case = operation.Case(
+                path_parameters={"request_id": request_id}, query={"user_id": "ann"}
+            )
+            answer = case.call(headers=headers)
+            assert answer.status_code == 200
+            case.validate_response(answer, checks=CHECKS)
+            assert answer.json()["timeline"][0]["stage"] == "request"
