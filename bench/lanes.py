@@ -45,6 +45,7 @@ def _round(name: str, bench: Bench, args: argparse.Namespace, issue: int) -> lis
         Receipts,
         StandIn,
         drain_rate,
+        drained,
         email_env,
         p95,
         start_campaign,
@@ -64,6 +65,7 @@ def _round(name: str, bench: Bench, args: argparse.Namespace, issue: int) -> lis
             receipts = Receipts(stand_in)
             receipts.steady(args.rate, 3)
             before = receipts.steady(args.rate, args.seconds / 2)
+            say(f"  {name}: receipts idle p95 {p95(before) * 1000:.1f} ms")
             began = time.monotonic()
             start_campaign(f"round-{issue}")
             wait_for(lambda: stand_in.campaign_count() >= args.size // 20, 600, "campaign")
@@ -71,7 +73,8 @@ def _round(name: str, bench: Bench, args: argparse.Namespace, issue: int) -> lis
             phase = time.monotonic()
             busy = receipts.steady(args.rate, args.seconds)
             ended = time.monotonic()
-            wait_for(lambda: stand_in.campaign_count() >= args.size, 7200, "the whole campaign")
+            say(f"  {name}: receipts beside the campaign p95 {p95(busy) * 1000:.1f} ms")
+            drained(stand_in, args.size, 7200)
             whole = time.monotonic() - began
             idle = sorted(before + receipts.steady(args.rate, args.seconds / 2))
         finally:
@@ -81,7 +84,11 @@ def _round(name: str, bench: Bench, args: argparse.Namespace, issue: int) -> lis
         stand_in.kill()
     beside = sum(1 for t in got.campaign_at if phase <= t <= ended) / (ended - phase)
     overlapped = max(got.campaign_at) > ended
-    say(f"  {name}: idle p95 {p95(idle) * 1000:.1f} ms, campaign p95 {p95(busy) * 1000:.1f} ms")
+    for phase_name, values in (("idle", idle), ("beside the campaign", busy)):
+        say(
+            f"  {name}, receipts {phase_name}: p50 {values[len(values) // 2] * 1000:.1f} ms, "
+            f"p95 {p95(values) * 1000:.1f} ms, max {values[-1] * 1000:.1f} ms (n={len(values)})"
+        )
     return [
         name,
         f"{p95(idle) * 1000:.1f}",
@@ -90,6 +97,8 @@ def _round(name: str, bench: Bench, args: argparse.Namespace, issue: int) -> lis
         f"{alone:,.0f}",
         f"{beside:,.0f}",
         f"{whole:,.0f}",
+        f"{len(got.campaign_to):,}",
+        f"{sum(got.campaign_to.values()) - len(got.campaign_to)}",
     ]
 
 
@@ -156,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                 "campaign/s alone",
                 "campaign/s beside",
                 "whole s",
+                "arrived",
+                "twice",
             ],
             rows,
         )

@@ -269,6 +269,7 @@ class Pacer:
         self.active, self.clock, self.sleep = active, clock, sleep
         now = clock()
         self.budget = Budget(self.rule.ceiling, self.rule.ceiling * self.rule.slice, now)
+        self.seen = False  # whether the last slice saw transactional work in flight
 
     def give_way(self) -> bool:
         """Wait while transactional work is in flight, up to `patience`; whether any was seen."""
@@ -282,7 +283,7 @@ class Pacer:
     def next_slice(self) -> int:
         """Give way to transactional work, apply the rule, wait for the slice's tokens; the rows
         the slice may hold."""
-        seen = self.give_way()
+        seen = self.seen = self.give_way()
         self.budget.observe(seen, self.clock(), self.rule)
         rows = self.budget.size(self.rule)
         wait = self.budget.take(rows)
@@ -320,5 +321,7 @@ def paced(lane: str | None, keys: list[tuple[str, int]]) -> Iterator[list[tuple[
     start = 0
     while start < len(keys):
         size = min(pacer().next_slice(), most)
+        if pacer().seen:
+            runtime.count("bulk_slices_gave_way")  # `clarion stats`: the feedback at work
         yield keys[start : start + size]
         start += size

@@ -25,6 +25,7 @@ from tests.support.campaign import (
     StandIn,
     audience,
     drain_rate,
+    drained,
     email_env,
     p95,
     start_campaign,
@@ -62,7 +63,7 @@ def test_receipts_keep_their_p95_while_a_200k_campaign_drains(clarion_env, tmp_p
             phase = time.monotonic()
             busy = receipts.steady(RATE, SECONDS)
             ended = time.monotonic()
-            wait_for(lambda: stand_in.campaign_count() >= SIZE, 3 * 3600, "the whole campaign")
+            drained(stand_in, SIZE, 3 * 3600)
             # idle again: the baseline is both sides of the campaign, so a host whose other load
             # drifts during the run does not tilt the ratio either way
             idle = sorted(before + receipts.steady(RATE, SECONDS / 2))

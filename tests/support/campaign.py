@@ -22,7 +22,7 @@ from clarion.db.engine import engine
 from clarion.tasks import notify
 from clarion.tasks.audiences import MAX_IDS, subscribe
 from clarion.tasks.broadcasts import Started, broadcast
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, wait_settled
 from tests.support.environment import ROOT
 
 CATALOG = ROOT / "tests" / "catalog_lanes.yaml"
@@ -213,3 +213,14 @@ def drain_rate(stand_in: StandIn, seconds: float) -> float:
 
 def logs_of(tmp: Path) -> Path:
     return tmp / "logs"
+
+
+def drained(stand_in: StandIn, size: int, timeout: float) -> None:
+    """Wait until the stand-in took the whole campaign, or the ledger has nothing left to send
+    (a send whose outcome is unknown is not sent again: the count then stays short, and the
+    caller's assertions say so); AssertionError after `timeout`."""
+    wait_for(
+        lambda: stand_in.campaign_count() >= size or wait_settled(1.0),
+        timeout,
+        "the whole campaign",
+    )
