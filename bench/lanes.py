@@ -40,7 +40,36 @@ ROUNDS = {
 }
 
 
-def _round(name: str, bench: Bench, args: argparse.Namespace, issue: int) -> list[str]:
+def _round_apart(
+    name: str, base: dict[str, str], logs: Path, args: argparse.Namespace, issue: int
+) -> list[str]:
+    """Run one round in a fresh interpreter (spawned): no Celery, kombu or engine state carried
+    over from the round before (a second round in one process published nowhere)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    process = ctx.Process(target=_round_child, args=(name, base, logs, args, issue, child))
+    process.start()
+    row: list[str] = parent.recv()
+    process.join(60)
+    return row
+
+
+def _round_child(
+    name: str, base: dict[str, str], logs: Path, args: argparse.Namespace, issue: int, conn
+) -> None:
+    os.chdir(ROOT)
+    try:
+        conn.send(_round(name, base, logs, args, issue))
+    except BaseException as exc:
+        conn.send([name, f"failed: {type(exc).__name__}: {exc}", "", "", "", "", "", "", ""])
+        raise
+
+
+def _round(
+    name: str, base: dict[str, str], logs: Path, args: argparse.Namespace, issue: int
+) -> list[str]:
     from tests.support.campaign import (
         Receipts,
         StandIn,
@@ -56,10 +85,10 @@ def _round(name: str, bench: Bench, args: argparse.Namespace, issue: int) -> lis
 
     stand_in = StandIn()
     try:
-        env = {**bench.env, **email_env(stand_in.url, stand_in.api_key, args.per_second)}
+        env = {**base, **email_env(stand_in.url, stand_in.api_key, args.per_second)}
         env |= ROUNDS[name]
         _use(env)
-        cluster = Cluster(env, bench.logs / f"round-{name}")
+        cluster = Cluster(env, logs / f"round-{name}")
         try:
             start_lanes(cluster)
             receipts = Receipts(stand_in)
@@ -114,6 +143,9 @@ def _use(env: dict[str, str]) -> None:
     settings.reset()
     runtime.reset()
     engine.dispose_all()
+    from clarion.tasks.app import use_broker
+
+    use_broker(env["CLARION_BROKER_URL"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         from tests.support.campaign import audience
 
         audience(args.size)
-        rows = [_round(name, bench, args, i) for i, name in enumerate(rounds)]
+        rows = [_round_apart(name, bench.env, bench.logs, args, i) for i, name in enumerate(rounds)]
     except KeyboardInterrupt:
         return 130
     finally:
