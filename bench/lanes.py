@@ -91,7 +91,7 @@ def _round(
         cluster = Cluster(env, logs / f"round-{name}")
         try:
             start_lanes(cluster)
-            receipts = Receipts(stand_in)
+            receipts = Receipts(stand_in, f"{name}-")
             receipts.steady(args.rate, 3)
             before = receipts.steady(args.rate, args.seconds / 2)
             say(f"  {name}: receipts idle p95 {p95(before) * 1000:.1f} ms")
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             rows,
         )
     )
-    if "off" in rounds and "on" in rounds:
+    if "off" in rounds and "on" in rounds and not rows[rounds.index("on")][1].startswith("fail"):
         off, on = rows[rounds.index("off")], rows[rounds.index("on")]
         ratio = float(on[4].replace(",", "")) / max(1.0, float(off[4].replace(",", "")))
         say(f"campaign rate with receipts idle, on / off: {ratio:.2f}")

@@ -147,8 +147,8 @@ def audience(size: int, topic: str = "campaign") -> list[str]:
 class Receipts:
     """Transactional receipts at a steady rate, one notify() each, timed from the call."""
 
-    def __init__(self, stand_in: StandIn) -> None:
-        self.stand_in = stand_in
+    def __init__(self, stand_in: StandIn, tag: str = "r") -> None:
+        self.stand_in, self.tag = stand_in, tag  # the tag keeps rounds' events apart
         self.sequence = 0
 
     def steady(self, rate: float, seconds: float, timeout: float = 120) -> list[float]:
@@ -162,10 +162,10 @@ class Receipts:
             notify(
                 f"tx{j % RECEIPT_USERS:07d}",
                 "receipt_email",
-                event_id=f"r{j}",
-                variables={"order": str(j)},
+                event_id=f"{self.tag}{j}",
+                variables={"order": f"{self.tag}{j}"},
             )
-            due[f"Receipt {j}"] = at
+            due[f"Receipt {self.tag}{j}"] = at
         got = wait_for(lambda: _all_in(self.stand_in.receipts(), due), timeout, "receipts")
         return sorted(got[k][0] - t for k, t in due.items())
 
