@@ -25,11 +25,11 @@ fast when receipts are idle and harmless when they are not (issue 28). A transac
 marks itself in flight in Redis for as long as it runs (`transactional_work`); a bulk lane's route
 task (activation: nudges, broadcasts, digests) takes its batch in slices, and before each slice
 its process's `Pacer` looks at that mark: while transactional work is in flight it waits (up to
-PATIENCE), and its own rate follows an AIMD rule (`Feedback`): cut by half whenever it saw
+`Feedback.patience`, 0.5 s), and its own rate follows an AIMD rule (`Feedback`): cut by half whenever it saw
 transactional work, regained linearly while it sees none, so under a steady stream of receipts
 the bulk slices that can still overlap one are a few rows, and with none the lane goes as fast as
-its workers do. The state is per process (each bulk process reacts to the same mark; nothing is
-written on the bulk path). Redis unreachable: the mark reads as idle (fails open, as above).
+its workers do. The state is per process (each bulk process reacts to the same mark; the bulk
+path writes only a counter, `bulk_slices_gave_way` in `clarion stats`). Redis unreachable: the mark reads as idle (fails open, as above).
 Bulk-only workers also run at a lower CPU priority (CLARION_BULK_NICE, tasks/app.py), so the
 slice in progress when a receipt arrives gives way to it on the CPU.
 """
