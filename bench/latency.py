@@ -15,10 +15,12 @@ producer calls it every --tick seconds with the notifications due since its last
   max rate    a burst of --burst receipts through notify_many: the rate they arrive at
   half rate   receipts paced at half that rate (notify_many every --tick s with the ones due)
   backlog     --backlog `nudge` (activation) notifications queued with notify_many, then receipts
-              at --idle-rate while the activation worker drains them, at most
-              --activation-per-second (CLARION_ACTIVATION_PER_SECOND, tasks/lanes.py): the
-              headroom that budget leaves on a host and a database both lanes share is what keeps
-              receipts fast; the rate the backlog drained at is reported next to the ratio
+              at --idle-rate while the activation worker drains them with the defaults: the
+              activation lane gives way to transactional work in flight and paces itself by
+              feedback (CLARION_BULK_FEEDBACK, tasks/lanes.py), its worker niced
+              (CLARION_BULK_NICE), no rate cap (--activation-per-second sets
+              CLARION_ACTIVATION_PER_SECOND); the rate the backlog drained at is reported next
+              to the ratio. `--feedback off --activation-nice 0` is the lanes before issue 28.
 
 Target (issue 14): transactional p95 under the backlog ≤ 1.5× the idle p95. Services, database
 and logs as bench/throughput.py (the same helpers); CPU use of the machine is reported per phase.
@@ -129,9 +131,11 @@ class Latency:
             name = f"blat{b.tag}-{lane}"
             names.append(_hostname(name))
             command = worker_command([lane], concurrency=concurrency, name=name, loglevel="WARNING")
-            env = {"CLARION_WEBHOOK_URL": self.receiver.url}
-            if lane == "activation" and self.args.activation_nice:
-                command = ["nice", "-n", str(self.args.activation_nice), *command]
+            env = {
+                "CLARION_WEBHOOK_URL": self.receiver.url,
+                "CLARION_BULK_NICE": str(self.args.activation_nice),  # the worker nices itself
+                "CLARION_BULK_FEEDBACK": self.args.feedback,
+            }
             if self.args.activation_per_second:
                 env["CLARION_ACTIVATION_PER_SECOND"] = str(self.args.activation_per_second)
             b.start(command, f"latency-{lane}.log", processes, env=env)
@@ -240,15 +244,21 @@ def main(argv: list[str] | None = None) -> int:
         "--activation-nice",
         type=int,
         default=10,
-        help="CPU niceness of the activation lane's worker (10; 0: as the others). On a host "
-        "shared by both lanes, the transactional worker then gets the CPU first",
+        help="CLARION_BULK_NICE: CPU niceness the activation lane's worker takes (10, the "
+        "default; 0: as the others)",
+    )
+    parser.add_argument(
+        "--feedback",
+        choices=("on", "off"),
+        default="on",
+        help="CLARION_BULK_FEEDBACK: the activation lane gives way to transactional work (on)",
     )
     parser.add_argument(
         "--activation-per-second",
         type=float,
-        default=300.0,
-        help="CLARION_ACTIVATION_PER_SECOND for every worker (300; 0: no budget, the activation "
-        "lane drains as fast as its worker goes)",
+        default=0.0,
+        help="CLARION_ACTIVATION_PER_SECOND for every worker (0, the default: no cap; the "
+        "feedback paces the lane)",
     )
     args = parser.parse_args(argv)
     os.chdir(ROOT)
@@ -259,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         from clarion.standins.receiver import Receiver
 
         # Bench wants throughput's arguments; only these are read by what latency uses
-        bench = Bench(argparse.Namespace(profile=None, timeout=600, purge=False), cleanup)
+        bench = Bench(
+            argparse.Namespace(profile=None, timeout=600, purge=False, event_endpoint=False),
+            cleanup,
+        )
         bench.services()
         bench.database()
         bench.environment()
@@ -345,6 +358,7 @@ def _report(rows, top, left, args, duplicates, load, wall, drained) -> None:
         f"clarion latency, notify → provider (webhook)   cpus={os.cpu_count()}   "
         f"load average at start {load}   max rate measured {top:,.0f}/s   "
         f"producer tick {args.tick:g}s   activation worker nice {args.activation_nice}   "
+        f"feedback {args.feedback}   "
         f"activation budget {args.activation_per_second or 'none'}/s"
     )
     say("-" * 100)

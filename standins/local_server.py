@@ -15,6 +15,9 @@ from typing import Self, cast
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's listen backlog is 5: a campaign's senders connecting at once on a loaded host
+    # overflow it, and a provider's server does not refuse connections like that
+    request_queue_size = 128
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

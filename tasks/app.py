@@ -147,6 +147,25 @@ def _refuse_a_wrong_start(**_: object) -> None:
         refuse(f"{type(exc).__name__}: {exc}")
 
 
+@celeryd_init.connect
+def _bulk_workers_give_way(options: dict[str, object] | None = None, **_: object) -> None:
+    """A worker that consumes only bulk lanes (activation) lowers its CPU priority before its
+    pool forks (CLARION_BULK_NICE, default 10): on a host every lane shares, a receipt's worker
+    then gets the CPU before a slice of nudges or broadcast mail (tasks/lanes.py)."""
+    step = bulk_niceness((options or {}).get("queues"), settings.get().bulk_nice)
+    if step:
+        os.nice(step)
+
+
+def bulk_niceness(queues: object, nice: int) -> int:
+    """The niceness increment for a worker of `queues` (-Q: a list or comma-separated text)."""
+    from clarion.tasks.lanes import BULK
+
+    listed = queues.split(",") if isinstance(queues, str) else list(queues or [])  # type: ignore[call-overload]
+    names = {str(q).strip() for q in listed} - {""}
+    return nice if names and names <= BULK else 0
+
+
 @beat_init.connect
 def _refuse_a_wrong_beat(**_: object) -> None:
     """Beat sends and counts nothing itself, but it runs the same start check of the metrics as a

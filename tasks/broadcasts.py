@@ -33,6 +33,7 @@ from clarion.rows import DraftRequest
 from clarion.scheduling.broadcasts import PASSED, local_waves
 from clarion.scheduling.zones import zone_names
 from clarion.tasks.audiences import checked_audience, require_topic
+from clarion.tasks.lanes import give_way
 from clarion.tasks.planning import plan_many
 from clarion.tasks.producer import (
     checked_type,
@@ -246,8 +247,9 @@ def fan_out(broadcast_id: int, *, chunk: int | None = None, seconds: float = RUN
     requested."""
     s = settings.get()
     chunk = chunk or s.broadcast_chunk
-    total, stop = 0, monotonic.monotonic() + seconds
+    total, stop, lane = 0, monotonic.monotonic() + seconds, None
     while True:
+        give_way(lane)  # a marketing fan-out's chunk waits for receipts in flight (tasks.lanes)
         now = clock.now()
         with engine().begin() as conn:
             done = db.fan_out_chunk(
@@ -266,6 +268,7 @@ def fan_out(broadcast_id: int, *, chunk: int | None = None, seconds: float = RUN
         # requests are published by the tick at their due_at
         publish_in_background([(u, i, done.lane) for u, i in done.keys])
         total += len(done.keys)
+        lane = done.lane
         if done.wave is None or done.finished or monotonic.monotonic() > stop:
             if done.wave is not None and not done.finished:
                 publish_fan_out([(broadcast_id, done.lane)])  # hand over to a new task

@@ -12,15 +12,21 @@ from celery import shared_task
 from clarion import settings
 from clarion.db.engine import engine
 from clarion.rows import ClaimedDelivery
+from clarion.tasks.lanes import transactional_work
 from clarion.tasks.send import rate, sequence
 
 
 @shared_task(name="clarion.deliver")
 def deliver(users: list[str], ids: list[int]) -> int:
     """Deliver a batch; returns the sends recorded. Rows another worker holds, or that are
-    done, are skipped by the claim."""
+    done, are skipped by the claim. On the transactional lane it is marked in flight, so the
+    bulk lanes give way to it (tasks.lanes); called from a route task, the route's mark holds."""
+    lane = (deliver.request.delivery_info or {}).get("routing_key")
     try:
-        return sequence.claim_and_send(list(zip(users, ids, strict=True)), settings.get(), engine())
+        with transactional_work(lane):
+            return sequence.claim_and_send(
+                list(zip(users, ids, strict=True)), settings.get(), engine()
+            )
     finally:
         rate.flush()  # the batch's outcomes, in one Redis round trip
 

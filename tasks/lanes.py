@@ -18,20 +18,38 @@ waiting or sending leaves committed deliveries to the tick and the claim leases,
 task does. Deliveries published later (held by a gate, retried, taken over) are not paced: they
 were admitted already. Redis unreachable: the budget fails open — it protects our own capacity,
 not a provider's quota (provider quotas are adapters/ratelimit.py, and fail closed).
+
+**Bulk lanes yield to transactional work, by default** (CLARION_BULK_FEEDBACK=on): a cap is a rate
+an operator must guess, and on a host where every process runs together no fixed rate is both
+fast when receipts are idle and harmless when they are not (issue 28). A transactional route task
+marks itself in flight in Redis for as long as it runs (`transactional_work`); a bulk lane's route
+task (activation: nudges, broadcasts, digests) takes its batch in slices, and before each slice
+its process's `Pacer` looks at that mark: while transactional work is in flight it waits (up to
+`Feedback.patience`, 0.5 s), and its own rate follows an AIMD rule (`Feedback`): cut by half whenever it saw
+transactional work, regained linearly while it sees none, so under a steady stream of receipts
+the bulk slices that can still overlap one are a few rows, and with none the lane goes as fast as
+its workers do. The state is per process (each bulk process reacts to the same mark; the bulk
+path writes only a counter, `bulk_slices_gave_way` in `clarion stats`). Redis unreachable: the mark reads as idle (fails open, as above).
+Bulk-only workers also run at a lower CPU priority (CLARION_BULK_NICE, tasks/app.py), so the
+slice in progress when a receipt arrives gives way to it on the CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import kombu
 import redis as redis_lib
 
 from clarion import settings
-from clarion.names import QUEUES
+from clarion.names import LANES, QUEUES
 from clarion.tasks import runtime
 
 log = logging.getLogger(__name__)
@@ -114,3 +132,196 @@ def queue_depths(broker_url: str) -> list[tuple[str, int, int | str]]:
                 rows.append((queue, 0, "?" if redis_broker else 0))
                 channel = conn.channel()
     return rows
+
+
+# --- bulk lanes yield to transactional work -------------------------------------------------------
+
+BULK = frozenset(LANES) - {"transactional"}  # lanes that give way to transactional work
+ACTIVE = "clarion:lane:transactional:active"  # sorted set: in-flight task token -> expiry (ms)
+ACTIVE_LEASE = 60.0  # seconds a mark counts if its process died before removing it
+
+# KEYS[1]: the in-flight set. ARGV: token, lease ms. Marks the token in flight until the lease ends.
+_ENTER = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+return 1
+"""
+
+# KEYS[1]: the in-flight set. Returns how many marks are live (expired ones are removed).
+_ACTIVE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
+"""
+
+
+def feedback_on() -> bool:
+    """Whether bulk lanes yield to transactional work (CLARION_BULK_FEEDBACK, default on)."""
+    return settings.get().bulk_feedback == "on"
+
+
+@contextmanager
+def transactional_work(lane: str | None) -> Iterator[None]:
+    """Mark a transactional task in flight while it runs, for the bulk lanes' pacers to see; any
+    other lane, or the feedback off, marks nothing. A process that dies leaves a mark that
+    expires after ACTIVE_LEASE."""
+    if lane != "transactional" or not feedback_on():
+        yield
+        return
+    token = uuid.uuid4().hex
+    client = runtime.redis()
+    try:
+        client.eval(_ENTER, 1, ACTIVE, token, int(ACTIVE_LEASE * 1000))
+    except redis_lib.RedisError:
+        token = ""
+    try:
+        yield
+    finally:
+        if token:
+            with contextlib.suppress(redis_lib.RedisError):  # the mark expires by itself
+                client.zrem(ACTIVE, token)
+
+
+def transactional_active() -> int:
+    """Transactional tasks in flight now, across every worker; 0 if Redis cannot be read."""
+    try:
+        return int(runtime.redis().eval(_ACTIVE, 1, ACTIVE))
+    except redis_lib.RedisError:
+        log.warning("lane feedback unavailable", extra={"action": "lane_feedback_open"})
+        return 0
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """The AIMD rule a bulk process paces itself by (rates in rows routed and sent per second).
+
+    Seeing transactional work in flight multiplies the rate by `cut` (at most once per `react`
+    seconds, so one receipt is one cut however many slices look at it), down to `floor`; every
+    second with none seen adds `gain`, up to `ceiling`. A slice holds `slice` seconds of the
+    rate (at least one row): under a steady stream of receipts the rate, and so the slice that
+    can overlap the next receipt, stays small; with none it climbs to where the worker, not the
+    rule, is the limit within about ceiling/gain seconds."""
+
+    floor: float = 20.0
+    ceiling: float = 20_000.0
+    cut: float = 0.5
+    gain: float = 4_000.0
+    react: float = 0.05
+    slice: float = 0.02
+    patience: float = 0.5  # longest one slice waits for transactional work to finish
+    poll: float = 0.005  # seconds between looks while it waits
+
+
+@dataclass
+class Budget:
+    """One bulk process's feedback state: its rate, the tokens it holds, and when they were
+    last counted (seconds on the process's monotonic clock)."""
+
+    rate: float
+    tokens: float
+    at: float
+    cut_at: float = -math.inf
+
+    def observe(self, busy: bool, now: float, rule: Feedback) -> None:
+        """Apply the rule for what was seen at `now`: tokens earned since `at` at the old rate,
+        then the rate cut (busy) or grown (idle)."""
+        elapsed = max(0.0, now - self.at)
+        self.tokens = min(self.tokens + elapsed * self.rate, self.burst(rule))
+        if busy:
+            if now - self.cut_at >= rule.react:
+                self.rate = max(rule.floor, self.rate * rule.cut)
+                self.cut_at = now
+        else:
+            self.rate = min(rule.ceiling, self.rate + rule.gain * elapsed)
+        self.tokens = min(self.tokens, self.burst(rule))
+        self.at = now
+
+    def burst(self, rule: Feedback) -> float:
+        return max(1.0, self.rate * rule.slice)
+
+    def size(self, rule: Feedback) -> int:
+        """Rows the next slice holds: `slice` seconds of the rate."""
+        return max(1, math.ceil(self.rate * rule.slice))
+
+    def take(self, rows: int) -> float:
+        """Spend `rows` tokens; the seconds to wait before the rows may go (0: at once)."""
+        self.tokens -= rows
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+
+class Pacer:
+    """A bulk process's feedback budget (see the module docstring): `next_slice` waits its turn
+    and says how many rows the next slice may hold. Clock, sleep and the transactional signal
+    are parameters so the rule is tested without waiting."""
+
+    def __init__(
+        self,
+        rule: Feedback | None = None,
+        *,
+        active: Callable[[], int] = transactional_active,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.rule = rule or Feedback()
+        self.active, self.clock, self.sleep = active, clock, sleep
+        now = clock()
+        self.budget = Budget(self.rule.ceiling, self.rule.ceiling * self.rule.slice, now)
+        self.seen = False  # whether the last slice saw transactional work in flight
+
+    def give_way(self) -> bool:
+        """Wait while transactional work is in flight, up to `patience`; whether any was seen."""
+        began = self.clock()
+        seen = busy = self.active() > 0
+        while busy and self.clock() - began < self.rule.patience:
+            self.sleep(self.rule.poll)
+            busy = self.active() > 0
+        return seen
+
+    def next_slice(self) -> int:
+        """Give way to transactional work, apply the rule, wait for the slice's tokens; the rows
+        the slice may hold."""
+        seen = self.seen = self.give_way()
+        self.budget.observe(seen, self.clock(), self.rule)
+        rows = self.budget.size(self.rule)
+        wait = self.budget.take(rows)
+        if wait > 0:
+            self.sleep(wait)
+        return rows
+
+
+_pacer: Pacer | None = None
+
+
+def pacer() -> Pacer:
+    """This process's pacer (a forked pool process starts from its parent's state: harmless)."""
+    global _pacer
+    if _pacer is None:
+        _pacer = Pacer()
+    return _pacer
+
+
+def give_way(lane: str | None) -> None:
+    """Wait while transactional work is in flight, if `lane` is a bulk lane and the feedback on:
+    a broadcast's fan-out does this before each chunk it writes."""
+    if lane in BULK and feedback_on():
+        pacer().give_way()
+
+
+def paced(lane: str | None, keys: list[tuple[str, int]]) -> Iterator[list[tuple[str, int]]]:
+    """A route batch's keys in the slices it is routed in: a bulk lane with the feedback on takes
+    them as its pacer allows, each slice sized when it is due; any other lane as `slices`."""
+    if lane not in BULK or not feedback_on():
+        yield from slices(lane, keys)
+        return
+    cap = rate(lane)
+    most = len(keys) if cap is None else max(1, math.ceil(cap * SLICE))
+    start = 0
+    while start < len(keys):
+        size = min(pacer().next_slice(), most)
+        if pacer().seen:
+            runtime.count("bulk_slices_gave_way")  # `clarion stats`: the feedback at work
+        yield keys[start : start + size]
+        start += size

@@ -24,7 +24,7 @@ from clarion.rows import ClaimedDelivery, CreatedDelivery, Recipient, ResolvedRe
 from clarion.tasks import escalation, runtime
 from clarion.tasks.deliver import deliver_now, send_claimed
 from clarion.tasks.flush import close_windows
-from clarion.tasks.lanes import rate, slices, wait_turn
+from clarion.tasks.lanes import paced, rate, transactional_work, wait_turn
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,12 @@ def route(users: list[str], ids: list[int]) -> int:
     """Route a batch of requests. A request already routed is skipped: re-publishing changes nothing.
 
     A lane with a budget (tasks.lanes: the queue the message came from) is routed in slices, each
-    slice's deliveries published when the budget allows."""
+    slice's deliveries published when the budget allows; a bulk lane's slices also give way to
+    transactional work, which marks itself in flight while it runs (tasks.lanes.Pacer)."""
     keys = sorted(zip(users, ids, strict=True))  # one lock order for every batch
     lane = (route.request.delivery_info or {}).get("routing_key")
-    return sum(_route_slice(part, lane) for part in slices(lane, keys))
+    with transactional_work(lane):
+        return sum(_route_slice(part, lane) for part in paced(lane, keys))
 
 
 def _route_slice(keys: list[tuple[str, int]], lane: str | None) -> int:

@@ -1,0 +1,214 @@
+"""Lanes under a campaign (issue 28 item 5): receipts' p95 and the campaign's rate, with and without
+the bulk lanes' feedback, in one run.
+
+    .venv/bin/python bench/lanes.py [--size 20000] [--rounds off,advice,on]
+
+Each round starts the documented workers afresh on one host (tx, bulk, control, beat;
+tests/support/campaign.py) with email through a FakeSendGrid in its own process at a provider
+budget, then: receipts at 10/s idle; a marketing broadcast to --size recipients; the campaign's
+rate with receipts idle (--drain seconds); receipts at 10/s beside it; the rest of the campaign;
+receipts idle again. Latency: arrival at the stand-in minus the notify call.
+
+  off     CLARION_BULK_FEEDBACK=off, CLARION_BULK_NICE=0: lanes as before issue 28 item 5
+  advice  off, plus the old README advice: CLARION_ACTIVATION_PER_SECOND=300, bulk worker nice 10
+  on      the defaults: bulk lanes give way to transactional work (tasks/lanes.py), nice 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import say, table  # noqa: E402
+from bench.throughput import Bench, Cleanup  # noqa: E402
+
+ROUNDS = {
+    "off": {"CLARION_BULK_FEEDBACK": "off", "CLARION_BULK_NICE": "0"},
+    "advice": {
+        "CLARION_BULK_FEEDBACK": "off",
+        "CLARION_BULK_NICE": "10",
+        "CLARION_ACTIVATION_PER_SECOND": "300",
+    },
+    "on": {},
+}
+
+
+def _round_apart(
+    name: str, base: dict[str, str], logs: Path, args: argparse.Namespace, issue: int
+) -> list[str]:
+    """Run one round in a fresh interpreter (spawned): no Celery, kombu or engine state carried
+    over from the round before (a second round in one process published nowhere)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    process = ctx.Process(target=_round_child, args=(name, base, logs, args, issue, child))
+    process.start()
+    row: list[str] = parent.recv()
+    process.join(60)
+    return row
+
+
+def _round_child(
+    name: str, base: dict[str, str], logs: Path, args: argparse.Namespace, issue: int, conn
+) -> None:
+    os.chdir(ROOT)
+    try:
+        conn.send(_round(name, base, logs, args, issue))
+    except BaseException as exc:
+        conn.send([name, f"failed: {type(exc).__name__}: {exc}", "", "", "", "", "", "", ""])
+        raise
+
+
+def _round(
+    name: str, base: dict[str, str], logs: Path, args: argparse.Namespace, issue: int
+) -> list[str]:
+    from tests.support.campaign import (
+        Receipts,
+        StandIn,
+        drain_rate,
+        drained,
+        email_env,
+        p95,
+        start_campaign,
+        start_lanes,
+        wait_for,
+    )
+    from tests.support.cluster import Cluster
+
+    stand_in = StandIn()
+    try:
+        env = {**base, **email_env(stand_in.url, stand_in.api_key, args.per_second)}
+        env |= ROUNDS[name]
+        _use(env)
+        cluster = Cluster(env, logs / f"round-{name}")
+        try:
+            start_lanes(cluster)
+            receipts = Receipts(stand_in, f"{name}-")
+            receipts.steady(args.rate, 3)
+            before = receipts.steady(args.rate, args.seconds / 2)
+            say(f"  {name}: receipts idle p95 {p95(before) * 1000:.1f} ms")
+            began = time.monotonic()
+            start_campaign(f"round-{issue}")
+            wait_for(lambda: stand_in.campaign_count() >= args.size // 20, 600, "campaign")
+            alone = drain_rate(stand_in, args.drain)
+            phase = time.monotonic()
+            busy = receipts.steady(args.rate, args.seconds)
+            ended = time.monotonic()
+            say(f"  {name}: receipts beside the campaign p95 {p95(busy) * 1000:.1f} ms")
+            drained(stand_in, args.size, 7200)
+            whole = time.monotonic() - began
+            idle = sorted(before + receipts.steady(args.rate, args.seconds / 2))
+        finally:
+            cluster.stop_together()
+        got = stand_in.close()
+    finally:
+        stand_in.kill()
+    beside = sum(1 for t in got.campaign_at if phase <= t <= ended) / (ended - phase)
+    overlapped = max(got.campaign_at) > ended
+    for phase_name, values in (("idle", idle), ("beside the campaign", busy)):
+        say(
+            f"  {name}, receipts {phase_name}: p50 {values[len(values) // 2] * 1000:.1f} ms, "
+            f"p95 {p95(values) * 1000:.1f} ms, max {values[-1] * 1000:.1f} ms (n={len(values)})"
+        )
+    return [
+        name,
+        f"{p95(idle) * 1000:.1f}",
+        f"{p95(busy) * 1000:.1f}",
+        f"{p95(busy) / p95(idle):.2f}x" + ("" if overlapped else " (campaign ended early)"),
+        f"{alone:,.0f}",
+        f"{beside:,.0f}",
+        f"{whole:,.0f}",
+        f"{len(got.campaign_to):,}",
+        f"{sum(got.campaign_to.values()) - len(got.campaign_to)}",
+    ]
+
+
+def _use(env: dict[str, str]) -> None:
+    """This process (the producer) with the round's settings."""
+    from clarion import settings
+    from clarion.db import engine
+    from clarion.tasks import runtime
+
+    for key in [k for k in os.environ if k.startswith("CLARION_")]:
+        del os.environ[key]
+    os.environ.update(env)
+    settings.reset()
+    runtime.reset()
+    engine.dispose_all()
+    from clarion.tasks.app import use_broker
+
+    use_broker(env["CLARION_BROKER_URL"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size", type=int, default=20_000, help="campaign recipients (20,000)")
+    parser.add_argument("--rounds", default="off,on", help="off, advice, on (off,on)")
+    parser.add_argument("--rate", type=float, default=10.0, help="receipts per second (10)")
+    parser.add_argument("--seconds", type=float, default=30.0, help="receipts phase (30 s)")
+    parser.add_argument("--drain", type=float, default=10.0, help="campaign alone (10 s)")
+    parser.add_argument("--per-second", type=int, default=2000, help="provider budget (2000)")
+    args = parser.parse_args(argv)
+    rounds = [r.strip() for r in args.rounds.split(",")]
+    if unknown := set(rounds) - set(ROUNDS):
+        parser.error(f"unknown rounds: {sorted(unknown)}")
+    os.chdir(ROOT)
+    cleanup = Cleanup()
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    try:
+        bench = Bench(
+            argparse.Namespace(profile=None, timeout=600, purge=False, event_endpoint=False),
+            cleanup,
+        )
+        bench.services()
+        bench.database()
+        bench.environment()
+        _use({**bench.env, "CLARION_CATALOG": str(ROOT / "tests" / "catalog_lanes.yaml")})
+        from tests.support.campaign import audience
+
+        audience(args.size)
+        rows = [_round_apart(name, bench.env, bench.logs, args, i) for i, name in enumerate(rounds)]
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        cleanup.close()
+    say(
+        f"\nlanes under a {args.size:,}-recipient email campaign, provider budget "
+        f"{args.per_second}/s, receipts {args.rate:g}/s; cpus={os.cpu_count()}, load average at "
+        f"start {load}"
+    )
+    say(
+        table(
+            [
+                "round",
+                "idle p95 ms",
+                "campaign p95 ms",
+                "ratio",
+                "campaign/s alone",
+                "campaign/s beside",
+                "whole s",
+                "arrived",
+                "twice",
+            ],
+            rows,
+        )
+    )
+    if "off" in rounds and "on" in rounds and not rows[rounds.index("on")][1].startswith("fail"):
+        off, on = rows[rounds.index("off")], rows[rounds.index("on")]
+        ratio = float(on[4].replace(",", "")) / max(1.0, float(off[4].replace(",", "")))
+        say(f"campaign rate with receipts idle, on / off: {ratio:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Lanes hold by default (issue 28 item 5), the seed's campaign case: a 200,000-recipient marketing
+broadcast drains through the email channel at a provider budget while transactional receipts go
+out at 10/s, every process on one host, with the documented workers and no rate set by anyone.
+The receipts' p95 notify→provider (arrival at the SendGrid stand-in minus the notify call) under
+the campaign must be at most 1.5× the idle p95 of the same run (measured before the campaign and
+after it); every campaign recipient gets one
+mail, and each lane mails from its own identity (from-address and IP pool).
+
+SOAK_CAMPAIGN_SIZE sets a smaller audience for a quick look (the figures for 20,000 on a
+shared 2-core host are in bench/RESULTS.md)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from tests.support.campaign import (
+    MK_FROM,
+    MK_POOL,
+    TX_FROM,
+    TX_POOL,
+    Receipts,
+    StandIn,
+    audience,
+    drain_rate,
+    drained,
+    email_env,
+    p95,
+    start_campaign,
+    start_lanes,
+    wait_for,
+)
+from tests.support.cluster import Cluster
+from tests.support.environment import reset_process_state
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.soak]
+
+SIZE = int(os.environ.get("SOAK_CAMPAIGN_SIZE", "200000"))
+RATE, SECONDS = 10.0, 30.0  # receipts per second, seconds per phase
+PER_SECOND = 2000  # the provider's budget (clarion spends 90%, the activation lane half of it)
+
+
+def test_receipts_keep_their_p95_while_a_200k_campaign_drains(clarion_env, tmp_path, monkeypatch):
+    stand_in = StandIn()
+    try:
+        env = {**clarion_env.env, **email_env(stand_in.url, stand_in.api_key, PER_SECOND)}
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        reset_process_state()
+        users = audience(SIZE)
+        cluster = Cluster(env, tmp_path / "logs")
+        try:
+            start_lanes(cluster)
+            receipts = Receipts(stand_in)
+            receipts.steady(RATE, 3)  # warm-up: every pool process has its connections
+            before = receipts.steady(RATE, SECONDS / 2)
+            began = time.monotonic()
+            start_campaign("idle-then-busy")
+            wait_for(lambda: stand_in.campaign_count() >= min(2000, SIZE // 10), 600, "campaign")
+            bulk_idle = drain_rate(stand_in, 5)  # no receipts meanwhile
+            phase = time.monotonic()
+            busy = receipts.steady(RATE, SECONDS)
+            ended = time.monotonic()
+            drained(stand_in, SIZE, 3 * 3600)
+            # idle again: the baseline is both sides of the campaign, so a host whose other load
+            # drifts during the run does not tilt the ratio either way
+            idle = sorted(before + receipts.steady(RATE, SECONDS / 2))
+        finally:
+            cluster.stop_together()
+        got = stand_in.close()
+    finally:
+        stand_in.kill()
+    during = sum(1 for t in got.campaign_at if phase <= t <= ended)
+    assert max(got.campaign_at) > ended, "the campaign was over before the receipts' phase ended"
+    ratio = p95(busy) / p95(idle)
+    print(
+        f"\ncampaign of {SIZE:,} at a {PER_SECOND}/s provider budget: receipts p95 idle "
+        f"{p95(idle) * 1000:.1f} ms, under the campaign {p95(busy) * 1000:.1f} ms = {ratio:.2f}x; "
+        f"campaign {bulk_idle:,.0f}/s with receipts idle, {during / (ended - phase):,.0f}/s "
+        f"beside them; whole campaign {max(got.campaign_at) - began:,.0f} s"
+    )
+    for name, values in (("idle", idle), ("campaign", busy)):
+        print(
+            f"  {name}: p50 {values[len(values) // 2] * 1000:.1f} ms, p95 "
+            f"{p95(values) * 1000:.1f} ms, max {values[-1] * 1000:.1f} ms, n={len(values)}"
+        )
+    assert ratio <= 1.5, f"receipts' p95 {ratio:.2f}x idle under the campaign"
+    assert set(got.campaign_to) == {f"{u}@example.test" for u in users}
+    assert max(got.campaign_to.values()) == 1, "a campaign recipient mailed twice"
+    assert got.campaign_identities == {(MK_FROM, MK_POOL)}
+    assert {(sender, pool) for _, sender, pool in got.receipts.values()} == {(TX_FROM, TX_POOL)}
