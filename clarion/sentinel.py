@@ -133,7 +133,9 @@ def client(url: str, master: str | None, **kwargs: Any) -> redis_lib.Redis:
         )
     sentinels, db, password = parse(url)
     timeouts = {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": CONNECT_TIMEOUT}
-    options = timeouts | {"socket_keepalive": True} | kwargs
+    # A command that timed out is tried again on the master the sentinels name then: a rate
+    # budget may be charged twice (fewer sends, never more), a counter bumped twice.
+    options = timeouts | {"socket_keepalive": True, "retry_on_timeout": True} | kwargs
     watchers = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs(), **timeouts)  # type: ignore[no-untyped-call]
     found = watchers.master_for(  # type: ignore[no-untyped-call]
         master, db=db, password=password, connection_class=FollowingConnection, **options
