@@ -141,3 +141,6 @@ def client(url: str, master: str | None, **kwargs: Any) -> redis_lib.Redis:
         master, db=db, password=password, connection_class=FollowingConnection, **options
     )
     return cast(redis_lib.Redis, found)
+
+
+OPTION_NAMES = frozenset(transport_options(SCHEME, "-"))  # what a switch of broker drops

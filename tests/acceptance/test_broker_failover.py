@@ -103,7 +103,9 @@ def _run(rig: Rig, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         rig.kill(old)  # and it dies, its sentinel with it (two of three remain: a majority)
         new = ha.wait_master(other_than=old)
         promoted_at = time.perf_counter()
-        resumed = launch.wait_until(lambda: receiver.arrivals.unique > _last(receiver, promoted_at), 120)
+        resumed = launch.wait_until(
+            lambda: receiver.arrivals.unique > _last(receiver, promoted_at), 120
+        )
         resumed_at = time.perf_counter()
         runtime.reset()  # a fresh client asks the sentinels: it reaches the promoted master
         assert runtime.redis().ping()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 import redis
 
@@ -77,7 +78,7 @@ class SentinelRedis:
             if info.get("master_link_status") != "up":
                 return False
             for host in self.hosts:
-                state = self._sentinel_client(host).sentinel_master(MASTER)
+                state = cast(dict, self._sentinel_client(host).sentinel_master(MASTER))
                 if state["num-slaves"] < 1 or state["num-other-sentinels"] < len(self.hosts) - 1:
                     return False
         except redis.RedisError:
@@ -97,7 +98,9 @@ class SentinelRedis:
         by_address = {self.rig.address(h): h for h in self.hosts}
         for host in asking or self.hosts:
             try:
-                found = self._sentinel_client(host).sentinel_get_master_addr_by_name(MASTER)
+                found = cast(
+                    tuple, self._sentinel_client(host).sentinel_get_master_addr_by_name(MASTER)
+                )
             except redis.RedisError:
                 continue
             if found:
