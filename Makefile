@@ -31,11 +31,13 @@ browser:
 
 # The multi-host rig (tests/support/hosts.py) and the soak tests on it: network namespaces and
 # tc netem (iproute2), libfaketime for a host's skewed clock, Debian's pgbouncer and pg_auto_failover
-# (pg_autoctl, for the system's PostgreSQL 15 binaries). Installed here when missing; their
-# services are never started by the rig (each test runs its own instances on its own ports).
-HOSTS_PACKAGES := iproute2 iputils-ping libfaketime pgbouncer postgresql-15-auto-failover
+# (pg_autoctl, for the system's PostgreSQL 15 binaries), Debian's Redis and Redis Sentinel (the broker
+# failover). Installed here when missing; their services are never started by the rig (each test
+# runs its own instances on its own ports, in its own hosts).
+HOSTS_PACKAGES := iproute2 iputils-ping libfaketime pgbouncer postgresql-15-auto-failover redis-server redis-sentinel
 HOSTS_FILES := /usr/sbin/ip /usr/sbin/tc /usr/bin/ping /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 \
-  /usr/sbin/pgbouncer /usr/bin/pg_autoctl /usr/lib/postgresql/15/lib/pgautofailover.so
+  /usr/sbin/pgbouncer /usr/bin/pg_autoctl /usr/lib/postgresql/15/lib/pgautofailover.so \
+  /usr/bin/redis-server /usr/bin/redis-sentinel
 
 hosts-deps:
 	@missing=; for f in $(HOSTS_FILES); do test -e $$f || missing=1; done; \

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from kombu import Queue
 
-from clarion import settings
+from clarion import sentinel, settings
 from clarion.errors import ConfigurationError, ServicesUnavailable
 
 CLARION_CONFIG = True  # the marker tasks.app checks at worker start: this is clarion's config
@@ -57,7 +57,14 @@ worker_prefetch_multiplier = 1
 worker_cancel_long_running_tasks_on_connection_loss = False
 # Redis returns an unacked message only after this; the sweeper republishes from the database
 # anyway, so this is a backstop, not what recovery waits on. Nothing uses long ETAs (kombu #337).
-broker_transport_options = {"visibility_timeout": _settings.visibility_timeout}
+# A sentinel:// broker (clarion/sentinel.py): the master's name and timeouts that notice a master
+# whose host vanished, so workers and publishers follow the failover.
+broker_transport_options = {
+    "visibility_timeout": _settings.visibility_timeout,
+    **sentinel.transport_options(
+        _settings.broker_url or _settings.redis_url, _settings.sentinel_master
+    ),
+}
 
 # Task events for Flower (`clarion flower`): batching keeps them to a few per thousand notifications.
 worker_send_task_events = True

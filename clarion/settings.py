@@ -92,6 +92,9 @@ class Settings:
     database_url: str | None = None  # postgresql://… (psycopg 3); unset: the embedded PostgreSQL
     redis_url: str | None = None  # Redis for counters and budgets; unset: the embedded Redis
     broker_url: str | None = None  # the Celery broker (RabbitMQ amqp://… too); unset: the Redis
+    # the master's name in Redis Sentinel's configuration, needed when CLARION_BROKER_URL or
+    # CLARION_REDIS_URL is sentinel://s1:26379;sentinel://s2:26379/0 (clarion/sentinel.py)
+    sentinel_master: str | None = None
     # the catalog YAML (reloaded when it changes) or package.module:NAME; unset: the demo catalog
     catalog: Path | None = None
     claim_lease: float = field(
@@ -323,6 +326,21 @@ class Settings:
     def __post_init__(self) -> None:
         for f in fields(self):
             _check_field(f, getattr(self, f.name))
+        sentinel_urls = [
+            n
+            for n in ("redis_url", "broker_url")
+            if (getattr(self, n) or "").startswith("sentinel:")
+        ]
+        if sentinel_urls and not self.sentinel_master:
+            raise ConfigurationError(
+                f"CLARION_{sentinel_urls[0].upper()} is a Redis Sentinel URL: set "
+                "CLARION_SENTINEL_MASTER to the master's name in the sentinels' configuration"
+            )
+        if sentinel_urls:
+            from clarion.sentinel import parse  # only here: it imports redis
+
+            for name in sentinel_urls:
+                parse(getattr(self, name), f"CLARION_{name.upper()}")
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{f.name}={_shown(f.name, getattr(self, f.name))}" for f in fields(self))

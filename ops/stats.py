@@ -5,9 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import cast
 
-import redis as redis_lib
-
-from clarion import clock
+from clarion import clock, sentinel, settings
 from clarion.db import alerts, meta, reports
 from clarion.db.engine import engine
 from clarion.ops.table import render
@@ -17,7 +15,8 @@ from clarion.tasks.lanes import queue_depths
 
 def counters(redis_url: str) -> dict[str, int]:
     # No decode_responses: keys and values come back as bytes.
-    raw = cast(dict[bytes, bytes], redis_lib.Redis.from_url(redis_url).hgetall("clarion:counters"))
+    client = sentinel.client(redis_url, settings.get().sentinel_master)
+    raw = cast(dict[bytes, bytes], client.hgetall("clarion:counters"))
     return {k.decode(): int(v) for k, v in raw.items()}
 
 

@@ -32,7 +32,7 @@ from celery.signals import (
 )
 from kombu.utils.url import maybe_sanitize_url
 
-from clarion import logs, metrics, settings
+from clarion import logs, metrics, sentinel, settings
 from clarion.errors import ClarionError, ConfigurationError, DependencyMissing
 from clarion.names import QUEUES
 from clarion.tasks import startup
@@ -260,8 +260,16 @@ def check_broker(url: str | None) -> None:
 
 
 def use_broker(url: str) -> None:
-    """Publish to `url` from now on (settings may be read after this module was imported)."""
+    """Publish to `url` from now on (settings may be read after this module was imported), with
+    the transport options it needs (a sentinel:// URL: the master's name, clarion/sentinel.py)."""
     if app.conf.broker_url != url:
         kombu.pools.reset()  # close pooled connections to any other broker
         app._after_fork()  # Celery's own reset of its connection and producer pools
         app.conf.broker_url = url
+        options = {
+            k: v
+            for k, v in (app.conf.broker_transport_options or {}).items()
+            if k not in sentinel.OPTION_NAMES  # another broker's: none of them
+        }
+        more = sentinel.transport_options(url, settings.get().sentinel_master)
+        app.conf.broker_transport_options = options | more

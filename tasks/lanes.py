@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import kombu
 import redis as redis_lib
 
-from clarion import settings
+from clarion import sentinel, settings
 from clarion.names import LANES, QUEUES
 from clarion.tasks import runtime
 
@@ -120,7 +120,8 @@ def queue_depths(broker_url: str) -> list[tuple[str, int, int | str]]:
     keeps no key for an empty queue and knows nothing of consumers, so there an absent queue is
     empty and consumers are not known ("?")."""
     rows: list[tuple[str, int, int | str]] = []
-    with kombu.Connection(broker_url, connect_timeout=5) as conn:
+    options = sentinel.transport_options(broker_url, settings.get().sentinel_master)
+    with kombu.Connection(broker_url, connect_timeout=5, transport_options=options) as conn:
         redis_broker = conn.transport.driver_type == "redis"
         channel = conn.channel()
         for queue in QUEUES:

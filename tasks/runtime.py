@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 import redis as redis_lib
 
-from clarion import clock, extras, settings
+from clarion import clock, extras, sentinel, settings
 from clarion.adapters import registry, webhook
 from clarion.adapters.base import Adapter, Collaborators
 from clarion.adapters.circuit import Circuits, Policy, RedisBackend
@@ -220,7 +220,8 @@ def adapters() -> dict[str, Adapter]:
 
 @per_process
 def redis() -> redis_lib.Redis:
-    return redis_lib.Redis.from_url(settings.get().urls()[1])
+    s = settings.get()
+    return sentinel.client(s.urls()[1], s.sentinel_master)  # follows a Sentinel failover
 
 
 def count(name: str, amount: int = 1) -> None:

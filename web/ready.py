@@ -80,7 +80,12 @@ def broker() -> dict[str, str | None]:
         else:
             from kombu import Connection
 
-            with Connection(url, connect_timeout=CONNECT_SECONDS) as conn:
+            from clarion.sentinel import transport_options
+
+            options = transport_options(url, settings.get().sentinel_master)
+            with Connection(
+                url, connect_timeout=CONNECT_SECONDS, transport_options=options
+            ) as conn:
                 conn.ensure_connection(max_retries=1, timeout=CONNECT_SECONDS)
     except Exception as exc:
         return {"broker": _first_line(exc)}
