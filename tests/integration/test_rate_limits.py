@@ -153,3 +153,44 @@ def test_a_take_is_one_round_trip_pause_included(clarion_env):
     with pytest.raises(ThrottledError, match="paused") as paused:
         limits.take(quota, "cred")
     assert sent == ["EVAL"] and 4.0 < paused.value.retry_after <= 5.0
+
+
+def test_take_async_spends_the_same_budget_as_take_and_fails_as_it_does(limits, clarion_env):
+    """The HTTP API's per-key budget is taken on the event loop (take_async): one budget with
+    take(), the same refusals, the same outage rule."""
+    import asyncio
+
+    from redis.asyncio import Redis as AsyncRedis
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    quota = Quota("api", ((3, 60.0),), share=1.0)
+
+    async def run() -> list[str]:
+        client = AsyncRedis.from_url(clarion_env.redis_url)
+        seen = []
+        try:
+            for _ in range(2):
+                await limits.take_async(quota, "key-1", client)
+                seen.append("async")
+            limits.take(quota, "key-1")
+            seen.append("sync")
+            with pytest.raises(ThrottledError, match="budget of 3 per 60s is spent") as full:
+                await limits.take_async(quota, "key-1", client)
+            assert 0 < full.value.retry_after <= 60
+            await limits.take_async(quota, "key-2", client)  # per key
+            seen.append("other key")
+        finally:
+            await client.aclose()
+        dead = AsyncRedis(
+            host="127.0.0.1", port=9, socket_connect_timeout=0.2, retry=AsyncRetry(NoBackoff(), 0)
+        )
+        with pytest.raises(ThrottledError, match="budget_unavailable"):
+            await limits.take_async(Quota("sms", ((1, 1.0),)), "k", dead)
+        assert (
+            await limits.take_async(Quota("chat", ((1, 1.0),), fail_open=True), "k", dead) is None
+        )
+        return seen
+
+    assert asyncio.run(run()) == ["async", "async", "sync", "other key"]
+    with pytest.raises(ThrottledError, match="budget_full"):
+        limits.take(quota, "key-1")
