@@ -14,8 +14,7 @@ late a descheduled process gets to Redis. (The `limits` package's moving window 
 the caller's clock: measured here, four processes on two cores put 12 into a 10-per-second window.)
 A full budget, or one paused because the provider answered 429, raises ThrottledError with the
 seconds to wait: the delivery is deferred with its attempt refunded, never dropped. `pause`
-records a provider's Retry-After for every worker. `take_async` is the same take through an
-asyncio Redis client, for a caller on an event loop (the HTTP API's per-key budgets).
+records a provider's Retry-After for every worker.
 
 `key` is the budget's scope, hashed before it reaches Redis: a credential (an API key, a sending
 number), or whatever the provider counts by (a Teams conversation). A budget's keys, its pause
@@ -38,7 +37,6 @@ from dataclasses import dataclass
 from typing import cast
 
 import redis as redis_lib
-from redis.asyncio import Redis as AsyncRedis
 
 from clarion.errors import ThrottledError
 
@@ -151,33 +149,6 @@ class RateLimits:
 
     def _take(self, quota: Quota, key: str, cost: int, lane: str | None) -> float:
         """One round trip: the pause and every window, read and charged by one script."""
-        keys, args, windows = self._script_args(quota, key, cost, lane)
-        answer = self.redis().eval(_TAKE, len(keys), *keys, *args)
-        return _charged(quota, windows, cast(list[bytes], answer))
-
-    async def take_async(
-        self, quota: Quota, key: str, client: AsyncRedis, *, cost: int = 1
-    ) -> float | None:
-        """take() through an asyncio client, for a caller on an event loop (an HTTP request):
-        the same script, the same budget, no thread to hop to."""
-        try:
-            keys, args, windows = self._script_args(quota, key, max(1, cost), None)
-            answer = await client.eval(_TAKE, len(keys), *keys, *args)
-            return _charged(quota, windows, cast(list[bytes], answer))
-        except redis_lib.RedisError as exc:
-            if quota.fail_open:
-                log.warning("rate budget unavailable", extra={"action": "rate_limit_open"})
-                return None
-            raise ThrottledError(
-                "budget_unavailable",
-                f"{quota.provider} rate budget unreadable: {exc}"[:200],
-                retry_after=OUTAGE_DEFERRAL,
-            ) from exc
-
-    def _script_args(
-        self, quota: Quota, key: str, cost: int, lane: str | None
-    ) -> tuple[list[str], list[str | int], list[tuple[str, int, float]]]:
-        """The script's keys and arguments for one take, and the windows it charges."""
         slot = self._slot(quota, key)
         windows = [(f"{slot}:{i}", a, s) for i, (a, s) in enumerate(quota.amounts(None))]
         if lane == "activation":  # the lane's own share, and the credential's whole budget
@@ -190,7 +161,22 @@ class RateLimits:
         args: list[str | int] = [cost, uuid.uuid4().hex, repr(self.wall())]
         for _, amount, seconds in windows:
             args += [amount, int(seconds * 1_000_000)]
-        return [self._pause_key(quota, key), *[w[0] for w in windows]], args, windows
+        keys = [self._pause_key(quota, key), *[w[0] for w in windows]]
+        first, second = cast(list[bytes], self.redis().eval(_TAKE, len(keys), *keys, *args))
+        if first == b"paused":
+            paused = float(second)
+            raise ThrottledError(
+                "paused", f"{quota.provider} asked to wait {paused:.1f}s more", retry_after=paused
+            )
+        wait, at = float(first), float(second)
+        if wait > 0:
+            full = min(windows, key=lambda w: w[1])
+            raise ThrottledError(
+                "budget_full",
+                f"{quota.provider} budget of {full[1]} per {full[2]:g}s is spent",
+                retry_after=max(0.01, wait / 1_000_000),
+            )
+        return at / 1_000_000
 
     def pause(self, quota: Quota, key: str, seconds: float) -> None:
         """Hold the budget for `seconds` (a 429's Retry-After), never shortening a longer pause."""
@@ -208,22 +194,3 @@ class RateLimits:
         raw = cast(bytes | None, self.redis().get(self._pause_key(quota, key)))
         left = float(raw) - self.wall() if raw else 0.0
         return left if left > 0 else None
-
-
-def _charged(quota: Quota, windows: list[tuple[str, int, float]], answer: list[bytes]) -> float:
-    """The script's answer: the time charged at (epoch seconds), or ThrottledError."""
-    first, second = answer
-    if first == b"paused":
-        paused = float(second)
-        raise ThrottledError(
-            "paused", f"{quota.provider} asked to wait {paused:.1f}s more", retry_after=paused
-        )
-    wait, at = float(first), float(second)
-    if wait > 0:
-        full = min(windows, key=lambda w: w[1])
-        raise ThrottledError(
-            "budget_full",
-            f"{quota.provider} budget of {full[1]} per {full[2]:g}s is spent",
-            retry_after=max(0.01, wait / 1_000_000),
-        )
-    return at / 1_000_000

@@ -16,8 +16,7 @@ Scopes: `events:write` (POST /v1/events…), `requests:read` (GET /v1/requests/�
 and `recipients:erase` (DELETE /v1/users/{user_id}), kept apart from write; `webhooks:manage`
 (/v1/webhook-endpoints: where outbound events go, and their secrets). Other surfaces add
 theirs to SCOPES. Per-key rate limits spend one unit per HTTP request from the shared Redis
-budgets of adapters/ratelimit.py; `POST /v1/events` takes it on the event loop (authorize_async:
-an asyncio Redis call, with no hop to a thread while the key is cached).
+budgets of adapters/ratelimit.py.
 
 A key may expire (`clarion keys create --expires 90d`): past `expires_at` it is refused with a 401
 that says so. Its last use is recorded at most once a minute (`last_used_at`): the request reads the
@@ -33,7 +32,6 @@ a key created elsewhere works here at once.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import math
@@ -46,11 +44,10 @@ from typing import Annotated
 
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from redis.asyncio import Redis as AsyncRedis
 
-from clarion import clock, settings
+from clarion import clock
 from clarion import validation as check
-from clarion.adapters.ratelimit import Quota, RateLimits
+from clarion.adapters.ratelimit import Quota
 from clarion.db import api_keys
 from clarion.db.api_keys import ApiKey
 from clarion.db.engine import engine
@@ -208,8 +205,9 @@ def _unauthorized(reason: str) -> ApiError:
     )
 
 
-def _token(header: str | None) -> tuple[str, str]:
-    """(prefix, whole key) of a `Bearer` header; else 401."""
+def authenticate(header: str | None, scope: str) -> ApiKey:
+    """The live key a `Bearer` header carries, holding `scope`; else 401 (no, unknown or revoked
+    key) or 403 (the key lacks the scope). The hash is compared in constant time."""
     if not header:
         raise _unauthorized("send Authorization: Bearer <API key>")
     scheme, _, token = header.partition(" ")
@@ -217,40 +215,13 @@ def _token(header: str | None) -> tuple[str, str]:
     match = KEY.fullmatch(token) if scheme.lower() == "bearer" else None
     if match is None:
         raise _unauthorized("not a clarion API key (Authorization: Bearer clk_…)")
-    return match.group(1), token
-
-
-def authenticate(header: str | None, scope: str) -> ApiKey:
-    """The live key a `Bearer` header carries, holding `scope`; else 401 (no, unknown or revoked
-    key) or 403 (the key lacks the scope). The hash is compared in constant time."""
-    prefix, token = _token(header)
     now = clock.now()
-    record = KEYS.fresh(prefix, now)
+    record = KEYS.fresh(match.group(1), now)
     if record is None:
         with engine().connect() as conn:
-            record = api_keys.find_key(conn, prefix)
+            record = api_keys.find_key(conn, match.group(1))
         if record is not None:
             KEYS.keep(record, now)
-    _check(record, token, scope, now)
-    assert record is not None
-    _note_use(record, now)
-    return record
-
-
-def authenticate_cached(header: str | None, scope: str) -> ApiKey | None:
-    """authenticate() when it needs no database (the key is cached and its last use is recent),
-    so a caller on the event loop can run it there; None when it does (run authenticate() in a
-    thread then). Refuses exactly as authenticate() does."""
-    prefix, token = _token(header)
-    now = clock.now()
-    record = KEYS.fresh(prefix, now)
-    if record is None or _touch_due(record, now):
-        return None
-    _check(record, token, scope, now)
-    return record
-
-
-def _check(record: ApiKey | None, token: str, scope: str, now: datetime) -> None:
     if record is None or not hmac.compare_digest(record.secret_sha256, digest(token)):
         raise _unauthorized("unknown API key")
     if record.revoked_at is not None:
@@ -259,79 +230,37 @@ def _check(record: ApiKey | None, token: str, scope: str, now: datetime) -> None
         raise _unauthorized(f"this API key expired at {record.expires_at.isoformat()}")
     if scope not in record.scopes:
         raise ApiError(403, "forbidden", "Authorization", f"this API key lacks the scope {scope}")
-
-
-def _touch_due(record: ApiKey, now: datetime) -> bool:
-    seen = record.last_used_at
-    return seen is None or (now - seen).total_seconds() >= api_keys.TOUCH_EVERY_SECONDS
+    _note_use(record, now)
+    return record
 
 
 def _note_use(record: ApiKey, now: datetime) -> None:
     """Record the key's use when the last record is a minute old; most requests write nothing. The
     cached copy takes `now` too, written here or by a process that won the conditional UPDATE."""
-    if not _touch_due(record, now):
+    seen = record.last_used_at
+    if seen is not None and (now - seen).total_seconds() < api_keys.TOUCH_EVERY_SECONDS:
         return
     with engine().begin() as conn:
         api_keys.touch_key(conn, record.id, now=now)
     KEYS.used(record, now)
 
 
-def _quota(record: ApiKey) -> Quota:
-    return Quota(
-        "api", ((record.rate_limit, float(record.rate_window)),), share=1.0, fail_open=True
-    )
-
-
-def _throttled(record: ApiKey, exc: ThrottledError) -> ApiError:
-    wait = max(1, math.ceil(exc.retry_after or record.rate_window))
-    return ApiError(
-        429,
-        "rate_limited",
-        None,
-        f"over this key's rate of {record.rate_limit} per {record.rate_window}s",
-        headers={"Retry-After": str(wait)},
-    )
-
-
 def limit(record: ApiKey, take: Callable[..., object]) -> None:
     """Spend one request from the key's budget, or 429 with Retry-After (whole seconds, ≥ 1)."""
+    quota = Quota(
+        "api", ((record.rate_limit, float(record.rate_window)),), share=1.0, fail_open=True
+    )
     try:
-        take(_quota(record), f"api-key:{record.id}")
+        take(quota, f"api-key:{record.id}")
     except ThrottledError as exc:
-        raise _throttled(record, exc) from exc
-
-
-async def limit_async(record: ApiKey, limits: RateLimits, client: AsyncRedis) -> None:
-    """limit() on the event loop: the same budget in Redis, through an asyncio client."""
-    try:
-        await limits.take_async(_quota(record), f"api-key:{record.id}", client)
-    except ThrottledError as exc:
-        raise _throttled(record, exc) from exc
-
-
-_loop_client: tuple[asyncio.AbstractEventLoop, str, AsyncRedis] | None = None
-
-
-def loop_redis() -> AsyncRedis:
-    """This event loop's asyncio Redis client (one per loop and URL: a client is bound to the
-    loop it first ran on; a server process has one loop, a test client one per portal)."""
-    global _loop_client
-    loop, url = asyncio.get_running_loop(), settings.get().urls()[1]
-    if _loop_client is None or _loop_client[0] is not loop or _loop_client[1] != url:
-        _loop_client = (loop, url, AsyncRedis.from_url(url))
-    return _loop_client[2]
-
-
-async def authorize_async(header: str | None, scope: str) -> ApiKey:
-    """authorize() for a route on the event loop: a cached key and its rate need no thread (the
-    budget is taken through an asyncio Redis client); a key to read or a use to record is read
-    in a thread first."""
-    record = authenticate_cached(header, scope)
-    if record is None:
-        loop = asyncio.get_running_loop()
-        record = await loop.run_in_executor(None, authenticate, header, scope)
-    await limit_async(record, runtime.collaborators().limits, loop_redis())
-    return record
+        wait = max(1, math.ceil(exc.retry_after or record.rate_window))
+        raise ApiError(
+            429,
+            "rate_limited",
+            None,
+            f"over this key's rate of {record.rate_limit} per {record.rate_window}s",
+            headers={"Retry-After": str(wait)},
+        ) from exc
 
 
 # --- the dependencies routes declare ---------------------------------------------------------
