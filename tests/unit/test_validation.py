@@ -182,7 +182,7 @@ def test_size_cap_is_64_kib_of_json_by_default_and_configurable() -> None:
         {"a": "\x01" * 20},  # escaped: 6 bytes a character
         {"a": "\U0001f600" * 20},  # 4 bytes of UTF-8 a character
         {"a": [-(2**63), 2**63 - 1, -1.2345678901234567e-308, None, False, True]},
-        {"k\x02" * 5: {"n": [[], {}, [{"d": "\\\""}]]}},
+        {"k\x02" * 5: {"n": [[], {}, [{"d": '\\"'}]]}},
     ],
 )
 def test_the_size_cap_is_exact_where_escapes_make_json_bigger_than_its_text(value) -> None:
