@@ -13,7 +13,9 @@ running alone: units of one group see each other's rows (the Idempotency-Key row
 before it, say), exactly as they would after it committed. A unit that loses a deadlock or a
 serialization failure to another process's transaction is run again alone, in a transaction of
 its own. A COMMIT that fails fails every unit of its group: their callers get the error, as they
-would have with their own commit.
+would have with their own commit. Each writer thread keeps one connection from group to group
+(no pool checkout and ping per group; pinged only after a second unused); a connection lost with
+its group is replaced for the next one.
 
 Rows that many callers write alike need no savepoint each: `submit_rows(payload)` hands a payload
 to `batch(connection, payloads)`, called once per group with every payload waiting, which returns
@@ -27,6 +29,9 @@ of its own (`batch(connection, [payload])`), so one bad payload still fails only
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -40,6 +45,7 @@ from clarion.drain import Drain
 T = TypeVar("T")
 P = TypeVar("P")
 R = TypeVar("R")
+PING_IDLE = 1.0  # seconds a writer's connection may sit unused before it is pinged
 RETRY_ALONE = {"40P01", "40001"}  # deadlock_detected, serialization_failure
 # One group's payloads → each payload's outcome: its result, or the exception its caller gets.
 Batch = Callable[[Connection, Sequence[Any]], Sequence[Any]]
@@ -58,6 +64,16 @@ class _BatchFailed(Exception):
     """The batch statement raised: the group runs again, a savepoint per payload."""
 
 
+def _answers(conn: Connection) -> bool:
+    """A kept connection that was idle still reaches its server (SQLAlchemy's pre-ping, by hand)."""
+    try:
+        conn.exec_driver_sql("SELECT 1")
+        conn.rollback()
+        return True
+    except DBAPIError:
+        return False
+
+
 def _lost_a_race(exc: BaseException) -> bool:
     code = getattr(getattr(exc, "orig", None), "sqlstate", None)
     return isinstance(exc, DBAPIError) and code in RETRY_ALONE
@@ -73,9 +89,12 @@ class GroupCommit(Generic[P, R]):
         max_units: int = 64,
         writers: int = 1,
         batch: Callable[[Connection, Sequence[P]], Sequence[R | BaseException]] | None = None,
+        ping_idle: float = PING_IDLE,
     ) -> None:
         self.engine = engine
+        self.ping_idle = ping_idle
         self.batch = batch
+        self._kept = threading.local()  # each writer thread's connection
         self._writer: Drain[_Unit] = Drain(
             "clarion-group-commit", self._group, most=max_units, threads=writers
         )
@@ -123,8 +142,9 @@ class GroupCommit(Generic[P, R]):
         for unit in units:
             unit.result, unit.error = None, None
         rows = [u for u in units if u.work is None] if batched else []
+        conn = self._connection()
         try:
-            with self.engine().connect() as conn, conn.begin():
+            with conn.begin():
                 if rows:
                     self._batch(conn, rows)
                 for unit in units:
@@ -136,6 +156,32 @@ class GroupCommit(Generic[P, R]):
             for unit in units:
                 if unit.error is None:
                     unit.error = exc
+        finally:
+            self._kept.used_at = time.monotonic()
+            if conn.invalidated or conn.closed:
+                self._forget()  # lost: the next group opens a new one
+
+    def _connection(self) -> Connection:
+        """This writer thread's own connection, kept from group to group: no pool checkout and
+        ping per group. Pinged only when it was idle `ping_idle` seconds (a server restarted or an
+        idle session killed meanwhile); a new one when it was lost or the engine changed."""
+        engine = self.engine()
+        conn: Connection | None = getattr(self._kept, "conn", None)
+        if conn is not None and not (conn.closed or conn.invalidated or conn.engine is not engine):
+            idle = time.monotonic() - getattr(self._kept, "used_at", 0.0)
+            if idle < self.ping_idle or _answers(conn):
+                return conn
+        self._forget()
+        conn = engine.connect()
+        self._kept.conn = conn
+        return conn
+
+    def _forget(self) -> None:
+        conn: Connection | None = getattr(self._kept, "conn", None)
+        self._kept.conn = None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def _batch(self, conn: Connection, units: list[_Unit]) -> None:
         assert self.batch is not None

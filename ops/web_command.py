@@ -63,6 +63,7 @@ def _web(args: argparse.Namespace) -> int:
         root_path=args.root_path,
         header_timeout=args.header_timeout,
         keep_alive_timeout=args.keep_alive_timeout,
+        access_log=args.access_log,
     )
     return serve(options)
 
@@ -127,6 +128,13 @@ def add_web(sub: Any) -> None:
         type=_positive(float),
         default=5.0,
         help="seconds an idle kept-alive connection stays open (default 5)",
+    )
+    wb.add_argument(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="log a line per request at INFO (uvicorn's access log; default: off, errors are "
+        "logged either way)",
     )
     wb.add_argument(
         "--allow-insecure-teams",

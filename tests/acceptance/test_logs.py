@@ -101,7 +101,7 @@ def test_with_log_format_json_every_line_of_every_process_is_json(
             "plain-celery-worker": [str(BIN / "celery"), "-A", "clarion", "worker", "-c", "1"]
             + ["-Q", "activation", "-n", "plain@%h", "--loglevel", "INFO"],
             "beat": [clarion, "beat"],
-            "web": [clarion, "web", "--port", str(port)],
+            "web": [clarion, "web", "--port", str(port), "--access-log"],
         }.items():
             started[name] = launch.Process(command, env=env, log=logs / f"{name}.log")
         register_recipient("ann", timezone="UTC")

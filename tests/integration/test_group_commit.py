@@ -269,3 +269,46 @@ def test_a_batch_that_raises_runs_again_a_savepoint_per_payload(scratch):
     assert first.result(30) == 0 and a.result(30) == c.result(30)
     assert calls == [["a", "k0", "c"], ["a"], ["k0"], ["c"]]  # the group, then one by one
     assert [_visible(k) for k in ("a", "c")] == [True, True]
+
+
+def _backend(conn: Connection) -> int:
+    return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+
+def _kill(pid: int) -> None:
+    with engine().connect() as conn:
+        assert conn.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar_one()
+    _until(lambda: not _backend_alive(pid), "the killed backend is still there")
+
+
+def _backend_alive(pid: int) -> bool:
+    with engine().connect() as conn:
+        query = text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p")
+        return bool(conn.execute(query, {"p": pid}).scalar_one())
+
+
+def test_the_writer_keeps_its_connection_and_replaces_one_killed_while_idle(scratch):
+    """Groups after groups run on one kept connection; killed between groups (a restarted
+    server, an idle session killed), the ping before the next group finds it lost and the group
+    runs on a new connection: no caller sees the drop."""
+    group = GroupCommit(engine, ping_idle=0.0)  # ping before every group
+    first, again = group.run(_backend), group.run(_backend)
+    assert first == again  # one connection, kept
+    _kill(first)
+    replaced = group.run(_backend)
+    assert replaced != first
+    assert group.run(_insert("after-kill")) and _visible("after-kill")
+
+
+def test_a_connection_killed_between_unpinged_groups_fails_one_group_then_is_replaced(scratch):
+    """Within `ping_idle` of its last group the connection is trusted: killed meanwhile, the next
+    group fails as a lost connection does (nothing written, every caller told), and the writer
+    opens a new one for the group after it."""
+    group = GroupCommit(engine, ping_idle=3600.0)
+    pid = group.run(_backend)
+    _kill(pid)
+    with pytest.raises(OperationalError, match="terminat|closed|lost"):
+        group.run(_insert("lost"))
+    assert not _visible("lost")
+    assert group.run(_backend) != pid
+    assert group.run(_insert("next")) and _visible("next")

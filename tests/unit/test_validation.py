@@ -176,6 +176,24 @@ def test_size_cap_is_64_kib_of_json_by_default_and_configurable() -> None:
     assert check.variables({"a": "é" * 45}, max_bytes=100)
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"a": "\x01" * 20},  # escaped: 6 bytes a character
+        {"a": "\U0001f600" * 20},  # 4 bytes of UTF-8 a character
+        {"a": [-(2**63), 2**63 - 1, -1.2345678901234567e-308, None, False, True]},
+        {"k\x02" * 5: {"n": [[], {}, [{"d": '\\"'}]]}},
+    ],
+)
+def test_the_size_cap_is_exact_where_escapes_make_json_bigger_than_its_text(value) -> None:
+    """Values whose JSON is as big as it gets per character or number: the exact size decides,
+    whichever way the cheap bound points."""
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    assert check.variables(value, max_bytes=size) == value
+    with pytest.raises(InvalidField, match=f"at most {size - 1} bytes as JSON, not {size}"):
+        check.variables(value, max_bytes=size - 1)
+
+
 def test_ten_megabytes_are_refused_quickly() -> None:
     with pytest.raises(InvalidField, match="bytes"):
         check.variables({"blob": "x" * 10_000_000})
