@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, time
+from datetime import datetime, time, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, TextClause, text
@@ -456,9 +456,41 @@ def outcomes(conn: Connection, b: Broadcast) -> Outcomes:
     return Outcomes(int(sent), int(waiting), reasons)
 
 
-_RUNNING = text("SELECT id, type_key, planned, requested FROM broadcasts WHERE state = 'running'")
+# A broadcast stays in /metrics while its fan-out runs and for SHOWN_AFTER_FINISH after it
+# ends: its requests are still being routed and sent then, and the gauges should show them land.
+SHOWN_AFTER_FINISH = timedelta(hours=1)
+_SHOWN = text(
+    f"""
+    SELECT {_COLUMNS} FROM broadcasts
+    WHERE state = 'running' OR finished_at >= :since ORDER BY id
+    """
+)
 
 
-def running(conn: Connection) -> list[tuple[int, str, int, int]]:
-    """(id, type, planned, requested) of every running broadcast, for /metrics."""
-    return [(int(i), t, int(p), int(r)) for i, t, p, r in conn.execute(_RUNNING)]
+@dataclass(frozen=True)
+class Shown:
+    """One broadcast's progress as /metrics shows it."""
+
+    id: int
+    type_key: str
+    state: str
+    planned: int
+    requested: int
+    sent: int
+    waiting: int
+    suppressed: dict[str, int]
+
+
+def shown_in_metrics(conn: Connection, *, now: datetime) -> list[Shown]:
+    """Progress of every running broadcast and of those finished in the last
+    SHOWN_AFTER_FINISH, for /metrics (read at scrape time, like the ledger's other gauges)."""
+    found = [_broadcast(r) for r in conn.execute(_SHOWN, {"since": now - SHOWN_AFTER_FINISH})]
+    shown = []
+    for b in found:
+        o = outcomes(conn, b)
+        shown.append(
+            Shown(
+                b.id, b.type_key, b.state, b.planned, b.requested, o.sent, o.waiting, o.suppressed
+            )
+        )
+    return shown

@@ -359,19 +359,33 @@ def test_the_cli_dry_runs_starts_follows_and_cancels_a_broadcast(receiver, capsy
     work()
     shown = _cli(capsys, "broadcasts", "1")
     assert "suppressed: opted_out  2" in shown and "sent" in shown
-    assert "newsletter  done" in _cli(capsys, "broadcasts")
+    listed = _cli(capsys, "broadcasts")
+    assert "suppressed" in listed.splitlines()[1]  # the header
+    row = next(line for line in listed.splitlines() if "newsletter  done" in line).split()
+    # id type state at planned skipped requested sent waiting suppressed created
+    assert row[:10] == ["1", "newsletter", "done", "now", "6", "0", "6", "4", "0", "opted_out=2"]
     assert "broadcast 1 done; 6 recipient(s) requested" in _cli(
         capsys, "broadcasts", "1", "--cancel"
     )
 
 
-def test_metrics_show_a_running_broadcasts_plan_and_progress(env):
-    join("news", recipients("us", 30))
-    started = broadcast("notice", {"topic": "news"})
+def test_metrics_show_a_broadcasts_plan_progress_and_suppressions_by_reason(receiver):
+    join("news", recipients("us", 20) + recipients("de", 5, country="DE", zone="Europe/Berlin"))
+    started = broadcast("newsletter", {"topic": "news"}, {"issue": "9"})
     fan_out(started.id, chunk=10, seconds=0)
-    labels = {"broadcast": str(started.id), "type": "notice"}
-    assert counted("clarion_broadcast_planned", **labels) == 30
-    assert counted("clarion_broadcast_requested", **labels) == 10
+    running = {"broadcast": str(started.id), "type": "newsletter", "state": "running"}
+    assert counted("clarion_broadcast_planned", **running) == 25
+    assert counted("clarion_broadcast_requested", **running) == 10
+    assert counted("clarion_broadcast_sent", **running) == 0
+    assert counted("clarion_broadcast_waiting", **running) == 10
+    work()
+    done = {**running, "state": "done"}
+    assert counted("clarion_broadcast_requested", **done) == 25
+    assert counted("clarion_broadcast_sent", **done) == 20 == receiver.arrivals.unique
+    assert counted("clarion_broadcast_waiting", **done) == 0
+    reason = {"broadcast": str(started.id), "reason": "opted_out"}
+    assert counted("clarion_broadcast_suppressed", **reason) == 5
+    assert counted("clarion_broadcast_requested", **running) == 0  # one series per broadcast
 
 
 def test_an_erased_recipient_leaves_every_topic(env):

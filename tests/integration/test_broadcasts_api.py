@@ -94,7 +94,7 @@ def test_bad_audiences_are_refused_naming_the_field(client, headers, audience, f
 
 
 def test_a_broadcast_is_started_replayed_followed_and_cancelled(client, headers, monkeypatch):
-    join("news", recipients("u", 5))
+    join("news", recipients("u", 5) + recipients("de", 2, country="DE", zone="Europe/Berlin"))
     receiver = monkeypatch.context()
     with Receiver(settings.get().webhook_secret) as running, receiver as patch:
         configure(patch, webhook_url=running.url)
@@ -108,13 +108,19 @@ def _start_follow_and_cancel(client: TestClient, headers: dict[str, str]) -> Non
     first = client.post("/v1/broadcasts", json=body, headers=keyed)
     again = client.post("/v1/broadcasts", json=body, headers=keyed)
     assert first.status_code == again.status_code == 202
-    assert first.json()["planned"] == 5 and first.json()["new"] is True
+    assert first.json()["planned"] == 7 and first.json()["new"] is True
     assert again.json()["id"] == first.json()["id"] and again.headers["Idempotent-Replayed"]
     work()
     shown = client.get(f"/v1/broadcasts/{first.json()['id']}", headers=headers).json()
-    assert (shown["state"], shown["requested"], shown["sent"]) == ("done", 5, 5)
+    assert (shown["state"], shown["planned"], shown["requested"], shown["sent"]) == (
+        "done",
+        7,
+        7,
+        5,
+    )
+    assert shown["suppressed"] == {"opted_out": 2} and shown["waiting"] == 0
     stopped = client.post(f"/v1/broadcasts/{first.json()['id']}/cancel", headers=headers).json()
-    assert (stopped["state"], stopped["requested"]) == ("done", 5)  # too late: all requested
+    assert (stopped["state"], stopped["requested"]) == ("done", 7)  # too late: all requested
     refused(client.get("/v1/broadcasts/999", headers=headers), 404, "broadcast_id")
 
 
