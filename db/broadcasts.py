@@ -31,12 +31,16 @@ SEGMENT_FIELDS = {
     "timezone": "timezone",
     "subdivision": "subdivision",
 }
+# a segment field `attributes.<name>`: a recipient's custom attribute (recipients.attributes),
+# compared as text (`->>`: 'true', '12'); the name travels as a parameter, never as SQL
+ATTRIBUTE_PREFIX = "attributes."
 
 
 @dataclass(frozen=True)
 class Audience:
     """Who a broadcast is for: members of `topic` (if any) matching every `segment` filter (a field
-    of SEGMENT_FIELDS and the values it may take). Neither: every registered recipient."""
+    of SEGMENT_FIELDS or `attributes.<name>`, and the values it may take). Neither: every
+    registered recipient."""
 
     topic: str | None = None
     segment: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -56,7 +60,11 @@ class Audience:
             )
             params["topic"] = self.topic
         for n, (field, values) in enumerate(self.segment):
-            where.append(f"r.{SEGMENT_FIELDS[field]} = ANY(CAST(:seg{n} AS text[]))")
+            if field.startswith(ATTRIBUTE_PREFIX):
+                where.append(f"r.attributes ->> :name{n} = ANY(CAST(:seg{n} AS text[]))")
+                params[f"name{n}"] = field.removeprefix(ATTRIBUTE_PREFIX)
+            else:
+                where.append(f"r.{SEGMENT_FIELDS[field]} = ANY(CAST(:seg{n} AS text[]))")
             params[f"seg{n}"] = list(values)
         return source, " AND ".join(where), params
 

@@ -57,8 +57,13 @@ class BroadcastPost(BaseModel):
     type: str = Field(examples=["newsletter"])
     audience: dict[str, Any] = Field(
         description='{"topic": key} and/or {"segment": {field: value or [values]}}; segment '
-        "fields: country, locale, org, timezone, subdivision.",
-        examples=[{"topic": "newsletter", "segment": {"country": ["DE", "AT"]}}],
+        "fields: country, locale, org, timezone, subdivision, and attributes.<name> for a "
+        "recipient's custom attribute (compared as text: true, 12); an attribute no recipient "
+        "was ever given is refused.",
+        examples=[
+            {"topic": "newsletter", "segment": {"country": ["DE", "AT"]}},
+            {"segment": {"attributes.plan": ["pro", "team"], "attributes.beta": True}},
+        ],
     )
     variables: dict[str, Any] | None = None
     at: str | None = Field(

@@ -146,6 +146,48 @@ def test_a_segment_broadcast_filters_on_recipient_fields(receiver):
     assert set(_received(receiver, started.id)) == {f"en{n:06d}" for n in range(12)}
 
 
+def test_a_segment_on_a_custom_attribute_reaches_those_who_have_it(receiver):
+    for n, (plan, beta) in enumerate(
+        [("pro", True), ("pro", False), ("free", True), ("team", True)]
+    ):
+        register_recipient(f"a{n}", timezone="UTC", attributes={"plan": plan, "beta": beta})
+    register_recipient("a9", timezone="UTC", attributes={"plan": "pro", "seats": 3})  # no beta
+    register_recipient("plain", timezone="UTC")  # no attributes at all
+    segment = {"attributes.plan": ["pro", "team"], "attributes.beta": True}
+    assert dry_run_broadcast("notice", {"segment": segment}).planned == 2
+    started = broadcast("notice", {"segment": segment})
+    work()
+    assert _received(receiver, started.id) == {"a0": 1, "a3": 1}
+    # an integer attribute matches its text; re-registering without attributes keeps them
+    register_recipient("a9", timezone="UTC", locale="de")
+    seats = broadcast("notice", {"segment": {"attributes.seats": 3}})
+    work()
+    assert _received(receiver, seats.id) == {"a9": 1}
+
+
+@pytest.mark.parametrize(
+    ("segment", "match"),
+    [
+        ({"attributes.tier": "gold"}, "^audience.segment.attributes.tier: is not an attribute"),
+        ({"attributes.plan": "pro", "attributes.tyer": "x"}, "^audience.segment.attributes.tyer: "),
+        ({"attributes.1x": "pro"}, "^audience.segment.attributes.1x: must be a letter"),
+        ({"attributes.plan": 1.5}, r"^audience.segment.attributes.plan: must be a value"),
+        (
+            {"attributes.plan": [{"a": 1}]},
+            r"^audience.segment.attributes.plan\[0\]: must be a text",
+        ),
+        ({"plan": "pro"}, "^audience.segment.plan: is not a segment field.*attributes.<name>"),
+    ],
+)
+def test_a_segment_on_an_unknown_or_bad_attribute_is_refused_naming_it(env, segment, match):
+    register_recipient("a0", timezone="UTC", attributes={"plan": "pro"})
+    before = counts()
+    for call in (broadcast, dry_run_broadcast):
+        with pytest.raises(InvalidField, match=match):
+            call("notice", {"segment": segment})
+    assert counts() == before and count("broadcasts") == 0
+
+
 def test_a_repeated_idempotency_key_returns_the_first_broadcast_and_writes_nothing(receiver):
     users = recipients("us", 9)
     join("news", users)
