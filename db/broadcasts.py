@@ -95,6 +95,7 @@ class Broadcast:
     due_at: datetime | None
     created_at: datetime
     finished_at: datetime | None
+    started_at: datetime | None  # its first chunk's commit
 
     @property
     def occurrence_key(self) -> str:
@@ -107,7 +108,7 @@ def occurrence_key(broadcast_id: int) -> str:
 
 _COLUMNS = (
     "id, type_key, lane, template_version, variables, audience, at_local, passed, state, planned, "
-    "skipped, requested, due_at, created_at, finished_at"
+    "skipped, requested, due_at, created_at, finished_at, started_at"
 )
 
 
@@ -332,7 +333,8 @@ _AFTER = text(
                                                  + make_interval(secs => :lease)
                       ELSE w.next END,
         state = CASE WHEN w.next IS NULL THEN 'done' ELSE state END,
-        finished_at = CASE WHEN w.next IS NULL THEN :now END
+        finished_at = CASE WHEN w.next IS NULL THEN :now END,
+        started_at = CASE WHEN :worked THEN coalesce(started_at, :now) ELSE started_at END
     FROM (SELECT min(due_at) AS next FROM broadcast_waves WHERE broadcast_id = :id AND NOT done) w
     WHERE b.id = :id
     RETURNING b.state
@@ -409,9 +411,9 @@ def fan_out_chunk(
             _ADVANCE,
             {"id": b.id, "wave": wave.wave, "last": last, "n": len(ids), "done": seen < limit},
         )
-    state = conn.execute(
-        _AFTER, {"id": b.id, "n": len(ids), "now": now, "lease": lease}
-    ).scalar_one()
+    # the trigger of migration 0026 writes the broadcast.* outbound events of this change
+    after = {"id": b.id, "n": len(ids), "now": now, "lease": lease, "worked": wave is not None}
+    state = conn.execute(_AFTER, after).scalar_one()
     return Chunk(
         wave.wave if wave else None,
         int(seen),

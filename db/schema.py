@@ -619,6 +619,11 @@ EVENT_KINDS = (
     "incident.recorded",
     "preference.changed",
     "inbox.read",
+    # migration 0026: a broadcast's fan-out (trigger outbound_broadcasts on broadcasts)
+    "broadcast.started",
+    "broadcast.progress",
+    "broadcast.done",
+    "broadcast.cancelled",
 )
 
 # An app's endpoint: not per recipient (like api_keys).
@@ -746,6 +751,7 @@ broadcasts = Table(
     _ts("due_at"),
     _ts("created_at", False),
     _ts("finished_at"),
+    _ts("started_at"),  # its first chunk's commit (migration 0026)
     PrimaryKeyConstraint("id", name="broadcasts_pkey"),
     UniqueConstraint("idempotency_key", name="broadcasts_idempotency_key"),
     CheckConstraint(_in("state", BROADCAST_STATES), name="broadcasts_state_check"),

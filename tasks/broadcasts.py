@@ -193,6 +193,7 @@ class Progress:
             "audience": b.audience.as_json(),
             "at_local": b.at_local.strftime("%H:%M") if b.at_local else None,
             "created_at": b.created_at.isoformat(),
+            "started_at": b.started_at.isoformat() if b.started_at else None,
             "finished_at": b.finished_at.isoformat() if b.finished_at else None,
             "next_at": b.due_at.isoformat() if b.due_at else None,
             "planned": b.planned,

@@ -93,6 +93,7 @@ class BroadcastProgress(BaseModel):
     audience: dict[str, Any]
     at_local: str | None
     created_at: datetime
+    started_at: datetime | None
     finished_at: datetime | None
     next_at: datetime | None
     planned: int
