@@ -256,6 +256,7 @@ def test_a_broadcast_survives_kills_and_a_database_restart_mid_fan_out(own_servi
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(3600)  # ~7 min on a quiet 2-core host; far longer when it is shared
 def test_a_200k_broadcast_survives_kills_and_a_database_restart_mid_fan_out(own_services, tmp_path):
     env, postgres, _ = own_services
     _run(env, tmp_path, size=200_000, chunk=1000, timeout=3600, postgres=postgres)
