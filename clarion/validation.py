@@ -51,6 +51,10 @@ PUSH_DEVICE = re.compile(r"(fcm:[A-Za-z0-9_:\-]{16,4096}|apns:[0-9A-Fa-f]{64,200
 MAX_DEVICES = 10
 HH_MM = re.compile(r"([01][0-9]|2[0-3]):[0-5][0-9]")
 SUBDIVISION = re.compile(r"[A-Za-z0-9]{1,3}")
+ATTRIBUTE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+MAX_ATTRIBUTES = 64
+ATTRIBUTE_BYTES = 256
+MAX_ATTRIBUTE_INT = 2**53  # what a JSON reader in any language keeps exact
 
 
 def show(value: object, limit: int = 40) -> str:
@@ -326,6 +330,47 @@ def subdivision(value: object, field: str = "subdivision") -> str | None:
             f"or digits, without the country), not {show(value)}",
         )
     return value.upper()
+
+
+def attribute_name(value: object, field: str) -> str:
+    """A custom attribute's name: a letter or _, then letters, digits or _ (64 at most)."""
+    if not (isinstance(value, str) and value.isascii() and ATTRIBUTE_NAME.fullmatch(value)):
+        raise InvalidField(
+            field, f"must be a letter or _ then up to 63 letters, digits or _, not {show(value)}"
+        )
+    return value
+
+
+def attribute_value(value: object, field: str) -> str | int | bool:
+    """A custom attribute's value: text (up to ATTRIBUTE_BYTES), an integer or a boolean, so
+    that a segment compares it as the text PostgreSQL's `->>` gives (`true`, `12`)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if abs(value) > MAX_ATTRIBUTE_INT:
+            raise InvalidField(field, f"must be an integer within ±2**53, not {show(value)}")
+        return int(value)
+    if isinstance(value, str):
+        return text(field, value, max_bytes=ATTRIBUTE_BYTES, empty=True)
+    raise InvalidField(field, f"must be a text, an integer or a boolean, not {show(value)}")
+
+
+def attributes(value: object, field: str = "attributes") -> dict[str, str | int | bool] | None:
+    """A recipient's custom attributes: None (keep those stored) or a mapping of up to
+    MAX_ATTRIBUTES names to values (replacing them all; {} clears them)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidField(field, f"must be a mapping of names to values, not {show(value)}")
+    if len(value) > MAX_ATTRIBUTES:
+        raise InvalidField(
+            field, f"must hold at most {MAX_ATTRIBUTES} attributes, not {len(value)}"
+        )
+    checked: dict[str, str | int | bool] = {}
+    for name, item in value.items():
+        key = attribute_name(name, f"{field}.{name if isinstance(name, str) else show(name)}")
+        checked[key] = attribute_value(item, f"{field}.{key}")
+    return checked
 
 
 def workweek(value: object, field: str = "workweek") -> list[int] | None:

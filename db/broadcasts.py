@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, time
+from datetime import datetime, time, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, TextClause, text
@@ -31,12 +31,16 @@ SEGMENT_FIELDS = {
     "timezone": "timezone",
     "subdivision": "subdivision",
 }
+# a segment field `attributes.<name>`: a recipient's custom attribute (recipients.attributes),
+# compared as text (`->>`: 'true', '12'); the name travels as a parameter, never as SQL
+ATTRIBUTE_PREFIX = "attributes."
 
 
 @dataclass(frozen=True)
 class Audience:
     """Who a broadcast is for: members of `topic` (if any) matching every `segment` filter (a field
-    of SEGMENT_FIELDS and the values it may take). Neither: every registered recipient."""
+    of SEGMENT_FIELDS or `attributes.<name>`, and the values it may take). Neither: every
+    registered recipient."""
 
     topic: str | None = None
     segment: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -56,7 +60,11 @@ class Audience:
             )
             params["topic"] = self.topic
         for n, (field, values) in enumerate(self.segment):
-            where.append(f"r.{SEGMENT_FIELDS[field]} = ANY(CAST(:seg{n} AS text[]))")
+            if field.startswith(ATTRIBUTE_PREFIX):
+                where.append(f"r.attributes ->> :name{n} = ANY(CAST(:seg{n} AS text[]))")
+                params[f"name{n}"] = field.removeprefix(ATTRIBUTE_PREFIX)
+            else:
+                where.append(f"r.{SEGMENT_FIELDS[field]} = ANY(CAST(:seg{n} AS text[]))")
             params[f"seg{n}"] = list(values)
         return source, " AND ".join(where), params
 
@@ -87,6 +95,7 @@ class Broadcast:
     due_at: datetime | None
     created_at: datetime
     finished_at: datetime | None
+    started_at: datetime | None  # its first chunk's commit
 
     @property
     def occurrence_key(self) -> str:
@@ -99,7 +108,7 @@ def occurrence_key(broadcast_id: int) -> str:
 
 _COLUMNS = (
     "id, type_key, lane, template_version, variables, audience, at_local, passed, state, planned, "
-    "skipped, requested, due_at, created_at, finished_at"
+    "skipped, requested, due_at, created_at, finished_at, started_at"
 )
 
 
@@ -324,7 +333,8 @@ _AFTER = text(
                                                  + make_interval(secs => :lease)
                       ELSE w.next END,
         state = CASE WHEN w.next IS NULL THEN 'done' ELSE state END,
-        finished_at = CASE WHEN w.next IS NULL THEN :now END
+        finished_at = CASE WHEN w.next IS NULL THEN :now END,
+        started_at = CASE WHEN :worked THEN coalesce(started_at, :now) ELSE started_at END
     FROM (SELECT min(due_at) AS next FROM broadcast_waves WHERE broadcast_id = :id AND NOT done) w
     WHERE b.id = :id
     RETURNING b.state
@@ -401,9 +411,9 @@ def fan_out_chunk(
             _ADVANCE,
             {"id": b.id, "wave": wave.wave, "last": last, "n": len(ids), "done": seen < limit},
         )
-    state = conn.execute(
-        _AFTER, {"id": b.id, "n": len(ids), "now": now, "lease": lease}
-    ).scalar_one()
+    # the trigger of migration 0026 writes the broadcast.* outbound events of this change
+    after = {"id": b.id, "n": len(ids), "now": now, "lease": lease, "worked": wave is not None}
+    state = conn.execute(_AFTER, after).scalar_one()
     return Chunk(
         wave.wave if wave else None,
         int(seen),
@@ -456,9 +466,41 @@ def outcomes(conn: Connection, b: Broadcast) -> Outcomes:
     return Outcomes(int(sent), int(waiting), reasons)
 
 
-_RUNNING = text("SELECT id, type_key, planned, requested FROM broadcasts WHERE state = 'running'")
+# A broadcast stays in /metrics while its fan-out runs and for SHOWN_AFTER_FINISH after it
+# ends: its requests are still being routed and sent then, and the gauges should show them land.
+SHOWN_AFTER_FINISH = timedelta(hours=1)
+_SHOWN = text(
+    f"""
+    SELECT {_COLUMNS} FROM broadcasts
+    WHERE state = 'running' OR finished_at >= :since ORDER BY id
+    """
+)
 
 
-def running(conn: Connection) -> list[tuple[int, str, int, int]]:
-    """(id, type, planned, requested) of every running broadcast, for /metrics."""
-    return [(int(i), t, int(p), int(r)) for i, t, p, r in conn.execute(_RUNNING)]
+@dataclass(frozen=True)
+class Shown:
+    """One broadcast's progress as /metrics shows it."""
+
+    id: int
+    type_key: str
+    state: str
+    planned: int
+    requested: int
+    sent: int
+    waiting: int
+    suppressed: dict[str, int]
+
+
+def shown_in_metrics(conn: Connection, *, now: datetime) -> list[Shown]:
+    """Progress of every running broadcast and of those finished in the last
+    SHOWN_AFTER_FINISH, for /metrics (read at scrape time, like the ledger's other gauges)."""
+    found = [_broadcast(r) for r in conn.execute(_SHOWN, {"since": now - SHOWN_AFTER_FINISH})]
+    shown = []
+    for b in found:
+        o = outcomes(conn, b)
+        shown.append(
+            Shown(
+                b.id, b.type_key, b.state, b.planned, b.requested, o.sent, o.waiting, o.suppressed
+            )
+        )
+    return shown

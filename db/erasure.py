@@ -28,10 +28,10 @@ STATEMENTS: tuple[tuple[str, str], ...] = (
         "recipients",
         """UPDATE recipients SET addresses = '{}'::jsonb, timezone = 'UTC', locale = 'en',
                country = NULL, org_id = NULL, quiet_start = NULL, quiet_end = NULL,
-               workweek = NULL, subdivision = NULL, erased_at = COALESCE(erased_at, :now),
-               updated_at = :now
+               workweek = NULL, subdivision = NULL, attributes = '{}'::jsonb,
+               erased_at = COALESCE(erased_at, :now), updated_at = :now
            WHERE user_id = :u AND (erased_at IS NULL OR addresses <> '{}'::jsonb
-               OR org_id IS NOT NULL OR country IS NOT NULL)""",
+               OR org_id IS NOT NULL OR country IS NOT NULL OR attributes <> '{}'::jsonb)""",
     ),
     (
         "requests",

@@ -45,9 +45,10 @@ _UPSERT_RECIPIENT = text(
     """
     WITH prior AS (SELECT 1 FROM recipients WHERE user_id = :user_id)
     INSERT INTO recipients (user_id, timezone, locale, country, org_id, addresses, quiet_start,
-                            quiet_end, workweek, subdivision, created_at, updated_at)
+                            quiet_end, workweek, subdivision, attributes, created_at, updated_at)
     VALUES (:user_id, :timezone, :locale, :country, :org_id, CAST(:addresses AS jsonb), :quiet_start,
-            :quiet_end, CAST(:workweek AS smallint[]), :subdivision, :now, :now)
+            :quiet_end, CAST(:workweek AS smallint[]), :subdivision,
+            coalesce(CAST(:attributes AS jsonb), '{}'::jsonb), :now, :now)
     ON CONFLICT (user_id) DO UPDATE SET
         timezone = excluded.timezone, locale = excluded.locale, country = excluded.country,
         org_id = excluded.org_id, quiet_start = excluded.quiet_start,
@@ -60,6 +61,8 @@ _UPSERT_RECIPIENT = text(
             THEN jsonb_build_object('teams_conversation', recipients.addresses->'teams_conversation')
             ELSE '{}'::jsonb END,
         quiet_end = excluded.quiet_end, workweek = excluded.workweek, subdivision = excluded.subdivision,
+        -- none given: the stored ones stay (an event's inline recipient names none)
+        attributes = coalesce(CAST(:attributes AS jsonb), recipients.attributes),
         updated_at = excluded.updated_at, erased_at = NULL
     RETURNING NOT EXISTS (SELECT 1 FROM prior) AS inserted
     """
@@ -79,10 +82,14 @@ def upsert_recipient(
     quiet_end: time | None = None,
     workweek: list[int] | None = None,
     subdivision: str | None = None,
+    attributes: Mapping[str, str | int | bool] | None = None,
     now: datetime,
 ) -> bool:
     """Create or replace a recipient (an erased one becomes a new registration); True if the
-    row was inserted rather than updated."""
+    row was inserted rather than updated. `attributes` None keeps the stored ones; their names
+    join recipient_attribute_names (what a broadcast segment may filter on)."""
+    if attributes:
+        conn.execute(_ATTRIBUTE_NAMES, {"names": sorted(attributes), "now": now})
     inserted: bool = conn.execute(
         _UPSERT_RECIPIENT,
         {
@@ -96,10 +103,27 @@ def upsert_recipient(
             "quiet_end": quiet_end,
             "workweek": workweek,
             "subdivision": subdivision,
+            "attributes": None if attributes is None else json.dumps(attributes),
             "now": now,
         },
     ).scalar_one()
     return inserted
+
+
+_ATTRIBUTE_NAMES = text(
+    """
+    INSERT INTO recipient_attribute_names (name, created_at)
+    SELECT n, :now FROM unnest(CAST(:names AS text[])) n ON CONFLICT (name) DO NOTHING
+    """
+)
+_KNOWN_ATTRIBUTES = text(
+    "SELECT name FROM recipient_attribute_names WHERE name = ANY(CAST(:names AS text[]))"
+)
+
+
+def known_attributes(conn: Connection, names: Iterable[str]) -> set[str]:
+    """Which of these custom attribute names some recipient was ever given."""
+    return {r[0] for r in conn.execute(_KNOWN_ATTRIBUTES, {"names": list(names)})}
 
 
 # Joined with the ids, not `user_id = ANY(:users)`: once psycopg prepares a statement, PostgreSQL
@@ -131,7 +155,7 @@ def recipient_locales(conn: Connection, user_ids: Iterable[str]) -> dict[str, st
 
 _RECIPIENT = text(
     "SELECT user_id, timezone, locale, country, org_id, addresses, quiet_start, quiet_end, workweek, "
-    "subdivision, created_at, updated_at FROM recipients WHERE user_id = :u AND erased_at IS NULL"
+    "subdivision, attributes, created_at, updated_at FROM recipients WHERE user_id = :u AND erased_at IS NULL"
 )
 _RECIPIENT_STATE = text("SELECT erased_at IS NULL FROM recipients WHERE user_id = :u FOR UPDATE")
 

@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0025"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0026"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -92,6 +92,8 @@ recipients = Table(
     Column("subdivision", Text),
     # set by erasure (db/erasure.py, migration 0019): the row stays, emptied, for the occurrence keys
     _ts("erased_at"),
+    # the app's own fields, segmentable in broadcasts (migration 0026)
+    Column("attributes", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Index(
         "recipients_sms",
         text("(addresses ->> 'sms')"),
@@ -617,6 +619,11 @@ EVENT_KINDS = (
     "incident.recorded",
     "preference.changed",
     "inbox.read",
+    # migration 0026: a broadcast's fan-out (trigger outbound_broadcasts on broadcasts)
+    "broadcast.started",
+    "broadcast.progress",
+    "broadcast.done",
+    "broadcast.cancelled",
 )
 
 # An app's endpoint: not per recipient (like api_keys).
@@ -744,10 +751,21 @@ broadcasts = Table(
     _ts("due_at"),
     _ts("created_at", False),
     _ts("finished_at"),
+    _ts("started_at"),  # its first chunk's commit (migration 0026)
     PrimaryKeyConstraint("id", name="broadcasts_pkey"),
     UniqueConstraint("idempotency_key", name="broadcasts_idempotency_key"),
     CheckConstraint(_in("state", BROADCAST_STATES), name="broadcasts_state_check"),
     Index("broadcasts_due", "due_at", postgresql_where=text("due_at IS NOT NULL")),
+)
+
+# Every custom attribute name ever set on a recipient (migration 0026): a segment on another
+# name is refused. Not per recipient.
+recipient_attribute_names = Table(
+    "recipient_attribute_names",
+    metadata,
+    Column("name", Text, nullable=False),
+    _ts("created_at", False),
+    PrimaryKeyConstraint("name", name="recipient_attribute_names_pkey"),
 )
 
 broadcast_waves = Table(

@@ -13,11 +13,24 @@ from clarion.tasks import broadcasts
 
 
 def listing(limit: int = 20) -> str:
-    """The most recent broadcasts, newest first: state and counters."""
+    """The most recent broadcasts, newest first: state, counters, and what became of their
+    requests (sent, waiting, suppressed by reason)."""
     with engine().connect() as conn:
-        found = db.recent(conn, limit)
+        found = [(b, db.outcomes(conn, b)) for b in db.recent(conn, limit)]
     return render(
-        ["id", "type", "state", "at", "planned", "skipped", "requested", "created (UTC)"],
+        [
+            "id",
+            "type",
+            "state",
+            "at",
+            "planned",
+            "skipped",
+            "requested",
+            "sent",
+            "waiting",
+            "suppressed",
+            "created (UTC)",
+        ],
         [
             (
                 b.id,
@@ -27,12 +40,20 @@ def listing(limit: int = 20) -> str:
                 b.planned,
                 b.skipped,
                 b.requested,
+                o.sent,
+                o.waiting,
+                _reasons(o.suppressed),
                 b.created_at.strftime("%Y-%m-%d %H:%M"),
             )
-            for b in found
+            for b, o in found
         ],
         "broadcasts:",
     )
+
+
+def _reasons(suppressed: dict[str, int]) -> str:
+    """`opted_out=2 quiet_hours=1` (or 0): one cell of the listing."""
+    return " ".join(f"{r}={n}" for r, n in sorted(suppressed.items())) or "0"
 
 
 def detail(broadcast_id: int) -> str:

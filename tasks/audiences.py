@@ -3,6 +3,7 @@
     subscribe("beta-testers", ["user-1", "user-2"])     # in bulk, up to MAX_IDS ids a call
     unsubscribe("beta-testers", ["user-2"])
     broadcast("spring_sale", {"topic": "beta-testers", "segment": {"country": ["DE", "AT"]}})
+    broadcast("upgrade", {"segment": {"attributes.plan": "free", "attributes.beta": True}})
 
 Bad input raises an InvalidField naming the part (`user_ids[3]`, `audience.segment.colour`) and
 writes nothing.
@@ -10,6 +11,7 @@ writes nothing.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 
@@ -18,7 +20,7 @@ from sqlalchemy import Connection
 from clarion import clock
 from clarion import validation as check
 from clarion.db import ledger, topics
-from clarion.db.broadcasts import SEGMENT_FIELDS, Audience
+from clarion.db.broadcasts import ATTRIBUTE_PREFIX, SEGMENT_FIELDS, Audience
 from clarion.db.engine import in_transaction
 from clarion.errors import InvalidField, UnknownRecipient, UnknownTopic
 from clarion.tasks.producer import checked_connection
@@ -81,23 +83,53 @@ def _segment(value: object) -> tuple[tuple[str, tuple[str, ...]], ...]:
     filters = []
     for name, wanted in value.items():
         field = f"audience.segment.{name if isinstance(name, str) else check.show(name)}"
-        if name not in SEGMENT_FIELDS:
+        custom = isinstance(name, str) and name.startswith(ATTRIBUTE_PREFIX)
+        if custom:
+            check.attribute_name(name.removeprefix(ATTRIBUTE_PREFIX), field)
+        elif name not in SEGMENT_FIELDS:
             raise InvalidField(
-                field, f"is not a segment field; known: {', '.join(sorted(SEGMENT_FIELDS))}"
+                field,
+                f"is not a segment field; known: {', '.join(sorted(SEGMENT_FIELDS))}, or "
+                f"{ATTRIBUTE_PREFIX}<name> for a custom attribute",
             )
-        values = [wanted] if isinstance(wanted, str) else wanted
+        values = [wanted] if isinstance(wanted, str | int) else wanted
         if not isinstance(values, list) or not 1 <= len(values) <= MAX_VALUES:
-            raise InvalidField(field, f"must be a text or a list of 1 to {MAX_VALUES} texts")
+            raise InvalidField(field, f"must be a value or a list of 1 to {MAX_VALUES} values")
         texts = tuple(
-            check.text(f"{field}[{n}]", v, max_bytes=VALUE_BYTES) for n, v in enumerate(values)
+            _attribute_text(f"{field}[{n}]", v)
+            if custom
+            else check.text(f"{field}[{n}]", v, max_bytes=VALUE_BYTES)
+            for n, v in enumerate(values)
         )
         filters.append((str(name), texts))
     return tuple(sorted(filters))
 
 
-def require_topic(conn: Connection, audience: Audience) -> None:
+def _attribute_text(field: str, value: object) -> str:
+    """A value a custom attribute is compared with, as the text `->>` gives for it."""
+    checked = check.attribute_value(value, field)
+    return json.dumps(checked) if isinstance(checked, bool | int) else checked
+
+
+def require_known(conn: Connection, audience: Audience) -> None:
+    """The audience's topic and custom attributes exist (a typo would otherwise reach nobody,
+    silently): UnknownTopic, or InvalidField naming the segment's attribute."""
     if audience.topic is not None and not topics.exists(conn, audience.topic):
         raise UnknownTopic(audience.topic)
+    names = [
+        f.removeprefix(ATTRIBUTE_PREFIX)
+        for f, _ in audience.segment
+        if f.startswith(ATTRIBUTE_PREFIX)
+    ]
+    if names:
+        known = ledger.known_attributes(conn, names)
+        for name in names:
+            if name not in known:
+                raise InvalidField(
+                    f"audience.segment.{ATTRIBUTE_PREFIX}{name}",
+                    "is not an attribute any recipient was given (register_recipient("
+                    "attributes=…) or PUT /v1/users/{id})",
+                )
 
 
 def subscribe(topic: str, user_ids: Sequence[str], *, connection: Connection | None = None) -> int:

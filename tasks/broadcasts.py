@@ -32,7 +32,7 @@ from clarion.errors import InvalidField, UnknownBroadcast
 from clarion.rows import DraftRequest
 from clarion.scheduling.broadcasts import PASSED, local_waves
 from clarion.scheduling.zones import zone_names
-from clarion.tasks.audiences import checked_audience, require_topic
+from clarion.tasks.audiences import checked_audience, require_known
 from clarion.tasks.lanes import give_way
 from clarion.tasks.planning import plan_many
 from clarion.tasks.producer import (
@@ -140,7 +140,7 @@ def broadcast(
         key = check.text("idempotency_key", idempotency_key, max_bytes=KEY_BYTES)
     now = clock.now()
     with engine().begin() as conn:
-        require_topic(conn, asked.audience)
+        require_known(conn, asked.audience)
         waves, skipped = _waves(asked, db.zone_counts(conn, asked.audience), now)
         made, new = db.create(
             conn,
@@ -194,6 +194,7 @@ class Progress:
             "audience": b.audience.as_json(),
             "at_local": b.at_local.strftime("%H:%M") if b.at_local else None,
             "created_at": b.created_at.isoformat(),
+            "started_at": b.started_at.isoformat() if b.started_at else None,
             "finished_at": b.finished_at.isoformat() if b.finished_at else None,
             "next_at": b.due_at.isoformat() if b.due_at else None,
             "planned": b.planned,
@@ -315,7 +316,7 @@ def dry_run_broadcast(
     now = clock.now()
     result = DryRun()
     with engine().connect() as conn:
-        require_topic(conn, asked.audience)
+        require_known(conn, asked.audience)
         waves, result.skipped = _waves(asked, db.zone_counts(conn, asked.audience), now)
         for wave, _ in waves:
             after: str | None = None

@@ -64,7 +64,7 @@ def payload_data(send: ReadySend) -> dict[str, object]:
         "id": message_id(send.event_id),
         "sequence": send.event_id,
         "stream": send.stream,
-        "user_id": send.user_id,
+        "user_id": send.user_id or None,  # '' for an event about no recipient (a broadcast)
         "type": send.type_key,
         "occurrence_key": send.occurrence_key,
         "request_id": send.request_id,

@@ -86,6 +86,7 @@ def recipient_fields(
     quiet_hours: object,
     workweek: object,
     subdivision: object,
+    attributes: object = None,
 ) -> dict[str, Any]:
     """The checked columns of a recipient row (raises InvalidField naming the first bad one)."""
     start, end = check.quiet_hours(quiet_hours)
@@ -100,6 +101,7 @@ def recipient_fields(
         quiet_end=end,
         workweek=check.workweek(workweek),
         subdivision=check.subdivision(subdivision),
+        attributes=check.attributes(attributes),
     )
 
 
@@ -114,13 +116,16 @@ def register_recipient(
     quiet_hours: tuple[str | time, str | time] | None = None,
     workweek: list[int] | None = None,
     subdivision: str | None = None,
+    attributes: Mapping[str, str | int | bool] | None = None,
     connection: Connection | None = None,
 ) -> None:
     """Create or update a recipient. The time zone must be an IANA name (e.g. Europe/Berlin);
     quiet_hours is a daily local window such as ("22:00", "07:00"); workweek lists working weekdays
     (Monday=0) when they differ from the recipient's country; subdivision is an ISO 3166-2 region
     code for regional holidays (e.g. "BY"); addresses maps a channel to the recipient's address on
-    it (checked per channel, see clarion.validation.addresses)."""
+    it (checked per channel, see clarion.validation.addresses); attributes are the app's own
+    fields (text, integer or boolean values) that a broadcast's segment can filter on: given, they
+    replace those stored ({} clears them); None keeps them."""
     fields = recipient_fields(
         user_id,
         timezone=timezone,
@@ -131,6 +136,7 @@ def register_recipient(
         quiet_hours=quiet_hours,
         workweek=workweek,
         subdivision=subdivision,
+        attributes=attributes,
     )
     in_transaction(
         checked_connection(connection),

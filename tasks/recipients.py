@@ -32,6 +32,7 @@ def checked(user_id: object, body: dict[str, Any]) -> dict[str, Any]:
         quiet_hours=body.get("quiet_hours"),
         workweek=body.get("workweek"),
         subdivision=body.get("subdivision"),
+        attributes=body.get("attributes"),
     )
 
 
@@ -57,6 +58,7 @@ def read(user_id: str) -> dict[str, Any] | None:
     row["quiet_hours"] = None if start is None else [_clock(start), _clock(end)]
     row["workweek"] = None if row["workweek"] is None else list(row["workweek"])
     row["addresses"] = dict(row["addresses"] or {})
+    row["attributes"] = dict(row["attributes"] or {})
     return row
 
 

@@ -57,8 +57,13 @@ class BroadcastPost(BaseModel):
     type: str = Field(examples=["newsletter"])
     audience: dict[str, Any] = Field(
         description='{"topic": key} and/or {"segment": {field: value or [values]}}; segment '
-        "fields: country, locale, org, timezone, subdivision.",
-        examples=[{"topic": "newsletter", "segment": {"country": ["DE", "AT"]}}],
+        "fields: country, locale, org, timezone, subdivision, and attributes.<name> for a "
+        "recipient's custom attribute (compared as text: true, 12); an attribute no recipient "
+        "was ever given is refused.",
+        examples=[
+            {"topic": "newsletter", "segment": {"country": ["DE", "AT"]}},
+            {"segment": {"attributes.plan": ["pro", "team"], "attributes.beta": True}},
+        ],
     )
     variables: dict[str, Any] | None = None
     at: str | None = Field(
@@ -88,6 +93,7 @@ class BroadcastProgress(BaseModel):
     audience: dict[str, Any]
     at_local: str | None
     created_at: datetime
+    started_at: datetime | None
     finished_at: datetime | None
     next_at: datetime | None
     planned: int

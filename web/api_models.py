@@ -46,6 +46,13 @@ class RecipientPut(Strict):
     subdivision: str | None = Field(
         default=None, description="ISO 3166-2 region code for regional holidays.", examples=["BY"]
     )
+    attributes: dict[str, Any] | None = Field(
+        default=None,
+        description="The app's own fields: name → text, integer or boolean, up to 64; a "
+        "broadcast segment filters on them (`attributes.<name>`). Unlike the other members, "
+        "omitted or null keeps the stored ones; {} clears them.",
+        examples=[{"plan": "pro", "seats": 12, "beta": True}],
+    )
 
 
 class Recipient(BaseModel):
@@ -58,6 +65,7 @@ class Recipient(BaseModel):
     quiet_hours: list[str] | None
     workweek: list[int] | None
     subdivision: str | None
+    attributes: dict[str, str | int | bool]
     created_at: datetime
     updated_at: datetime
 

@@ -109,13 +109,22 @@ def _read_ledger(url: str, timeout: float) -> dict[str, list[tuple[Any, ...]]]:
     eng = _ledger_engine(url, timeout)
     try:
         with eng.connect() as conn:
+            shown = broadcasts.shown_in_metrics(conn, now=clock.now())
             return {
                 "alerts": [(a.kind, a.subject) for a in open_alerts(conn)],
                 "open": [tuple(r) for r in reports.open_deliveries(conn)],
                 "oldest": [tuple(r) for r in reports.oldest_due(conn, clock.now())],
                 "digests": [tuple(r) for r in reports.digest_counts(conn)],
                 "escalations": [tuple(r) for r in reports.escalation_counts(conn)],
-                "broadcasts": [tuple(r) for r in broadcasts.running(conn)],
+                "broadcasts": [
+                    (b.id, b.type_key, b.state, b.planned, b.requested, b.sent, b.waiting)
+                    for b in shown
+                ],
+                "broadcast_reasons": [
+                    (b.id, b.type_key, reason, n)
+                    for b in shown
+                    for reason, n in b.suppressed.items()
+                ],
             }
     finally:
         eng.dispose()
@@ -180,13 +189,28 @@ LEDGER_GAUGES = {
     ),
     "planned": (
         "clarion_broadcast_planned",
-        "Recipients a running broadcast plans to request",
-        ["broadcast", "type"],
+        "Recipients a broadcast plans to request (running, or finished in the last hour)",
+        ["broadcast", "type", "state"],
     ),
     "requested": (
         "clarion_broadcast_requested",
-        "Recipients a running broadcast has requested so far (its fan-out's progress)",
-        ["broadcast", "type"],
+        "Recipients a broadcast has requested so far (its fan-out's progress)",
+        ["broadcast", "type", "state"],
+    ),
+    "sent": (
+        "clarion_broadcast_sent",
+        "A broadcast's requests with a delivery the provider took",
+        ["broadcast", "type", "state"],
+    ),
+    "waiting": (
+        "clarion_broadcast_waiting",
+        "A broadcast's requests not routed yet (pending, or deferred by a gate)",
+        ["broadcast", "type", "state"],
+    ),
+    "suppressed": (
+        "clarion_broadcast_suppressed",
+        "A broadcast's requests not sent, by the first reason recorded for each",
+        ["broadcast", "type", "reason"],
     ),
     "alerts": (
         "clarion_alerts_open",
@@ -219,7 +243,9 @@ def _ledger_families(ledger: dict[str, list[tuple[Any, ...]]]) -> Iterator[Gauge
     for type_key, state, step, n, _ in ledger["escalations"]:
         if state == "waiting":
             g["chains"].add_metric([type_key, str(step)], n)
-    for broadcast_id, type_key, planned, requested in ledger["broadcasts"]:
-        g["planned"].add_metric([str(broadcast_id), type_key], planned)
-        g["requested"].add_metric([str(broadcast_id), type_key], requested)
+    for broadcast_id, type_key, state, *values in ledger["broadcasts"]:
+        for key, value in zip(("planned", "requested", "sent", "waiting"), values, strict=True):
+            g[key].add_metric([str(broadcast_id), type_key, state], value)
+    for broadcast_id, type_key, reason, n in ledger["broadcast_reasons"]:
+        g["suppressed"].add_metric([str(broadcast_id), type_key, reason], n)
     yield from g.values()

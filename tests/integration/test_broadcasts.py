@@ -146,6 +146,48 @@ def test_a_segment_broadcast_filters_on_recipient_fields(receiver):
     assert set(_received(receiver, started.id)) == {f"en{n:06d}" for n in range(12)}
 
 
+def test_a_segment_on_a_custom_attribute_reaches_those_who_have_it(receiver):
+    for n, (plan, beta) in enumerate(
+        [("pro", True), ("pro", False), ("free", True), ("team", True)]
+    ):
+        register_recipient(f"a{n}", timezone="UTC", attributes={"plan": plan, "beta": beta})
+    register_recipient("a9", timezone="UTC", attributes={"plan": "pro", "seats": 3})  # no beta
+    register_recipient("plain", timezone="UTC")  # no attributes at all
+    segment = {"attributes.plan": ["pro", "team"], "attributes.beta": True}
+    assert dry_run_broadcast("notice", {"segment": segment}).planned == 2
+    started = broadcast("notice", {"segment": segment})
+    work()
+    assert _received(receiver, started.id) == {"a0": 1, "a3": 1}
+    # an integer attribute matches its text; re-registering without attributes keeps them
+    register_recipient("a9", timezone="UTC", locale="de")
+    seats = broadcast("notice", {"segment": {"attributes.seats": 3}})
+    work()
+    assert _received(receiver, seats.id) == {"a9": 1}
+
+
+@pytest.mark.parametrize(
+    ("segment", "match"),
+    [
+        ({"attributes.tier": "gold"}, "^audience.segment.attributes.tier: is not an attribute"),
+        ({"attributes.plan": "pro", "attributes.tyer": "x"}, "^audience.segment.attributes.tyer: "),
+        ({"attributes.1x": "pro"}, "^audience.segment.attributes.1x: must be a letter"),
+        ({"attributes.plan": 1.5}, r"^audience.segment.attributes.plan: must be a value"),
+        (
+            {"attributes.plan": [{"a": 1}]},
+            r"^audience.segment.attributes.plan\[0\]: must be a text",
+        ),
+        ({"plan": "pro"}, "^audience.segment.plan: is not a segment field.*attributes.<name>"),
+    ],
+)
+def test_a_segment_on_an_unknown_or_bad_attribute_is_refused_naming_it(env, segment, match):
+    register_recipient("a0", timezone="UTC", attributes={"plan": "pro"})
+    before = counts()
+    for call in (broadcast, dry_run_broadcast):
+        with pytest.raises(InvalidField, match=match):
+            call("notice", {"segment": segment})
+    assert counts() == before and count("broadcasts") == 0
+
+
 def test_a_repeated_idempotency_key_returns_the_first_broadcast_and_writes_nothing(receiver):
     users = recipients("us", 9)
     join("news", users)
@@ -359,19 +401,33 @@ def test_the_cli_dry_runs_starts_follows_and_cancels_a_broadcast(receiver, capsy
     work()
     shown = _cli(capsys, "broadcasts", "1")
     assert "suppressed: opted_out  2" in shown and "sent" in shown
-    assert "newsletter  done" in _cli(capsys, "broadcasts")
+    listed = _cli(capsys, "broadcasts")
+    assert "suppressed" in listed.splitlines()[1]  # the header
+    row = next(line for line in listed.splitlines() if "newsletter  done" in line).split()
+    # id type state at planned skipped requested sent waiting suppressed created
+    assert row[:10] == ["1", "newsletter", "done", "now", "6", "0", "6", "4", "0", "opted_out=2"]
     assert "broadcast 1 done; 6 recipient(s) requested" in _cli(
         capsys, "broadcasts", "1", "--cancel"
     )
 
 
-def test_metrics_show_a_running_broadcasts_plan_and_progress(env):
-    join("news", recipients("us", 30))
-    started = broadcast("notice", {"topic": "news"})
+def test_metrics_show_a_broadcasts_plan_progress_and_suppressions_by_reason(receiver):
+    join("news", recipients("us", 20) + recipients("de", 5, country="DE", zone="Europe/Berlin"))
+    started = broadcast("newsletter", {"topic": "news"}, {"issue": "9"})
     fan_out(started.id, chunk=10, seconds=0)
-    labels = {"broadcast": str(started.id), "type": "notice"}
-    assert counted("clarion_broadcast_planned", **labels) == 30
-    assert counted("clarion_broadcast_requested", **labels) == 10
+    running = {"broadcast": str(started.id), "type": "newsletter", "state": "running"}
+    assert counted("clarion_broadcast_planned", **running) == 25
+    assert counted("clarion_broadcast_requested", **running) == 10
+    assert counted("clarion_broadcast_sent", **running) == 0
+    assert counted("clarion_broadcast_waiting", **running) == 10
+    work()
+    done = {**running, "state": "done"}
+    assert counted("clarion_broadcast_requested", **done) == 25
+    assert counted("clarion_broadcast_sent", **done) == 20 == receiver.arrivals.unique
+    assert counted("clarion_broadcast_waiting", **done) == 0
+    reason = {"broadcast": str(started.id), "reason": "opted_out"}
+    assert counted("clarion_broadcast_suppressed", **reason) == 5
+    assert counted("clarion_broadcast_requested", **running) == 0  # one series per broadcast
 
 
 def test_an_erased_recipient_leaves_every_topic(env):

@@ -12,11 +12,12 @@ from starlette.testclient import TestClient
 
 from clarion import settings
 from clarion.standins.receiver import Receiver
+from clarion.tasks import register_recipient
 from clarion.tasks.audiences import MAX_IDS
 from clarion.web.app import create_app
 from tests.support.api import _broker, as_json, bearer, refused
 from tests.support.broadcasts import join, recipients, use_broadcast_catalog, work
-from tests.support.pipeline import configure, count, counts
+from tests.support.pipeline import configure, count, counts, rows
 
 pytestmark = pytest.mark.integration
 __all__ = ["_broker"]
@@ -81,6 +82,8 @@ def test_a_bad_topic_key_in_the_path_names_the_topic(client, headers):
     [
         ({"topic": "missing"}, "audience.topic"),
         ({"segment": {"colour": "red"}}, "audience.segment.colour"),
+        ({"segment": {"attributes.tier": "gold"}}, "audience.segment.attributes.tier"),
+        ({"segment": {"attributes.plan": 2.5}}, "audience.segment.attributes.plan"),
         ({"segment": {"country": []}}, "audience.segment.country"),
         ({"topic": "news", "everyone": True}, "audience.everyone"),
         ({}, "audience"),
@@ -88,13 +91,29 @@ def test_a_bad_topic_key_in_the_path_names_the_topic(client, headers):
 )
 def test_bad_audiences_are_refused_naming_the_field(client, headers, audience, field):
     join("news", recipients("u", 2))
+    register_recipient("p1", timezone="UTC", attributes={"plan": "pro"})
     body = {"type": "notice", "audience": audience}
     refused(client.post("/v1/broadcasts", json=body, headers=headers), 422, field)
     assert count("broadcasts") == 0 and count("requests") == 0
 
 
+def test_a_custom_attribute_set_through_put_users_segments_a_broadcast(client, headers):
+    auth = {**headers, **bearer("recipients:write")}
+    for user, plan in (("p1", "pro"), ("p2", "free"), ("p3", "pro")):
+        body = {"timezone": "UTC", "attributes": {"plan": plan}}
+        assert client.put(f"/v1/users/{user}", json=body, headers=auth).status_code == 201
+    body = {"type": "notice", "audience": {"segment": {"attributes.plan": "pro"}}}
+    plan = client.post("/v1/broadcasts", json={**body, "dry_run": True}, headers=headers)
+    assert plan.status_code == 200 and plan.json()["planned"] == 2
+    started = client.post("/v1/broadcasts", json=body, headers=headers)
+    assert started.status_code == 202 and started.json()["planned"] == 2
+    work()
+    made = rows("SELECT user_id FROM requests ORDER BY user_id")
+    assert [r["user_id"] for r in made] == ["p1", "p3"]
+
+
 def test_a_broadcast_is_started_replayed_followed_and_cancelled(client, headers, monkeypatch):
-    join("news", recipients("u", 5))
+    join("news", recipients("u", 5) + recipients("de", 2, country="DE", zone="Europe/Berlin"))
     receiver = monkeypatch.context()
     with Receiver(settings.get().webhook_secret) as running, receiver as patch:
         configure(patch, webhook_url=running.url)
@@ -108,13 +127,19 @@ def _start_follow_and_cancel(client: TestClient, headers: dict[str, str]) -> Non
     first = client.post("/v1/broadcasts", json=body, headers=keyed)
     again = client.post("/v1/broadcasts", json=body, headers=keyed)
     assert first.status_code == again.status_code == 202
-    assert first.json()["planned"] == 5 and first.json()["new"] is True
+    assert first.json()["planned"] == 7 and first.json()["new"] is True
     assert again.json()["id"] == first.json()["id"] and again.headers["Idempotent-Replayed"]
     work()
     shown = client.get(f"/v1/broadcasts/{first.json()['id']}", headers=headers).json()
-    assert (shown["state"], shown["requested"], shown["sent"]) == ("done", 5, 5)
+    assert (shown["state"], shown["planned"], shown["requested"], shown["sent"]) == (
+        "done",
+        7,
+        7,
+        5,
+    )
+    assert shown["suppressed"] == {"opted_out": 2} and shown["waiting"] == 0
     stopped = client.post(f"/v1/broadcasts/{first.json()['id']}/cancel", headers=headers).json()
-    assert (stopped["state"], stopped["requested"]) == ("done", 5)  # too late: all requested
+    assert (stopped["state"], stopped["requested"]) == ("done", 7)  # too late: all requested
     refused(client.get("/v1/broadcasts/999", headers=headers), 404, "broadcast_id")
 
 

@@ -43,7 +43,8 @@ HOOK = "https://hooks.example/ann-7f3q"  # ann's webhook address: a value to sca
 EMAIL = "ann.secret-9134@example.com"
 PHONE = "+4915112349134"
 ORDER = "order-ZX81-ann"  # a variable value to scan for
-PERSONAL = (HOOK, EMAIL, PHONE, ORDER)
+MEMO = "memo-ann-likes-gardening"  # a custom attribute's value to scan for
+PERSONAL = (HOOK, EMAIL, PHONE, ORDER, MEMO)
 CLARION = Path(sys.executable).parent / "clarion"
 
 
@@ -83,6 +84,7 @@ def ann(**changes: Any) -> dict[str, Any]:
         "quiet_hours": ["22:00", "07:00"],
         "workweek": [0, 1, 2, 3, 4],
         "subdivision": "BY",
+        "attributes": {"plan": "pro", "seats": 12, "beta": True, "memo": MEMO},
     }
     body.update(changes)
     return {k: v for k, v in body.items() if v is not ...}
@@ -166,6 +168,12 @@ def test_put_creates_then_replaces_and_get_reads_it(client):
         ({"workweek": [9]}, "workweek"),
         ({"workweek": "mon"}, "workweek"),
         ({"nickname": "x"}, "nickname"),
+        ({"attributes": "pro"}, "attributes"),
+        ({"attributes": {"1st": "a"}}, "attributes.1st"),
+        ({"attributes": {"plan": 1.5}}, "attributes.plan"),
+        ({"attributes": {"plan": {"tier": 1}}}, "attributes.plan"),
+        ({"attributes": {"plan": "x" * 300}}, "attributes.plan"),
+        ({"attributes": {f"a{n}": n for n in range(65)}}, "attributes"),
     ],
 )
 def test_bad_fields_are_a_4xx_naming_the_field(client, changes, field):
@@ -173,6 +181,24 @@ def test_bad_fields_are_a_4xx_naming_the_field(client, changes, field):
     assert 400 <= answer.status_code < 500, answer.text
     assert answer.json()["field"].startswith(field), answer.json()
     assert rows("SELECT user_id FROM recipients") == []
+    assert rows("SELECT name FROM recipient_attribute_names") == []
+
+
+def test_custom_attributes_are_set_kept_when_omitted_and_cleared_by_an_empty_mapping(client):
+    auth = bearer("recipients:read", "recipients:write")
+    wanted = {"plan": "pro", "seats": 12, "beta": True, "memo": MEMO}
+    assert client.put("/v1/users/ann", json=ann(), headers=auth).json()["attributes"] == wanted
+    kept = client.put("/v1/users/ann", json=ann(locale="fr", attributes=...), headers=auth)
+    assert kept.status_code == 200 and kept.json()["attributes"] == wanted
+    assert (
+        client.put("/v1/users/ann", json=ann(attributes=None), headers=auth).json()["attributes"]
+        == wanted
+    )
+    cleared = client.put("/v1/users/ann", json=ann(attributes={}), headers=auth)
+    assert cleared.json()["attributes"] == {}
+    assert client.get("/v1/users/ann", headers=auth).json()["attributes"] == {}
+    names = rows("SELECT name FROM recipient_attribute_names ORDER BY name")
+    assert [n["name"] for n in names] == ["beta", "memo", "plan", "seats"]  # names outlive values
 
 
 def test_an_inline_recipient_creates_the_user_and_the_event_reaches_them(client, receiver):
@@ -254,7 +280,12 @@ def after_erasure_nothing_personal_stays_and_keys_still_hold(client, receiver) -
 def test_delete_erases_every_personal_value_and_keeps_once_only_and_suppression(client, receiver):
     known_person(client, receiver)
     before = scan(PERSONAL)
-    assert {"recipients.addresses", "requests.variables", "suppressions.address"} <= set(before)
+    assert {
+        "recipients.addresses",
+        "recipients.attributes",
+        "requests.variables",
+        "suppressions.address",
+    } <= set(before)
     auth = bearer("recipients:erase")
     erased = client.delete("/v1/users/ann", headers=auth)
     assert erased.status_code == 200, erased.text
