@@ -76,7 +76,7 @@ def _generic_plan(sql: str, values: dict[str, object]) -> str:
     with engine().connect() as conn, conn.begin() as tx:
         raw = conn.connection.dbapi_connection
         assert raw is not None
-        cur = ClientCursor(raw)  # type: ignore[arg-type]
+        cur = ClientCursor(raw)  # type: ignore[call-overload]
         cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         cur.execute("PREPARE history_plan AS " + prepared)
         args = ", ".join(["%s"] * len(names))

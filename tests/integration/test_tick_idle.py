@@ -15,6 +15,8 @@ from sqlalchemy.exc import InternalError
 from clarion import arm_series, clock, notify, register_recipient
 from clarion.db.due import what_is_due
 from clarion.db.engine import engine
+from clarion.tasks.app import app
+from clarion.tasks.beat import Scheduler
 from clarion.tasks.publish import ROUTE
 from clarion.tasks.tick import LANES, tick
 from tests.support.pipeline import frozen_clock, published, publishing_to_this_tests_broker
@@ -90,9 +92,9 @@ def test_idle_ticks_write_nothing_the_server_would_refuse_in_a_read_only_transac
     register_recipient("ann", timezone="UTC")  # a recipient, nothing due
     caplog.set_level(logging.INFO)
     with read_only_at_the_server():
-        with engine().connect() as conn:  # the guard holds: the server refuses a write here
-            with pytest.raises(InternalError, match="read-only transaction"):
-                conn.execute(text("UPDATE recipients SET locale = 'de' WHERE user_id = 'ann'"))
+        # the guard holds: the server refuses a write
+        with engine().connect() as conn, pytest.raises(InternalError, match="read-only"):
+            conn.execute(text("UPDATE recipients SET locale = 'de' WHERE user_id = 'ann'"))
         for _ in range(20):
             assert set(tick().values()) == {0}
     assert [r for r in caplog.records if r.levelno >= logging.INFO] == []
@@ -101,6 +103,31 @@ def test_idle_ticks_write_nothing_the_server_would_refuse_in_a_read_only_transac
         notify("ann", "receipt", event_id="e1", variables={"order": "1"}, connection=conn)
     with read_only_at_the_server(), pytest.raises(InternalError, match="read-only transaction"):
         tick()
+
+
+class _Recording(Scheduler):
+    """The beat's scheduler with Celery's send replaced by a list of what it would send."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.sent: list[str] = []
+        super().__init__(*args, **kwargs)
+
+    def apply_async(self, entry, producer=None, advance=True, **kwargs):
+        self.sent.append(entry.name)
+
+
+def test_beat_sends_the_tick_only_when_something_is_due(tmp_path):
+    beat = _Recording(app, schedule_filename=str(tmp_path / "schedule"), lazy=True)
+    beat.setup_schedule()
+    tick_entry, alerts_entry = beat.schedule["tick"], beat.schedule["alerts"]
+    register_recipient("ann", timezone="UTC")
+    beat.apply_entry(tick_entry)
+    beat.apply_entry(alerts_entry)  # the other entries go on their schedule as before
+    assert beat.sent == ["alerts"]
+    with engine().begin() as conn:
+        notify("ann", "receipt", event_id="e1", variables={"order": "1"}, connection=conn)
+    beat.apply_entry(tick_entry)
+    assert beat.sent == ["alerts", "tick"]
 
 
 def test_an_outbox_row_turns_its_lanes_step_on_and_the_tick_publishes_it():
