@@ -7,17 +7,23 @@ no task run, no log line (issue 29). When the read fails (the database is away, 
 running), the tick is sent as before: the worker's tick has its own handling, and a beat that
 could not look must not stop the sweeper that recovers lost work.
 
+An idle tick is still a tick: its probe's duration goes into clarion_tick_seconds from beat's
+process, so the count keeps growing once a second (the dashboards and checks that read "the beat
+ticked" from it see an idle deployment tick). A tick with work is counted by the worker that runs
+it, as before. Celery's "Sending due task" DEBUG line is written only for ticks sent.
+
 Every other entry (alerts, the events round, retention) is sent on its schedule as Celery does.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from celery.beat import PersistentScheduler, ScheduleEntry
 
-from clarion import clock
+from clarion import clock, metrics
 from clarion.db.due import what_is_due
 from clarion.db.engine import engine
 from clarion.tasks.tick import LANES
@@ -40,6 +46,9 @@ class Scheduler(PersistentScheduler):
     """PersistentScheduler that skips sending a tick with nothing due."""
 
     def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
-        if entry.task == TICK and not tick_has_work():
-            return
+        if entry.task == TICK:
+            started = time.perf_counter()
+            if not tick_has_work():
+                metrics.TICK_SECONDS.observe(time.perf_counter() - started)
+                return
         super().apply_entry(entry, producer=producer)

@@ -195,10 +195,11 @@ def test_two_beats_for_half_a_minute_over_ten_thousand_series_create_no_occurren
     assert seen["early"] == 0, "an occurrence was created before it was due"
     assert seen["missed"] == 0 and seen["decisions"] == 0, "ticks fell behind the grace window"
     assert "routed" not in seen["states"], "an occurrence was recorded as missed or skipped"
-    # Both beats sent ticks throughout the run (5 a second each), and the ticks that ran fired
-    # each series exactly once between them: no tick fired a series another tick had already fired
-    # (which the unique index on requests would have hidden).
-    assert min(beat_ticks.values()) >= 0.5 * 5 * window, beat_ticks
+    # The beats sent ticks throughout the run (each probes 5 times a second and sends a tick when
+    # series are due: once a second here, whichever beat looks first; tasks/beat.py), and the
+    # ticks that ran fired each series exactly once between them: no tick fired a series another
+    # tick had already fired (which the unique index on requests would have hidden).
+    assert sum(beat_ticks.values()) >= 0.5 * window, beat_ticks
     assert sum(t["series"] for t in ticks) == total, "some series was fired by two ticks"
     # Both workers ran ticks (which of them finds the due series first is a matter of timing).
     ran_by = {w: len(_tick_results(cluster, (w,))) for w in workers}
@@ -233,7 +234,7 @@ def test_a_beat_killed_mid_run_leaves_nothing_missed_or_doubled(gates_env, tmp_p
 
     assert 0 < before_kill < total, "the kill did not happen mid-run"
     assert not beat1_alive
-    assert beat2_after_kill >= 0.5 * 5 * (2 * window / 3)
+    assert beat2_after_kill >= 0.5 * (2 * window / 3)  # a tick a second has series due
     assert found == total, f"{found} occurrence requests for {total} series"
     assert seen["requests"] == seen["distinct"] == seen["matched"] == seen["series"] == total
     assert seen["not_n1"] == 0, "a series was advanced twice, or not at all"
