@@ -112,4 +112,6 @@ def test_mark_sent_many_finds_rows_by_key_on_stale_statistics(clarion_env):
     assert "Update on deliveries" in plan and "(actual rows=100 loops=1)" in plan, plan
     assert "deliveries_one_send" not in plan, plan
     assert re.search(r"Index Scan (using|on) deliveries_pkey", plan), plan
-    assert "Rows Removed by Filter" not in plan, plan  # no row read but the one keyed
+    # no row read but the one keyed (partitioned: a TID probe of another partition may find a row
+    # there and drop it by tableoid)
+    assert all(int(n) <= 1 for n in re.findall(r"Rows Removed by Filter: (\d+)", plan)), plan
