@@ -100,3 +100,5 @@ beat_schedule = {
     },
 }
 beat_schedule_filename = str(_settings.home / "celerybeat-schedule")
+# Beat sends the every-second tick only when something is due (tasks/beat.py: one read first).
+beat_scheduler = "clarion.tasks.beat:Scheduler"

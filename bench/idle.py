@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         "CLARION_REDIS_URL": redis_url,
         "CLARION_WEBHOOK_SECRET": "bench-idle-secret",
         "CLARION_HOME": str(home),
+        # a deployment names its catalog (unset, each process warns once that it runs the demo)
+        "CLARION_CATALOG": str(ROOT / "clarion" / "catalog" / "examples" / "demo.yaml"),
     }
     rows = []
     try:

@@ -202,16 +202,28 @@ class SentMark:
     sent_at: datetime
 
 
+# Each row is found by its primary key alone (a probe, OFFSET 0 keeps it one) and then updated
+# by (tableoid, ctid) with the claim's conditions checked on it. With the conditions beside the
+# key, `state = 'claimed'` lets the planner use deliveries_one_send (user_id leads it; the state
+# implies its predicate): a generic plan made while the table was young, or analyzed before a
+# bulk load, did so, reading every sent row of each recipient per key (bench/history.py).
 _MARK_SENT_MANY = text(
     """
     UPDATE deliveries d
     SET state = 'sent', platform = k.platform, provider_message_id = k.message_id,
         sent_at = k.sent_at, claim_token = NULL, lease_until = NULL, due_at = NULL,
         last_error = NULL, updated_at = k.sent_at, send_started_at = NULL, maybe_sent_at = NULL
-    FROM unnest(CAST(:users AS text[]), CAST(:ids AS bigint[]), CAST(:platforms AS text[]),
-                CAST(:message_ids AS text[]), CAST(:sent_at AS timestamptz[]))
-         AS k(user_id, id, platform, message_id, sent_at)
-    WHERE d.user_id = k.user_id AND d.id = k.id AND d.state = 'claimed' AND d.claim_token = :token
+    FROM (
+        SELECT k.*, p.tableoid AS row_table, p.ctid AS row_ctid
+        FROM unnest(CAST(:users AS text[]), CAST(:ids AS bigint[]), CAST(:platforms AS text[]),
+                    CAST(:message_ids AS text[]), CAST(:sent_at AS timestamptz[]))
+             AS k(user_id, id, platform, message_id, sent_at)
+        CROSS JOIN LATERAL (
+            SELECT tableoid, ctid FROM deliveries WHERE user_id = k.user_id AND id = k.id OFFSET 0
+        ) p
+    ) k
+    WHERE d.tableoid = k.row_table AND d.ctid = k.row_ctid
+      AND d.state = 'claimed' AND d.claim_token = :token
     RETURNING d.user_id, d.id
     """
 )

@@ -1,0 +1,54 @@
+"""The beat's scheduler: Celery's persistent one, except that an idle tick is not sent at all.
+
+Before sending the every-second `clarion.tick`, beat asks the due indexes the tick's own question
+(db/due.py: one read of EXISTS flags) and sends the task only when some step has work. An idle
+deployment then costs one read a second in beat and nothing in the control worker: no message,
+no task run, no log line (issue 29). When the read fails (the database is away, a migration is
+running), the tick is sent as before: the worker's tick has its own handling, and a beat that
+could not look must not stop the sweeper that recovers lost work.
+
+An idle tick is still a tick: its probe's duration goes into clarion_tick_seconds from beat's
+process, so the count keeps growing once a second (the dashboards and checks that read "the beat
+ticked" from it see an idle deployment tick). A tick with work is counted by the worker that runs
+it, as before. Celery's "Sending due task" DEBUG line is written only for ticks sent.
+
+Every other entry (alerts, the events round, retention) is sent on its schedule as Celery does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from celery.beat import PersistentScheduler, ScheduleEntry
+
+from clarion import clock, metrics
+from clarion.db.due import what_is_due
+from clarion.db.engine import engine
+from clarion.tasks.tick import LANES
+
+log = logging.getLogger(__name__)
+TICK = "clarion.tick"
+
+
+def tick_has_work() -> bool:
+    """Whether a tick now would do anything (True when the database could not be asked)."""
+    try:
+        with engine().connect() as conn:
+            return what_is_due(conn, now=clock.now(), lanes=LANES).anything
+    except Exception as exc:  # noqa: BLE001 - fail open: send the tick, whose run reports it
+        log.debug("beat: the due probe failed (%s); sending the tick", exc)
+        return True
+
+
+class Scheduler(PersistentScheduler):
+    """PersistentScheduler that skips sending a tick with nothing due."""
+
+    def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
+        if entry.task == TICK:
+            started = time.perf_counter()
+            if not tick_has_work():
+                metrics.TICK_SECONDS.observe(time.perf_counter() - started)
+                return
+        super().apply_entry(entry, producer=producer)
