@@ -4,7 +4,7 @@ same statements on a fresh one, in one run.
     .venv/bin/python bench/history.py [--deliveries 2000000] [--batch 100] [--rounds 30]
 
 Three phases on one database, the same statements through clarion's own functions (db/ledger.py,
-db/claims.py, db/due.py, db/reports.py) and its engine (prepared statements, as a worker runs them):
+db/claims.py, db/due.py, db/activity.py) and its engine (prepared statements, as a worker runs them):
 
   fresh     a migrated ledger with a few thousand deliveries of ordinary traffic, ANALYZEd while
             small (as autovacuum does early in a deployment's life)
@@ -50,7 +50,7 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("CLARION_WEBHOOK_SECRET", "bench-history-secret")
 
 from bench.common import say, start_services, table, with_database  # noqa: E402
-from clarion.db import claims, ledger, reports  # noqa: E402
+from clarion.db import activity, claims, ledger  # noqa: E402
 from clarion.db.due import what_is_due  # noqa: E402
 from clarion.db.engine import engine, migrate, one_off_engine  # noqa: E402
 
@@ -218,7 +218,7 @@ class Traffic:
 
     def explain(self) -> int:
         with engine(self.url).connect() as conn:
-            rows = reports.explain_rows(
+            rows = activity.requests_of(
                 conn,
                 f"u{random.randrange(self.users)}",
                 type_key=None,

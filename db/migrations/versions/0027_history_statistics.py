@@ -17,7 +17,7 @@ In the hash-partitioned layout (db/partitioning.py) the partitions are new table
 settings are on the parents only.
 
 Revision ID: 0027
-Revises: 0025
+Revises: 0026
 """
 
 from alembic import op
