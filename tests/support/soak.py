@@ -23,20 +23,25 @@ class Producer(threading.Thread):
         self.acknowledged: list[dict] = []
         self.errors = 0
         self.last_error = ""  # the most recent exception retried (shown in the report)
+        self.found_on_retry = 0  # items of a failed attempt that had been written after all
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             for start in range(0, len(self.items), self.batch):
                 chunk = self.items[start : start + self.batch]
+                retried = False
                 while True:
                     try:
-                        notify_many(chunk)
+                        result = notify_many(chunk)
                         break
                     except Exception as exc:  # a service is failing over: the app retries
                         self.errors += 1
                         self.last_error = repr(exc)[:200]
+                        retried = True
                         time.sleep(0.5)
+                if retried:
+                    self.found_on_retry += sum(not e.new for e in result)
                 self.acknowledged.extend(chunk)
                 time.sleep(self.pause)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
