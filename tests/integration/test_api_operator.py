@@ -189,8 +189,9 @@ def test_a_request_report_lists_its_incidents(client, monkeypatch):
     )
     assert report.status_code == 200, report.text
     [incident] = report.json()["incidents"]
-    [stored] = rows("SELECT kind, detail, created_at FROM incidents")
+    [stored] = rows("SELECT kind, detail, created_at, delivery_id FROM incidents")
     assert incident == {
+        "delivery_id": stored["delivery_id"],
         "channel": "webhook",
         "kind": "repeat",
         "detail": stored["detail"],
@@ -223,7 +224,13 @@ def test_openapi_documents_incidents_and_next_attempts(client):
     assert schemas["RequestReport"]["properties"]["incidents"]["items"] == {
         "$ref": "#/components/schemas/Incident"
     }
-    assert set(schemas["Incident"]["properties"]) == {"channel", "kind", "detail", "created_at"}
+    assert set(schemas["Incident"]["properties"]) == {
+        "delivery_id",
+        "channel",
+        "kind",
+        "detail",
+        "created_at",
+    }
     assert "next_attempt_at" in schemas["Delivery"]["properties"]
 
 
