@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # What make test, make demo and CI install: every version pinned (make lock refreshes it).
 LOCK := requirements/lock.txt
 
-.PHONY: lock demo test unit integration acceptance chaos soak lint docs bench clean browser hosts-deps integration-pgbouncer
+.PHONY: lock demo test unit integration acceptance chaos soak campaign lint docs bench clean browser hosts-deps integration-pgbouncer
 
 $(STAMP): pyproject.toml $(LOCK)
 	@test -n "$(PYTHON)" || { echo "clarion needs Python 3.11 or 3.12 on PATH"; exit 1; }
@@ -84,6 +84,9 @@ chaos: $(STAMP)  # kills, a broker restart and a database restart under load (it
 
 soak: $(STAMP) hosts-deps  # full-size runs that take minutes (e.g. 2,000 SMS against a 10 segments/s budget)
 	$(BIN)/pytest -q -s -m soak tests
+
+campaign: $(STAMP)  # receipts' p95 beside a 200,000-recipient email campaign (~10 min); not yet <= 1.5x
+	$(BIN)/pytest -q -s -m campaign tests/acceptance/test_lanes_hold.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -55,6 +55,17 @@ if WORKER:
 _EMBEDDED: list = []  # the embedded services this pytest process started (the xdist controller)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The campaign case (marker `campaign`, ~10 minutes) runs only when asked by name
+    (`make campaign`, `-m campaign`): no tier's expression has to know to leave it out."""
+    if "campaign" in (config.option.markexpr or ""):
+        return
+    kept = [item for item in items if item.get_closest_marker("campaign") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Start the embedded services once, in the controlling process, before xdist starts workers.
 
