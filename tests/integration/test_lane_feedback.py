@@ -16,7 +16,8 @@ from tests.support.pipeline import configure, drain
 pytestmark = pytest.mark.integration
 
 
-def test_a_transactional_task_is_in_flight_while_it_runs(clarion_env):
+def test_a_transactional_task_is_in_flight_while_it_runs(clarion_env, monkeypatch):
+    configure(monkeypatch, bulk_feedback="on")
     assert lanes.transactional_active() == 0
     with lanes.transactional_work("transactional"):
         with lanes.transactional_work("transactional"):
@@ -27,7 +28,8 @@ def test_a_transactional_task_is_in_flight_while_it_runs(clarion_env):
         assert lanes.transactional_active() == 0
 
 
-def test_a_mark_whose_lease_ran_out_stops_counting(clarion_env):
+def test_a_mark_whose_lease_ran_out_stops_counting(clarion_env, monkeypatch):
+    configure(monkeypatch, bulk_feedback="on")
     seconds, micros = runtime.redis().time()
     now_ms = seconds * 1000 + micros // 1000
     runtime.redis().zadd(lanes.ACTIVE, {"died": now_ms - 1, "alive": now_ms + 60_000})
@@ -42,6 +44,7 @@ def test_the_feedback_off_marks_nothing(clarion_env, monkeypatch):
 
 
 def test_a_bulk_batch_waits_for_transactional_work_in_flight(clarion_env, monkeypatch):
+    configure(monkeypatch, bulk_feedback="on")
     lanes._pacer = None  # a fresh pacer for this process
     register_recipient("ann", timezone="UTC")
     made = notify_many(
