@@ -22,7 +22,7 @@ from tests.support.environment import CATALOG, WEBHOOK_SECRET, use_only
 from tests.support.hostdb import start_postgres
 from tests.support.hosts import Rig, unavailable
 from tests.support.redisha import MASTER, SentinelRedis
-from tests.support.soak import Producer, rates, verdict, wait_settled
+from tests.support.soak import Producer, rates, start_fleet, verdict, wait_settled
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.soak]
 
@@ -76,18 +76,7 @@ def _run(rig: Rig, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         migrate(url)
         for u in range(USERS):
             register_recipient(f"u{u}", timezone="Europe/Berlin")
-        logs = tmp_path / "logs"
-        logs.mkdir()
-        for name in WORKERS:
-            rig.start(
-                name,
-                launch.worker_command(launch.QUEUES, concurrency=2, name=name, loglevel="INFO"),
-                log=logs / f"{name}.log",
-            )
-        for name in WORKERS[:2]:  # two beats: the tick is safe twice, and one survives a host
-            home = tmp_path / "home" / f"beat-{name}"
-            home.mkdir(parents=True)
-            rig.start(name, launch.beat_command(home), log=logs / f"beat-{name}.log")
+        start_fleet(rig, WORKERS, tmp_path / "home", tmp_path / "logs")
         items = mixed_requests(USERS, PER_USER)
         producer = Producer(items, batch=20, pause=0.4)  # 2,000 over ~60 s at least
         began = time.perf_counter()

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 from sqlalchemy import text
 
+from clarion.ops import launch
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many
 from tests.support.cluster import counts, occurrence
+from tests.support.hosts import Rig
 
 
 class Producer(threading.Thread):
@@ -109,3 +112,19 @@ def rates(receiver: Receiver, edges: list[float]) -> list[str]:
         f"{sum(a <= t < b for t in times) / max(b - a, 1e-9):.1f}"
         for a, b in zip(edges, edges[1:], strict=False)
     ]
+
+
+def start_fleet(rig: Rig, workers: tuple[str, ...], home: Path, logs: Path) -> None:
+    """A worker for every lane on each worker host, and beat on the first two (the tick is safe
+    twice, and one beat survives a host); logs in `logs`, one per process."""
+    logs.mkdir(exist_ok=True)
+    for name in workers:
+        rig.start(
+            name,
+            launch.worker_command(launch.QUEUES, concurrency=2, name=name, loglevel="INFO"),
+            log=logs / f"{name}.log",
+        )
+    for name in workers[:2]:
+        beat_home = home / f"beat-{name}"
+        beat_home.mkdir(parents=True)
+        rig.start(name, launch.beat_command(beat_home), log=logs / f"beat-{name}.log")
