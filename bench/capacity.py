@@ -20,6 +20,10 @@ Measured over that window:
   WAL      pg_current_wal_lsn() after minus before, per notification (ticks included).
   stored   the growth of clarion's tables and indexes (pg_total_relation_size), per notification.
 
+The baseline, in the same run: bench/ingest_baseline.py (one INSERT per request, no worker) takes
+the same `--n` requests with clarion's worker and beat stopped; its server's and PostgreSQL's
+CPU, WAL and stored bytes per request, and clarion's as a ratio of them.
+
 The sizing table is arithmetic on those figures, printed with its assumptions: a peak hour at
 `--peak` times the day's average rate, processes at `--utilisation` of a core, `--retention`
 days kept (CLARION_RETENTION_DAYS), partitions of at most `--rows-per-partition` rows.
@@ -34,6 +38,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,18 +58,35 @@ def _psql(url: str, sql: str, *params: object) -> list[tuple]:
     import psycopg
 
     with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
-        return conn.execute(sql, params).fetchall()
+        return conn.execute(sql, params or None).fetchall()
 
 
-def _stored(url: str) -> int:
-    """Bytes of clarion's tables with their indexes and TOAST."""
-    [(size,)] = _psql(
-        url,
-        "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
-        "JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname LIKE 'clarion%%' AND c.relkind IN ('r', 'p')",
-    )
+CLARION_TABLES = (
+    "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE n.nspname LIKE 'clarion%' AND c.relkind IN ('r', 'p')"
+)
+BASELINE_TABLE = "SELECT pg_total_relation_size('bench_events')"
+
+
+def _stored(url: str, sql: str) -> int:
+    """Bytes of the tables `sql` sums, with their indexes and TOAST."""
+    [(size,)] = _psql(url, sql)
     return int(size)
+
+
+def _timed(
+    url: str, trees: dict[str, list[int]], tables: str, run: Callable[[], object]
+) -> tuple[dict[str, float], int, int, float]:
+    """CPU seconds of each process tree, WAL bytes, stored bytes (of `tables`) and seconds that
+    `run()` took."""
+    wal0, stored0 = _wal(url), _stored(url, tables)
+    cpu0 = {k: _tree_cpu(v) for k, v in trees.items()}
+    began = time.perf_counter()
+    run()
+    elapsed = time.perf_counter() - began
+    cpu = {k: _tree_cpu(v) - cpu0[k] for k, v in trees.items()}
+    return cpu, _wal(url) - wal0, _stored(url, tables) - stored0, elapsed
 
 
 def _wal(url: str) -> int:
@@ -168,15 +190,14 @@ def _run(bench: Bench, args: argparse.Namespace) -> int:
     conns = Connections(bench.url, database)
     conns.start()
     processes = {"web": sum(map(_processes, web)), "worker": _processes(worker.pid), "beat": 1}
-    load0, wal0, stored0 = os.getloadavg()[0], _wal(bench.url), _stored(bench.url)
-    cpu0 = {k: _tree_cpu(v) for k, v in trees.items()}
-    began = time.perf_counter()
-    load(port, auth, events("cap", args.n), args.clients)
-    if not launch.wait_until(lambda: receiver.arrivals.unique >= warm + args.n, 600, 0.05):
-        raise SystemExit(f"not every notification arrived; see {logs}")
-    elapsed = time.perf_counter() - began
-    cpu = {k: _tree_cpu(v) - cpu0[k] for k, v in trees.items()}
-    wal, stored = _wal(bench.url) - wal0, _stored(bench.url) - stored0
+    load0 = os.getloadavg()[0]
+
+    def clarion_run() -> None:
+        load(port, auth, events("cap", args.n), args.clients)
+        if not launch.wait_until(lambda: receiver.arrivals.unique >= warm + args.n, 600, 0.05):
+            raise SystemExit(f"not every notification arrived; see {logs}")
+
+    cpu, wal, stored, elapsed = _timed(bench.url, trees, CLARION_TABLES, clarion_run)
     conns.stop.set()
     conns.join()
     tasks = {str(k): float(v) for k, v in client.hgetall(CPU).items()}
@@ -217,6 +238,50 @@ def _run(bench: Bench, args: argparse.Namespace) -> int:
         )
     )
     say(f"\nWAL {wal / n:.0f} B / notification; stored {stored / n:.0f} B / notification")
+    # The baseline, in the same run: the least an ingest endpoint on this stack does (one
+    # INSERT per request, bench/ingest_baseline.py), with clarion's worker and beat stopped.
+    worker.stop()
+    beat.stop()
+    base_env = {**env, "BENCH_BASELINE_URL": bench.url.replace("+psycopg", "")}
+    base_argv = [str(BIN / "uvicorn"), "bench.ingest_baseline:app", "--log-level", "warning"]
+    base_port = bench.serve([*base_argv, "--host", "127.0.0.1"], base_env)
+    wait_for(base_port, "/v1/events-missing")
+    load(base_port, {}, events("warm", warm), args.clients)
+    base_trees = {
+        "web": [int(p) for p in _listening(base_port) if int(p) != os.getpid()],
+        "postgres": pg,
+    }
+    base_cpu, base_wal, base_stored, base_elapsed = _timed(
+        bench.url,
+        base_trees,
+        BASELINE_TABLE,
+        lambda: load(base_port, {}, events("base", n), args.clients),
+    )
+    ours = {
+        "ingest server CPU": cpu["web"],
+        "PostgreSQL CPU": cpu["postgres"],
+        "all CPU (servers, workers, beat, PostgreSQL, Redis)": sum(kinds.values()),
+        "WAL bytes": wal,
+        "stored bytes": stored,
+    }
+    theirs = [base_cpu["web"], base_cpu["postgres"], sum(base_cpu.values()), base_wal, base_stored]
+    say(
+        f"\nAgainst the baseline (one INSERT per request, no worker), same run, {n} requests in "
+        f"{base_elapsed:.1f} s:\n"
+        + table(
+            ["per notification", "clarion", "baseline", "ratio"],
+            [
+                [
+                    k,
+                    f"{v / n * (1 if 'bytes' in k else 1000):.2f}",
+                    f"{b / n * (1 if 'bytes' in k else 1000):.2f}",
+                    f"{v / b:.1f}x" if b else "-",
+                ]
+                for (k, v), b in zip(ours.items(), theirs, strict=True)
+            ],
+        )
+        + "\n(CPU in ms)"
+    )
     say("\n" + _sizing(args, kinds, per_process, wal / n, stored / n))
     return 0
 
