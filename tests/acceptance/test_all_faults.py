@@ -154,8 +154,8 @@ def _run(rig: Rig, db: AutoFailover, tmp_path: Path, monkeypatch: pytest.MonkeyP
         f"{len(items) / PRODUCE:.0f}/s; start to settled {finished - started:.0f} s; producer "
         f"errors retried {producer.errors + tail.errors} (already written on retry "
         f"{producer.found_on_retry + tail.found_on_retry}); {figures}; incident precision "
-        f"{precision:.2f}; first arrival from each host after its fault (s): {back}; load "
-        f"average {os.getloadavg()[0]:.1f}\n"
+        f"{precision:.2f}; first webhook from each worker host after the last fault (s): "
+        f"{back}; load average {os.getloadavg()[0]:.1f}\n"
     )
     (tmp_path / "throughput.md").write_text(report)
     print(f"\n{report}")
