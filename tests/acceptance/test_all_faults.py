@@ -144,7 +144,7 @@ def _run(rig: Rig, db: AutoFailover, tmp_path: Path, monkeypatch: pytest.MonkeyP
     acknowledged = producer.acknowledged + tail.acknowledged
     assert len(acknowledged) == len(items)
     assert receiver.arrivals.rejected == 0, "a webhook's signature was refused"
-    figures = verdict(receiver, [i for i in acknowledged if "webhook" in i["type_key"]], None)
+    figures = verdict(receiver, [i for i in acknowledged if "webhook" in i["type_key"]])
     figures |= slack_verdict(slack, [i for i in acknowledged if "slack" in i["type_key"]])
     precision = _precision(receiver)
     back = _back(rig, receiver, faults, last)
