@@ -67,6 +67,7 @@ class Posted:
     metadata: dict | None
     updates: list[list[dict]] = field(default_factory=list)  # blocks of each chat.update, in order
     update_texts: list[str] = field(default_factory=list)  # text of each chat.update, in order
+    at: float = field(default_factory=time.perf_counter)  # when it was posted
 
 
 def _truthy(value: Any) -> bool:
@@ -90,7 +91,7 @@ class FakeSlack(LocalServer):
     TEAM = "T0CLARION"
     BOT_USER = "UCLARIONBOT"
 
-    def __init__(self, now: Callable[[], float] = time.time) -> None:
+    def __init__(self, now: Callable[[], float] = time.time, host: str = "127.0.0.1") -> None:
         self.now = now
         self.calls: list[Call] = []
         self.messages: dict[str, list[Posted]] = {}  # channel -> messages, oldest first
@@ -102,7 +103,7 @@ class FakeSlack(LocalServer):
         self._recent: dict[str, list[float]] = {}  # method -> times of its accepted calls
         self._counter = itertools.count(1)
         self.lock = threading.Lock()
-        super().__init__(self._handler())
+        super().__init__(self._handler(), host=host)
 
     # --- control and inspection ----------------------------------------------------------------
 

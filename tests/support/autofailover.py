@@ -13,6 +13,7 @@ pg_autoctl's state under `folder`; the system's PostgreSQL on 5432 is another ne
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -100,7 +101,22 @@ class AutoFailover:
                 ],
             )
             want = {"single"} if i == 0 else {"primary", "secondary"}
-            self._wait(partial(self._reached, want), timeout, f"{name} not up")
+            check = partial(self._reached, want)
+            if i:
+                check = partial(self._checkpointing, self.nodes[0], check)
+            self._wait(check, timeout, f"{name} not up")
+
+    def _checkpointing(self, primary: str, check: Callable[[], bool]) -> bool:
+        """`check()`, after a CHECKPOINT on `primary`: a standby's pg_basebackup (as pg_autoctl
+        runs it) waits for a spread checkpoint, up to minutes on an idle server; one asked for
+        meanwhile completes it at once."""
+        url = self.node_url(primary)
+        with (
+            contextlib.suppress(psycopg.Error),
+            psycopg.connect(url, connect_timeout=2, autocommit=True) as conn,
+        ):
+            conn.execute("CHECKPOINT")
+        return check()
 
     def _reached(self, states: set[str]) -> bool:
         return states <= set(self.states().values())

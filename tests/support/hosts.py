@@ -211,14 +211,17 @@ class Rig:
         clock: bool = False,
     ) -> launch.Process:
         """A process in host `name`, stopped by the rig at the end (or by `kill`). `clock`: its
-        clock is the host's, which `skew` moves (libfaketime; the monotonic clock stays real)."""
+        clock is the host's, which `skew` moves (libfaketime). The monotonic clock moves with it:
+        libfaketime 0.9.10 (Debian 12) answers EINVAL to clock_nanosleep(CLOCK_MONOTONIC,
+        TIMER_ABSTIME), which Python's time.sleep calls, when FAKETIME_DONT_FAKE_MONOTONIC is set,
+        so a Python process could not sleep; a step of `skew` is then also a step of the process's
+        monotonic clock (forward, and back when the skew is undone)."""
         extra = dict(env or {})
         if clock:
             extra |= {
                 "LD_PRELOAD": str(FAKETIME),
                 "FAKETIME_TIMESTAMP_FILE": str(self.hosts[name].clock_file),
                 "FAKETIME_CACHE_DURATION": "1",
-                "FAKETIME_DONT_FAKE_MONOTONIC": "1",
             }
         process = launch.Process(
             self.command(name, argv, user=user, private=private), env=extra, log=log

@@ -26,6 +26,10 @@ REDIS_SERVER = "/usr/bin/redis-server"
 REDIS_SENTINEL = "/usr/bin/redis-sentinel"
 PORT, SENTINEL_PORT = 6379, 26379
 MASTER = "clarion"
+# clarion's settings for a `url` of these sentinels, besides the URL itself: the master's name,
+# and Redis's unacked messages back after 60 s (kombu's restore; the sweeper republishes what a
+# failover lost from the database after CLARION_STRAY_AFTER anyway)
+SENTINEL = {"CLARION_SENTINEL_MASTER": MASTER, "CLARION_VISIBILITY_TIMEOUT": "60"}
 DOWN_AFTER_MS = 2000  # a master silent this long is subjectively down for a sentinel
 FAILOVER_TIMEOUT_MS = 10000
 

@@ -49,6 +49,15 @@ def test_a_signed_message_is_counted_once_and_a_repeat_answers_409(receiver):
     assert a.contents[message().idempotency_key] == {"title": "Paid"}
 
 
+def test_each_arrival_is_noted_under_its_senders_address(receiver):
+    post(receiver, message())
+    post(receiver, message())
+    [(sender, times)] = receiver.arrivals.senders.items()
+    assert sender == "127.0.0.1"  # a multi-host test tells its hosts apart by this
+    assert len(times) == 2 and times == sorted(times)
+    assert times[0] == receiver.arrivals.first_at[message().idempotency_key]
+
+
 def test_a_wrong_signature_or_a_stale_timestamp_is_refused_and_not_counted(receiver):
     assert post(receiver, message(), secret="someone-else").status_code == 401
     stale = str(int(time.time()) - 3600)
