@@ -154,9 +154,7 @@ IdempotencyKey = Annotated[
 async def post_event(request: Request, key: EventsWrite, idem: IdempotencyKey = None) -> Response:
     payload = await read_json(request, EVENT_BYTES)
     event = shaped(Event, payload)
-    answer = await ingest(
-        key, idempotency_key(idem), local_path(request), payload, [event], batch=False
-    )
+    answer = await ingest(key, idempotency_key(idem), "/v1/events", payload, [event], batch=False)
     return _answer(answer)
 
 
@@ -172,7 +170,7 @@ async def post_events(request: Request, key: EventsWrite, idem: IdempotencyKey =
     payload = await read_json(request, BATCH_BYTES)
     batch = shaped(Batch, payload)
     answer = await ingest(
-        key, idempotency_key(idem), local_path(request), payload, batch.items, batch=True
+        key, idempotency_key(idem), "/v1/events/batch", payload, batch.items, batch=True
     )
     return _answer(answer)
 
