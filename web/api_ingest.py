@@ -84,7 +84,7 @@ def _publish_rows(done: list[tuple[list[NewRequest], list[Enqueued]]]) -> None:
 
 # Concurrent requests share transactions (db/group_commit.py): one COMMIT answers many.
 WRITER: GroupCommit[list[NewRequest], list[Enqueued]] = GroupCommit(
-    engine, writers=2, batch=_write_rows, committed=_publish_rows
+    engine, writers=4, batch=_write_rows, committed=_publish_rows
 )
 
 
