@@ -24,7 +24,10 @@ statement for the whole group instead of a savepoint and statements per caller. 
 raises, the transaction is rolled back and the group runs again with each payload in a savepoint
 of its own (`batch(connection, [payload])`), so one bad payload still fails only its caller.
 `submit`/`submit_rows` return a Future, for callers that wait on an event loop (asyncio's
-`wrap_future`) rather than in a thread.
+`wrap_future`) rather than in a thread. `committed(pairs)`, if given, is called on the writer
+thread once per group after its COMMIT, with (payload, result) of each `submit_rows` payload that
+succeeded — work that must follow the commit (a publish), done once for the group instead of once
+per caller; it is called after the callers were answered and must not raise.
 """
 
 from __future__ import annotations
@@ -90,8 +93,10 @@ class GroupCommit(Generic[P, R]):
         writers: int = 1,
         batch: Callable[[Connection, Sequence[P]], Sequence[R | BaseException]] | None = None,
         ping_idle: float = PING_IDLE,
+        committed: Callable[[list[tuple[P, R]]], None] | None = None,
     ) -> None:
         self.engine = engine
+        self.committed = committed
         self.ping_idle = ping_idle
         self.batch = batch
         self._kept = threading.local()  # each writer thread's connection
@@ -137,6 +142,10 @@ class GroupCommit(Generic[P, R]):
                     unit.answer.set_exception(unit.error)
                 else:
                     unit.answer.set_result(unit.result)
+        if self.committed is not None:
+            done = [(u.payload, u.result) for u in units if u.work is None and u.error is None]
+            if done:
+                self.committed(done)
 
     def _commit(self, units: list[_Unit], *, batched: bool) -> None:
         for unit in units:

@@ -252,6 +252,94 @@ def insert_requests(
     return result
 
 
+# insert_grouped_requests(): the recipients' check, their locales and the INSERT in one round
+# trip. A group naming a recipient that is unknown or erased inserts nothing (`bad`, with the
+# first such user id of the group); the others' rows go in key order (code points, as Python
+# sorts), so that two writers inserting the same keys wait instead of deadlocking.
+_INSERT_GROUPED = text(
+    """
+    WITH x AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb))
+            AS x(n int, g int, u text, t text, o text, l text, v int, vars jsonb)
+    ), known AS (
+        SELECT rc.user_id, rc.locale FROM recipients rc
+        WHERE rc.user_id IN (SELECT u FROM x) AND rc.erased_at IS NULL
+    ), bad AS (
+        SELECT DISTINCT ON (x.g) x.g, x.u FROM x LEFT JOIN known k ON k.user_id = x.u
+        WHERE k.user_id IS NULL ORDER BY x.g, x.n
+    ), ins AS (
+        INSERT INTO requests (user_id, type_key, occurrence_key, lane, template_version,
+                              variables, locale, state, due_at, created_at)
+        SELECT x.u, x.t, x.o, x.l, x.v, x.vars, k.locale, 'pending', :due_at, :now
+        FROM x JOIN known k ON k.user_id = x.u
+        WHERE x.g NOT IN (SELECT g FROM bad)
+        ORDER BY x.u COLLATE "C", x.t COLLATE "C", x.o COLLATE "C", x.n
+        ON CONFLICT (user_id, type_key, occurrence_key) DO NOTHING
+        RETURNING user_id, type_key, occurrence_key, id
+    )
+    SELECT NULL::int AS g, user_id, type_key, occurrence_key, id FROM ins
+    UNION ALL
+    SELECT g, u, NULL, NULL, NULL FROM bad
+    """
+)
+
+
+def insert_grouped_requests(
+    conn: Connection,
+    groups: Sequence[Sequence[NewRequest]],
+    *,
+    now: datetime,
+    due_at: datetime,
+) -> list[list[tuple[int, bool]] | str]:
+    """Many callers' requests in one statement with the check of their recipients: per group,
+    (request id, is_new) per row in its order, or the user id that refuses the group (unknown or
+    erased; the group writes nothing). A repeated occurrence, in the table or in an earlier row of
+    the groups, maps to the existing id with is_new False, as if the groups came one by one."""
+    listed = [
+        {
+            "n": n,
+            "g": g,
+            "u": r.user_id,
+            "t": r.type_key,
+            "o": r.occurrence_key,
+            "l": r.lane,
+            "v": r.template_version,
+            "vars": r.variables,
+        }
+        for n, (g, r) in enumerate((g, r) for g, group in enumerate(groups) for r in group)
+    ]
+    params = {"rows": json.dumps(listed), "now": now, "due_at": due_at}
+    created: dict[tuple[str, str, str], int] = {}
+    bad: dict[int, str] = {}
+    for g, u, t, o, i in conn.execute(_INSERT_GROUPED, params):
+        if g is None:
+            created[(u, t, o)] = i
+        else:
+            bad[g] = u
+    ids = dict(created)
+    kept = [r for g, group in enumerate(groups) if g not in bad for r in group]
+    if len(created) < len(kept):
+        keys = {
+            "users": [r.user_id for r in kept],
+            "types": [r.type_key for r in kept],
+            "occs": [r.occurrence_key for r in kept],
+        }
+        ids.update({(u, t, o): i for u, t, o, i in conn.execute(_EXISTING_REQUESTS, keys)})
+    out: list[list[tuple[int, bool]] | str] = []
+    seen: set[tuple[str, str, str]] = set()
+    for g, group in enumerate(groups):
+        if g in bad:
+            out.append(bad[g])
+            continue
+        made = []
+        for r in group:
+            occurrence = (r.user_id, r.type_key, r.occurrence_key)
+            made.append((ids[occurrence], occurrence in created and occurrence not in seen))
+            seen.add(occurrence)
+        out.append(made)
+    return out
+
+
 _FIND_REQUEST = text(
     "SELECT id FROM requests WHERE user_id = :user_id AND type_key = :type_key AND occurrence_key = :occ"
 )

@@ -306,35 +306,17 @@ def insert_grouped(
     now: datetime,
     due_at: datetime,
 ) -> list[list[Enqueued] | UnknownRecipient]:
-    """Many callers' checked rows (checked_requests) in the connection's transaction, with one
-    read of the recipients and one INSERT for them all: each group's Enqueued, or the
-    UnknownRecipient that refuses that group alone (it writes nothing). A repeated occurrence, in
-    the table or in an earlier group, is `new: false`, as if the groups had come one by one."""
-    locales = ledger.recipient_locales(conn, (r.user_id for g in groups for r in g))
+    """Many callers' checked rows (checked_requests) in the connection's transaction, with the
+    recipients' check in the same statement (ledger.insert_grouped_requests: one round trip):
+    each group's Enqueued, or the UnknownRecipient that refuses that group alone (it writes
+    nothing). A repeated occurrence, in the table or in an earlier group, is `new: false`, as if
+    the groups had come one by one."""
     outcomes: list[list[Enqueued] | UnknownRecipient] = []
-    rows: list[ledger.NewRequest] = []
-    for group in groups:
-        unknown = next((r.user_id for r in group if r.user_id not in locales), None)
-        outcomes.append([] if unknown is None else UnknownRecipient(unknown))
-        rows.extend(group if unknown is None else ())
-    # In key order, so that two writers inserting the same keys wait instead of deadlocking;
-    # a stable sort keeps a repeated key's first group first.
-    order = sorted(
-        range(len(rows)), key=lambda i: (rows[i].user_id, rows[i].type_key, rows[i].occurrence_key)
-    )
-    sorted_rows = [rows[i] for i in order]
-    created = (
-        ledger.insert_requests(conn, sorted_rows, now=now, due_at=due_at, locales=locales)
-        if sorted_rows
-        else []
-    )
-    in_rows: list[tuple[int, bool]] = [(0, False)] * len(rows)
-    for i, made in zip(order, created, strict=True):
-        in_rows[i] = made
-    taken = iter(in_rows)
-    for group, outcome in zip(groups, outcomes, strict=True):
-        if isinstance(outcome, list):
-            outcome.extend(Enqueued(*next(taken)) for _ in group)
+    for made in ledger.insert_grouped_requests(conn, groups, now=now, due_at=due_at):
+        if isinstance(made, str):
+            outcomes.append(UnknownRecipient(made))
+        else:
+            outcomes.append([Enqueued(*m) for m in made])
     return outcomes
 
 

@@ -17,7 +17,16 @@ and `recipients:erase` (DELETE /v1/users/{user_id}), kept apart from write; `web
 (/v1/webhook-endpoints: where outbound events go, and their secrets); `activity:read` (the support
 staff's activity page, /activity: every recipient's history, so never an app's key). Other surfaces add
 theirs to SCOPES. Per-key rate limits spend one unit per HTTP request from the shared Redis
-budgets of adapters/ratelimit.py.
+budgets of adapters/ratelimit.py, reserved by each process in chunks (`Reserve`): a process takes
+`chunk_size(key)` units from Redis at once and spends them locally, so most requests make no Redis
+round trip. A chunk is at most 1/CHUNK_SHARE of the key's rate (and at most CHUNK_MAX): a key of
+100 per second or less still takes one unit per request, exact as before. What this costs, per
+window of the key's rate: at most `processes × chunk` requests above the rate (each process's chunk
+reserved before the window and spent in it; the units are charged in Redis when reserved, so the
+rest of the window holds), and as many below it (chunks reserved and not spent: they lapse one
+window after they were taken). A chunk that no longer fits the budget is not taken: the request
+asks for its one unit, so near the limit every process is exact again and the 429's Retry-After
+is Redis's own.
 
 A key may expire (`clarion keys create --expires 90d`): past `expires_at` it is refused with a 401
 that says so. Its last use is recorded at most once a minute (`last_used_at`): the request reads the
@@ -33,11 +42,13 @@ a key created elsewhere works here at once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import math
 import re
 import secrets
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -75,6 +86,8 @@ SCOPES = (
 KEY = re.compile(r"clk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 DEFAULT_RATE = (100, 1)  # requests per seconds
 KEY_CACHE_SECONDS = 2.0  # how long another process may honour a key revoked elsewhere
+CHUNK_SHARE = 50  # a process reserves at most 1/CHUNK_SHARE of a key's rate at once
+CHUNK_MAX = 64  # and at most this many units
 
 
 class KeyCache:
@@ -207,9 +220,8 @@ def _unauthorized(reason: str) -> ApiError:
     )
 
 
-def authenticate(header: str | None, scope: str) -> ApiKey:
-    """The live key a `Bearer` header carries, holding `scope`; else 401 (no, unknown or revoked
-    key) or 403 (the key lacks the scope). The hash is compared in constant time."""
+def _token(header: str | None) -> tuple[str, str]:
+    """(prefix, whole key) of a `Bearer` header, or 401."""
     if not header:
         raise _unauthorized("send Authorization: Bearer <API key>")
     scheme, _, token = header.partition(" ")
@@ -217,13 +229,10 @@ def authenticate(header: str | None, scope: str) -> ApiKey:
     match = KEY.fullmatch(token) if scheme.lower() == "bearer" else None
     if match is None:
         raise _unauthorized("not a clarion API key (Authorization: Bearer clk_…)")
-    now = clock.now()
-    record = KEYS.fresh(match.group(1), now)
-    if record is None:
-        with engine().connect() as conn:
-            record = api_keys.find_key(conn, match.group(1))
-        if record is not None:
-            KEYS.keep(record, now)
+    return match.group(1), token
+
+
+def _checked(record: ApiKey | None, token: str, scope: str, now: datetime) -> ApiKey:
     if record is None or not hmac.compare_digest(record.secret_sha256, digest(token)):
         raise _unauthorized("unknown API key")
     if record.revoked_at is not None:
@@ -232,6 +241,21 @@ def authenticate(header: str | None, scope: str) -> ApiKey:
         raise _unauthorized(f"this API key expired at {record.expires_at.isoformat()}")
     if scope not in record.scopes:
         raise ApiError(403, "forbidden", "Authorization", f"this API key lacks the scope {scope}")
+    return record
+
+
+def authenticate(header: str | None, scope: str) -> ApiKey:
+    """The live key a `Bearer` header carries, holding `scope`; else 401 (no, unknown or revoked
+    key) or 403 (the key lacks the scope). The hash is compared in constant time."""
+    prefix, token = _token(header)
+    now = clock.now()
+    record = KEYS.fresh(prefix, now)
+    if record is None:
+        with engine().connect() as conn:
+            record = api_keys.find_key(conn, prefix)
+        if record is not None:
+            KEYS.keep(record, now)
+    record = _checked(record, token, scope, now)
     _note_use(record, now)
     return record
 
@@ -247,22 +271,93 @@ def _note_use(record: ApiKey, now: datetime) -> None:
     KEYS.used(record, now)
 
 
-def limit(record: ApiKey, take: Callable[..., object]) -> None:
-    """Spend one request from the key's budget, or 429 with Retry-After (whole seconds, ≥ 1)."""
-    quota = Quota(
+def _quota(record: ApiKey) -> Quota:
+    return Quota(
         "api", ((record.rate_limit, float(record.rate_window)),), share=1.0, fail_open=True
     )
-    try:
-        take(quota, f"api-key:{record.id}")
-    except ThrottledError as exc:
-        wait = max(1, math.ceil(exc.retry_after or record.rate_window))
-        raise ApiError(
-            429,
-            "rate_limited",
-            None,
-            f"over this key's rate of {record.rate_limit} per {record.rate_window}s",
-            headers={"Retry-After": str(wait)},
-        ) from exc
+
+
+def _throttled(record: ApiKey, exc: ThrottledError) -> ApiError:
+    wait = max(1, math.ceil(exc.retry_after or record.rate_window))
+    return ApiError(
+        429,
+        "rate_limited",
+        None,
+        f"over this key's rate of {record.rate_limit} per {record.rate_window}s",
+        headers={"Retry-After": str(wait)},
+    )
+
+
+def chunk_size(record: ApiKey) -> int:
+    """How many units of the key's budget a process reserves at once (see the module docstring)."""
+    return max(1, min(CHUNK_MAX, record.rate_limit // CHUNK_SHARE))
+
+
+@dataclass
+class _Held:
+    rate: tuple[int, int]  # the key's (rate_limit, rate_window) the units were reserved under
+    left: int
+    until: datetime  # one window after they were reserved: then they lapse
+
+
+class Reserve:
+    """Units of each key's rate budget this process reserved in Redis and has not spent yet."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, _Held] = {}  # by key prefix
+        self._lock = threading.Lock()
+        self._refilling: dict[str, threading.Lock] = {}
+
+    def spend(self, record: ApiKey, now: datetime) -> bool:
+        """Spend one reserved unit of the key's budget, if this process holds one (no I/O)."""
+        with self._lock:
+            held = self._held.get(record.prefix)
+            if (
+                held is None
+                or held.left <= 0
+                or now >= held.until
+                or held.rate != (record.rate_limit, record.rate_window)
+            ):
+                return False
+            held.left -= 1
+            return True
+
+    def take(self, record: ApiKey, take: Callable[..., object], now: datetime) -> None:
+        """Spend one unit, reserving a chunk from Redis (`take`, RateLimits.take) if none is held;
+        near the limit, only the one unit. ApiError 429 when the budget has none left."""
+        with self._lock:
+            refilling = self._refilling.setdefault(record.prefix, threading.Lock())
+        with refilling:  # one reservation per key at a time; the others then spend from it
+            if self.spend(record, now):
+                return
+            quota, scope = _quota(record), f"api-key:{record.id}"
+            size = chunk_size(record)
+            if size > 1:
+                with contextlib.suppress(ThrottledError):  # no room for a chunk: one unit
+                    if take(quota, scope, cost=size) is not None:  # None: Redis down, failed open
+                        with self._lock:
+                            self._held[record.prefix] = _Held(
+                                (record.rate_limit, record.rate_window),
+                                size - 1,
+                                now + timedelta(seconds=record.rate_window),
+                            )
+                    return
+            try:
+                take(quota, scope)
+            except ThrottledError as exc:
+                raise _throttled(record, exc) from exc
+
+    def forget(self) -> None:
+        with self._lock:
+            self._held.clear()
+
+
+RESERVE = Reserve()
+
+
+def limit(record: ApiKey, take: Callable[..., object]) -> None:
+    """Spend one request from the key's budget, or 429 with Retry-After (whole seconds, ≥ 1)."""
+    RESERVE.take(record, take, clock.now())
 
 
 # --- the dependencies routes declare ---------------------------------------------------------
@@ -291,6 +386,22 @@ def authorize(header: str | None, scope: str) -> ApiKey:
     record = authenticate(header, scope)
     limit(record, runtime.collaborators().limits.take)
     return record
+
+
+def authorize_held(header: str | None, scope: str) -> ApiKey | None:
+    """authorize() without I/O, for the event loop: the key when this process has it cached (and
+    its last use needs no write) and holds a unit of its budget; None when authorize() must run
+    (in a thread). Refusals that need no I/O are raised here as there."""
+    prefix, token = _token(header)
+    now = clock.now()
+    record = KEYS.fresh(prefix, now)
+    if record is None:
+        return None
+    record = _checked(record, token, scope, now)
+    seen = record.last_used_at
+    if seen is None or (now - seen).total_seconds() >= api_keys.TOUCH_EVERY_SECONDS:
+        return None
+    return record if RESERVE.spend(record, now) else None
 
 
 def user_id_checked(user_id: str) -> str:

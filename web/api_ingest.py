@@ -1,7 +1,8 @@
 """POST /v1/events: checked events → request rows, in a transaction shared with the requests
 arriving meanwhile (db/group_commit.py: one COMMIT for the group, each request answered only after
 it); then the route task is published by this process's publishing thread, off the request's path
-(a lost publish is the beat tick's to redo).
+(a lost publish is the beat tick's to redo): handed over once per group by the writer thread for
+plain requests, by the request for the others.
 
 A plain request (no Idempotency-Key, no inline recipient) is checked on the event loop and its rows
 join the group's one multi-row INSERT (tasks/producer.insert_grouped), with no savepoint of its
@@ -68,9 +69,22 @@ def _write_rows(
     return insert_grouped(conn, groups, now=now, due_at=stray)
 
 
+def _publish_rows(done: list[tuple[list[NewRequest], list[Enqueued]]]) -> None:
+    """The route tasks of a committed group's new requests: one hand-off to the publishing
+    thread for the whole group, from the writer thread (not one per request from the loop)."""
+    publish_in_background(
+        [
+            (row.user_id, made.request_id, row.lane)
+            for rows, results in done
+            for row, made in zip(rows, results, strict=True)
+            if made.new
+        ]
+    )
+
+
 # Concurrent requests share transactions (db/group_commit.py): one COMMIT answers many.
 WRITER: GroupCommit[list[NewRequest], list[Enqueued]] = GroupCommit(
-    engine, writers=2, batch=_write_rows
+    engine, writers=4, batch=_write_rows, committed=_publish_rows
 )
 
 
@@ -187,7 +201,8 @@ async def ingest(
             results = await asyncio.wrap_future(WRITER.submit_rows(rows))
         except ClarionError as exc:
             raise _refusal(exc, events, batch) from exc
-        answer, fresh = _accepted(events, results, lanes, batch=batch)
+        answer, _ = _accepted(events, results, lanes, batch=batch)  # published by the writer
+        return answer
     else:
         mark = fingerprint("POST", where, payload) if idem is not None else ""
 

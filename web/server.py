@@ -14,6 +14,7 @@ seconds of its first byte (of the connection, for the first request); otherwise 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import socket
 import sys
@@ -29,6 +30,32 @@ from uvicorn.supervisors import Multiprocess
 from clarion import logs, settings
 
 log = logging.getLogger("clarion.web")
+
+
+def _frozen(app: Any) -> Any:
+    """`app`, with everything built so far moved out of the garbage collector's view
+    (gc.freeze): a process serving requests otherwise walks its whole startup heap (FastAPI,
+    pydantic, SQLAlchemy, the catalog: ~200k objects) on every full collection — measured at
+    ~300 ms each on a loaded 2-core host, one every batch or two of 500 events, with the event
+    loop stopped meanwhile. Startup objects live as long as the process anyway."""
+    gc.collect()
+    gc.freeze()
+    return app
+
+
+def served_app() -> Any:
+    """`clarion web`'s app (web.app.create_app), its startup heap frozen."""
+    from clarion.web.app import create_app
+
+    return _frozen(create_app())
+
+
+def served_public_app() -> Any:
+    """`clarion web --admin-bind`'s public app (web.app.public_app), its startup heap frozen."""
+    from clarion.web.app import public_app
+
+    return _frozen(public_app())
+
 
 TIMEOUT_408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
@@ -126,7 +153,9 @@ HEALTHCHECK_SECONDS = 60
 
 
 def public_config(options: WebOptions) -> WebConfig:
-    app = "clarion.web.app:public_app" if options.admin else "clarion.web.app:create_app"
+    app = (
+        "clarion.web.server:served_public_app" if options.admin else "clarion.web.server:served_app"
+    )
     return WebConfig(
         app,
         factory=True,
