@@ -119,6 +119,12 @@ def one_run(bench: OutboundBench, mode: str) -> tuple[Result, dict[str, int]]:
     return result, answers
 
 
+def _cpu(r: Result) -> str:
+    """CPU ms per notification of the workers, beat, PostgreSQL, Redis and this process (the
+    steadier figure on a shared machine: the rates follow the CPU other processes leave)."""
+    return "-" if r.cpu_ms is None else f"{r.cpu_ms:.2f}"
+
+
 def report(runs: dict[str, list[tuple[Result, dict[str, int]]]], args, load: str) -> float:
     rows = []
     for number in range(args.rounds):
@@ -129,6 +135,8 @@ def report(runs: dict[str, list[tuple[Result, dict[str, int]]]], args, load: str
                 f"{h.rate:,.0f}",
                 f"{f.rate:,.0f}",
                 f"{f.rate / h.rate:.3f}",
+                _cpu(h),
+                _cpu(f),
                 " ".join(f"{k}:{v}" for k, v in sorted(runs["healthy"][number][1].items())),
                 " ".join(f"{k}:{v}" for k, v in sorted(runs["failing"][number][1].items())),
             ]
@@ -148,15 +156,28 @@ def report(runs: dict[str, list[tuple[Result, dict[str, int]]]], args, load: str
                 "healthy/s",
                 "failing/s",
                 "failing/healthy",
+                "CPU ms/item h",
+                "CPU ms/item f",
                 "healthy endpoint saw",
                 "failing endpoint saw",
             ],
             rows,
         )
     )
+    for number in range(args.rounds):
+        for mode in MODES:
+            result = runs[mode][number][0]
+            say(f"  round {number + 1} {mode}: {result.notes[0] if result.notes else ''}")
     incomplete = [r.name for rs in runs.values() for r, _ in rs if not r.complete]
     median = statistics.median(ratios)
     say(f"failing/healthy, median over {args.rounds} round(s): {median:.3f}")
+    cpu = [
+        f[0].cpu_ms / h[0].cpu_ms
+        for h, f in zip(runs["healthy"], runs["failing"], strict=True)
+        if f[0].cpu_ms and h[0].cpu_ms
+    ]
+    if cpu:
+        say(f"CPU per notification failing/healthy, median: {statistics.median(cpu):.3f}")
     if incomplete:
         say(f"INCOMPLETE runs: {incomplete}")
     return median
