@@ -487,6 +487,7 @@ class Bench:
         self.home = ROOT / ".clarion" / "bench"
         self.logs = self.home / "logs" / self.run_id
         self.embedded = False
+        self.queues: tuple[str, ...] = CLARION_QUEUES  # the clarion phase's sending workers
 
     # services and database
 
@@ -777,11 +778,12 @@ class Bench:
         say(
             f"\n(b) clarion: {a.n} `{TYPE_KEY}` occurrences via notify_many (chunks of {a.chunk}), "
             f"webhook channel, {a.workers} worker(s) x -c {a.concurrency} ({a.pool}) on "
-            f"{','.join(CLARION_QUEUES)} + beat"
+            f"{','.join(self.queues)} + beat"
         )
-        self.empty_queues(app, CLARION_QUEUES)
+        queues = (*self.queues, *self.side_queues())
+        self.empty_queues(app, queues)
         if self.embedded:  # clarion's queues are ours only on the embedded broker
-            self.cleanup.add(_purge, app, CLARION_QUEUES)  # runs after the workers stopped
+            self.cleanup.add(_purge, app, queues)  # runs after the workers stopped
         users = [f"u{self.tag}-{i}" for i in range(min(a.recipients, a.n))]
         with engine().begin() as conn:
             for user in users:
@@ -811,7 +813,7 @@ class Bench:
             logs.append(self.logs / f"r{self.round}-clarion-worker-{i}.log")
             self.start(
                 worker_command(
-                    CLARION_QUEUES,
+                    self.queues,
                     concurrency=a.concurrency,
                     name=name,
                     pool=a.pool,
@@ -821,6 +823,7 @@ class Bench:
                 processes,
                 env={"CLARION_WEBHOOK_URL": receiver.url},
             )
+        names += self.side_workers(processes)
         self.start(beat_command(self.logs), f"r{self.round}-clarion-beat.log", processes)
         _wait_for_workers(app, names, processes)
         self.clarion_workers = processes[:-1]
@@ -925,6 +928,14 @@ class Bench:
         )
         result.notes += self._clarion_breakdown(_task_stats(logs, offsets), elapsed)
         return result
+
+    def side_queues(self) -> tuple[str, ...]:
+        """Queues of workers beside the sending ones (bench/outbound.py: `events`)."""
+        return ()
+
+    def side_workers(self, processes: list) -> list[str]:
+        """Start workers beside the sending ones (into `processes`); their node names."""
+        return []
 
     def _clarion_breakdown(self, stats, elapsed: float) -> list[str]:
         a = self.args

@@ -258,6 +258,9 @@ class Settings:
     events_round: float = field(
         default=5.0, metadata=positive()
     )  # seconds one dispatch round keeps posting to an endpoint before the next round's turn
+    events_parallel: int = field(
+        default=1, metadata=at_least(1)
+    )  # processes posting to one endpoint at once; a dispatch finding them all busy skips it
     events_first_retry: float = field(
         default=5.0, metadata=positive()
     )  # seconds before an event refused once is tried again; doubling each time, up to an hour

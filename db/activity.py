@@ -2,8 +2,8 @@
 `clarion explain`, `GET /v1/requests/{id}` and the support staff's activity page (web/activity.py).
 
 Per request: the request itself, the gate decisions (with their reasons), the deliveries per
-channel (attempts, last error, when the current attempt started and since when a lost answer may
-have sent), the provider receipts, the incidents and the outbound events about it. `find_users`
+channel (every settled attempt with its outcome, the last error, when the current attempt started
+and since when a lost answer may have sent), the provider receipts, the incidents and the outbound events about it. `find_users`
 answers the page's search: by user id, by request id or by the app's event id (optionally within
 one user), or by address — an address is matched through its keyed hash (clarion/hashing.py) on
 the suppression list, which keeps an erased recipient's entries, and in plain on the recipients'
@@ -15,7 +15,7 @@ of its own. Read-only: nothing here writes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -37,6 +37,17 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class Attempt:
+    """One settled attempt of a delivery (delivery_attempts, migration 0028)."""
+
+    attempt: int
+    outcome: str  # db.schema.ATTEMPT_OUTCOMES
+    at: datetime
+    platform: str | None
+    error: str
+
+
+@dataclass(frozen=True)
 class Delivery:
     id: int
     channel: str
@@ -50,6 +61,7 @@ class Delivery:
     created_at: datetime
     send_started_at: datetime | None  # the current attempt reached the provider call
     maybe_sent_at: datetime | None  # an attempt may have sent from then on (its answer was lost)
+    history: list[Attempt] = field(default_factory=list)  # every settled attempt, in order
 
 
 @dataclass(frozen=True)
@@ -159,6 +171,10 @@ _DELIVERIES = text(
     "send_started_at, maybe_sent_at FROM deliveries "
     "WHERE user_id = :user_id AND request_id = ANY(CAST(:ids AS bigint[])) ORDER BY id"
 )
+_ATTEMPTS = text(
+    "SELECT delivery_id, attempt, outcome, at, platform, error FROM delivery_attempts "
+    "WHERE user_id = :user_id AND request_id = ANY(CAST(:ids AS bigint[])) ORDER BY id"
+)
 _INCIDENTS = text(
     "SELECT d.request_id, i.delivery_id, d.channel, i.kind, i.detail, i.created_at "
     "FROM incidents i JOIN deliveries d ON d.user_id = i.user_id AND d.id = i.delivery_id "
@@ -231,6 +247,13 @@ def _with_history(
             for row in conn.execute(query, params).mappings():
                 values = dict(row)
                 parts[values.pop("request_id")][name].append(record(**values))
+        tried: dict[int, list[Attempt]] = {}
+        for row in conn.execute(_ATTEMPTS, params).mappings():
+            values = dict(row)
+            tried.setdefault(values.pop("delivery_id"), []).append(Attempt(**values))
+        for part in parts.values():
+            for d in part["deliveries"]:
+                d.history.extend(tried.get(d.id, []))
     return [RequestHistory(**{**r, **parts[r["id"]]}) for r in requests]
 
 
@@ -240,8 +263,8 @@ _RECIPIENT = text(
     "SELECT user_id, timezone, erased_at IS NOT NULL AS erased FROM recipients "
     "WHERE user_id = ANY(CAST(:users AS text[])) ORDER BY user_id"
 )
-# Without a user id these read requests whole (their keys lead with user_id): a support lookup,
-# bounded by its LIMIT; with the user id they are one read of the primary or occurrence key.
+# Without a user id these probe requests_id / requests_occurrence (migration 0028; the table's
+# keys lead with user_id); with it, the primary or occurrence key. Bounded by the LIMIT either way.
 _BY_REQUEST_ID = text(
     "SELECT user_id, id FROM requests WHERE id = :id "
     "AND (CAST(:user_id AS text) IS NULL OR user_id = :user_id) LIMIT :limit"

@@ -48,6 +48,24 @@ _CLAIMED = tuple(name for name in ClaimedDelivery.__dataclass_fields__ if name !
 
 _LEASE = "clock_timestamp() + make_interval(secs => :lease)"
 
+
+def _noting(
+    settle: str, outcome: str, error: str, at: str, returning: str, *, unless: str = "false"
+) -> str:
+    """`settle` (an UPDATE of deliveries RETURNING user_id, id, request_id, attempts, platform
+    AS row_platform) and, in the same statement, its attempt's row in delivery_attempts (0028),
+    except where `unless` holds; the statement returns `returning` of each settled row."""
+    return f"""
+    WITH settled AS ({settle}), noted AS (
+        INSERT INTO delivery_attempts (user_id, request_id, delivery_id, attempt, outcome,
+            platform, error, at)
+        SELECT user_id, request_id, id, attempts, {outcome}, row_platform, {error}, {at}
+        FROM settled WHERE NOT ({unless})
+    )
+    SELECT {returning} FROM settled
+    """
+
+
 # The rows are claimed by their keys alone; what a send needs of their request and recipient is
 # read after, one index probe each by the claimed row's own key (OFFSET 0 keeps each subquery a
 # probe). Joined inside the UPDATE, a generic plan made while the tables were young read every
@@ -116,7 +134,8 @@ def claim_deliveries(
 
 
 _EXHAUST = text(
-    f"""
+    _noting(
+        f"""
     UPDATE deliveries d
     SET state = 'failed', claim_token = NULL, lease_until = NULL, due_at = NULL,
         maybe_sent_at = coalesce(d.maybe_sent_at, CASE WHEN d.state = 'claimed' THEN d.send_started_at END),
@@ -124,8 +143,13 @@ _EXHAUST = text(
     FROM {KEY_PAIRS}
     WHERE d.user_id = k.user_id AND d.id = k.id AND d.attempts >= :max_attempts
       AND (d.state = 'pending' OR (d.state = 'claimed' AND d.lease_until < clock_timestamp()))
-    RETURNING d.user_id, d.id, d.request_id, d.channel, d.lane, d.attempts, d.maybe_sent_at, d.last_error
-    """
+    RETURNING d.user_id, d.id, d.request_id, d.channel, d.lane, d.attempts, d.maybe_sent_at,
+        d.last_error, d.platform AS row_platform""",
+        "'exhausted'",
+        "coalesce(last_error, '')",
+        ":now",
+        "user_id, id, request_id, channel, lane, attempts, maybe_sent_at, last_error",
+    )
 )
 
 
@@ -163,14 +187,19 @@ def begin_send(conn: Connection, key: Key, *, token: str, need: float) -> Lease 
 
 
 _MARK_SENT = text(
-    """
+    _noting(
+        """
     UPDATE deliveries
     SET state = 'sent', platform = :platform, provider_message_id = :message_id, sent_at = :now,
         claim_token = NULL, lease_until = NULL, due_at = NULL, last_error = NULL, updated_at = :now,
         send_started_at = NULL, maybe_sent_at = NULL
     WHERE user_id = :user_id AND id = :id AND state = 'claimed' AND claim_token = :token
-    RETURNING id
-    """
+    RETURNING user_id, id, request_id, attempts, platform AS row_platform""",
+        "'sent'",
+        "''",
+        ":now",
+        "id",
+    )
 )
 
 
@@ -208,7 +237,8 @@ class SentMark:
 # implies its predicate): a generic plan made while the table was young, or analyzed before a
 # bulk load, did so, reading every sent row of each recipient per key (bench/history.py).
 _MARK_SENT_MANY = text(
-    """
+    _noting(
+        """
     UPDATE deliveries d
     SET state = 'sent', platform = k.platform, provider_message_id = k.message_id,
         sent_at = k.sent_at, claim_token = NULL, lease_until = NULL, due_at = NULL,
@@ -224,8 +254,13 @@ _MARK_SENT_MANY = text(
     ) k
     WHERE d.tableoid = k.row_table AND d.ctid = k.row_ctid
       AND d.state = 'claimed' AND d.claim_token = :token
-    RETURNING d.user_id, d.id
-    """
+    RETURNING d.user_id, d.id, d.request_id, d.attempts, d.platform AS row_platform,
+        d.sent_at AS row_at""",
+        "'sent'",
+        "''",
+        "row_at",
+        "user_id, id",
+    )
 )
 
 
@@ -249,8 +284,10 @@ def mark_sent_many(conn: Connection, marks: Sequence[SentMark], *, token: str) -
     return {(user_id, id_) for user_id, id_ in rows}
 
 
+# A release whose attempt is refunded (nothing was attempted: a throttle) notes no attempt.
 _RELEASE = text(
-    """
+    _noting(
+        """
     UPDATE deliveries
     SET state = 'pending', claim_token = NULL, lease_until = NULL, not_before = :not_before,
         due_at = :not_before, last_error = :error, updated_at = :now, rounds = 0,
@@ -260,8 +297,13 @@ _RELEASE = text(
         send_started_at = NULL,
         attempts = attempts - CASE WHEN :refund THEN 1 ELSE 0 END
     WHERE user_id = :user_id AND id = :id AND state = 'claimed' AND claim_token = :token
-    RETURNING id
-    """
+    RETURNING user_id, id, request_id, attempts, platform AS row_platform""",
+        "CASE WHEN :maybe_sent THEN 'unknown' ELSE 'retrying' END",
+        ":error",
+        ":now",
+        "id",
+        unless=":refund",
+    )
 )
 
 
@@ -297,14 +339,19 @@ def release_claim(
 
 
 _HOLD_UNKNOWN = text(
-    """
+    _noting(
+        """
     UPDATE deliveries
     SET state = 'unknown', claim_token = NULL, lease_until = NULL, due_at = NULL, last_error = :error,
         maybe_sent_at = coalesce(maybe_sent_at, send_started_at, clock_timestamp()),
         send_started_at = NULL, updated_at = :now
     WHERE user_id = :user_id AND id = :id AND state = 'claimed' AND claim_token = :token
-    RETURNING request_id
-    """
+    RETURNING user_id, id, request_id, attempts, platform AS row_platform""",
+        "'held'",
+        ":error",
+        ":now",
+        "request_id",
+    )
 )
 
 
@@ -318,13 +365,18 @@ def hold_unknown(conn: Connection, key: Key, *, token: str, error: str, now: dat
 
 
 _FAIL = text(
-    """
+    _noting(
+        """
     UPDATE deliveries
     SET state = 'failed', claim_token = NULL, lease_until = NULL, due_at = NULL, last_error = :error,
         send_started_at = NULL, updated_at = :now
     WHERE user_id = :user_id AND id = :id AND state = 'claimed' AND claim_token = :token
-    RETURNING request_id, channel
-    """
+    RETURNING user_id, id, request_id, attempts, platform AS row_platform, channel""",
+        "'failed'",
+        ":error",
+        ":now",
+        "request_id, channel",
+    )
 )
 
 

@@ -57,6 +57,10 @@ STATEMENTS: tuple[tuple[str, str], ...] = (
     ),
     ("decisions", "UPDATE decisions SET detail = '' WHERE user_id = :u AND detail <> ''"),
     ("incidents", "UPDATE incidents SET detail = '' WHERE user_id = :u AND detail <> ''"),
+    (
+        "delivery_attempts",
+        "UPDATE delivery_attempts SET error = '' WHERE user_id = :u AND error <> ''",
+    ),
     ("preferences", "DELETE FROM preferences WHERE user_id = :u"),
     ("activation_windows", "DELETE FROM activation_windows WHERE user_id = :u"),
     (

@@ -38,6 +38,7 @@ PARTITIONED = (
     "decisions",
     "receipts",
     "incidents",
+    "delivery_attempts",
     "preferences",
     "suppressions",
     "activation_windows",

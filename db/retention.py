@@ -6,8 +6,9 @@ what can be sent again:
 - A request goes only when resolved (`routed`), older than the horizon, with no delivery still
   pending, claimed or unknown, and not an occurrence of a series still active or paused (snooze
   can recreate an occurrence of a live series; the tick and snooze never touch an ended or
-  cancelled one). Its deliveries and decisions go with it, in the same statement (a decision is
-  never removed while its request is kept: "why didn't she get it?" still has its answer).
+  cancelled one). Its deliveries (with their attempts) and decisions go with it, in the same
+  statement (a decision is never removed while its request is kept: "why didn't she get it?"
+  still has its answer).
 - So an event id is deduplicated for the retention horizon (CLARION_RETENTION_DAYS): every retry
   inside clarion (republish, redelivery, takeover) is bounded by minutes, and a late task whose
   request is gone finds nothing to do; a producer that sends the same event id again after the
@@ -38,6 +39,9 @@ _REQUESTS = text(
     ), gone_deliveries AS (
         DELETE FROM deliveries d USING doomed
         WHERE d.user_id = doomed.user_id AND d.request_id = doomed.id
+    ), gone_attempts AS (
+        DELETE FROM delivery_attempts a USING doomed
+        WHERE a.user_id = doomed.user_id AND a.request_id = doomed.id
     ), gone_decisions AS (
         DELETE FROM decisions c USING doomed
         WHERE c.user_id = doomed.user_id AND c.request_id = doomed.id

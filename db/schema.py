@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0027"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0028"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -64,6 +64,10 @@ SENT_STATES = (
     "undelivered",
 )
 SENDING_STATES = ("claimed", "unknown", *SENT_STATES)
+# How one attempt of a delivery ended (delivery_attempts, migration 0028): the provider took it;
+# refused, tried again later; the answer was lost (retried, reconciled first); lost and held for an
+# operator; failed for good; no attempt left (used up, or its worker died at the last one).
+ATTEMPT_OUTCOMES = ("sent", "retrying", "unknown", "held", "failed", "exhausted")
 RECEIPT_OUTCOMES = ("applied", "repeated", "stale", "early", "unknown_message", "mismatch")
 
 
@@ -129,6 +133,9 @@ requests = Table(
         "occurrence_key",
         postgresql_where=text("occurrence_key LIKE 'broadcast:%'"),
     ),
+    # the activity page's search by request id or event id without a user id (0028)
+    Index("requests_id", "id"),
+    Index("requests_occurrence", "occurrence_key"),
 )
 
 deliveries = Table(
@@ -254,6 +261,24 @@ incidents = Table(
     Column("detail", Text, nullable=False, server_default=""),
     _ts("created_at", False),
     PrimaryKeyConstraint("user_id", "id", name="incidents_pkey"),
+)
+
+# Every settled attempt of a delivery (0028), written with the settling statement (db/claims.py).
+delivery_attempts = Table(
+    "delivery_attempts",
+    metadata,
+    Column("user_id", Text, nullable=False),
+    Column("id", BigInteger, Identity(always=True), nullable=False),
+    Column("request_id", BigInteger, nullable=False),
+    Column("delivery_id", BigInteger, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("platform", Text),
+    Column("error", Text, nullable=False, server_default=""),
+    _ts("at", False),
+    PrimaryKeyConstraint("user_id", "id", name="delivery_attempts_pkey"),
+    CheckConstraint(_in("outcome", ATTEMPT_OUTCOMES), name="delivery_attempts_outcome_check"),
+    Index("delivery_attempts_request", "user_id", "request_id"),
 )
 
 preferences = Table(

@@ -96,6 +96,11 @@ def explain(
             for d in r.deliveries
         ]
         lines += [
+            ("attempt", a.at, d.channel, a.outcome, f"#{a.attempt}", a.platform or "", a.error)
+            for d in r.deliveries
+            for a in d.history
+        ]
+        lines += [
             ("receipt", e.received_at, e.channel, e.event, e.outcome, "", e.detail)
             for e in r.receipts
         ]

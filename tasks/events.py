@@ -1,8 +1,12 @@
 """Delivering outbound events to apps' endpoints: the `events` queue's dispatch round.
 
 Beat publishes `clarion.events` every tick to its own queue (`events`; run `clarion worker --lane
-events`), so a slow or dead endpoint holds only that lane's processes, never sending. A round, per
-enabled endpoint: lease the sends that may go now (the oldest pending event of each delivery's
+events`), so a slow or dead endpoint holds only that lane's processes, never sending. And at most
+CLARION_EVENTS_PARALLEL of them (1) post to one endpoint at a time (a turn: a session advisory
+lock): a round finding its turns taken skips the endpoint at once, so an endpoint that hangs holds
+that many processes however many rounds beat publishes — in a `clarion worker` that consumes every
+queue too, where the other processes of its pool go on sending. A round, per enabled endpoint
+whose turn it gets: lease the sends that may go now (the oldest pending event of each delivery's
 stream, due), POST each one signed (adapters/standard_webhooks.py), then record in one transaction
 what was taken, the first failure with its next attempt, and give back the rest. It stops at an
 endpoint's first failure (the others would most likely fail too) and goes on while there is work
@@ -108,10 +112,24 @@ def dispatch_task() -> dict[int, int]:
 
 
 def dispatch(now: Callable[[], datetime] = clock.now) -> dict[int, Round]:
-    """One round over every enabled endpoint (`now`: the clock, injected by tests)."""
+    """One round over every enabled endpoint whose turns are not all taken (`now`: the clock,
+    injected by tests)."""
     with engine().connect() as conn:
         enabled = [e for e in outbound.endpoints(conn) if e.enabled]
-    return {e.id: endpoint_round(e, now) for e in enabled}
+    done = {}
+    for e in enabled:
+        with engine().connect() as holder:
+            turn = outbound.take_turn(holder, e.id, turns=settings.get().events_parallel)
+            holder.commit()
+            if turn is None:  # as many processes as allowed are posting to it: leave it to them
+                log.debug("endpoint %s busy", e.id, extra={"action": "event_endpoint_busy"})
+                continue
+            try:
+                done[e.id] = endpoint_round(e, now)
+            finally:
+                outbound.end_turn(holder, e.id, turn)
+                holder.commit()
+    return done
 
 
 def endpoint_round(endpoint: Endpoint, now: Callable[[], datetime]) -> Round:

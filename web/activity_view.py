@@ -2,8 +2,9 @@
 activity page shows (web/activity.py) and what `GET /v1/requests/{id}` answers as `timeline`.
 
 The records come from db/activity.py (the module `clarion explain` reads too); this module only
-orders them and says what each means. A delivery gives several steps: queued, each attempt that
-reached the provider, an answer that was lost, sent, and the next attempt when one is owed. The
+orders them and says what each means. A delivery gives several steps: queued, each settled attempt
+with its outcome, the attempt in flight, an answer that was lost, sent, and the next attempt when
+one is owed. The
 words a support person reads are here, in one place; an unknown reason code falls back to the
 code as words, never to nothing.
 """
@@ -72,6 +73,14 @@ STATES = {
     "unknown": "held: outcome unknown",
     "sent": "sent",
     "failed": "failed",
+}
+ATTEMPTS = {  # how an attempt ended (db.schema.ATTEMPT_OUTCOMES), in words
+    "sent": "The provider took it",
+    "retrying": "The provider refused it or could not be reached; it is tried again later",
+    "unknown": "The provider's answer was lost: it may have arrived; the next attempt checks first",
+    "held": "The provider's answer was lost: it may have arrived; held, not sent again",
+    "failed": "Failed for good: not tried again",
+    "exhausted": "No attempts left: failed for good",
 }
 OUTCOMES = {
     "allow": "allowed",
@@ -194,6 +203,19 @@ def _delivery_steps(d: Delivery, now: datetime) -> list[Step]:
             d.last_error or "",
         )
     ]
+    for a in d.history:
+        via = f" ({a.platform})" if a.platform else ""
+        steps.append(
+            Step(
+                a.at,
+                "delivery",
+                d.channel,
+                f"{d.channel} attempt {a.attempt}: {a.outcome}",
+                f"attempt_{a.outcome}",
+                f"Attempt {a.attempt}: " + ATTEMPTS.get(a.outcome, readable(a.outcome)) + f"{via}.",
+                a.error,
+            )
+        )
     if d.send_started_at is not None:
         steps.append(
             Step(

@@ -152,6 +152,20 @@ class Decision(BaseModel):
     detail: str
 
 
+class Attempt(BaseModel):
+    """One settled attempt of a delivery and how it ended."""
+
+    attempt: int = Field(description="Its number, from 1.")
+    outcome: Literal["sent", "retrying", "unknown", "held", "failed", "exhausted"] = Field(
+        description="sent: the provider took it; retrying: refused or unreachable, tried again "
+        "later; unknown: its answer was lost (the next attempt checks first); held: lost and "
+        "held for an operator; failed: failed for good; exhausted: no attempt left."
+    )
+    at: datetime
+    platform: str | None = Field(description="The provider that took it (a sent attempt).")
+    error: str = Field(description="What went wrong, in words; empty when sent.")
+
+
 class Delivery(BaseModel):
     id: int
     channel: str
@@ -172,6 +186,7 @@ class Delivery(BaseModel):
     maybe_sent_at: datetime | None = Field(
         description="An attempt whose answer was lost may have sent from this time on."
     )
+    history: list[Attempt] = Field(description="Every settled attempt, in order.")
 
 
 class Receipt(BaseModel):

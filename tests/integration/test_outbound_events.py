@@ -14,6 +14,7 @@ import pytest
 import standardwebhooks
 from sqlalchemy import text
 
+from clarion.db import outbound
 from clarion.db.engine import engine
 from clarion.standins.fake_app_endpoint import FakeAppEndpoint
 from clarion.standins.receiver import Receiver
@@ -311,3 +312,30 @@ def test_erasure_scrubs_the_detail_of_a_persons_events(ann):
     events = _events()
     assert events and all("detail" not in e["data"] for e in events)
     assert [e["data"]["reason"] for e in events] == ["opted_out", "no_channel"]  # kept
+
+
+def test_a_round_skips_an_endpoint_whose_turns_are_taken_and_posts_once_one_is_free(
+    ann, monkeypatch
+):
+    """CLARION_EVENTS_PARALLEL bounds the processes posting to one endpoint: with its one turn
+    held by another session (a process inside a slow POST), a round leaves the endpoint at once,
+    counted at the endpoint; with two turns, or once the turn is given back, the round posts."""
+    with FakeAppEndpoint([]) as app:
+        endpoint = event_endpoints.create(app.url, ["*"])
+        app.state.secrets.append(endpoint.secret)
+        _sent(ann, "e1")
+        with engine().connect() as other:
+            turn = outbound.take_turn(other, endpoint.id, turns=1)
+            other.commit()
+            assert turn == 0
+            assert dispatch() == {}
+            assert app.state.snapshot() == []  # the endpoint saw nothing
+            configure(monkeypatch, events_parallel=2)
+            assert len(dispatch()[endpoint.id].taken) == 2  # the second turn was free
+            configure(monkeypatch, events_parallel=1)
+            _sent(ann, "e2")
+            assert dispatch() == {}
+            outbound.end_turn(other, endpoint.id, turn)
+            other.commit()
+        assert len(dispatch()[endpoint.id].taken) == 2
+    assert count("outbound_sends", "state = 'delivered'") == 4
