@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB, UUID
 
 metadata = MetaData()
-SCHEMA_REVISION = "0027"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
+SCHEMA_REVISION = "0029"  # the Alembic head these tables mirror (tests/integration/test_schema.py)
 
 LANES = ("transactional", "activation")
 REQUEST_STATES = ("pending", "deferred", "routed")
@@ -124,6 +124,9 @@ requests = Table(
     CheckConstraint(_in("state", REQUEST_STATES), name="requests_state_check"),
     CheckConstraint(_in("lane", LANES), name="requests_lane_check"),
     Index("requests_due", "lane", "due_at", postgresql_where=text("due_at IS NOT NULL")),
+    # the activity page's search by request id and by event id without the user (migration 0029)
+    Index("requests_id", "id"),
+    Index("requests_event", "occurrence_key", postgresql_using="hash"),
     Index(
         "requests_broadcast",
         "occurrence_key",
