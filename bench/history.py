@@ -32,7 +32,7 @@ of the request's number (no join of one growing table to another), in transactio
 requests on --jobs connections, with session_replication_role = replica in those transactions:
 no per-row foreign-key check or trigger (the rows are consistent by construction), every index
 and CHECK kept. 20 M deliveries and their rows in about a quarter of an hour here. On its own
-server (--home, or .clarion/bench-history) the bench spaces checkpoints (max_wal_size 16GB,
+server (--home, or .clarion/bench-history) the bench spaces checkpoints (max_wal_size 8GB,
 checkpoint_timeout 30min) for all three phases; with CLARION_DATABASE_URL it changes no server
 setting. A fresh database per run, dropped at the end (--keep keeps it).
 """
@@ -474,6 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=250_000, help="requests per load transaction")
     parser.add_argument("--jobs", type=int, default=2, help="connections loading at once (2)")
     parser.add_argument(
+        "--checkpoint",
+        action="store_true",
+        help="CHECKPOINT after the load, before the stale phase (no statistics change): the "
+        "stale phase then measures the statements without the load's pending writes",
+    )
+    parser.add_argument(
         "--home",
         type=Path,
         default=None,
@@ -499,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
             if own:  # our own server: checkpoints spaced for a load of tens of GB (all phases)
-                conn.execute(text("ALTER SYSTEM SET max_wal_size = '16GB'"))
+                conn.execute(text("ALTER SYSTEM SET max_wal_size = '8GB'"))
                 conn.execute(text("ALTER SYSTEM SET checkpoint_timeout = '30min'"))
                 conn.execute(text("SELECT pg_reload_conf()"))
         migrate(url)
@@ -537,6 +543,11 @@ def main(argv: list[str] | None = None) -> int:
             + ", ".join(f"{k} {v:.0f} s" for k, v in took.items())
             + ")"
         )
+        if args.checkpoint:
+            began = time.perf_counter()
+            with admin.connect() as conn:
+                conn.execute(text("CHECKPOINT"))
+            say(f"CHECKPOINT after the load: {time.perf_counter() - began:.0f} s")
         say(f"stale: {stats_state(url)}")
         results["stale"] = measure(traffic, args.rounds)
         plans["stale"] = mark_sent_plan(url, traffic)
