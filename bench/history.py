@@ -31,10 +31,11 @@ The history is written straight from generate_series, oldest first, every table'
 of the request's number (no join of one growing table to another), in transactions of --chunk
 requests on --jobs connections, with session_replication_role = replica in those transactions:
 no per-row foreign-key check or trigger (the rows are consistent by construction), every index
-and CHECK kept. 20 M deliveries and their rows in about a quarter of an hour here. On its own
-server (--home, or .clarion/bench-history) the bench spaces checkpoints (max_wal_size 8GB,
-checkpoint_timeout 30min) for all three phases; with CLARION_DATABASE_URL it changes no server
-setting. A fresh database per run, dropped at the end (--keep keeps it).
+and CHECK kept: 20 M deliveries and their rows in 39 min on this host under load
+(bench/RESULTS.md). On its own server (--home, or .clarion/bench-history) the bench spaces
+checkpoints (max_wal_size 8GB, checkpoint_timeout 30min) for all three phases; with
+CLARION_DATABASE_URL it changes no server setting. --checkpoint: a CHECKPOINT after the load,
+before the stale phase (statistics untouched), so that phase does not also pay the load's writes. A fresh database per run, dropped at the end (--keep keeps it).
 """
 
 from __future__ import annotations
