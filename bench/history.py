@@ -2,6 +2,7 @@
 same statements on a fresh one, in one run.
 
     .venv/bin/python bench/history.py [--deliveries 2000000] [--batch 100] [--rounds 30]
+        [--home /tmp/history-bench] [--chunk 250000] [--jobs 2] [--keep]
 
 Three phases on one database, the same statements through clarion's own functions (db/ledger.py,
 db/claims.py, db/due.py, db/activity.py) and its engine (prepared statements, as a worker runs them):
@@ -12,19 +13,29 @@ db/claims.py, db/due.py, db/activity.py) and its engine (prepared statements, as
             bounced, failed, suppressed; receipts for those that got one, inbox items, decisions,
             series), autovacuum off on the loaded tables so its ANALYZE cannot run first: the
             statistics are the fresh phase's (migration 0027's per-table settings only help once
-            autovacuum runs; this is the window before it)
-  analyzed  the same ledger after ANALYZE
+            autovacuum runs; this is the window before it). The run checks it: the tables'
+            analyze and vacuum counts (manual and auto) and pg_class.reltuples are the same
+            before the load and after the stale phase (it says so, or says STALE PHASE NOT
+            STALE).
+  analyzed  the same ledger after VACUUM (ANALYZE): what autovacuum leaves once it caught up
 
 Per round: route (insert requests, resolve them, insert their deliveries claimed: the route
 task's three statements in one transaction), claim (pending deliveries by key), mark sent
 (mark_sent_many, the group commit of sends) over --batch rows each; tick (the due probe and both
-lanes' takes: what a beat tick runs) and explain (one recipient's requests with their history)
-per call. Prints the median µs per row (tick and explain: per call), the ratios to fresh, and the
-plan of mark_sent_many in each phase.
+lanes' takes: what a beat tick runs) per call; explain (one recipient's last 30 days, as `clarion
+explain`) and the activity page (web/activity.py: its search by user id, by request id and by
+event id, then the histories it shows) per request shown. Prints the median µs per row, the
+ratios to fresh, and the plan of mark_sent_many in each phase.
 
-The history is written by INSERT … SELECT generate_series: about 1 M deliveries a minute here.
-Services: CLARION_DATABASE_URL, else the embedded PostgreSQL in .clarion/bench-history. A fresh
-database per run, dropped at the end (--keep keeps it).
+The history is written straight from generate_series, oldest first, every table's row a function
+of the request's number (no join of one growing table to another), in transactions of --chunk
+requests on --jobs connections, with session_replication_role = replica in those transactions:
+no per-row foreign-key check or trigger (the rows are consistent by construction), every index
+and CHECK kept: 20 M deliveries and their rows in 39 min on this host under load
+(bench/RESULTS.md). On its own server (--home, or .clarion/bench-history) the bench spaces
+checkpoints (max_wal_size 8GB, checkpoint_timeout 30min) for all three phases; with
+CLARION_DATABASE_URL it changes no server setting. --checkpoint: a CHECKPOINT after the load,
+before the stale phase (statistics untouched), so that phase does not also pay the load's writes. A fresh database per run, dropped at the end (--keep keeps it).
 """
 
 from __future__ import annotations
@@ -34,9 +45,11 @@ import os
 import random
 import statistics
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -56,8 +69,16 @@ from clarion.db.engine import engine, migrate, one_off_engine  # noqa: E402
 
 LANES = ("transactional", "activation")
 HISTORY_TABLES = ("requests", "deliveries", "receipts", "inbox_items", "decisions", "series")
-STEPS = ("route", "claim", "mark sent", "tick", "explain")
-PER_CALL = {"tick", "explain"}
+STEPS = (
+    "route",
+    "claim",
+    "mark sent",
+    "tick",
+    "explain",
+    "activity: user",
+    "activity: request id",
+    "activity: event id",
+)
 
 # The finished states of history and their shares (per 100 deliveries).
 STATES = (
@@ -79,80 +100,143 @@ def _state_case(column: str) -> str:
     return "CASE " + " ".join(arms) + " END"
 
 
-def load_history(url: str, deliveries: int, users: int) -> dict[str, float]:
+# One row per delivery of history, from g (the request's number, 1..n): everything a table of
+# history needs is a function of g, so each table is written straight from generate_series in
+# chunks of g, none reading another (no join of a growing table, no quadratic foreign-key plan).
+# 4 of 5 requests get one channel (webhook), 1 of 5 two (webhook and email): the delivery ids are
+# dbase + 2g (+ 1 for email).
+def _delivery_rows(base: int, dbase: int) -> str:
+    state = _state_case(f"(({base} + g) * 7 + length(c.channel))")
+    return f"""(
+        SELECT g, c.channel, 'u' || (g % :users) AS user_id, {base} + g AS request_id,
+            {dbase} + 2 * g + c.k AS id,
+            CASE WHEN g % 3 = 0 THEN 'digest' ELSE 'receipt' END AS type_key,
+            'event:h' || g AS occurrence_key,
+            CASE WHEN g % 4 = 0 THEN 'activation' ELSE 'transactional' END AS lane,
+            now() - make_interval(secs => 15552000.0 * (:n - g) / :n) AS created_at,
+            {state} AS state
+        FROM generate_series(:lo, :hi) g
+        CROSS JOIN (VALUES ('webhook', 0), ('email', 1)) AS c(channel, k)
+        WHERE c.k = 0 OR g % 5 = 0) d"""
+
+
+def history_statements(base: int, dbase: int) -> dict[str, str]:
+    """The INSERT of each table of history for the requests numbered :lo..:hi of :n."""
+    rows = _delivery_rows(base, dbase)
+    sent = "d.state NOT IN ('failed', 'suppressed')"
+    return {
+        "requests": f"""
+            INSERT INTO requests (user_id, id, type_key, occurrence_key, lane, template_version,
+                variables, locale, state, created_at, routed_at) OVERRIDING SYSTEM VALUE
+            SELECT 'u' || (g % :users), {base} + g,
+                CASE WHEN g % 3 = 0 THEN 'digest' ELSE 'receipt' END, 'event:h' || g,
+                CASE WHEN g % 4 = 0 THEN 'activation' ELSE 'transactional' END, 1,
+                jsonb_build_object('order', g), 'en', 'routed',
+                now() - make_interval(secs => 15552000.0 * (:n - g) / :n),
+                now() - make_interval(secs => 15552000.0 * (:n - g) / :n)
+            FROM generate_series(:lo, :hi) g""",
+        "deliveries": f"""
+            INSERT INTO deliveries (user_id, id, request_id, type_key, occurrence_key, channel,
+                one_platform, lane, state, not_before, attempts, platform, provider_message_id,
+                created_at, updated_at, sent_at) OVERRIDING SYSTEM VALUE
+            SELECT d.user_id, d.id, d.request_id, d.type_key, d.occurrence_key, d.channel, false,
+                d.lane, d.state, d.created_at, 1,
+                CASE WHEN {sent} THEN d.channel END,
+                CASE WHEN {sent} THEN 'm' || d.channel || d.request_id END,
+                d.created_at, d.created_at + interval '2 seconds',
+                CASE WHEN {sent} THEN d.created_at + interval '1 second' END
+            FROM {rows}""",
+        "receipts": f"""
+            INSERT INTO receipts (user_id, delivery_id, channel, event, provider_message_id,
+                outcome, occurred_at, received_at, platform)
+            SELECT d.user_id, d.id, d.channel, d.state, 'm' || d.channel || d.request_id,
+                'applied', d.created_at + interval '4 seconds', d.created_at + interval '5 seconds',
+                d.channel
+            FROM {rows} WHERE d.state IN ('delivered', 'opened', 'bounced')""",
+        "inbox_items": f"""
+            INSERT INTO inbox_items (user_id, delivery_id, type_key, title, rev, created_rev,
+                wxid, created_at, updated_at, read_at)
+            SELECT d.user_id, d.id, d.type_key, 'Your order', d.id, d.id, 1, d.created_at,
+                d.created_at,
+                CASE WHEN d.id % 3 = 0 THEN NULL ELSE d.created_at + interval '1 hour' END
+            FROM {rows} WHERE d.channel = 'webhook' AND d.id % 4 = 0""",
+        "decisions": f"""
+            INSERT INTO decisions (user_id, request_id, delivery_id, channel, gate, outcome,
+                reason, detail, decided_at)
+            SELECT d.user_id, d.request_id, d.id, d.channel, 'suppression', 'suppress',
+                'bounced', '', d.created_at
+            FROM {rows} WHERE d.state = 'suppressed'""",
+    }
+
+
+SERIES = """
+    INSERT INTO series (user_id, series_key, type_key, anchor_local, zone, every,
+        calendar_policy, variables, state, next_n, next_due_at, created_at, updated_at)
+    SELECT 'u' || g, 'weekly', 'digest', '2026-01-05 09:00', 'UTC', '7d', 'send', '{}',
+        CASE WHEN g % 10 = 0 THEN 'ended' ELSE 'active' END, 20,
+        CASE WHEN g % 10 = 0 THEN NULL ELSE now() + make_interval(days => 1 + g % 6) END,
+        now() - interval '180 days', now()
+    FROM generate_series(0, :users - 1) g WHERE g % 2 = 0
+    ON CONFLICT DO NOTHING"""
+
+
+def load_history(
+    url: str, deliveries: int, users: int, chunk: int = 500_000, jobs: int = 2
+) -> tuple[dict[str, float], int]:
     """Write `deliveries` rows of finished history (and what goes with them) for `users`
-    recipients; returns seconds per table. Requests: 4 of 5 get one channel (webhook), 1 of 5
-    two (webhook and email), so requests = deliveries / 1.2 (ids above the fresh phase's, the
-    identity moved past them after)."""
+    recipients, oldest first, in transactions of `chunk` requests on `jobs` connections at once;
+    returns the seconds spent per table (summed over the connections) and the id of request 0.
+
+    Requests = deliveries / 1.2, ids above the fresh phase's (the identities are moved past them
+    after). Each chunk's transaction runs with session_replication_role = replica: the foreign
+    keys' and the triggers' per-row work is skipped (the rows are made consistent by
+    construction: a chunk writes its requests before their deliveries, and the recipients exist),
+    the constraints' CHECKs and every index are kept. Nothing here updates the statistics: no
+    ANALYZE, no VACUUM, no index build (pg_class.reltuples stays the fresh phase's)."""
     n_requests = int(deliveries / 1.2)
-    took: dict[str, float] = {}
     with engine(url).begin() as conn:
         base = conn.execute(text("SELECT coalesce(max(id), 0) + 1000 FROM requests")).scalar_one()
         dbase = conn.execute(
             text("SELECT coalesce(max(id), 0) + 1000 FROM deliveries")
         ).scalar_one()
-    statements = {
-        "requests": f"""
-            INSERT INTO requests (user_id, id, type_key, occurrence_key, lane, template_version,
-                variables, locale, state, created_at, routed_at) OVERRIDING SYSTEM VALUE
-            SELECT 'u' || (g % :users), {base} + g, CASE WHEN g % 3 = 0 THEN 'digest' ELSE 'receipt' END,
-                'event:h' || g, CASE WHEN g % 4 = 0 THEN 'activation' ELSE 'transactional' END, 1,
-                jsonb_build_object('order', g), 'en', 'routed',
-                now() - make_interval(secs => 15552000.0 * (:n - g) / :n),
-                now() - make_interval(secs => 15552000.0 * (:n - g) / :n)
-            FROM generate_series(1, :n) g""",
-        "deliveries": f"""
-            INSERT INTO deliveries (user_id, id, request_id, type_key, occurrence_key, channel,
-                one_platform, lane, state, not_before, attempts, platform, provider_message_id,
-                created_at, updated_at, sent_at) OVERRIDING SYSTEM VALUE
-            SELECT r.user_id, {dbase} + row_number() OVER (), r.id, r.type_key, r.occurrence_key,
-                c.channel, false, r.lane, s.state, r.created_at, 1,
-                CASE WHEN s.state NOT IN ('failed', 'suppressed') THEN c.channel END,
-                CASE WHEN s.state NOT IN ('failed', 'suppressed') THEN 'm' || c.channel || r.id END,
-                r.created_at, r.created_at + interval '2 seconds',
-                CASE WHEN s.state NOT IN ('failed', 'suppressed') THEN r.created_at + interval '1 second' END
-            FROM requests r
-            CROSS JOIN LATERAL (VALUES ('webhook'), ('email')) AS c(channel)
-            CROSS JOIN LATERAL (SELECT {_state_case("(r.id * 7 + length(c.channel))")} AS state) s
-            WHERE r.id >= {base} AND (c.channel = 'webhook' OR r.id % 5 = 0)""",
-        "receipts": f"""
-            INSERT INTO receipts (user_id, delivery_id, channel, event, provider_message_id,
-                outcome, occurred_at, received_at, platform)
-            SELECT user_id, id, channel, state, provider_message_id, 'applied',
-                sent_at + interval '3 seconds', sent_at + interval '4 seconds', platform
-            FROM deliveries WHERE id >= {dbase} AND state IN ('delivered', 'opened', 'bounced')""",
-        "inbox_items": f"""
-            INSERT INTO inbox_items (user_id, delivery_id, type_key, title, rev, created_rev,
-                wxid, created_at, updated_at, read_at)
-            SELECT user_id, id, type_key, 'Your order', id, id, 1, created_at, created_at,
-                CASE WHEN id % 3 = 0 THEN NULL ELSE created_at + interval '1 hour' END
-            FROM deliveries WHERE id >= {dbase} AND channel = 'webhook' AND id % 4 = 0""",
-        "decisions": f"""
-            INSERT INTO decisions (user_id, request_id, delivery_id, channel, gate, outcome,
-                reason, detail, decided_at)
-            SELECT user_id, request_id, id, channel, 'suppression', 'suppress', 'bounced', '',
-                created_at
-            FROM deliveries WHERE id >= {dbase} AND state = 'suppressed'""",
-        "series": """
-            INSERT INTO series (user_id, series_key, type_key, anchor_local, zone, every,
-                calendar_policy, variables, state, next_n, next_due_at, created_at, updated_at)
-            SELECT 'u' || g, 'weekly', 'digest', '2026-01-05 09:00', 'UTC', '7d', 'send', '{}',
-                CASE WHEN g % 10 = 0 THEN 'ended' ELSE 'active' END, 20,
-                CASE WHEN g % 10 = 0 THEN NULL ELSE now() + make_interval(days => 1 + g % 6) END,
-                now() - interval '180 days', now()
-            FROM generate_series(0, :users - 1) g WHERE g % 2 = 0
-            ON CONFLICT DO NOTHING""",
-    }
-    for name, sql in statements.items():
-        began = time.perf_counter()
+    statements = history_statements(base, dbase)
+    took: dict[str, float] = dict.fromkeys([*statements, "series"], 0.0)
+    chunks = [(lo, min(lo + chunk - 1, n_requests)) for lo in range(1, n_requests + 1, chunk)]
+    done = [0]
+    lock = threading.Lock()
+    began = time.perf_counter()
+
+    def write(lo: int, hi: int) -> None:
+        params = {"n": n_requests, "users": users, "lo": lo, "hi": hi}
         with engine(url).begin() as conn:
-            conn.execute(text(sql), {"n": n_requests, "users": users})
-        took[name] = time.perf_counter() - began
+            conn.execute(text("SET LOCAL session_replication_role = replica"))
+            conn.execute(text("SET LOCAL synchronous_commit = off"))
+            for name, sql in statements.items():
+                start = time.perf_counter()
+                conn.execute(text(sql), params)
+                with lock:
+                    took[name] += time.perf_counter() - start
+        with lock:
+            done[0] += hi - lo + 1
+            say(
+                f"  {done[0]:,} of {n_requests:,} requests of history written, "
+                f"{time.perf_counter() - began:.0f} s"
+            )
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for future in [pool.submit(write, lo, hi) for lo, hi in chunks]:
+            future.result()
+    start = time.perf_counter()
     with engine(url).begin() as conn:
-        for name in ("requests", "deliveries"):
-            top = conn.execute(text(f"SELECT max(id) + 1 FROM {name}")).scalar_one()
+        conn.execute(text("SET LOCAL session_replication_role = replica"))
+        conn.execute(text(SERIES), {"users": users})
+        for name, top in (
+            ("requests", base + n_requests + 1),
+            ("deliveries", dbase + 2 * n_requests + 2),
+        ):
             conn.execute(text(f"ALTER TABLE {name} ALTER COLUMN id RESTART WITH {top}"))
-    return took
+    took["series"] = time.perf_counter() - start
+    return took, base
 
 
 class Traffic:
@@ -161,6 +245,9 @@ class Traffic:
     def __init__(self, url: str, users: int, batch: int) -> None:
         self.url, self.users, self.batch = url, users, batch
         self.seq = 0
+        # (user id, request id, event id) of the traffic's requests
+        self.made: list[tuple[str, int, str]] = []
+        self.history: tuple[int, int] | None = None  # (base, n) of the history's request ids
 
     def _requests(self, conn: Connection, now: datetime) -> list[ledger.NewDelivery]:
         rows = []
@@ -173,6 +260,10 @@ class Traffic:
                 )
             )
         ids = ledger.insert_requests(conn, rows, now=now, due_at=now + timedelta(seconds=30))
+        self.made.extend(
+            (r.user_id, i, r.occurrence_key.removeprefix("event:"))
+            for r, (i, _) in zip(rows, ids, strict=True)
+        )
         resolved = ledger.resolve_requests(
             conn, [(r.user_id, i) for r, (i, _) in zip(rows, ids, strict=True)], now=now
         )
@@ -220,12 +311,53 @@ class Traffic:
         with engine(self.url).connect() as conn:
             rows = activity.requests_of(
                 conn,
-                f"u{random.randrange(self.users)}",
+                self._some_request()[0],
                 type_key=None,
                 since=datetime.now(UTC) - timedelta(days=30),
                 limit=50,
             )
         return len(rows)
+
+    def _some_request(self) -> tuple[str, int, str]:
+        """A request (user id, id, event id) to look up: one of the history's once loaded, else
+        one of the traffic's."""
+        if self.history is None:
+            return random.choice(self.made)
+        base, n = self.history
+        g = random.randint(1, n)
+        return f"u{g % self.users}", base + g, f"h{g}"
+
+    def _page(self, **search: object) -> int:
+        """The activity page's search and what it shows of each match (web/activity.py)."""
+        with engine(self.url).connect() as conn:
+            matches = activity.find_users(conn, **search)  # type: ignore[arg-type]
+            shown = 0
+            for match in matches:
+                if match.request_ids:
+                    found = activity.requests_by_id(conn, match.user_id, list(match.request_ids))
+                else:
+                    found = activity.requests_of(
+                        conn,
+                        match.user_id,
+                        type_key=None,
+                        since=datetime.now(UTC) - timedelta(days=90),
+                        limit=50,
+                    )
+                shown += len(found)
+        return shown
+
+    def by_user(self) -> int:
+        return self._page(user_id=self._some_request()[0])
+
+    def by_request_id(self) -> int:
+        shown = self._page(request_id=self._some_request()[1])
+        assert shown == 1, shown
+        return shown
+
+    def by_event_id(self) -> int:
+        shown = self._page(event_id=self._some_request()[2])
+        assert shown == 1, shown
+        return shown
 
 
 def timed(fn: Callable[[], object]) -> tuple[float, object]:
@@ -235,7 +367,8 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
 
 
 def measure(traffic: Traffic, rounds: int) -> dict[str, float]:
-    """Median µs per row (tick, explain: per call) of each step over `rounds` rounds."""
+    """Median µs per row of each step over `rounds` rounds (tick: per call; explain and the
+    activity page: per request shown)."""
     samples: dict[str, list[float]] = {step: [] for step in STEPS}
     b = traffic.batch
     for _ in range(rounds):
@@ -252,7 +385,12 @@ def measure(traffic: Traffic, rounds: int) -> dict[str, float]:
         samples["mark sent"].append(took / b)
         traffic.mark_sent(pending, token2)
         samples["tick"].append(timed(traffic.tick)[0])
-        samples["explain"].append(timed(traffic.explain)[0])
+        took, n = timed(traffic.explain)
+        samples["explain"].append(took / max(1, n))  # type: ignore[call-overload]
+        took, n = timed(traffic.by_user)
+        samples["activity: user"].append(took / max(1, n))  # type: ignore[call-overload]
+        samples["activity: request id"].append(timed(traffic.by_request_id)[0])
+        samples["activity: event id"].append(timed(traffic.by_event_id)[0])
     return {step: statistics.median(v) * 1e6 for step, v in samples.items()}
 
 
@@ -301,6 +439,21 @@ def stats_state(url: str) -> str:
     )
 
 
+def statistics_taken(url: str) -> dict[str, tuple[int, int, float]]:
+    """Per history table: how many times analyzed and vacuumed (by hand or autovacuum), and
+    pg_class.reltuples: the load must change none of them for the stale phase to be stale."""
+    with engine(url).connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT s.relname, s.analyze_count + s.autoanalyze_count, "
+                "s.vacuum_count + s.autovacuum_count, c.reltuples FROM pg_stat_user_tables s "
+                "JOIN pg_class c ON c.oid = s.relid WHERE s.relname = ANY(:t)"
+            ),
+            {"t": list(HISTORY_TABLES)},
+        )
+        return {r[0]: (int(r[1]), int(r[2]), float(r[3])) for r in rows}
+
+
 def autovacuum(url: str, on: bool) -> None:
     with engine(url).begin() as conn:
         for name in HISTORY_TABLES:
@@ -319,10 +472,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=100, help="rows per statement (100)")
     parser.add_argument("--rounds", type=int, default=30, help="rounds per phase (30)")
     parser.add_argument("--keep", action="store_true", help="keep the database")
+    parser.add_argument("--chunk", type=int, default=250_000, help="requests per load transaction")
+    parser.add_argument("--jobs", type=int, default=2, help="connections loading at once (2)")
+    parser.add_argument(
+        "--checkpoint",
+        action="store_true",
+        help="CHECKPOINT after the load, before the stale phase (no statistics change): the "
+        "stale phase then measures the statements without the load's pending writes",
+    )
+    parser.add_argument(
+        "--home",
+        type=Path,
+        default=None,
+        help="the embedded services' folder (.clarion/bench-history)",
+    )
     args = parser.parse_args(argv)
     users = args.users or max(1000, args.deliveries // 50)
     random.seed(29)
-    admin_url, handle = start_services("history")
+    own = not os.environ.get("CLARION_DATABASE_URL")
+    if own and args.home is not None:
+        from clarion.db.embedded import ensure_running
+
+        handle = ensure_running(args.home.resolve())
+        admin_url = handle.database_url
+    else:
+        admin_url, handle = start_services("history")
     name = f"clarion_bench_history_{uuid.uuid4().hex[:8]}"
     url = with_database(admin_url, name)
     admin = one_off_engine(admin_url)
@@ -331,6 +505,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
+            if own:  # our own server: checkpoints spaced for a load of tens of GB (all phases)
+                conn.execute(text("ALTER SYSTEM SET max_wal_size = '8GB'"))
+                conn.execute(text("ALTER SYSTEM SET checkpoint_timeout = '30min'"))
+                conn.execute(text("SELECT pg_reload_conf()"))
         migrate(url)
         with engine(url).begin() as conn:
             conn.execute(
@@ -354,23 +532,46 @@ def main(argv: list[str] | None = None) -> int:
         plans["fresh"] = mark_sent_plan(url, traffic)
         say(f"fresh: {stats_state(url)}")
 
-        autovacuum(url, on=False)
+        autovacuum(url, on=False)  # waits for a running autovacuum of these tables to end
+        time.sleep(2)  # its counts reported
+        before = statistics_taken(url)
         began = time.perf_counter()
-        took = load_history(url, args.deliveries, users)
+        took, base = load_history(url, args.deliveries, users, chunk=args.chunk, jobs=args.jobs)
+        traffic.history = base, int(args.deliveries / 1.2)
         say(
             f"history of {args.deliveries:,} deliveries for {users:,} recipients loaded in "
             f"{time.perf_counter() - began:.0f} s ("
             + ", ".join(f"{k} {v:.0f} s" for k, v in took.items())
             + ")"
         )
+        if args.checkpoint:
+            began = time.perf_counter()
+            with admin.connect() as conn:
+                conn.execute(text("CHECKPOINT"))
+            say(f"CHECKPOINT after the load: {time.perf_counter() - began:.0f} s")
         say(f"stale: {stats_state(url)}")
         results["stale"] = measure(traffic, args.rounds)
         plans["stale"] = mark_sent_plan(url, traffic)
+        after = statistics_taken(url)
+        if after != before:  # said, not raised: the load's figures are still worth printing
+            say(f"STALE PHASE NOT STALE: statistics taken during it: {before} -> {after}")
+        else:
+            say(
+                "stale phase checked: no ANALYZE or VACUUM (by hand or autovacuum) of "
+                + ", ".join(HISTORY_TABLES)
+                + " from before the load to the end of the stale phase (pg_stat_user_tables), "
+                "pg_class.reltuples still the fresh phase's: "
+                + ", ".join(f"{t} {int(after[t][2]):,}" for t in HISTORY_TABLES)
+            )
         autovacuum(url, on=True)
 
-        with engine(url).begin() as conn:
+        began = time.perf_counter()
+        with engine(url).connect() as conn:  # what autovacuum does once it catches up
+            conn.execution_options(isolation_level="AUTOCOMMIT").execute(
+                text(f"VACUUM (ANALYZE) {', '.join(HISTORY_TABLES)}")
+            )
             conn.execute(text("ANALYZE"))
-        say(f"analyzed: {stats_state(url)}")
+        say(f"analyzed: {stats_state(url)} (VACUUM ANALYZE {time.perf_counter() - began:.0f} s)")
         results["analyzed"] = measure(traffic, args.rounds)
         plans["analyzed"] = mark_sent_plan(url, traffic)
         with engine(url).connect() as conn:
@@ -389,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; rows: "
         + ", ".join(f"{t} {n:,}" for t, n in counts.items())
         + f"; {args.batch} rows per statement, {args.rounds} rounds; median µs per row "
-        "(tick, explain: per call)"
+        "(tick: per call; explain, activity: per request shown)"
     )
     fresh = results["fresh"]
     rows = [

@@ -10,7 +10,9 @@ table a later revision adds to PARTITIONED is partitioned by the next `migrate -
 Running it again changes nothing; a database partitioned with another N is refused.
 
 Each rebuild keeps names: columns (LIKE, with defaults, identity, CHECKs), the primary key and
-unique constraints, the other indexes, the triggers (recreated after the rows are copied, so the
+unique constraints, the other indexes, the statistics settings LIKE does not copy (the table's
+storage parameters, such as migration 0027's autovacuum thresholds, on each partition; its
+columns' options, such as user_id's pinned n_distinct, on the parent and each partition), the triggers (recreated after the rows are copied, so the
 copy does not fire them), the foreign keys out of the table and into it, and the identity
 sequence's position. The partitions live in the schema `<CLARION_SCHEMA>_partitions`
 (`clarion_partitions`), beside clarion's own (where the schema check compares tables with
@@ -104,6 +106,13 @@ _CHILD_INDEXES = text(
     JOIN pg_inherits pi ON pi.inhrelid = part.oid AND pi.inhparent = CAST(:t AS regclass)
     """
 )
+# Settings LIKE does not copy: the table's storage parameters (autovacuum's, migration 0027) and
+# its columns' attribute options (user_id's pinned n_distinct, 0027).
+_RELOPTIONS = text("SELECT reloptions FROM pg_class WHERE oid = CAST(:t AS regclass)")
+_ATTOPTIONS = text(
+    "SELECT attname, attoptions FROM pg_attribute WHERE attrelid = CAST(:t AS regclass) "
+    "AND attnum > 0 AND NOT attisdropped AND attoptions IS NOT NULL ORDER BY attnum"
+)
 _IDENTITY = text(
     "SELECT attname FROM pg_attribute WHERE attrelid = CAST(:t AS regclass) AND attidentity <> ''"
 )
@@ -142,6 +151,8 @@ def _rebuild(conn: Connection, table: str, partitions: int, where: str) -> None:
     indexes = [r[0] for r in conn.execute(_INDEXES, params)]
     triggers = [r[0] for r in conn.execute(_TRIGGERS, params)]  # read before the rename
     identity = [r[0] for r in conn.execute(_IDENTITY, params)]
+    reloptions = conn.execute(_RELOPTIONS, params).scalar_one() or []
+    attoptions = [(r[0], list(r[1])) for r in conn.execute(_ATTOPTIONS, params)]
     positions = {
         col: conn.execute(
             text(f"SELECT last_value, is_called FROM {_sequence(conn, table, col)}")
@@ -163,6 +174,7 @@ def _rebuild(conn: Connection, table: str, partitions: int, where: str) -> None:
                 f"FOR VALUES WITH (MODULUS {partitions}, REMAINDER {i})"
             )
         )
+    _carry_settings(conn, table, where, partitions, reloptions, attoptions)
     conn.execute(text(f'INSERT INTO "{table}" OVERRIDING SYSTEM VALUE SELECT * FROM "{old}"'))
     for col, (last, called) in positions.items():
         conn.execute(
@@ -180,6 +192,29 @@ def _rebuild(conn: Connection, table: str, partitions: int, where: str) -> None:
         # a violation names the partition's index, and should still say which rule it broke
         suffix = partition.removeprefix(f"{table}_")
         conn.execute(text(f'ALTER INDEX {where}."{child}" RENAME TO "{parent}_{suffix}"'))
+
+
+def _carry_settings(
+    conn: Connection,
+    table: str,
+    where: str,
+    partitions: int,
+    reloptions: list[str],
+    attoptions: list[tuple[str, list[str]]],
+) -> None:
+    """The plain table's statistics settings on its partitions, where the planner and autovacuum
+    read them (each partition is a table of its own, analyzed and vacuumed on its own), and its
+    columns' options on the parent too, so the layout keeps what the migrations set. A
+    partitioned parent takes no storage parameters (PostgreSQL refuses them)."""
+    targets = [f'{where}."{table}_p{i}"' for i in range(partitions)]
+    for name in targets:
+        if reloptions:
+            conn.execute(text(f"ALTER TABLE {name} SET ({', '.join(reloptions)})"))
+    for column, options in attoptions:
+        for name in [f'"{table}"', *targets]:
+            conn.execute(
+                text(f'ALTER TABLE {name} ALTER COLUMN "{column}" SET ({", ".join(options)})')
+            )
 
 
 def _sequence(conn: Connection, table: str, column: str) -> str:

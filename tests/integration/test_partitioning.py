@@ -3,12 +3,15 @@ names and identity positions kept, idempotent, and the tick's queries stay per p
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 
+from clarion import db
 from clarion.db import ledger, meta, partitioning
 from clarion.db import series as store
 from clarion.db.engine import engine, migrate
@@ -145,6 +148,52 @@ def test_migrate_partitions_every_per_recipient_table_and_keeps_its_rows(clarion
     assert migrate(clarion_env.database_url, partitions=PARTS) == []  # again: nothing to do
     with pytest.raises(ConfigurationError, match="already partitioned with \\[4\\]"):
         migrate(clarion_env.database_url, partitions=8)
+
+
+def _migration_0027():
+    path = Path(db.__file__).parent / "migrations" / "versions" / "0027_history_statistics.py"
+    spec = importlib.util.spec_from_file_location("migration_0027", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_partitions_keep_the_statistics_settings_of_migration_0027(clarion_env):
+    """LIKE copies neither storage parameters nor column options: without carrying them over,
+    each partition (the table autovacuum and the planner read) is back on PostgreSQL's defaults."""
+    m = _migration_0027()
+    autovacuum = sorted(o.replace(" ", "") for o in m.AUTOVACUUM.split(","))
+    assert autovacuum and m.TABLES
+    _partitioned(clarion_env)
+    with engine().connect() as conn:
+        rows = conn.execute(
+            text(
+                """
+                SELECT p.relname, c.relname, c.reloptions, a.attoptions FROM pg_inherits i
+                JOIN pg_class p ON p.oid = i.inhparent JOIN pg_class c ON c.oid = i.inhrelid
+                JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'user_id'
+                WHERE p.relname = ANY(:tables) AND c.relkind = 'r'
+                """
+            ),
+            {"tables": list(m.TABLES)},
+        ).all()
+        parents = dict(
+            conn.execute(
+                text(
+                    "SELECT c.relname, a.attoptions FROM pg_class c JOIN pg_attribute a "
+                    "ON a.attrelid = c.oid AND a.attname = 'user_id' "
+                    "WHERE c.relname = ANY(:tables) AND c.relkind = 'p'"
+                ),
+                {"tables": list(m.TABLES)},
+            ).all()
+        )
+    assert sorted(parents) == sorted(m.TABLES)
+    assert len(rows) == PARTS * len(m.TABLES)
+    for parent, partition, reloptions, attoptions in rows:
+        assert sorted(reloptions or []) == autovacuum, (parent, partition, reloptions)
+        assert attoptions == ["n_distinct=-0.01"], (parent, partition, attoptions)
+    assert all(options == ["n_distinct=-0.01"] for options in parents.values()), parents
 
 
 def test_every_unique_index_of_a_partitioned_table_holds_user_id(clarion_env):

@@ -13,8 +13,9 @@ tables that grow with every notification.
   visibility map keep up with a ledger of tens of millions of rows.
 
 The tables are analyzed at the end, so the pinned n_distinct is in the statistics at once.
-In the hash-partitioned layout (db/partitioning.py) the partitions are new tables: these
-settings are on the parents only.
+In the hash-partitioned layout (db/partitioning.py) the partitions are new tables: the rebuild
+carries these settings onto each partition; a database partitioned before this revision gets
+them on the parents only (n_distinct; a partitioned parent takes no autovacuum settings).
 
 Revision ID: 0027
 Revises: 0026
