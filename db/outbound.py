@@ -150,11 +150,14 @@ _REPLAY = text(
     "delivered_at = NULL WHERE endpoint_id = ANY(CAST(:endpoints AS bigint[])) "
     "AND created_at >= :since"
 )
-# One endpoint's turns to post (CLARION_EVENTS_PARALLEL of them): session advisory locks, held by
-# the connection a dispatch round keeps open, so a process that dies gives its turn back with it.
+# One endpoint's turns to post (CLARION_EVENTS_PARALLEL of them): transaction-scoped advisory
+# locks, held by a transaction the dispatch round keeps open on a connection of its own, so a
+# process that dies gives its turn back with it, and behind pgbouncer in transaction mode the lock
+# lives and ends on the one server connection the open transaction pins.
 TURNS = 0x0C1A0E00  # the first lock's class id; turn n uses TURNS + n, with the endpoint's id
-_TAKE_TURN = text("SELECT pg_try_advisory_lock(:turn, CAST(:endpoint % 2147483647 AS integer))")
-_END_TURN = text("SELECT pg_advisory_unlock(:turn, CAST(:endpoint % 2147483647 AS integer))")
+_TAKE_TURN = text(
+    "SELECT pg_try_advisory_xact_lock(:turn, CAST(:endpoint % 2147483647 AS integer))"
+)
 _PENDING = text(
     "SELECT endpoint_id, count(*) FROM outbound_sends WHERE state = 'pending' GROUP BY endpoint_id"
 )
@@ -287,14 +290,11 @@ def pending_counts(conn: Connection) -> dict[int, int]:
 
 
 def take_turn(conn: Connection, endpoint_id: int, *, turns: int) -> int | None:
-    """One of the endpoint's `turns` to post, held by this connection's session until
-    `end_turn`; None when every turn is taken (other processes are posting to it)."""
+    """One of the endpoint's `turns` to post, held until `conn`'s transaction ends (keep it open
+    for the round, then roll it back); None when every turn is taken (other processes are
+    posting to it)."""
     for turn in range(turns):
         params = {"turn": TURNS + turn, "endpoint": endpoint_id}
         if conn.execute(_TAKE_TURN, params).scalar():
             return turn
     return None
-
-
-def end_turn(conn: Connection, endpoint_id: int, turn: int) -> None:
-    conn.execute(_END_TURN, {"turn": TURNS + turn, "endpoint": endpoint_id})

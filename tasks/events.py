@@ -2,9 +2,9 @@
 
 Beat publishes `clarion.events` every tick to its own queue (`events`; run `clarion worker --lane
 events`), so a slow or dead endpoint holds only that lane's processes, never sending. And at most
-CLARION_EVENTS_PARALLEL of them (1) post to one endpoint at a time (a turn: a session advisory
-lock): a round finding its turns taken skips the endpoint at once, so an endpoint that hangs holds
-that many processes however many rounds beat publishes — in a `clarion worker` that consumes every
+CLARION_EVENTS_PARALLEL of them (1) post to one endpoint at a time (a turn: a transaction-scoped
+advisory lock, in a transaction kept open for the round): a round finding its turns taken skips
+the endpoint at once, so an endpoint that hangs holds that many processes however many rounds beat publishes — in a `clarion worker` that consumes every
 queue too, where the other processes of its pool go on sending. A round, per enabled endpoint
 whose turn it gets: lease the sends that may go now (the oldest pending event of each delivery's
 stream, due), POST each one signed (adapters/standard_webhooks.py), then record in one transaction
@@ -118,17 +118,15 @@ def dispatch(now: Callable[[], datetime] = clock.now) -> dict[int, Round]:
         enabled = [e for e in outbound.endpoints(conn) if e.enabled]
     done = {}
     for e in enabled:
-        with engine().connect() as holder:
+        with engine().connect() as holder:  # its transaction holds the turn until rolled back
             turn = outbound.take_turn(holder, e.id, turns=settings.get().events_parallel)
-            holder.commit()
-            if turn is None:  # as many processes as allowed are posting to it: leave it to them
-                log.debug("endpoint %s busy", e.id, extra={"action": "event_endpoint_busy"})
-                continue
             try:
+                if turn is None:  # as many processes as allowed are posting to it: leave it
+                    log.debug("endpoint %s busy", e.id, extra={"action": "event_endpoint_busy"})
+                    continue
                 done[e.id] = endpoint_round(e, now)
             finally:
-                outbound.end_turn(holder, e.id, turn)
-                holder.commit()
+                holder.rollback()
     return done
 
 
