@@ -22,7 +22,8 @@ not a provider's quota (provider quotas are adapters/ratelimit.py, and fail clos
 **Bulk lanes yield to transactional work, by default** (CLARION_BULK_FEEDBACK=on): a cap is a rate
 an operator must guess, and on a host where every process runs together no fixed rate is both
 fast when receipts are idle and harmless when they are not (issue 28). A transactional route task
-marks itself in flight in Redis for as long as it runs (`transactional_work`); a bulk lane's route
+marks itself in flight in Redis for as long as it runs, up to ACTIVE_LEASE (2 s: a mark left by a
+process killed mid-task stops counting then; `transactional_work`); a bulk lane's route
 task (activation: nudges, broadcasts, digests) takes its batch in slices, and before each slice
 its process's `Pacer` looks at that mark: while transactional work is in flight it waits (up to
 `Feedback.patience`, 0.5 s), and its own rate follows an AIMD rule (`Feedback`): cut by half whenever it saw
@@ -139,7 +140,14 @@ def queue_depths(broker_url: str) -> list[tuple[str, int, int | str]]:
 
 BULK = frozenset(LANES) - {"transactional"}  # lanes that give way to transactional work
 ACTIVE = "clarion:lane:transactional:active"  # sorted set: in-flight task token -> expiry (ms)
-ACTIVE_LEASE = 60.0  # seconds a mark counts if its process died before removing it
+# Seconds a mark counts at most. A mark is removed when its task ends; one whose process was
+# SIGKILLed mid-task (a crash, a replaced worker, `clarion demo`'s crash after a send) stays until
+# then, and while it counts every bulk slice waits out its patience and halves its rate: at 60 s
+# that held the activation lane at about two rows a second for a minute after each crash (the
+# demo's digest went unrouted). A receipt's route and send take tens of milliseconds; a task still
+# running after ACTIVE_LEASE is waiting on a provider or a lock, not on the CPU or the database
+# the bulk lanes would give back, so nothing is lost by no longer giving way to it.
+ACTIVE_LEASE = 2.0
 
 # KEYS[1]: the in-flight set. ARGV: token, lease ms. Marks the token in flight until the lease ends.
 _ENTER = """
@@ -167,8 +175,8 @@ def feedback_on() -> bool:
 @contextmanager
 def transactional_work(lane: str | None) -> Iterator[None]:
     """Mark a transactional task in flight while it runs, for the bulk lanes' pacers to see; any
-    other lane, or the feedback off, marks nothing. A process that dies leaves a mark that
-    expires after ACTIVE_LEASE."""
+    other lane, or the feedback off, marks nothing. The mark counts for ACTIVE_LEASE at most:
+    a process that dies leaves one that stops counting then."""
     if lane != "transactional" or not feedback_on():
         yield
         return
