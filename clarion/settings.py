@@ -138,6 +138,10 @@ class Settings:
     bulk_nice: int = field(
         default=10, metadata={"check": lambda v: 0 <= v <= 19, "rule": "in 0..19"}
     )  # CPU niceness a worker that consumes only bulk lanes takes at start (0: as the others)
+    bulk_nice_database: str = field(
+        default="on", metadata={"check": lambda v: v in ("on", "off"), "rule": "on or off"}
+    )  # on: that worker's PostgreSQL backends take the same niceness, where the server runs on
+    # this host as a user the worker may renice (the embedded default); elsewhere nothing changes
     webhook_url: str | None = None  # default endpoint for webhook types without config.webhook.url
     # HMAC key of webhook signatures (and, derived, of email Message-IDs); the public default is
     # refused once CLARION_DATABASE_URL is set

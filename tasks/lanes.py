@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -334,3 +335,69 @@ def paced(lane: str | None, keys: list[tuple[str, int]]) -> Iterator[list[tuple[
             runtime.count("bulk_slices_gave_way")  # `clarion stats`: the feedback at work
         yield keys[start : start + size]
         start += size
+
+
+# --- a bulk worker's PostgreSQL backends at its niceness -----------------------------------------
+
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def nice_backends(step: int) -> None:
+    """Every database connection this process (and the pool processes it forks) opens from now on
+    has its PostgreSQL backend reniced by `step`, where that is possible: a bulk worker's queries
+    then give way to a receipt's on the CPU as its own code does (tasks/app.py). Only a server on
+    this host (a Unix socket or loopback; not through a pooler, whose server connections are
+    shared) whose backend process is a `postgres` this user may renice: the embedded default.
+    Anywhere else nothing changes (said once, at INFO)."""
+    from sqlalchemy import event
+    from sqlalchemy.pool import Pool
+
+    if step <= 0 or event.contains(Pool, "connect", _renice_backend):
+        return
+    global _backend_step
+    _backend_step = step
+    event.listen(Pool, "connect", _renice_backend)
+
+
+_backend_step = 0
+_backend_refused = False  # said why not once in this process
+
+
+def _renice_backend(dbapi_connection: object, _record: object) -> None:
+    global _backend_refused
+    why = renice_backend(dbapi_connection, _backend_step)
+    if why and not _backend_refused:
+        _backend_refused = True
+        log.info(
+            "bulk worker's database backends not niced: %s",
+            why,
+            extra={"action": "bulk_backend_not_niced", "reason": why},
+        )
+
+
+def renice_backend(dbapi_connection: object, step: int) -> str | None:
+    """Renice the backend serving `dbapi_connection` (psycopg) to at least `step` above the
+    server's own niceness; None when done, else why not."""
+    from clarion.db.engine import pooled_transactions
+
+    if pooled_transactions():
+        return "connections go through a pooler (CLARION_DATABASE_POOLER)"
+    host = str(getattr(getattr(dbapi_connection, "info", None), "host", "") or "")
+    if not (host.startswith("/") or host in LOCAL_HOSTS):
+        return f"the server is not on this host ({host})"
+    cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]
+    try:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = int(cursor.fetchone()[0])
+    finally:
+        cursor.close()
+    dbapi_connection.rollback()  # type: ignore[attr-defined]
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            if comm.read().strip() != "postgres":
+                return f"process {pid} is not this server's backend (in a container?)"
+        now = os.getpriority(os.PRIO_PROCESS, pid)
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, now + step))
+    except OSError as exc:  # not permitted (another user's server), gone, or no /proc
+        return f"{type(exc).__name__}: {exc}"
+    return None

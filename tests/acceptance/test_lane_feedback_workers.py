@@ -10,10 +10,14 @@ row a slice, so the activation lane crawled at about two rows a second per pool 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 
 import pytest
+from sqlalchemy import text
 
+from clarion.db.engine import engine
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify, notify_many, register_recipient
 from tests.support.cluster import Cluster, counts
@@ -80,3 +84,49 @@ def test_a_dead_transactional_process_does_not_hold_the_bulk_lanes_back(clarion_
     assert sent == NUDGES, (
         f"{sent}/{NUDGES} nudges sent after {took:.1f} s: the bulk lane waited on a dead mark"
     )
+
+
+def _niced_backends() -> list[int]:
+    """The niceness of each of this database's backends that runs niced (the server is on this
+    host)."""
+    with engine().connect() as conn:
+        pids = conn.execute(
+            text("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        ).scalars()
+        found = []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):  # a backend that just left
+                found.append(os.getpriority(os.PRIO_PROCESS, pid))
+    return [n for n in found if n > 0]
+
+
+@pytest.mark.parametrize("database", ["on", "off"])
+def test_a_bulk_workers_database_backends_run_niced(clarion_env, tmp_path, database):
+    """CLARION_BULK_NICE_DATABASE=on (the default): the bulk worker's backends take its niceness
+    on a server on this host; off, none is niced (the test's own backends never are)."""
+    with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as receiver:
+        env = {
+            **clarion_env.env,
+            "CLARION_WEBHOOK_URL": receiver.url,
+            "CLARION_BULK_NICE": "7",
+            "CLARION_BULK_NICE_DATABASE": database,
+        }
+        cluster = Cluster(env, tmp_path / "logs")
+        try:
+            cluster.worker("nice-a", ["activation"], concurrency=1)
+            cluster.wait_ready(["nice-a"], 60)
+            register_recipient("ann", timezone="UTC")
+            notify_many(
+                [dict(user_id="ann", type_key="nudge", event_id="n", variables={"name": "A"})]
+            )
+            deadline = time.monotonic() + 30
+            while counts(NUDGES_SENT) < 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            niced = _niced_backends()  # the worker's pool keeps its connections open
+        finally:
+            cluster.stop_together()
+    assert counts(NUDGES_SENT) == 1
+    if database == "on":
+        assert niced and all(n >= 7 for n in niced), niced
+    else:
+        assert niced == []
