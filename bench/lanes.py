@@ -106,7 +106,7 @@ def _round(
         cluster = Cluster(env, logs / f"round-{issue}-{name}")
         try:
             start_lanes(cluster, concurrency=bulk_concurrency)
-            receipts = Receipts(stand_in, f"{name}-")
+            receipts = Receipts(stand_in, f"{issue}-{name}-")  # a repeated round: new events
             receipts.steady(args.rate, 3)
             before = receipts.steady(args.rate, args.seconds / 2)
             say(f"  {name}: receipts idle p95 {p95(before) * 1000:.1f} ms")
