@@ -43,7 +43,11 @@ ROUNDS: dict[str, dict[str, str]] = {
     "nice": {**OFF, "CLARION_BULK_NICE": "10"},
     "nicedb": {**OFF, "CLARION_BULK_NICE": "10", "CLARION_BULK_NICE_DATABASE": "on"},
     "on": {**OFF, "CLARION_BULK_NICE": "10", "CLARION_BULK_FEEDBACK": "on"},
-    "ondb": {"CLARION_BULK_NICE": "10", "CLARION_BULK_FEEDBACK": "on"},
+    "ondb": {
+        "CLARION_BULK_NICE": "10",
+        "CLARION_BULK_FEEDBACK": "on",
+        "CLARION_BULK_NICE_DATABASE": "on",
+    },
 }
 # a round named NAME-c1 is NAME with the bulk worker at concurrency 1 (two pool processes else)
 
@@ -51,7 +55,7 @@ ROUNDS: dict[str, dict[str, str]] = {
 def _settings(name: str) -> tuple[dict[str, str], int]:
     """The round's settings over the defaults, and its bulk worker's concurrency."""
     base, _, tail = name.partition("-c")
-    return {"CLARION_BULK_NICE_DATABASE": "on", **ROUNDS[base]}, int(tail or 2)
+    return dict(ROUNDS[base]), int(tail or 2)
 
 
 def _round_apart(

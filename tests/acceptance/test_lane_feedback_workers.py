@@ -102,7 +102,7 @@ def _niced_backends() -> list[int]:
 
 @pytest.mark.parametrize("database", ["on", "off"])
 def test_a_bulk_workers_database_backends_run_niced(clarion_env, tmp_path, database):
-    """CLARION_BULK_NICE_DATABASE=on (the default): the bulk worker's backends take its niceness
+    """CLARION_BULK_NICE_DATABASE=on: the bulk worker's backends take its niceness
     on a server on this host; off, none is niced (the test's own backends never are)."""
     with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as receiver:
         env = {
