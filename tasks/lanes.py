@@ -19,7 +19,8 @@ task does. Deliveries published later (held by a gate, retried, taken over) are 
 were admitted already. Redis unreachable: the budget fails open — it protects our own capacity,
 not a provider's quota (provider quotas are adapters/ratelimit.py, and fail closed).
 
-**Bulk lanes yield to transactional work, by default** (CLARION_BULK_FEEDBACK=on): a cap is a rate
+**Bulk lanes can yield to transactional work** (CLARION_BULK_FEEDBACK=on; off by default until a
+measurement shows a gain, bench/RESULTS.md): a cap is a rate
 an operator must guess, and on a host where every process runs together no fixed rate is both
 fast when receipts are idle and harmless when they are not (issue 28). A transactional route task
 marks itself in flight in Redis for as long as it runs, up to ACTIVE_LEASE (2 s: a mark left by a
@@ -169,7 +170,7 @@ return redis.call('ZCARD', KEYS[1])
 
 
 def feedback_on() -> bool:
-    """Whether bulk lanes yield to transactional work (CLARION_BULK_FEEDBACK, default on)."""
+    """Whether bulk lanes yield to transactional work (CLARION_BULK_FEEDBACK, default off)."""
     return settings.get().bulk_feedback == "on"
 
 
@@ -376,8 +377,8 @@ def _renice_backend(dbapi_connection: object, _record: object) -> None:
 
 
 def renice_backend(dbapi_connection: object, step: int) -> str | None:
-    """Renice the backend serving `dbapi_connection` (psycopg) to at least `step` above the
-    server's own niceness; None when done, else why not."""
+    """Renice the backend serving `dbapi_connection` (psycopg) by `step` (at most to 19); None
+    when done, else why not."""
     from clarion.db.engine import pooled_transactions
 
     if pooled_transactions():
