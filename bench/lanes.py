@@ -11,7 +11,14 @@ receipts idle again. Latency: arrival at the stand-in minus the notify call.
 
   off     CLARION_BULK_FEEDBACK=off, CLARION_BULK_NICE=0: lanes as before issue 28 item 5
   advice  off, plus the old README advice: CLARION_ACTIVATION_PER_SECOND=300, bulk worker nice 10
-  on      the defaults: bulk lanes give way to transactional work (tasks/lanes.py), nice 10
+  nice    the bulk worker niced (CLARION_BULK_NICE=10), no feedback
+  nicedb  nice, and the bulk worker's PostgreSQL backends niced too (CLARION_BULK_NICE_DATABASE)
+  on      bulk lanes give way to transactional work (tasks/lanes.py), nice 10 (not its backends)
+  ondb    on, and the backends niced
+  NAME-c1 any of these with the bulk worker at concurrency 1 (2 otherwise)
+
+A round may be named more than once (--rounds off,on,off,on: alternate them on a shared host);
+the summary compares each round with the mean of the `off` rounds.
 """
 
 from __future__ import annotations
@@ -29,15 +36,26 @@ if str(ROOT) not in sys.path:
 from bench.common import say, table  # noqa: E402
 from bench.throughput import Bench, Cleanup  # noqa: E402
 
-ROUNDS = {
-    "off": {"CLARION_BULK_FEEDBACK": "off", "CLARION_BULK_NICE": "0"},
-    "advice": {
-        "CLARION_BULK_FEEDBACK": "off",
+OFF = {"CLARION_BULK_FEEDBACK": "off", "CLARION_BULK_NICE_DATABASE": "off"}
+ROUNDS: dict[str, dict[str, str]] = {
+    "off": {**OFF, "CLARION_BULK_NICE": "0"},
+    "advice": {**OFF, "CLARION_BULK_NICE": "10", "CLARION_ACTIVATION_PER_SECOND": "300"},
+    "nice": {**OFF, "CLARION_BULK_NICE": "10"},
+    "nicedb": {**OFF, "CLARION_BULK_NICE": "10", "CLARION_BULK_NICE_DATABASE": "on"},
+    "on": {**OFF, "CLARION_BULK_NICE": "10", "CLARION_BULK_FEEDBACK": "on"},
+    "ondb": {
         "CLARION_BULK_NICE": "10",
-        "CLARION_ACTIVATION_PER_SECOND": "300",
+        "CLARION_BULK_FEEDBACK": "on",
+        "CLARION_BULK_NICE_DATABASE": "on",
     },
-    "on": {},
 }
+# a round named NAME-c1 is NAME with the bulk worker at concurrency 1 (two pool processes else)
+
+
+def _settings(name: str) -> tuple[dict[str, str], int]:
+    """The round's settings over the defaults, and its bulk worker's concurrency."""
+    base, _, tail = name.partition("-c")
+    return dict(ROUNDS[base]), int(tail or 2)
 
 
 def _round_apart(
@@ -86,12 +104,13 @@ def _round(
     stand_in = StandIn()
     try:
         env = {**base, **email_env(stand_in.url, stand_in.api_key, args.per_second)}
-        env |= ROUNDS[name]
+        changes, bulk_concurrency = _settings(name)
+        env |= changes
         _use(env)
-        cluster = Cluster(env, logs / f"round-{name}")
+        cluster = Cluster(env, logs / f"round-{issue}-{name}")
         try:
-            start_lanes(cluster)
-            receipts = Receipts(stand_in, f"{name}-")
+            start_lanes(cluster, concurrency=bulk_concurrency)
+            receipts = Receipts(stand_in, f"{issue}-{name}-")  # a repeated round: new events
             receipts.steady(args.rate, 3)
             before = receipts.steady(args.rate, args.seconds / 2)
             say(f"  {name}: receipts idle p95 {p95(before) * 1000:.1f} ms")
@@ -153,14 +172,16 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--size", type=int, default=20_000, help="campaign recipients (20,000)")
-    parser.add_argument("--rounds", default="off,on", help="off, advice, on (off,on)")
+    parser.add_argument(
+        "--rounds", default="off,on", help="off, advice, nice, on; repeat to alternate (off,on)"
+    )
     parser.add_argument("--rate", type=float, default=10.0, help="receipts per second (10)")
     parser.add_argument("--seconds", type=float, default=30.0, help="receipts phase (30 s)")
     parser.add_argument("--drain", type=float, default=10.0, help="campaign alone (10 s)")
     parser.add_argument("--per-second", type=int, default=2000, help="provider budget (2000)")
     args = parser.parse_args(argv)
     rounds = [r.strip() for r in args.rounds.split(",")]
-    if unknown := set(rounds) - set(ROUNDS):
+    if unknown := {r for r in rounds if r.partition("-c")[0] not in ROUNDS}:
         parser.error(f"unknown rounds: {sorted(unknown)}")
     os.chdir(ROOT)
     cleanup = Cleanup()
@@ -203,10 +224,15 @@ def main(argv: list[str] | None = None) -> int:
             rows,
         )
     )
-    if "off" in rounds and "on" in rounds and not rows[rounds.index("on")][1].startswith("fail"):
-        off, on = rows[rounds.index("off")], rows[rounds.index("on")]
-        ratio = float(on[4].replace(",", "")) / max(1.0, float(off[4].replace(",", "")))
-        say(f"campaign rate with receipts idle, on / off: {ratio:.2f}")
+    ok = [(name, row) for name, row in zip(rounds, rows, strict=True) if row[1][:1].isdigit()]
+    for name in dict.fromkeys(n for n, _ in ok):
+        ratios = [float(r[3].split("x")[0]) for n, r in ok if n == name]
+        alone = [float(r[4].replace(",", "")) for n, r in ok if n == name]
+        say(
+            f"{name}: p95 ratio {sum(ratios) / len(ratios):.2f}x (mean of {len(ratios)}: "
+            f"{', '.join(f'{x:.2f}' for x in ratios)}), campaign/s alone "
+            f"{sum(alone) / len(alone):,.0f}"
+        )
     return 0
 
 

@@ -134,10 +134,15 @@ class Settings:
         default="off", metadata={"check": lambda v: v in ("on", "off"), "rule": "on or off"}
     )  # on: bulk lanes (activation: nudges, broadcasts, digests) give way to transactional work
     # in flight and pace themselves by an AIMD rule (tasks/lanes.py). Off by default: it has not
-    # shown a gain yet, and with it on `clarion demo`'s digest stayed unrouted (not yet explained)
+    # shown a gain yet (bench/RESULTS.md, lanes)
     bulk_nice: int = field(
         default=10, metadata={"check": lambda v: 0 <= v <= 19, "rule": "in 0..19"}
     )  # CPU niceness a worker that consumes only bulk lanes takes at start (0: as the others)
+    bulk_nice_database: str = field(
+        default="off", metadata={"check": lambda v: v in ("on", "off"), "rule": "on or off"}
+    )  # on: that worker's PostgreSQL backends take the same niceness, where the server runs on
+    # this host as a user the worker may renice (the embedded default); elsewhere nothing changes.
+    # Off by default: no gain shown yet on a shared host (bench/RESULTS.md, lanes)
     webhook_url: str | None = None  # default endpoint for webhook types without config.webhook.url
     # HMAC key of webhook signatures (and, derived, of email Message-IDs); the public default is
     # refused once CLARION_DATABASE_URL is set

@@ -151,10 +151,16 @@ def _refuse_a_wrong_start(**_: object) -> None:
 def _bulk_workers_give_way(options: dict[str, object] | None = None, **_: object) -> None:
     """A worker that consumes only bulk lanes (activation) lowers its CPU priority before its
     pool forks (CLARION_BULK_NICE, default 10): on a host every lane shares, a receipt's worker
-    then gets the CPU before a slice of nudges or broadcast mail (tasks/lanes.py)."""
+    then gets the CPU before a slice of nudges or broadcast mail (tasks/lanes.py). Its
+    PostgreSQL backends too, where the server is on this host and permits it
+    (CLARION_BULK_NICE_DATABASE, tasks.lanes.nice_backends)."""
     step = bulk_niceness((options or {}).get("queues"), settings.get().bulk_nice)
     if step:
         os.nice(step)
+        if settings.get().bulk_nice_database == "on":
+            from clarion.tasks.lanes import nice_backends
+
+            nice_backends(step)  # and its PostgreSQL backends, where permitted (tasks/lanes.py)
 
 
 def bulk_niceness(queues: object, nice: int) -> int:

@@ -19,10 +19,12 @@ task does. Deliveries published later (held by a gate, retried, taken over) are 
 were admitted already. Redis unreachable: the budget fails open — it protects our own capacity,
 not a provider's quota (provider quotas are adapters/ratelimit.py, and fail closed).
 
-**Bulk lanes yield to transactional work, by default** (CLARION_BULK_FEEDBACK=on): a cap is a rate
+**Bulk lanes can yield to transactional work** (CLARION_BULK_FEEDBACK=on; off by default until a
+measurement shows a gain, bench/RESULTS.md): a cap is a rate
 an operator must guess, and on a host where every process runs together no fixed rate is both
 fast when receipts are idle and harmless when they are not (issue 28). A transactional route task
-marks itself in flight in Redis for as long as it runs (`transactional_work`); a bulk lane's route
+marks itself in flight in Redis for as long as it runs, up to ACTIVE_LEASE (2 s: a mark left by a
+process killed mid-task stops counting then; `transactional_work`); a bulk lane's route
 task (activation: nudges, broadcasts, digests) takes its batch in slices, and before each slice
 its process's `Pacer` looks at that mark: while transactional work is in flight it waits (up to
 `Feedback.patience`, 0.5 s), and its own rate follows an AIMD rule (`Feedback`): cut by half whenever it saw
@@ -39,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -139,7 +142,14 @@ def queue_depths(broker_url: str) -> list[tuple[str, int, int | str]]:
 
 BULK = frozenset(LANES) - {"transactional"}  # lanes that give way to transactional work
 ACTIVE = "clarion:lane:transactional:active"  # sorted set: in-flight task token -> expiry (ms)
-ACTIVE_LEASE = 60.0  # seconds a mark counts if its process died before removing it
+# Seconds a mark counts at most. A mark is removed when its task ends; one whose process was
+# SIGKILLed mid-task (a crash, a replaced worker, `clarion demo`'s crash after a send) stays until
+# then, and while it counts every bulk slice waits out its patience and halves its rate: at 60 s
+# that held the activation lane at about two rows a second for a minute after each crash (the
+# demo's digest went unrouted). A receipt's route and send take tens of milliseconds; a task still
+# running after ACTIVE_LEASE is waiting on a provider or a lock, not on the CPU or the database
+# the bulk lanes would give back, so nothing is lost by no longer giving way to it.
+ACTIVE_LEASE = 2.0
 
 # KEYS[1]: the in-flight set. ARGV: token, lease ms. Marks the token in flight until the lease ends.
 _ENTER = """
@@ -160,15 +170,15 @@ return redis.call('ZCARD', KEYS[1])
 
 
 def feedback_on() -> bool:
-    """Whether bulk lanes yield to transactional work (CLARION_BULK_FEEDBACK, default on)."""
+    """Whether bulk lanes yield to transactional work (CLARION_BULK_FEEDBACK, default off)."""
     return settings.get().bulk_feedback == "on"
 
 
 @contextmanager
 def transactional_work(lane: str | None) -> Iterator[None]:
     """Mark a transactional task in flight while it runs, for the bulk lanes' pacers to see; any
-    other lane, or the feedback off, marks nothing. A process that dies leaves a mark that
-    expires after ACTIVE_LEASE."""
+    other lane, or the feedback off, marks nothing. The mark counts for ACTIVE_LEASE at most:
+    a process that dies leaves one that stops counting then."""
     if lane != "transactional" or not feedback_on():
         yield
         return
@@ -326,3 +336,69 @@ def paced(lane: str | None, keys: list[tuple[str, int]]) -> Iterator[list[tuple[
             runtime.count("bulk_slices_gave_way")  # `clarion stats`: the feedback at work
         yield keys[start : start + size]
         start += size
+
+
+# --- a bulk worker's PostgreSQL backends at its niceness -----------------------------------------
+
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def nice_backends(step: int) -> None:
+    """Every database connection this process (and the pool processes it forks) opens from now on
+    has its PostgreSQL backend reniced by `step`, where that is possible: a bulk worker's queries
+    then give way to a receipt's on the CPU as its own code does (tasks/app.py). Only a server on
+    this host (a Unix socket or loopback; not through a pooler, whose server connections are
+    shared) whose backend process is a `postgres` this user may renice: the embedded default.
+    Anywhere else nothing changes (said once, at INFO)."""
+    from sqlalchemy import event
+    from sqlalchemy.pool import Pool
+
+    if step <= 0 or event.contains(Pool, "connect", _renice_backend):
+        return
+    global _backend_step
+    _backend_step = step
+    event.listen(Pool, "connect", _renice_backend)
+
+
+_backend_step = 0
+_backend_refused = False  # said why not once in this process
+
+
+def _renice_backend(dbapi_connection: object, _record: object) -> None:
+    global _backend_refused
+    why = renice_backend(dbapi_connection, _backend_step)
+    if why and not _backend_refused:
+        _backend_refused = True
+        log.info(
+            "bulk worker's database backends not niced: %s",
+            why,
+            extra={"action": "bulk_backend_not_niced", "reason": why},
+        )
+
+
+def renice_backend(dbapi_connection: object, step: int) -> str | None:
+    """Renice the backend serving `dbapi_connection` (psycopg) by `step` (at most to 19); None
+    when done, else why not."""
+    from clarion.db.engine import pooled_transactions
+
+    if pooled_transactions():
+        return "connections go through a pooler (CLARION_DATABASE_POOLER)"
+    host = str(getattr(getattr(dbapi_connection, "info", None), "host", "") or "")
+    if not (host.startswith("/") or host in LOCAL_HOSTS):
+        return f"the server is not on this host ({host})"
+    cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]
+    try:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = int(cursor.fetchone()[0])
+    finally:
+        cursor.close()
+    dbapi_connection.rollback()  # type: ignore[attr-defined]
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            if comm.read().strip() != "postgres":
+                return f"process {pid} is not this server's backend (in a container?)"
+        now = os.getpriority(os.PRIO_PROCESS, pid)
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, now + step))
+    except OSError as exc:  # not permitted (another user's server), gone, or no /proc
+        return f"{type(exc).__name__}: {exc}"
+    return None

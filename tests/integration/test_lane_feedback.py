@@ -1,14 +1,17 @@
 """The lanes' feedback signal (tasks/lanes.py) on real Redis: a transactional task's mark is seen
 by every process while it runs and gone after, other lanes mark nothing, a mark left by a process
-that died stops counting when its lease ends, and a bulk route batch waits for a mark to go."""
+that died stops counting when its lease ends, and a bulk route batch waits for a mark to go; a bulk worker's PostgreSQL backend is reniced where
+the server is on this host, and left alone behind a pooler."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 import pytest
 
+from clarion.db.engine import engine
 from clarion.tasks import lanes, notify_many, register_recipient, runtime
 from clarion.tasks.route import route
 from tests.support.pipeline import configure, drain
@@ -65,3 +68,26 @@ def test_a_bulk_batch_waits_for_transactional_work_in_flight(clarion_env, monkey
     routing.join(30)
     assert done.is_set() and time.monotonic() - began >= 0.2
     assert lanes.pacer().budget.rate < lanes.Feedback().ceiling  # and it slowed down
+
+
+def test_a_backend_on_this_host_is_reniced(clarion_env):
+    raw = engine().raw_connection()
+    try:
+        with raw.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pid = cursor.fetchone()[0]
+        before = os.getpriority(os.PRIO_PROCESS, pid)
+        assert lanes.renice_backend(raw.driver_connection, 3) is None
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, before + 3)
+    finally:
+        raw.invalidate()  # a niced backend goes with its connection, not back to the pool
+
+
+def test_a_backend_behind_a_pooler_is_left_alone(clarion_env, monkeypatch):
+    raw = engine().raw_connection()
+    configure(monkeypatch, database_pooler="transaction")
+    try:
+        why = lanes.renice_backend(raw.driver_connection, 3)
+    finally:
+        raw.invalidate()
+    assert why is not None and "pooler" in why

@@ -190,11 +190,13 @@ def p95(values: list[float]) -> float:
     return sorted(values)[min(len(values) - 1, int(0.95 * len(values)))]
 
 
-def start_lanes(cluster: Cluster, bulk_env: dict[str, str] | None = None) -> None:
+def start_lanes(
+    cluster: Cluster, bulk_env: dict[str, str] | None = None, *, concurrency: int = 2
+) -> None:
     """One worker per lane as the docs run them on one host, and beat; the bulk worker with
-    `bulk_env` over the cluster's environment."""
+    `bulk_env` over the cluster's environment, and `concurrency` pool processes."""
     cluster.worker("tx", ["transactional"], concurrency=2)
-    cluster.worker("bulk", ["activation"], concurrency=2, env=bulk_env)
+    cluster.worker("bulk", ["activation"], concurrency=concurrency, env=bulk_env)
     cluster.worker("ctl", ["control", "events"], concurrency=1)
     cluster.beat()
     cluster.wait_ready(["tx", "bulk", "ctl"], 120)
