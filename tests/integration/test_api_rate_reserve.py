@@ -91,11 +91,11 @@ def test_a_cached_key_with_a_unit_held_is_checked_without_io_and_revocation_stil
     assert authorize_held(header, "events:write") is None  # not cached yet
     assert authorize(header, "events:write").id == made.record.id  # reads, reserves a chunk
     assert authorize_held(header, "events:write") is not None  # cached, a unit held
-    with pytest.raises(ApiError) as lacking:
+    with pytest.raises(ApiError, match="lacks the scope recipients:write") as lacking:
         authorize_held(header, "recipients:write")
     assert lacking.value.status == 403
     revoke_key(made.record.prefix)
     assert authorize_held(header, "events:write") is None  # not cached: authorize() reads it
-    with pytest.raises(ApiError) as revoked:
+    with pytest.raises(ApiError, match="revoked") as revoked:
         authorize(header, "events:write")
     assert revoked.value.status == 401
