@@ -57,7 +57,18 @@ _EMBEDDED: list = []  # the embedded services this pytest process started (the x
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The campaign case (marker `campaign`, ~10 minutes) runs only when asked by name
-    (`make campaign`, `-m campaign`): no tier's expression has to know to leave it out."""
+    (`make campaign`, `-m campaign`): no tier's expression has to know to leave it out.
+
+    Through pgbouncer (TEST_CLARION_POOLER=pgbouncer), a test marked `direct(why)` is skipped
+    with its reason: it needs what a transaction pooler does not give by design (a session, or a
+    database the pooler fixture has not prepared); the refusals themselves are tested
+    (tests/integration/test_pooler.py, test_lane_feedback.py)."""
+    if os.environ.get("TEST_CLARION_POOLER") == "pgbouncer":
+        for item in items:
+            if (direct := item.get_closest_marker("direct")) is not None:
+                item.add_marker(
+                    pytest.mark.skip(reason=f"needs a direct connection: {direct.args[0]}")
+                )
     if "campaign" in (config.option.markexpr or ""):
         return
     kept = [item for item in items if item.get_closest_marker("campaign") is None]

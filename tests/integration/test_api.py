@@ -518,6 +518,9 @@ def test_openapi_is_valid_and_lists_every_endpoint(client):
     assert docs.status_code == 200 and "/openapi.json" in docs.text
 
 
+@pytest.mark.direct(
+    "its own unmigrated database, which the pooler fixture has not given clarion's search_path"
+)
 def test_an_unmigrated_database_is_a_503_saying_so_not_a_traceback(
     client, unmigrated_database, monkeypatch
 ):

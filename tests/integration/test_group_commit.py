@@ -287,6 +287,9 @@ def _backend_alive(pid: int) -> bool:
         return bool(conn.execute(query, {"p": pid}).scalar_one())
 
 
+@pytest.mark.direct(
+    "kills the writer's server backend by pid, which a transaction pooler does not pin to it"
+)
 def test_the_writer_keeps_its_connection_and_replaces_one_killed_while_idle(scratch):
     """Groups after groups run on one kept connection; killed between groups (a restarted
     server, an idle session killed), the ping before the next group finds it lost and the group
@@ -300,6 +303,9 @@ def test_the_writer_keeps_its_connection_and_replaces_one_killed_while_idle(scra
     assert group.run(_insert("after-kill")) and _visible("after-kill")
 
 
+@pytest.mark.direct(
+    "kills the writer's server backend by pid, which a transaction pooler does not pin to it"
+)
 def test_a_connection_killed_between_unpinged_groups_fails_one_group_then_is_replaced(scratch):
     """Within `ping_idle` of its last group the connection is trusted: killed meanwhile, the next
     group fails as a lost connection does (nothing written, every caller told), and the writer

@@ -70,6 +70,7 @@ def test_a_bulk_batch_waits_for_transactional_work_in_flight(clarion_env, monkey
     assert lanes.pacer().budget.rate < lanes.Feedback().ceiling  # and it slowed down
 
 
+@pytest.mark.direct("a backend behind a pooler is left alone (the next test)")
 def test_a_backend_on_this_host_is_reniced(clarion_env):
     raw = engine().raw_connection()
     try:

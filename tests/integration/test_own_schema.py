@@ -98,6 +98,9 @@ def host_db(unmigrated_database: str) -> Iterator[str]:
     yield unmigrated_database
 
 
+@pytest.mark.direct(
+    "a database or schema of its own the pooler fixture has not given its search_path"
+)
 @pytest.mark.parametrize("partitions", [None, 2])
 def test_migrate_beside_a_host_app_leaves_its_tables_and_history_alone(host_db, partitions):
     eng = plain(host_db)
@@ -135,6 +138,9 @@ def test_migrate_beside_a_host_app_leaves_its_tables_and_history_alone(host_db, 
     eng.dispose()
 
 
+@pytest.mark.direct(
+    "a database or schema of its own the pooler fixture has not given its search_path"
+)
 def test_a_schema_of_another_name_works_end_to_end(host_db, monkeypatch):
     configure(monkeypatch, database_url=host_db, schema="acme_notify")
     dispose_all()
@@ -218,6 +224,9 @@ def row_counts(
 
 @pytest.mark.parametrize(
     ("partitions", "schema"), [(None, "clarion"), (2, "clarion"), (2, "acme_notify")]
+)
+@pytest.mark.direct(
+    "a database or schema of its own the pooler fixture has not given its search_path"
 )
 def test_a_deployment_in_public_moves_into_the_schema_with_its_rows(
     unmigrated_database, monkeypatch, partitions, schema
@@ -309,6 +318,9 @@ def _host_order(conn: Connection, account: str) -> int:
     return conn.execute(text("SELECT count(*) FROM preferences")).scalar_one()
 
 
+@pytest.mark.direct(
+    "a host app's connection in autocommit gets a session search_path switch; behind a pooler hand clarion one inside a transaction (docs/beyond-one-machine.md)"
+)
 def test_outbox_on_a_host_connection_committed_is_sent(shared):
     eng, receiver = shared
     with frozen_clock(), eng.begin() as conn:
@@ -343,6 +355,9 @@ def test_outbox_on_a_host_connection_committed_is_sent(shared):
         }
 
 
+@pytest.mark.direct(
+    "a host app's connection in autocommit gets a session search_path switch; behind a pooler hand clarion one inside a transaction (docs/beyond-one-machine.md)"
+)
 def test_outbox_on_a_host_connection_rolled_back_never_existed(shared):
     eng, receiver = shared
 
@@ -368,6 +383,9 @@ def test_outbox_on_a_host_connection_rolled_back_never_existed(shared):
         assert host_state(conn)["preferences"] == HOST_ROWS
 
 
+@pytest.mark.direct(
+    "a host app's connection in autocommit gets a session search_path switch; behind a pooler hand clarion one inside a transaction (docs/beyond-one-machine.md)"
+)
 def test_a_refused_call_on_a_host_connection_gives_back_the_hosts_search_path(shared):
     eng, _ = shared
     with eng.begin() as conn:

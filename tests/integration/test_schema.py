@@ -56,6 +56,9 @@ def test_the_schema_module_names_the_alembic_head():
     assert ScriptDirectory.from_config(config).get_current_head() == SCHEMA_REVISION
 
 
+@pytest.mark.direct(
+    "its own unmigrated database, which the pooler fixture has not given clarion's search_path"
+)
 def test_an_unmigrated_database_is_refused_with_what_to_do(unmigrated_database):
     with pytest.raises(ConfigurationError, match="not migrated.*run `clarion migrate`"):
         engine(unmigrated_database)
