@@ -312,7 +312,13 @@ class Profiler:
     collapsed stacks (`--profile DIR`); summarised by `profile_summary`."""
 
     def __init__(
-        self, out_dir: Path | None, label: str, pids: list[int], rate: int, idle: bool = True
+        self,
+        out_dir: Path | None,
+        label: str,
+        pids: list[int],
+        rate: int,
+        idle: bool = True,
+        gil: bool = False,
     ) -> None:
         import shutil
         import subprocess
@@ -338,6 +344,7 @@ class Profiler:
                         "--subprocesses",
                         "--nonblocking",
                         *(["--idle"] if idle else []),
+                        *(["--gil"] if gil else []),
                         "--rate",
                         str(rate),
                         "--format",
@@ -608,6 +615,7 @@ class Bench:
             [*pids, os.getpid()],
             a.profile_rate,
             idle=a.profile_mode == "wall",
+            gil=a.profile_mode == "gil",
         )
         self.cleanup.add(profiler.stop)
         return profiler
@@ -1253,11 +1261,11 @@ def report(rounds: list[list[Result]], args: argparse.Namespace, wall: float, lo
             for note in r.notes:
                 say(f"  {note}")
             if r.profile:
-                kind = (
-                    "wall-clock samples, waiting included"
-                    if args.profile_mode == "wall"
-                    else "on-CPU samples only"
-                )
+                kind = {
+                    "wall": "wall-clock samples, waiting included",
+                    "cpu": "on-CPU samples only",
+                    "gil": "samples of threads holding the GIL only: Python's own CPU",
+                }[args.profile_mode]
                 say(
                     f"  py-spy ({kind}; rates and CPU above are distorted by profiling, and "
                     "py-spy's own CPU shows as other processes):"
@@ -1331,9 +1339,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile-rate", type=int, default=100, help="py-spy samples/s (100)")
     parser.add_argument(
         "--profile-mode",
-        choices=("wall", "cpu"),
+        choices=("wall", "cpu", "gil"),
         default="wall",
-        help="wall: every sample, waiting included (default); cpu: on-CPU samples only",
+        help="wall: every sample, waiting included (default); cpu: on-CPU samples only (py-spy "
+        "may count a thread blocked in a socket call as running); gil: only threads holding the "
+        "GIL (the Python CPU a process spends, without the kernel's share of its I/O)",
     )
     args = parser.parse_args(argv)
     if min(args.n, args.workers, args.concurrency, args.chunk, args.recipients, args.rounds) < 1:
