@@ -270,9 +270,10 @@ _INSERT_GROUPED = text(
     WITH x AS (
         SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb))
             AS x(n int, g int, u text, t text, o text, l text, v int, vars jsonb)
-    ), known AS (
-        SELECT rc.user_id, rc.locale FROM recipients rc
-        WHERE rc.user_id IN (SELECT u FROM x) AND rc.erased_at IS NULL
+    ), known AS (  -- one index probe per id, as _LOCALES (a generic plan cannot turn it around)
+        SELECT these.u AS user_id, rc.locale FROM (SELECT DISTINCT u FROM x) these
+        CROSS JOIN LATERAL (SELECT locale FROM recipients WHERE user_id = these.u
+                            AND erased_at IS NULL OFFSET 0) rc
     ), bad AS (
         SELECT DISTINCT ON (x.g) x.g, x.u FROM x LEFT JOIN known k ON k.user_id = x.u
         WHERE k.user_id IS NULL ORDER BY x.g, x.n

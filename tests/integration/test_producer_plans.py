@@ -7,6 +7,7 @@ EXPLAIN ANALYZE of the statement as sent (PREPARE … EXECUTE), rolled back."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 
@@ -22,22 +23,25 @@ pytestmark = pytest.mark.integration
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
-def _generic_plan(sql: str, users: list[str]) -> str:
-    prepared = sql.replace(":users", "$1")
+def _generic_plan(sql: str, users: object, *more: object) -> str:
+    prepared = sql.replace(":users", "$1").replace(":rows", "$1")
+    prepared = prepared.replace(":due_at", "$2").replace(":now", "$3")
+    args = [users, *more]
+    marks = ", ".join(["%s"] * len(args))
     with engine().connect() as conn, conn.begin() as tx:
         raw = conn.connection.dbapi_connection
         assert raw is not None
         cur = ClientCursor(raw)  # type: ignore[call-overload]
         cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         cur.execute("PREPARE locales_plan AS " + prepared)
-        cur.execute("EXPLAIN (ANALYZE, TIMING OFF) EXECUTE locales_plan(%s)", [users])
+        cur.execute(f"EXPLAIN (ANALYZE, TIMING OFF) EXECUTE locales_plan({marks})", args)
         plan = "\n".join(r[0] for r in cur.fetchall())
         cur.execute("DEALLOCATE locales_plan")
         tx.rollback()
     return plan
 
 
-def test_recipient_locales_probes_each_id_under_a_generic_plan(clarion_env):
+def _recipients() -> None:
     with engine().begin() as conn:
         conn.execute(
             text(
@@ -49,13 +53,34 @@ def test_recipient_locales_probes_each_id_under_a_generic_plan(clarion_env):
         conn.execute(
             text("UPDATE recipients SET erased_at = :now WHERE user_id = 'u2'"), {"now": NOW}
         )
-    users = [f"u{i}" for i in range(1, 501)]
-    plan = _generic_plan(ledger._LOCALES.text, users)
+
+
+def _probes_each_id(plan: str) -> None:
     assert re.search(r"Index Scan using recipients_pkey\w* on recipients", plan), plan
+    assert "Seq Scan on recipients" not in plan, plan
     assert "Join Filter" not in plan, plan
     # one row read per id: none but the erased one is filtered out (partitioned: per partition)
     removed = [int(n) for n in re.findall(r"Rows Removed by Filter: (\d+)", plan)]
     assert sum(removed) <= 1, plan
+
+
+def test_recipient_locales_probes_each_id_under_a_generic_plan(clarion_env):
+    _recipients()
+    users = [f"u{i}" for i in range(1, 501)]
+    _probes_each_id(_generic_plan(ledger._LOCALES.text, users))
     with engine().begin() as conn:
         found = ledger.recipient_locales(conn, [*users, "nobody", "u1"])
     assert set(found) == set(users) - {"u2"}
+
+
+def test_grouped_ingest_probes_each_recipient_under_a_generic_plan(clarion_env):
+    """The ingest door's one statement (ledger.insert_grouped_requests: the recipients' check,
+    their locales and the INSERT) looks its recipients up the same way."""
+    _recipients()
+    rows = [
+        {"n": n, "g": n, "u": f"u{n + 1}", "t": "receipt", "o": f"event:{n}", "l": "transactional"}
+        | {"v": 1, "vars": {}}
+        for n in range(500)
+    ]
+    plan = _generic_plan(ledger._INSERT_GROUPED.text, json.dumps(rows), NOW, NOW)
+    _probes_each_id(plan)
