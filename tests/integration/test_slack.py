@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import redis
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from slack_bolt import App
 from slack_bolt.adapter.starlette import SlackRequestHandler
@@ -875,6 +875,10 @@ def test_thousands_of_forged_button_values_change_nothing_and_are_all_recorded(
 ):
     before = _deliveries_state()
     clicks = []
+    ana, cat = three_deliveries["ana"], three_deliveries["cat"]
+
+    def shaped(user: str, delivery: int, answer: str) -> str:
+        return json.dumps({"u": user, "d": delivery, "a": answer}, separators=(",", ":"))
 
     @settings(
         max_examples=examples + examples // 10,
@@ -883,6 +887,13 @@ def test_thousands_of_forged_button_values_change_nothing_and_are_all_recorded(
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
     @given(_forged_clicks(three_deliveries))
+    # one of each reason always, whatever the draw: the set asserted below does not hang on luck
+    @example(("slack", "U1", "{not json"))  # malformed
+    @example(("slack", "U1", shaped("ana", 2**62, "grow_team")))  # unknown_delivery
+    @example(("slack", "U9", click_value(ana, "grow_team")))  # foreign_user
+    @example(("teams", "U1", click_value(ana, "grow_team")))  # wrong_platform
+    @example(("slack", "U1", shaped("ana", ana[1], "start")))  # unknown_answer
+    @example(("slack", "U3", click_value(cat, "grow_team")))  # not_sent: cat's failed delivery
     def forged_click(forged: tuple[str, str, object]) -> None:
         platform, slack_user, raw = forged
         assume(not _legitimate(three_deliveries, platform, slack_user, raw))
