@@ -245,6 +245,20 @@ def insert_requests(
     ]
     params = {"rows": json.dumps(listed), "now": now, "due_at": due_at}
     created = {(u, t, o): i for u, t, o, i in conn.execute(_INSERT_REQUESTS, params)}
+    ids = _with_existing(conn, rows, created)
+    result, seen = [], set()
+    for r in rows:
+        occurrence = (r.user_id, r.type_key, r.occurrence_key)
+        result.append((ids[occurrence], occurrence in created and occurrence not in seen))
+        seen.add(occurrence)
+    return result
+
+
+def _with_existing(
+    conn: Connection, rows: Sequence[NewRequest], created: dict[tuple[str, str, str], int]
+) -> dict[tuple[str, str, str], int]:
+    """`created` (the ids an INSERT … ON CONFLICT DO NOTHING returned), plus the ids of the rows'
+    occurrences that were already there, read only when some row was not created."""
     ids = dict(created)
     if len(created) < len(rows):
         keys = {
@@ -253,12 +267,7 @@ def insert_requests(
             "occs": [r.occurrence_key for r in rows],
         }
         ids.update({(u, t, o): i for u, t, o, i in conn.execute(_EXISTING_REQUESTS, keys)})
-    result, seen = [], set()
-    for r in rows:
-        occurrence = (r.user_id, r.type_key, r.occurrence_key)
-        result.append((ids[occurrence], occurrence in created and occurrence not in seen))
-        seen.add(occurrence)
-    return result
+    return ids
 
 
 # insert_grouped_requests(): the recipients' check, their locales and the INSERT in one round
@@ -326,15 +335,8 @@ def insert_grouped_requests(
             created[(u, t, o)] = i
         else:
             bad[g] = u
-    ids = dict(created)
     kept = [r for g, group in enumerate(groups) if g not in bad for r in group]
-    if len(created) < len(kept):
-        keys = {
-            "users": [r.user_id for r in kept],
-            "types": [r.type_key for r in kept],
-            "occs": [r.occurrence_key for r in kept],
-        }
-        ids.update({(u, t, o): i for u, t, o, i in conn.execute(_EXISTING_REQUESTS, keys)})
+    ids = _with_existing(conn, kept, created)
     out: list[list[tuple[int, bool]] | str] = []
     seen: set[tuple[str, str, str]] = set()
     for g, group in enumerate(groups):
