@@ -107,7 +107,10 @@ _CHILD_INDEXES = text(
     """
 )
 # Settings LIKE does not copy: the table's storage parameters (autovacuum's, migration 0027) and
-# its columns' attribute options (user_id's pinned n_distinct, 0027).
+# its columns' attribute options (user_id's pinned n_distinct, 0027). Only the planner options
+# PostgreSQL documents for columns are carried: some builds keep entries of their own in
+# attoptions (Debian's 15.20 puts a pg_attver=N on every column), which are not ours to copy.
+COLUMN_OPTIONS = ("n_distinct", "n_distinct_inherited")
 _RELOPTIONS = text("SELECT reloptions FROM pg_class WHERE oid = CAST(:t AS regclass)")
 _ATTOPTIONS = text(
     "SELECT attname, attoptions FROM pg_attribute WHERE attrelid = CAST(:t AS regclass) "
@@ -152,7 +155,11 @@ def _rebuild(conn: Connection, table: str, partitions: int, where: str) -> None:
     triggers = [r[0] for r in conn.execute(_TRIGGERS, params)]  # read before the rename
     identity = [r[0] for r in conn.execute(_IDENTITY, params)]
     reloptions = conn.execute(_RELOPTIONS, params).scalar_one() or []
-    attoptions = [(r[0], list(r[1])) for r in conn.execute(_ATTOPTIONS, params)]
+    attoptions = [
+        (r[0], ours)
+        for r in conn.execute(_ATTOPTIONS, params)
+        if (ours := [o for o in r[1] if o.split("=", 1)[0] in COLUMN_OPTIONS])
+    ]
     positions = {
         col: conn.execute(
             text(f"SELECT last_value, is_called FROM {_sequence(conn, table, col)}")
