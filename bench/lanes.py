@@ -17,6 +17,10 @@ receipts idle again. Latency: arrival at the stand-in minus the notify call.
   ondb    on, and the backends niced
   NAME-c1 any of these with the bulk worker at concurrency 1 (2 otherwise)
 
+--stages splits each receipt's latency by the ledger's own timestamps: notify() to its row,
+to the route (broker and pick-up), to the arrival at the stand-in (the route's transaction, the
+claim's commit, the provider call).
+
 A round may be named more than once (--rounds off,on,off,on: alternate them on a shared host);
 the summary compares each round with the mean of the `off` rounds.
 """
@@ -78,11 +82,23 @@ def _round_child(
     name: str, base: dict[str, str], logs: Path, args: argparse.Namespace, issue: int, conn
 ) -> None:
     os.chdir(ROOT)
+    _exit_on_term()
     try:
         conn.send(_round(name, base, logs, args, issue))
     except BaseException as exc:
         conn.send([name, f"failed: {type(exc).__name__}: {exc}", "", "", "", "", "", "", ""])
         raise
+
+
+def _exit_on_term() -> None:
+    """SIGTERM (timeout, kill) unwinds like Ctrl-C: the round's workers are stopped by its
+    `finally`, not left consuming the shared broker for the next run."""
+    import signal
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _round(
@@ -112,15 +128,19 @@ def _round(
             start_lanes(cluster, concurrency=bulk_concurrency)
             receipts = Receipts(stand_in, f"{issue}-{name}-")  # a repeated round: new events
             receipts.steady(args.rate, 3)
+            mark = len(receipts.started)
             before = receipts.steady(args.rate, args.seconds / 2)
+            idle_orders = list(receipts.started)[mark:]
             say(f"  {name}: receipts idle p95 {p95(before) * 1000:.1f} ms")
             began = time.monotonic()
             start_campaign(f"round-{issue}")
             wait_for(lambda: stand_in.campaign_count() >= args.size // 20, 600, "campaign")
             alone = drain_rate(stand_in, args.drain)
             phase = time.monotonic()
+            mark = len(receipts.started)
             busy = receipts.steady(args.rate, args.seconds)
             ended = time.monotonic()
+            busy_orders = list(receipts.started)[mark:]
             say(f"  {name}: receipts beside the campaign p95 {p95(busy) * 1000:.1f} ms")
             drained(stand_in, args.size, 7200)
             whole = time.monotonic() - began
@@ -130,6 +150,9 @@ def _round(
         got = stand_in.close()
     finally:
         stand_in.kill()
+    if args.stages:
+        for phase_name, orders in (("idle", idle_orders), ("beside", busy_orders)):
+            _stages(f"{name}, {phase_name}", orders, receipts.started, got.receipts)
     beside = sum(1 for t in got.campaign_at if phase <= t <= ended) / (ended - phase)
     overlapped = max(got.campaign_at) > ended
     for phase_name, values in (("idle", idle), ("beside the campaign", busy)):
@@ -148,6 +171,61 @@ def _round(
         f"{len(got.campaign_to):,}",
         f"{sum(got.campaign_to.values()) - len(got.campaign_to)}",
     ]
+
+
+def _stages(
+    label: str,
+    orders: list[str],
+    started: dict[str, float],
+    arrived: dict[str, tuple[float, str, str | None]],
+) -> None:
+    """Where the receipts' time went, from the ledger's own timestamps (wall clock, one host):
+    notify() to its row's created_at, to the route's routed_at (broker and pick-up), to the
+    delivery's created_at (the route's gates), to the arrival at the stand-in (commit, claim and
+    the provider call); p50 and p95 of each, in ms."""
+    from sqlalchemy import text
+
+    from clarion.db.engine import engine
+
+    offset = time.time() - time.monotonic()
+    with engine().connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT r.variables ->> 'order', extract(epoch FROM r.created_at), "
+                "extract(epoch FROM r.routed_at), extract(epoch FROM d.created_at) "
+                "FROM requests r JOIN deliveries d ON d.user_id = r.user_id AND d.request_id = r.id "
+                "WHERE r.type_key = 'receipt_email' AND r.variables ->> 'order' = ANY(:o)"
+            ),
+            {"o": orders},
+        ).all()
+    parts: dict[str, list[float]] = {"insert": [], "pick-up": [], "route": [], "send": []}
+    for order, created, routed, delivery in rows:
+        start = started[order] + offset
+        arrival = arrived[f"Receipt {order}"][0] + offset
+        for part, value in zip(
+            parts,
+            (
+                float(created) - start,
+                float(routed - created),
+                float(delivery - routed),
+                arrival - float(delivery),
+            ),
+            strict=True,
+        ):
+            parts[part].append(float(value))
+    say(
+        f"  {label} stages (n={len(rows)}): "
+        + ", ".join(
+            f"{part} {_pct(values, 0.5):.1f}/{_pct(values, 0.95):.1f}"
+            for part, values in parts.items()
+        )
+        + " ms (p50/p95)"
+    )
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values) or [0.0]
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
 def _use(env: dict[str, str]) -> None:
@@ -179,11 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="receipts phase (30 s)")
     parser.add_argument("--drain", type=float, default=10.0, help="campaign alone (10 s)")
     parser.add_argument("--per-second", type=int, default=2000, help="provider budget (2000)")
+    parser.add_argument(
+        "--stages", action="store_true", help="where the receipts' time went (ledger timestamps)"
+    )
     args = parser.parse_args(argv)
     rounds = [r.strip() for r in args.rounds.split(",")]
     if unknown := {r for r in rounds if r.partition("-c")[0] not in ROUNDS}:
         parser.error(f"unknown rounds: {sorted(unknown)}")
     os.chdir(ROOT)
+    _exit_on_term()
     cleanup = Cleanup()
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     try:
