@@ -12,7 +12,15 @@ process, so the count keeps growing once a second (the dashboards and checks tha
 ticked" from it see an idle deployment tick). A tick with work is counted by the worker that runs
 it, as before. Celery's "Sending due task" DEBUG line is written only for ticks sent.
 
-Every other entry (alerts, the events round, retention) is sent on its schedule as Celery does.
+The events round (`clarion.events`, every second to the `events` queue) is skipped the same way:
+the tick's read says whether an enabled endpoint has an event due (the round, due in the same
+second, uses the tick's read when it is less than a tick old: one read a second). Every other entry (alerts, retention) is sent on its schedule as Celery
+does.
+
+Celery's scheduler wakes 10 ms before an entry is due and then polls without sleeping until it is
+(`Scheduler.adjust` subtracts a 10 ms drift, and a negative interval is not slept): with two
+entries every second, that busy loop was most of an idle beat's CPU (bench/RESULTS.md, "An idle
+deployment"). This scheduler sleeps until the entry is due.
 """
 
 from __future__ import annotations
@@ -23,32 +31,51 @@ from typing import Any
 
 from celery.beat import PersistentScheduler, ScheduleEntry
 
-from clarion import clock, metrics
-from clarion.db.due import what_is_due
+from clarion import clock, metrics, settings
+from clarion.db.due import Due, what_is_due
 from clarion.db.engine import engine
 from clarion.tasks.tick import LANES
 
 log = logging.getLogger(__name__)
 TICK = "clarion.tick"
+EVENTS = "clarion.events"
 
 
-def tick_has_work() -> bool:
-    """Whether a tick now would do anything (True when the database could not be asked)."""
+def what_beat_sends() -> Due | None:
+    """What is due now, or None when the database could not be asked."""
     try:
         with engine().connect() as conn:
-            return what_is_due(conn, now=clock.now(), lanes=LANES).anything
-    except Exception as exc:  # noqa: BLE001 - fail open: send the tick, whose run reports it
-        log.debug("beat: the due probe failed (%s); sending the tick", exc)
-        return True
+            return what_is_due(conn, now=clock.now(), lanes=LANES)
+    except Exception as exc:  # noqa: BLE001 - fail open: send the entry, whose run reports it
+        log.debug("beat: the due probe failed (%s); sending", exc)
+        return None
 
 
 class Scheduler(PersistentScheduler):
-    """PersistentScheduler that skips sending a tick with nothing due."""
+    """PersistentScheduler that skips sending a tick or an events round with nothing due, and
+    wakes when an entry is due rather than polling for it."""
+
+    # the tick's last read (monotonic seconds, what it said): the events round, due in the same
+    # second, takes its flag from it rather than reading again
+    _tick_read: tuple[float, Due | None] = (float("-inf"), None)
+
+    def adjust(self, n: Any, drift: float = -0.010) -> Any:
+        """Seconds to sleep before the next entry: all of them (Celery's own subtracts 10 ms and
+        then spins; see the module docstring)."""
+        return n
 
     def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
         if entry.task == TICK:
             started = time.perf_counter()
-            if not tick_has_work():
+            due = what_beat_sends()
+            self._tick_read = (time.monotonic(), due)
+            if due is not None and not due.anything:
                 metrics.TICK_SECONDS.observe(time.perf_counter() - started)
+                return
+        elif entry.task == EVENTS:
+            at, due = self._tick_read
+            if due is None or time.monotonic() - at >= settings.get().tick_interval:
+                due = what_beat_sends()
+            if due is not None and not due.events:
                 return
         super().apply_entry(entry, producer=producer)
