@@ -114,9 +114,8 @@ def _metrics_of_a_finished_child(pid: int | None = None, **_: object) -> None:
 
 @task_prerun.connect
 def _look_at_the_catalog(**_: object) -> None:
-    """Every task, ticks included, looks at the catalog file (at most once a second: one stat)
-    before it runs, so a pool process runs its next task with the edit (tasks/catalogs.py). An
-    idle process, which runs no task (beat sends nothing when nothing is due), looks then."""
+    """Every task, ticks included, looks at the catalog file (at most once a second: one stat),
+    so an edit reaches every pool process within about a second (tasks/catalogs.py)."""
     from clarion.tasks import runtime
 
     with contextlib.suppress(ClarionError):  # never loaded: the task that needs it says so

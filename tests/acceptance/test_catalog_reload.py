@@ -136,18 +136,15 @@ def test_a_catalog_edit_reaches_running_workers_with_deliveries_in_flight(
             )
             settled = wait_settled(120, expect_sent=3 * USERS)
 
-            # a broken edit: the workers keep the last good catalog, say why, and go on sending.
-            # An idle worker runs no task (nothing due: beat sends nothing), so it looks at the
-            # file before its next one: the refusal comes with the next work
+            # a broken edit: the workers keep the last good catalog, say why, and go on sending
             replace(path, yaml.safe_dump(BROKEN))
-            time.sleep(1.5)  # past the producer's and the workers' once-a-second look
-            notify_many(
-                [dict(user_id=f"u{u}", type_key="welcome", event_id="e3") for u in range(4)]
-            )
             wait_for(
                 lambda: "catalog change refused" in logs_of(logs, "w1") + logs_of(logs, "w2"),
                 10,
                 "a worker to refuse the broken edit",
+            )
+            notify_many(
+                [dict(user_id=f"u{u}", type_key="welcome", event_id="e3") for u in range(4)]
             )
             settled_again = wait_settled(60, expect_sent=3 * USERS + 4)
         finally:
