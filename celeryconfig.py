@@ -100,6 +100,6 @@ beat_schedule = {
     },
 }
 beat_schedule_filename = str(_settings.home / "celerybeat-schedule")
-# Beat sends the every-second tick, and the events round, only when something is due (tasks/beat.py:
-# one read first), and sleeps until an entry is due instead of polling the last 10 ms.
+# Beat sends the every-second tick only when something is due (tasks/beat.py: one read first), and
+# sleeps until an entry is due instead of polling the last 10 ms.
 beat_scheduler = "clarion.tasks.beat:Scheduler"

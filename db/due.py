@@ -11,10 +11,6 @@ taken while many rows were due (a young ledger with a backlog, analyzed before a
 costs a sequential scan that stops at the first match as cheap, and then reads every row when
 none is due: 1.3 s a tick at 2 M deliveries (bench/history.py). In index order the first row is
 one index probe whatever the statistics say.
-
-The same read answers beat's other every-second entry, the events round (tasks/events.py): its
-flag is set when an enabled endpoint has a send due (the outbound_sends_ready index, per
-endpoint); it is not part of `anything`, which is the tick's question.
 """
 
 from __future__ import annotations
@@ -34,11 +30,9 @@ class Due:
     escalations: bool
     refreshes: bool
     broadcasts: bool
-    events: bool = False  # outbound events due to an enabled endpoint (the events round's work)
 
     @property
     def anything(self) -> bool:
-        """Whether the tick has work (the events round is beat's other entry, not the tick's)."""
         return bool(
             self.series
             or self.requests
@@ -72,10 +66,7 @@ def _probe(lanes: tuple[str, ...]) -> str:
       EXISTS (SELECT 1 FROM escalations WHERE state = 'waiting' AND due_at <= :now) AS escalations,
       EXISTS (SELECT 1 FROM collapse_refreshes WHERE due_at IS NOT NULL AND due_at <= :now)
         AS refreshes,
-      EXISTS (SELECT 1 FROM broadcasts WHERE due_at <= :now) AS broadcasts,
-      EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.enabled AND EXISTS (
-        SELECT 1 FROM outbound_sends s
-        WHERE s.endpoint_id = e.id AND s.state = 'pending' AND s.next_at <= :now)) AS events
+      EXISTS (SELECT 1 FROM broadcasts WHERE due_at <= :now) AS broadcasts
     """
 
 
@@ -95,5 +86,4 @@ def what_is_due(conn: Connection, *, now: datetime, lanes: tuple[str, ...]) -> D
         escalations=row["escalations"],
         refreshes=row["refreshes"],
         broadcasts=row["broadcasts"],
-        events=row["events"],
     )

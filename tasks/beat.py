@@ -12,10 +12,10 @@ process, so the count keeps growing once a second (the dashboards and checks tha
 ticked" from it see an idle deployment tick). A tick with work is counted by the worker that runs
 it, as before. Celery's "Sending due task" DEBUG line is written only for ticks sent.
 
-The events round (`clarion.events`, every second to the `events` queue) is skipped the same way:
-the tick's read says whether an enabled endpoint has an event due (the round, due in the same
-second, uses the tick's read when it is less than a tick old: one read a second). Every other entry (alerts, retention) is sent on its schedule as Celery
-does.
+Every other entry (alerts, the events round, retention) is sent on its schedule as Celery does.
+The events round runs every second even when nothing is due on purpose: it is the task that makes
+an idle pool process look at the catalog file (tasks/app.py), so a process idle while a good edit
+was on disk still has it when a broken one follows (tests/acceptance/test_catalog_reload.py).
 
 Celery's scheduler wakes 10 ms before an entry is due and then polls without sleeping until it is
 (`Scheduler.adjust` subtracts a 10 ms drift, and a negative interval is not slept): with two
@@ -31,14 +31,13 @@ from typing import Any
 
 from celery.beat import PersistentScheduler, ScheduleEntry
 
-from clarion import clock, metrics, settings
+from clarion import clock, metrics
 from clarion.db.due import Due, what_is_due
 from clarion.db.engine import engine
 from clarion.tasks.tick import LANES
 
 log = logging.getLogger(__name__)
 TICK = "clarion.tick"
-EVENTS = "clarion.events"
 
 
 def what_beat_sends() -> Due | None:
@@ -52,12 +51,8 @@ def what_beat_sends() -> Due | None:
 
 
 class Scheduler(PersistentScheduler):
-    """PersistentScheduler that skips sending a tick or an events round with nothing due, and
-    wakes when an entry is due rather than polling for it."""
-
-    # the tick's last read (monotonic seconds, what it said): the events round, due in the same
-    # second, takes its flag from it rather than reading again
-    _tick_read: tuple[float, Due | None] = (float("-inf"), None)
+    """PersistentScheduler that skips sending a tick with nothing due, and wakes when an entry is
+    due rather than polling for it."""
 
     def adjust(self, n: Any, drift: float = -0.010) -> Any:
         """Seconds to sleep before the next entry: all of them (Celery's own subtracts 10 ms and
@@ -68,14 +63,7 @@ class Scheduler(PersistentScheduler):
         if entry.task == TICK:
             started = time.perf_counter()
             due = what_beat_sends()
-            self._tick_read = (time.monotonic(), due)
             if due is not None and not due.anything:
                 metrics.TICK_SECONDS.observe(time.perf_counter() - started)
-                return
-        elif entry.task == EVENTS:
-            at, due = self._tick_read
-            if due is None or time.monotonic() - at >= settings.get().tick_interval:
-                due = what_beat_sends()
-            if due is not None and not due.events:
                 return
         super().apply_entry(entry, producer=producer)

@@ -1,7 +1,6 @@
 """Delivering outbound events to apps' endpoints: the `events` queue's dispatch round.
 
-Beat publishes `clarion.events` every second that an enabled endpoint has an event due (tasks/beat.py
-reads that with the tick's question) to its own queue (`events`; run `clarion worker --lane
+Beat publishes `clarion.events` every tick to its own queue (`events`; run `clarion worker --lane
 events`), so a slow or dead endpoint holds only that lane's processes, never sending. And at most
 CLARION_EVENTS_PARALLEL of them (1) post to one endpoint at a time (a turn: a transaction-scoped
 advisory lock, in a transaction kept open for the round): a round finding its turns taken skips

@@ -16,12 +16,11 @@ from sqlalchemy.exc import InternalError
 from clarion import arm_series, clock, notify, register_recipient
 from clarion.db.due import what_is_due
 from clarion.db.engine import engine
-from clarion.tasks import event_endpoints
 from clarion.tasks.app import app
 from clarion.tasks.beat import Scheduler
 from clarion.tasks.publish import ROUTE
 from clarion.tasks.tick import LANES, tick
-from tests.support.pipeline import count, frozen_clock, published, publishing_to_this_tests_broker
+from tests.support.pipeline import frozen_clock, published, publishing_to_this_tests_broker
 
 pytestmark = pytest.mark.integration
 
@@ -130,47 +129,6 @@ def test_beat_sends_the_tick_only_when_something_is_due(tmp_path):
         notify("ann", "receipt", event_id="e1", variables={"order": "1"}, connection=conn)
     beat.apply_entry(tick_entry)
     assert beat.sent == ["alerts", "tick"]
-
-
-def test_beat_sends_the_events_round_only_when_an_enabled_endpoint_has_an_event_due(tmp_path):
-    beat = _Recording(app, schedule_filename=str(tmp_path / "schedule"), lazy=True)
-    beat.setup_schedule()
-    events_entry = beat.schedule["events"]
-    assert events_entry.task == "clarion.events"
-    register_recipient("ann", timezone="UTC")
-    beat.apply_entry(events_entry)
-    assert beat.sent == []  # no endpoint: no round
-    endpoint = event_endpoints.create("http://127.0.0.1:9/x", ["*"])
-    notify("ann", "receipt", event_id="e1", variables={"order": "1"})  # request.accepted, due now
-    assert count("outbound_sends") == 1
-    beat.apply_entry(events_entry)
-    assert beat.sent == ["events"]
-    with engine().begin() as conn:  # one failure put it off: not due, no round
-        conn.execute(text("UPDATE outbound_sends SET next_at = now() + interval '1 hour'"))
-    beat.apply_entry(events_entry)
-    assert beat.sent == ["events"]
-    with engine().begin() as conn:  # due again, but its endpoint disabled: no round either
-        conn.execute(text("UPDATE outbound_sends SET next_at = now()"))
-        conn.execute(
-            text("UPDATE webhook_endpoints SET enabled = false WHERE id = :i"), {"i": endpoint.id}
-        )
-    beat.apply_entry(events_entry)
-    assert beat.sent == ["events"]
-
-
-def test_the_events_round_takes_its_flag_from_the_ticks_read_of_the_same_second(tmp_path):
-    beat = _Recording(app, schedule_filename=str(tmp_path / "schedule"), lazy=True)
-    beat.setup_schedule()
-    register_recipient("ann", timezone="UTC")
-    event_endpoints.create("http://127.0.0.1:9/x", ["*"])
-    notify("ann", "receipt", event_id="e1", variables={"order": "1"})  # an event due now
-    with statements() as seen:
-        beat.apply_entry(beat.schedule["tick"])  # idle: the request's route message is out
-        reads = len(seen)
-        beat.apply_entry(beat.schedule["events"])
-    assert beat.sent == ["events"]
-    assert reads >= 1 and len(seen) == reads, "the round read the due indexes again"
-    beat.close()
 
 
 def test_beat_sleeps_until_an_entry_is_due_instead_of_polling_for_it(tmp_path):
