@@ -111,6 +111,13 @@ _CHILD_INDEXES = text(
 # PostgreSQL documents for columns are carried: some builds keep entries of their own in
 # attoptions (Debian's 15.20 puts a pg_attver=N on every column), which are not ours to copy.
 COLUMN_OPTIONS = ("n_distinct", "n_distinct_inherited")
+
+
+def planner_options(attoptions: list[str] | None) -> list[str]:
+    """The entries of a column's attoptions that are PostgreSQL's planner options."""
+    return [o for o in attoptions or [] if o.split("=", 1)[0] in COLUMN_OPTIONS]
+
+
 _RELOPTIONS = text("SELECT reloptions FROM pg_class WHERE oid = CAST(:t AS regclass)")
 _ATTOPTIONS = text(
     "SELECT attname, attoptions FROM pg_attribute WHERE attrelid = CAST(:t AS regclass) "
@@ -156,9 +163,7 @@ def _rebuild(conn: Connection, table: str, partitions: int, where: str) -> None:
     identity = [r[0] for r in conn.execute(_IDENTITY, params)]
     reloptions = conn.execute(_RELOPTIONS, params).scalar_one() or []
     attoptions = [
-        (r[0], ours)
-        for r in conn.execute(_ATTOPTIONS, params)
-        if (ours := [o for o in r[1] if o.split("=", 1)[0] in COLUMN_OPTIONS])
+        (r[0], ours) for r in conn.execute(_ATTOPTIONS, params) if (ours := planner_options(r[1]))
     ]
     positions = {
         col: conn.execute(
