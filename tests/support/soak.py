@@ -5,6 +5,7 @@ to settle, and the receiver-side verdict (lost, split, sent twice, repeats and t
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import sys
@@ -66,21 +67,28 @@ def receiver_on(rig: Rig, host: str = "receiver") -> Receiver:
 
 class Producer(threading.Thread):
     """The app: enqueues batches at a steady pace; a batch that raises is sent again as it is
-    (same event ids) until it is acknowledged, as an app with a retry would."""
+    (same event ids) until it is acknowledged, as an app with a retry would. `items` may be
+    endless: `stop()` ends the run after the batch in hand."""
 
-    def __init__(self, items: list[dict], batch: int, pause: float) -> None:
+    def __init__(self, items: Iterable[dict], batch: int, pause: float) -> None:
         super().__init__(daemon=True)
-        self.items, self.batch, self.pause = items, batch, pause
+        self.items, self.batch, self.pause = iter(items), batch, pause
         self.acknowledged: list[dict] = []
         self.errors = 0
         self.last_error = ""  # the most recent exception retried (shown in the report)
         self.found_on_retry = 0  # items of a failed attempt that had been written after all
         self.error: BaseException | None = None
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
 
     def run(self) -> None:
         try:
-            for start in range(0, len(self.items), self.batch):
-                chunk = self.items[start : start + self.batch]
+            while not self._halt.is_set():
+                chunk = list(itertools.islice(self.items, self.batch))
+                if not chunk:
+                    return
                 retried = False
                 while True:
                     try:
@@ -94,7 +102,7 @@ class Producer(threading.Thread):
                 if retried:
                     self.found_on_retry += sum(not e.new for e in result)
                 self.acknowledged.extend(chunk)
-                time.sleep(self.pause)
+                self._halt.wait(self.pause)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
 
