@@ -459,7 +459,7 @@ class Outcomes:
 
 
 def outcomes(conn: Connection, b: Broadcast) -> Outcomes:
-    """What became of a broadcast's requests so far (through the requests_broadcast index)."""
+    """What became of a broadcast's requests so far (through the requests_occurrence index)."""
     params = {"occ": b.occurrence_key, "type_key": b.type_key}
     sent, waiting = conn.execute(_PROGRESS, params).one()
     reasons = {reason: int(n) for reason, n in conn.execute(_REASONS, params)}
