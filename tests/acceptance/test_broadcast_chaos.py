@@ -3,7 +3,8 @@ and at random (SIGKILL every few seconds), counted at the receiving server: ever
 recipient's message arrives under exactly one idempotency key, nobody is requested twice, and
 every recipient left out has a recorded reason.
 
-The restart runs (marked `chaos` at 2,000 recipients, `soak` at 200,000) own their PostgreSQL and
+The run without a restart (2,000 recipients) is `soak`: the `chaos` run does all it does. The
+restart runs (marked `chaos` at 2,000 recipients, `soak` at 200,000) own their PostgreSQL and
 Redis (tests/support/services.py) and restart PostgreSQL once mid-fan-out as well: every open
 connection is cut, and the fan-out, route and deliver tasks come back from it. There, every repeat
 at the receiver (a message that arrived twice under its key: a crash between the provider taking
@@ -244,6 +245,7 @@ def own_services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[se
         yield own
 
 
+@pytest.mark.soak  # the chaos run below does all of this and restarts PostgreSQL too
 def test_a_broadcast_survives_its_fan_out_and_workers_killed(clarion_env, tmp_path, monkeypatch):
     use_broadcast_catalog(monkeypatch)
     _run(clarion_env.env, tmp_path, size=2_000, chunk=100, timeout=180)
