@@ -176,9 +176,12 @@ class Senders:
             return None
 
     def _sender(self) -> None:
-        db = self.work.connect()  # auto-committing: "sent" is durable once PostgreSQL answers
+        db: RowConnection | None = None
         abandoned = False
         try:
+            # inside the try: a connection that cannot be opened (the database failing over, this
+            # host cut off) must still count this sender out, or the batch's thread waits forever
+            db = self.work.connect()  # auto-committing: "sent" is durable once PostgreSQL answers
             while (row := self._next()) is not None:
                 began, _waited.seconds = time.monotonic(), 0.0
                 self.work.send(db, row, self)
@@ -188,7 +191,8 @@ class Senders:
         except Abandoned:
             abandoned = True  # the batch's thread counted this sender out and settled its row
         finally:
-            db.close()
+            if db is not None:
+                db.close()
             if not abandoned:
                 with self.cond:
                     self.running -= 1

@@ -26,6 +26,14 @@ from tests.support.hosts import Rig
 
 PG_CTL = "/usr/lib/postgresql/15/bin/pg_ctl"
 USER = "postgres"
+# docs/beyond-one-machine.md, "A worker host cut off mid-transaction"
+DEAD_CLIENTS = {
+    "tcp_keepalives_idle": "5",
+    "tcp_keepalives_interval": "2",
+    "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+    "idle_in_transaction_session_timeout": "60s",
+}
 PORT = 5432
 DATABASE = "clarion"
 # pg_autoctl puts PostgreSQL's socket here, where the system PostgreSQL has its own on 5432: each
@@ -105,6 +113,17 @@ class AutoFailover:
             if i:
                 check = partial(self._checkpointing, self.nodes[0], check)
             self._wait(check, timeout, f"{name} not up")
+            if i == 0:  # the standby's base backup copies them (postgresql.auto.conf)
+                self._dead_clients(name)
+
+    def _dead_clients(self, name: str) -> None:
+        """The server settings docs/beyond-one-machine.md recommends for a client host that
+        drops off mid-transaction: without them its backend holds its locks until TCP's own
+        two-hour keepalive, and every worker that needs one of those rows waits as long."""
+        with psycopg.connect(self.node_url(name), connect_timeout=5, autocommit=True) as conn:
+            for setting, value in DEAD_CLIENTS.items():
+                conn.execute(f"ALTER SYSTEM SET {setting} = '{value}'")
+            conn.execute("SELECT pg_reload_conf()")
 
     def _checkpointing(self, primary: str, check: Callable[[], bool]) -> bool:
         """`check()`, after a CHECKPOINT on `primary`: a standby's pg_basebackup (as pg_autoctl
