@@ -191,12 +191,14 @@ class Senders:
         except Abandoned:
             abandoned = True  # the batch's thread counted this sender out and settled its row
         finally:
-            if db is not None:
-                db.close()
-            if not abandoned:
-                with self.cond:
-                    self.running -= 1
-                    self.cond.notify_all()
+            try:
+                if db is not None:
+                    db.close()  # may raise on a connection the fault broke
+            finally:
+                if not abandoned:
+                    with self.cond:
+                        self.running -= 1
+                        self.cond.notify_all()
 
     def _next(self) -> ClaimedDelivery | None:
         with self.cond:

@@ -35,3 +35,25 @@ def test_a_sender_whose_connection_fails_is_counted_out_and_the_batch_ends() -> 
     assert ended, "the batch waited for a sender that had died"
     assert senders.running == 0
     assert list(senders.todo) == rows  # nothing was sent: left to the claims' lease
+
+
+class _BrokenDb:
+    def close(self) -> None:
+        raise OSError("the connection the fault broke cannot be closed cleanly")
+
+
+def test_a_sender_whose_connection_fails_to_close_is_counted_out_too() -> None:
+    def connect() -> _Db | _BrokenDb:
+        return _Db() if threading.current_thread().name == "batch" else _BrokenDb()
+
+    work = Work(connect=connect, send=lambda db, row, senders: None, overdue=lambda *a: None)  # type: ignore[arg-type]
+    senders = Senders(["row-1", "row-2"], work, senders=2, limit=2)  # type: ignore[list-item]
+    done = threading.Event()
+
+    def run() -> None:
+        senders.run()
+        done.set()
+
+    threading.Thread(target=run, name="batch", daemon=True).start()
+    assert done.wait(10), "the batch waited for a sender whose close() raised"
+    assert senders.running == 0 and not senders.todo  # both rows went through send()
