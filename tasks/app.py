@@ -15,8 +15,10 @@ exceptions raised by signal handlers (celery #2738), so both leave the process w
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import os
+import signal
 import sys
 
 import kombu.pools
@@ -105,6 +107,14 @@ def _fresh_connections(**_: object) -> None:
     from clarion.db import engine
 
     engine.dispose_all()
+
+
+@worker_process_init.connect
+def _stacks_on_request(**_: object) -> None:
+    """`kill -USR2 <pool process>` prints every thread's stack to the worker's stderr: what a
+    stuck pool process is waiting on, without a debugger (SIGUSR1 is billiard's soft time limit
+    in a pool process, and Celery's own stack dump in the main process)."""
+    faulthandler.register(signal.SIGUSR2, file=sys.__stderr__ or sys.stderr, all_threads=True)
 
 
 @worker_process_shutdown.connect

@@ -86,6 +86,7 @@ class Call:
     deadline: float  # time.monotonic()
     abandoned: bool = False
     started: float = field(default_factory=time.monotonic)
+    thread: threading.Thread = field(default_factory=threading.current_thread)  # the sender's
 
 
 # What a sender does with one row (it settles the row, whatever happens), and how the batch's
@@ -107,7 +108,17 @@ class Senders:
     """A batch's sends on `senders` threads. Each sender takes the next row and calls the provider on
     its own thread (no hand-off per send); the batch's thread watches every call's deadline and,
     once one passes, settles that row as unknown while its lease still covers it, and starts a
-    sender in place of the one left waiting (its call ends on its own timeouts, unheeded)."""
+    sender in place of the one left waiting (its call ends on its own timeouts, unheeded).
+
+    The batch ends when no sender is queued and none is live. A live sender is a thread inside
+    `_sender`, taken out by that frame's own `finally` (or by the batch's thread when it abandons
+    the sender's call): a set of threads, not a count that every exit path must keep right, and
+    the batch's thread looks at them at least every WATCH seconds, so a sender that vanished or a
+    hand-off no thread took is logged as the bug it is and cannot hold the batch, and with it the
+    worker, forever."""
+
+    WATCH = 5.0  # seconds between the batch thread's looks at its senders when no deadline is near
+    LOST = 30.0  # a sender queued this long without a thread starting it was lost
 
     def __init__(self, rows: list[ClaimedDelivery], work: Work, senders: int, limit: int) -> None:
         self.work = work
@@ -116,8 +127,14 @@ class Senders:
         self.limit = limit  # CLARION_SEND_CONCURRENCY: a provider that slows down gets up to this
         self.cond = threading.Condition()
         self.calls: set[Call] = set()
-        self.running = 0  # senders still sending for this batch (not abandoned, not done)
+        self.queued: list[float] = []  # when each sender handed to a thread but not begun was
+        self.live: set[threading.Thread] = set()  # threads in _sender, not abandoned
         self.watching = math.inf  # the deadline the batch's thread sleeps until
+
+    @property
+    def running(self) -> int:
+        """Senders the batch still waits for (queued or live)."""
+        return len(self.queued) + len(self.live)
 
     def run(self) -> None:
         for _ in range(self.senders):
@@ -146,8 +163,8 @@ class Senders:
 
     def _start(self) -> None:
         with self.cond:
-            self.running += 1
-        _threads().run(self._sender)
+            self.queued.append(time.monotonic())
+        self._hand_off()
 
     def _more(self, wanted: int) -> None:
         """One more sender for the rest of the batch, if the provider got slower than the batch
@@ -155,9 +172,18 @@ class Senders:
         with self.cond:
             more = self.running < min(wanted, len(self.todo))
             if more:
-                self.running += 1
+                self.queued.append(time.monotonic())
         if more:
+            self._hand_off()
+
+    def _hand_off(self) -> None:
+        try:
             _threads().run(self._sender)
+        except BaseException:  # no thread took it (none could be started): not queued after all
+            with self.cond:
+                self.queued.pop()
+                self.cond.notify_all()
+            raise
 
     def _wait(self) -> list[Call] | None:
         """The calls past their deadline, now abandoned; None once every sender is done."""
@@ -169,36 +195,54 @@ class Senders:
                     for call in overdue:
                         call.abandoned = True
                         self.calls.discard(call)
-                    self.running -= len(overdue)
+                        self.live.discard(call.thread)
                     return overdue
+                self._look(now)
                 self.watching = min((c.deadline for c in self.calls), default=math.inf)
-                self.cond.wait(None if self.watching == math.inf else self.watching - now)
+                self.cond.wait(min(self.watching - now, self.WATCH))
             return None
 
+    def _look(self, now: float) -> None:
+        """Drop senders that can no longer end on their own (called under the condition): a
+        thread that died outside `_sender`'s frame, a hand-off no thread started. Neither can
+        happen; if one does, the batch goes on without it and says so."""
+        dead = [t for t in self.live if not t.is_alive()]
+        lost = [q for q in self.queued if now - q > self.LOST]
+        if dead or lost:
+            log.error(
+                "send pool: senders lost",
+                extra={"action": "deliver_senders_lost", "dead": len(dead), "lost": len(lost)},
+            )
+            self.live.difference_update(dead)
+            del self.queued[: len(lost)]  # the oldest first: queued in time order
+
     def _sender(self) -> None:
-        db: RowConnection | None = None
-        abandoned = False
+        me = threading.current_thread()
+        with self.cond:
+            if self.queued:
+                self.queued.pop(0)
+            self.live.add(me)
         try:
             # inside the try: a connection that cannot be opened (the database failing over, this
-            # host cut off) must still count this sender out, or the batch's thread waits forever
+            # host cut off) must still take this sender out, or the batch's thread waits for it
             db = self.work.connect()  # auto-committing: "sent" is durable once PostgreSQL answers
-            while (row := self._next()) is not None:
-                began, _waited.seconds = time.monotonic(), 0.0
-                self.work.send(db, row, self)
-                channel = pace(row.channel)
-                channel.note(time.monotonic() - began, _waited.seconds)
-                self._more(channel.senders(self.limit))
-        except Abandoned:
-            abandoned = True  # the batch's thread counted this sender out and settled its row
-        finally:
             try:
-                if db is not None:
-                    db.close()  # may raise on a connection the fault broke
+                while (row := self._next()) is not None:
+                    began, _waited.seconds = time.monotonic(), 0.0
+                    self.work.send(db, row, self)
+                    channel = pace(row.channel)
+                    channel.note(time.monotonic() - began, _waited.seconds)
+                    self._more(channel.senders(self.limit))
             finally:
-                if not abandoned:
-                    with self.cond:
-                        self.running -= 1
-                        self.cond.notify_all()
+                db.close()
+        except Abandoned:
+            pass  # the batch's thread took this sender out and settled its row
+        except Exception:  # no connection (the database failing over): its rows wait for the lease
+            log.exception("sender stopped", extra={"action": "deliver_sender_stopped"})
+        finally:
+            with self.cond:
+                self.live.discard(me)
+                self.cond.notify_all()
 
     def _next(self) -> ClaimedDelivery | None:
         with self.cond:
@@ -240,12 +284,17 @@ class Threads:
 
     def __init__(self, keep: int = 16) -> None:
         self.keep = keep
-        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
+        self._idle: list[tuple[queue.SimpleQueue[Callable[[], None]], threading.Thread]] = []
         self._lock = threading.Lock()
 
     def run(self, work: Callable[[], None]) -> None:
         with self._lock:
-            inbox = self._idle.pop() if self._idle else None
+            while self._idle:
+                inbox, thread = self._idle.pop()
+                if thread.is_alive():  # always, unless the process was torn down around it
+                    break
+            else:
+                inbox = None
         if inbox is None:
             inbox = queue.SimpleQueue()
             threading.Thread(
@@ -254,12 +303,13 @@ class Threads:
         inbox.put(work)
 
     def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
+        me = threading.current_thread()
         while True:
-            inbox.get()()  # a sender: it catches what a row raises
+            inbox.get()()  # a sender: it catches and logs what it meets
             with self._lock:
                 if len(self._idle) >= self.keep:
                     return
-                self._idle.append(inbox)
+                self._idle.append((inbox, me))
 
 
 @runtime.per_process

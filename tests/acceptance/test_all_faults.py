@@ -38,6 +38,7 @@ from tests.support.redisha import SENTINEL, SentinelRedis
 from tests.support.soak import (
     LIBPQ_TIMEOUTS,
     Producer,
+    dump_stacks,
     incidents,
     kill_worker,
     rates,
@@ -152,6 +153,12 @@ def _run(rig: Rig, db: AutoFailover, tmp_path: Path, monkeypatch: pytest.MonkeyP
             receiver, _count(acknowledged, "webhook"), 300
         ) and launch.wait_until(lambda: len(slack.posts()) >= _count(acknowledged, "slack"), 60)
         finished = time.perf_counter()
+        back = _back(rig, receiver, faults, last)
+        if None in back.values():  # what a silent host's pool processes wait on, for the reader
+            asked = {h: dump_stacks(rig, h) for h, after in back.items() if after is None}
+            time.sleep(2)  # the handler writes the stacks as the signal arrives
+            print(f"\nstacks asked of {asked}")
+            _show_logs(tmp_path / "logs", producer, lines=300)
         for name in WORKERS:
             rig.kill(name)
     assert settled, f"not every occurrence arrived: {arrived()} of {len(acknowledged)}"
@@ -160,7 +167,6 @@ def _run(rig: Rig, db: AutoFailover, tmp_path: Path, monkeypatch: pytest.MonkeyP
     figures = verdict(receiver, [i for i in acknowledged if "webhook" in i["type_key"]])
     figures |= slack_verdict(slack, [i for i in acknowledged if "slack" in i["type_key"]])
     precision = _precision(receiver)
-    back = _back(rig, receiver, faults, last)
     table = _table(faults, [*receiver.arrivals.first_at.values(), *slack_times(slack)], warm)
     report = (
         f"{table}\n\n{len(acknowledged)} notifications (at least {SIZE} asked), offered at most "

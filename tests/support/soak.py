@@ -218,6 +218,29 @@ def kill_worker(rig: Rig, host: str) -> list[int]:
     return killed
 
 
+def dump_stacks(rig: Rig, host: str) -> list[int]:
+    """SIGUSR2 to each pool process of the Celery worker on `host`: every thread's stack goes to
+    the worker's log (tasks/app.py). The PIDs asked."""
+    asked = []
+    for process in rig.processes[host]:
+        if "worker" not in process.command or not process.alive():
+            continue
+        pid = process.popen.pid
+        for worker in _children(pid):
+            for child in _children(worker):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGUSR2)
+                    asked.append(child)
+    return asked
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
 def slack_verdict(slack: FakeSlack, acknowledged: list[dict]) -> dict[str, int]:
     """Assert, counted at the Slack stand-in: every acknowledged Slack occurrence posted, none
     posted twice (Slack has no idempotency key: an unknown send is settled by looking for the
