@@ -157,10 +157,10 @@ def test_two_requests_under_one_key_at_once_make_one_request_and_one_answer(ann)
         answers.append(httpx.post(url + "/v1/events", json=event(), headers=headers, timeout=60))
 
     with serving() as url, engine().connect() as holder:
-        # Hold the recipient row, so whichever request takes the key first stops inside the
-        # shared transaction at the requests insert (its foreign key check waits for this lock),
-        # holding the key; the other request waits meanwhile, handed to the same writer.
-        holder.execute(text("SELECT 1 FROM recipients WHERE user_id = 'ann' FOR UPDATE"))
+        # Hold off writes to requests, so whichever request takes the key first stops inside the
+        # shared transaction at the requests insert (it waits for this lock), holding the key;
+        # the other request waits meanwhile, handed to the same writer.
+        holder.execute(text("LOCK TABLE requests IN SHARE MODE"))
         holder_pid = holder.execute(text("SELECT pg_backend_pid()")).scalar_one()
         clients = [threading.Thread(target=post) for _ in range(2)]
         for c in clients:

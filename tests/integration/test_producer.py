@@ -360,10 +360,9 @@ def _notify_once(user: str) -> tuple[int, bool]:
 
 
 def test_eight_processes_notifying_one_event_create_one_request_and_one_is_told_new(ann):
-    # The recipient's row is held (FOR UPDATE conflicts with the key share the request's foreign
-    # key takes) until all eight inserts queue on it: then they race for the one request at once
-    lock = "SELECT 1 FROM recipients WHERE user_id = :u FOR UPDATE"
-    with held(lock, {"u": ann}, waiters=8) as queued:
+    # Writes to requests are held off (SHARE conflicts with an INSERT's ROW EXCLUSIVE) until all
+    # eight inserts queue on it: then they race for the one request at once
+    with held("LOCK TABLE requests IN SHARE MODE", {}, waiters=8) as queued:
         results = race(8, _notify_once, lambda i: (ann,))
     assert queued.waiters == 8 and queued.all_in("INSERT INTO requests"), (
         queued.statements
