@@ -99,6 +99,49 @@ def test_a_python_process_on_a_skewed_clock_sleeps_and_sees_the_skew(rig):
     assert abs(float(out.read_text().split()[-1]) - time.time() - 30) < 3
 
 
+TIMED_WAITS = """
+import queue, sys, threading, time
+start, stop, bad = time.monotonic(), time.monotonic() + float(sys.argv[1]), []
+def waits():
+    cond, inbox = threading.Condition(), queue.Queue()
+    while time.monotonic() < stop:
+        began = time.monotonic()
+        with cond:
+            cond.wait(0.001)
+        try:
+            inbox.get(timeout=0.001)
+        except queue.Empty:
+            pass
+        time.sleep(0.001)
+        if time.monotonic() - began > 2:
+            bad.append(time.monotonic() - began)
+threads = [threading.Thread(target=waits, daemon=True) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(stop + 10 - time.monotonic())
+stuck = sum(t.is_alive() for t in threads)
+print(stuck, len(bad), round(time.monotonic() - start, 1), time.time())
+"""
+
+
+def test_timed_waits_on_a_skewed_clock_end_while_the_skew_moves(rig):
+    """Eight threads of timed waits (a condition, a queue, a sleep: what a worker's sender,
+    flusher and batch threads do) in a process on a skewed clock, while the skew steps forward
+    and back: none hangs (with libfaketime's faked monotonic clock some did, for decades), the
+    monotonic clock does not step, and the wall clock shows the skew."""
+    out = rig.folder / "waits.out"
+    process = rig.start("a", [sys.executable, "-c", TIMED_WAITS, "6"], clock=True, log=out)
+    for seconds in (30, 0, -30, 30):
+        time.sleep(1.2)  # libfaketime reads the offset file at most once a second
+        rig.skew("a", seconds)
+    assert process.popen.wait(30) == 0, out.read_text()
+    stuck, slow, took, wall = out.read_text().split()[-4:]
+    assert (int(stuck), int(slow)) == (0, 0), out.read_text()
+    assert float(took) < 10, "the monotonic clock stepped with the skew"
+    assert abs(float(wall) - time.time() - 30) < 3, "the skew did not reach the process"
+
+
 def test_killing_a_host_stops_its_processes_only(rig):
     sleeper_a = rig.start("a", ["sleep", "600"])
     sleeper_b = rig.start("b", ["sleep", "600"])

@@ -37,6 +37,7 @@ from clarion.ops import launch
 
 HOSTS = ("db", "broker", "w1", "w2", "w3", "receiver")
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+SKEWED = Path(__file__).parent / "skewed"  # sitecustomize for a Python process on a skewed clock
 PREFIX = "clarion-rig"  # namespace names: clarion-rig-<pid>-<rig>-<host>
 CLONE_NEWNET = 0x40000000
 
@@ -211,17 +212,26 @@ class Rig:
         clock: bool = False,
     ) -> launch.Process:
         """A process in host `name`, stopped by the rig at the end (or by `kill`). `clock`: its
-        clock is the host's, which `skew` moves (libfaketime). The monotonic clock moves with it:
-        libfaketime 0.9.10 (Debian 12) answers EINVAL to clock_nanosleep(CLOCK_MONOTONIC,
-        TIMER_ABSTIME), which Python's time.sleep calls, when FAKETIME_DONT_FAKE_MONOTONIC is set,
-        so a Python process could not sleep; a step of `skew` is then also a step of the process's
-        monotonic clock (forward, and back when the skew is undone)."""
+        wall clock is the host's, which `skew` moves (libfaketime); its monotonic clock is the
+        machine's, as on a host whose wall clock NTP stepped. libfaketime's faked monotonic clock
+        hangs Python's timed waits now and then (a deadline read on the wall clock's scale: see
+        tests/support/skewed/sitecustomize.py, which also gives Python processes a `time.sleep`
+        that works without it)."""
         extra = dict(env or {})
         if clock:
             extra |= {
                 "LD_PRELOAD": str(FAKETIME),
                 "FAKETIME_TIMESTAMP_FILE": str(self.hosts[name].clock_file),
                 "FAKETIME_CACHE_DURATION": "1",
+                "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+                "PYTHONPATH": os.pathsep.join(
+                    p
+                    for p in (
+                        str(SKEWED),
+                        extra.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")),
+                    )
+                    if p
+                ),
             }
         process = launch.Process(
             self.command(name, argv, user=user, private=private), env=extra, log=log
