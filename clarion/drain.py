@@ -1,7 +1,9 @@
 """A queue drained by `threads` threads per process: `put` returns at once; a free thread hands
 everything waiting (up to `most`) to `handle` in one call, after waiting `linger` seconds from
-the first item for more to arrive (fewer, larger calls where each call has a fixed cost). Started on first `put`, and again in a
-forked child (which inherits the queue's object but not the threads)."""
+the first item for more to arrive (fewer, larger calls where each call has a fixed cost). A caller
+waiting in `settle` has nothing more to add, so the linger is cut short while it waits. Started on
+first `put`, and again in a forked child (which inherits the queue's object but not the
+threads)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ import logging
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -38,6 +39,7 @@ class Drain(Generic[T]):
         self._lock = threading.Lock()
         self._pending = 0  # put and not yet handled
         self._settled = threading.Condition()
+        self._hurry = threading.Event()  # set while someone waits in settle(): no linger
 
     def put(self, item: T) -> None:
         if self._pid != os.getpid():
@@ -53,7 +55,13 @@ class Drain(Generic[T]):
     def settle(self, timeout: float) -> bool:
         """Wait until every item put so far was handled; False if `timeout` passed first."""
         with self._settled:
-            return self._settled.wait_for(lambda: self._pending == 0, timeout)
+            if self._pending == 0:
+                return True
+            self._hurry.set()
+            try:
+                return self._settled.wait_for(lambda: self._pending == 0, timeout)
+            finally:
+                self._hurry.clear()
 
     def _start(self) -> None:
         with self._lock:
@@ -62,6 +70,7 @@ class Drain(Generic[T]):
             self._inbox = queue.SimpleQueue()  # a forked child's copy holds no thread
             self._pending = 0
             self._settled = threading.Condition()
+            self._hurry = threading.Event()
             for n in range(self.threads):
                 name = f"{self.name}-{n}"
                 threading.Thread(
@@ -73,7 +82,7 @@ class Drain(Generic[T]):
         while True:
             items = [inbox.get()]
             if self.linger:
-                time.sleep(self.linger)
+                self._hurry.wait(self.linger)
             while len(items) < self.most:
                 try:
                     items.append(inbox.get_nowait())
