@@ -54,6 +54,14 @@ class Run:
     p50: float  # ms
     p95: float
     errors: int
+    statuses: dict[int, int]  # the answers that were not 202, by status
+
+
+def non_202(**runs: Run) -> str:
+    """The non-202 answers of a row's runs: a count, and which run had which statuses."""
+    total = sum(r.errors for r in runs.values())
+    detail = ", ".join(f"{name} {r.statuses}" for name, r in runs.items() if r.errors)
+    return f"{total} ({detail})" if total else "0"
 
 
 class Client:
@@ -83,6 +91,7 @@ def load(
     """Post every body once from `clients` connections; closed loop, or paced at `rate`/s."""
     latencies: list[float] = []
     errors = [0]
+    statuses: dict[int, int] = {}
     lock = threading.Lock()
     start = time.perf_counter() + 0.05
 
@@ -99,6 +108,8 @@ def load(
             with lock:
                 latencies.append(took)
                 errors[0] += status != 202
+                if status != 202:
+                    statuses[status] = statuses.get(status, 0) + 1
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
     for t in threads:
@@ -108,7 +119,7 @@ def load(
     wall = time.perf_counter() - start
     latencies.sort()
     pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
-    return Run(len(bodies) / wall, pick(0.5), pick(0.95), errors[0])
+    return Run(len(bodies) / wall, pick(0.5), pick(0.95), errors[0], statuses)
 
 
 def wait_for(port: int, path: str = "/healthz", timeout: float = 60) -> None:
@@ -318,7 +329,7 @@ def _run(bench: Bench, args: argparse.Namespace) -> int:
                 f"{ours.p95:.1f}",
                 f"{base.p95:.1f}",
                 f"{half:.0f}/s: {ours_half.p95:.1f} vs {base_half.p95:.1f} ({ours_half.p95 / base_half.p95:.2f}x)",
-                str(ours.errors + base.errors + ours_half.errors + base_half.errors),
+                non_202(clarion=ours, baseline=base, clarion_half=ours_half, baseline_half=base_half),
             ]
         )
     say(
@@ -355,7 +366,7 @@ def _run(bench: Bench, args: argparse.Namespace) -> int:
                     f"{ours_rows:.0f}",
                     f"{plain:.0f}",
                     f"{ours_rows / plain:.2f}x",
-                    str(ours.errors),
+                    non_202(clarion=ours),
                 ]
             ],
         )
