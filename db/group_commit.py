@@ -28,6 +28,12 @@ of its own (`batch(connection, [payload])`), so one bad payload still fails only
 thread once per group after its COMMIT, with (payload, result) of each `submit_rows` payload that
 succeeded — work that must follow the commit (a publish), done once for the group instead of once
 per caller; it is called after the callers were answered and must not raise.
+
+`one_statement=True` says `batch` writes with a single statement (later statements only read): a
+group of `submit_rows` payloads alone then runs it on an auto-committing connection, the statement
+its own transaction — atomic and durable when it returns, as the COMMIT was, without the BEGIN and
+COMMIT round trips. A group with any `submit` unit, and the retry after a failed batch, keep the
+transaction and its savepoints.
 """
 
 from __future__ import annotations
@@ -94,8 +100,10 @@ class GroupCommit(Generic[P, R]):
         batch: Callable[[Connection, Sequence[P]], Sequence[R | BaseException]] | None = None,
         ping_idle: float = PING_IDLE,
         committed: Callable[[list[tuple[P, R]]], None] | None = None,
+        one_statement: bool = False,
     ) -> None:
         self.engine = engine
+        self.one_statement = one_statement
         self.committed = committed
         self.ping_idle = ping_idle
         self.batch = batch
@@ -151,7 +159,22 @@ class GroupCommit(Generic[P, R]):
         for unit in units:
             unit.result, unit.error = None, None
         rows = [u for u in units if u.work is None] if batched else []
-        conn = self._connection()
+        alone = self.one_statement and len(rows) == len(units)
+        conn = self._connection(autocommit=alone)
+        if alone:
+            try:
+                self._batch(conn, rows)
+            except _BatchFailed:
+                raise
+            except BaseException as exc:  # the connection failed: the statement's rows are not in
+                for unit in units:
+                    if unit.error is None:
+                        unit.error = exc
+            finally:
+                self._kept.auto_used_at = time.monotonic()
+                if conn.invalidated or conn.closed:
+                    self._forget(autocommit=True)
+            return
         try:
             with conn.begin():
                 if rows:
@@ -166,28 +189,33 @@ class GroupCommit(Generic[P, R]):
                 if unit.error is None:
                     unit.error = exc
         finally:
-            self._kept.used_at = time.monotonic()
+            self._kept.conn_used_at = time.monotonic()
             if conn.invalidated or conn.closed:
                 self._forget()  # lost: the next group opens a new one
 
-    def _connection(self) -> Connection:
-        """This writer thread's own connection, kept from group to group: no pool checkout and
-        ping per group. Pinged only when it was idle `ping_idle` seconds (a server restarted or an
-        idle session killed meanwhile); a new one when it was lost or the engine changed."""
+    def _connection(self, *, autocommit: bool = False) -> Connection:
+        """This writer thread's own connection (one transactional, one auto-committing), kept
+        from group to group: no pool checkout and ping per group. Pinged only when it was idle
+        `ping_idle` seconds (a server restarted or an idle session killed meanwhile); a new one
+        when it was lost or the engine changed."""
         engine = self.engine()
-        conn: Connection | None = getattr(self._kept, "conn", None)
+        slot = "auto" if autocommit else "conn"
+        conn: Connection | None = getattr(self._kept, slot, None)
         if conn is not None and not (conn.closed or conn.invalidated or conn.engine is not engine):
-            idle = time.monotonic() - getattr(self._kept, "used_at", 0.0)
+            idle = time.monotonic() - getattr(self._kept, f"{slot}_used_at", 0.0)
             if idle < self.ping_idle or _answers(conn):
                 return conn
-        self._forget()
+        self._forget(autocommit=autocommit)
         conn = engine.connect()
-        self._kept.conn = conn
+        if autocommit:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        setattr(self._kept, slot, conn)
         return conn
 
-    def _forget(self) -> None:
-        conn: Connection | None = getattr(self._kept, "conn", None)
-        self._kept.conn = None
+    def _forget(self, *, autocommit: bool = False) -> None:
+        slot = "auto" if autocommit else "conn"
+        conn: Connection | None = getattr(self._kept, slot, None)
+        setattr(self._kept, slot, None)
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()

@@ -83,8 +83,10 @@ def _publish_rows(done: list[tuple[list[NewRequest], list[Enqueued]]]) -> None:
 
 
 # Concurrent requests share transactions (db/group_commit.py): one COMMIT answers many.
+# _write_rows is one INSERT (insert_grouped_requests; what follows it only reads): a group of plain
+# requests alone is that statement auto-committed, without BEGIN and COMMIT round trips.
 WRITER: GroupCommit[list[NewRequest], list[Enqueued]] = GroupCommit(
-    engine, writers=4, batch=_write_rows, committed=_publish_rows
+    engine, writers=4, batch=_write_rows, committed=_publish_rows, one_statement=True
 )
 
 

@@ -318,3 +318,103 @@ def test_a_connection_killed_between_unpinged_groups_fails_one_group_then_is_rep
     assert not _visible("lost")
     assert group.run(_backend) != pid
     assert group.run(_insert("next")) and _visible("next")
+
+
+def _one_statement_batch(calls: list[list[str]], levels: list[str]):
+    """A batch written as one statement (GroupCommit(one_statement=True)): every payload's key in
+    one INSERT, which first waits for row-1 (so a test can hold the writer there); a key
+    starting with `refuse` is that payload's own refusal, `k0` (taken) fails the statement.
+    Records each call's keys and whether it ran auto-committed or in a transaction."""
+
+    def batch(conn: Connection, keys) -> list[object]:
+        calls.append(list(keys))
+        autocommit = conn.connection.dbapi_connection.autocommit  # type: ignore[union-attr]
+        levels.append("AUTOCOMMIT" if autocommit else "transaction")
+        taken = [k for k in keys if not k.startswith("refuse")]
+        inserted: dict[str, int] = dict(
+            conn.execute(
+                text(
+                    "WITH held AS (SELECT 1 FROM scratch WHERE k = 'row-1' FOR UPDATE) "
+                    "INSERT INTO scratch SELECT k, txid_current() "
+                    "FROM unnest(CAST(:keys AS text[])) k, held RETURNING k, tx"
+                ),
+                {"keys": taken},
+            ).all()
+        )
+        return [ValueError(f"refused {k}") if k.startswith("refuse") else inserted[k] for k in keys]
+
+    return batch
+
+
+def _rows_behind_held_row(group: GroupCommit, pid: int, payloads: list[str]) -> list:
+    """A first payload whose statement waits on the held row, then `payloads` queued meanwhile:
+    they form the next group, of payloads alone."""
+    futures = [group.submit_rows("first")]
+    _until(lambda: _blocked_on(pid) == 1, "the writer never reached the held row")
+    futures += [group.submit_rows(p) for p in payloads]
+    _until(lambda: group.queued() == 1 + len(payloads), "the payloads never queued together")
+    return futures
+
+
+def test_a_group_of_payloads_alone_is_one_auto_committed_statement(scratch):
+    """one_statement=True: no BEGIN, no COMMIT — the statement is the transaction. The payloads
+    still share it (one txid), a refused payload still fails alone, and the rows are committed
+    when the callers hear."""
+    calls: list[list[str]] = []
+    levels: list[str] = []
+    group: GroupCommit[str, int] = GroupCommit(
+        engine, batch=_one_statement_batch(calls, levels), one_statement=True
+    )
+    holder, pid = _holding("row-1")
+    futures = _rows_behind_held_row(group, pid, ["a", "refuse-b", "c"])
+    holder.rollback()
+    holder.close()
+    first, a, b, c = futures
+    with pytest.raises(ValueError, match="refused refuse-b"):
+        b.result(30)
+    assert first.result(30) != a.result(30) == c.result(30)  # the second group: one statement
+    assert calls == [["first"], ["a", "refuse-b", "c"]]
+    assert levels == ["AUTOCOMMIT", "AUTOCOMMIT"]
+    assert [_visible(k) for k in ("first", "a", "c")] == [True, True, True]
+    assert not _visible("refuse-b")
+
+
+def test_a_failed_one_statement_group_runs_again_in_a_transaction_a_savepoint_each(scratch):
+    calls: list[list[str]] = []
+    levels: list[str] = []
+    group: GroupCommit[str, int] = GroupCommit(
+        engine, batch=_one_statement_batch(calls, levels), one_statement=True
+    )
+    holder, pid = _holding("row-1")
+    futures = _rows_behind_held_row(group, pid, ["a", "k0", "c"])
+    with engine().begin() as conn:
+        conn.execute(text("INSERT INTO scratch VALUES ('k0', 0)"))  # k0 is taken now
+    holder.rollback()
+    holder.close()
+    first, a, k0, c = futures
+    with pytest.raises(DBAPIError, match="scratch_pkey"):
+        k0.result(30)
+    assert first.result(30) and a.result(30) == c.result(30)  # one transaction for the retry
+    assert calls == [["first"], ["a", "k0", "c"], ["a"], ["k0"], ["c"]]
+    assert levels[:2] == ["AUTOCOMMIT", "AUTOCOMMIT"]
+    assert "AUTOCOMMIT" not in levels[2:]  # the retry: a transaction, a savepoint per payload
+    assert [_visible(k) for k in ("a", "c")] == [True, True]
+
+
+def test_a_group_with_a_unit_of_work_keeps_its_transaction(scratch):
+    calls: list[list[str]] = []
+    levels: list[str] = []
+    group: GroupCommit[str, int] = GroupCommit(
+        engine, batch=_one_statement_batch(calls, levels), one_statement=True
+    )
+    holder, pid = _holding("row-1")
+    first = group.submit_rows("first")
+    _until(lambda: _blocked_on(pid) == 1, "the writer never reached the held row")
+    work, a, c = group.submit(_insert("w")), group.submit_rows("a"), group.submit_rows("c")
+    _until(lambda: group.queued() == 4, "the units never queued together")
+    holder.rollback()
+    holder.close()
+    assert first.result(30) != work.result(30) == a.result(30) == c.result(30)  # one transaction
+    assert calls == [["first"], ["a", "c"]]
+    assert levels == ["AUTOCOMMIT", "transaction"]
+    assert [_visible(k) for k in ("w", "a", "c")] == [True, True, True]
