@@ -159,29 +159,18 @@ class GroupCommit(Generic[P, R]):
         for unit in units:
             unit.result, unit.error = None, None
         rows = [u for u in units if u.work is None] if batched else []
-        alone = self.one_statement and len(rows) == len(units)
+        alone = self.one_statement and len(rows) == len(units)  # the statement is the transaction
         conn = self._connection(autocommit=alone)
-        if alone:
-            try:
-                self._batch(conn, rows)
-            except _BatchFailed:
-                raise
-            except BaseException as exc:  # the connection failed: the statement's rows are not in
-                for unit in units:
-                    if unit.error is None:
-                        unit.error = exc
-            finally:
-                self._kept.auto_used_at = time.monotonic()
-                if conn.invalidated or conn.closed:
-                    self._forget(autocommit=True)
-            return
         try:
-            with conn.begin():
-                if rows:
-                    self._batch(conn, rows)
-                for unit in units:
-                    if unit.work is not None or not batched:
-                        _in_savepoint(conn, unit, self._work(unit))
+            if alone:
+                self._batch(conn, rows)
+            else:
+                with conn.begin():
+                    if rows:
+                        self._batch(conn, rows)
+                    for unit in units:
+                        if unit.work is not None or not batched:
+                            _in_savepoint(conn, unit, self._work(unit))
         except _BatchFailed:
             raise
         except BaseException as exc:  # the connection or the COMMIT failed: nobody's rows are in
@@ -189,9 +178,9 @@ class GroupCommit(Generic[P, R]):
                 if unit.error is None:
                     unit.error = exc
         finally:
-            self._kept.conn_used_at = time.monotonic()
+            setattr(self._kept, f"{_slot(alone)}_used_at", time.monotonic())
             if conn.invalidated or conn.closed:
-                self._forget()  # lost: the next group opens a new one
+                self._forget(autocommit=alone)  # lost: the next group opens a new one
 
     def _connection(self, *, autocommit: bool = False) -> Connection:
         """This writer thread's own connection (one transactional, one auto-committing), kept
@@ -199,7 +188,7 @@ class GroupCommit(Generic[P, R]):
         `ping_idle` seconds (a server restarted or an idle session killed meanwhile); a new one
         when it was lost or the engine changed."""
         engine = self.engine()
-        slot = "auto" if autocommit else "conn"
+        slot = _slot(autocommit)
         conn: Connection | None = getattr(self._kept, slot, None)
         if conn is not None and not (conn.closed or conn.invalidated or conn.engine is not engine):
             idle = time.monotonic() - getattr(self._kept, f"{slot}_used_at", 0.0)
@@ -213,7 +202,7 @@ class GroupCommit(Generic[P, R]):
         return conn
 
     def _forget(self, *, autocommit: bool = False) -> None:
-        slot = "auto" if autocommit else "conn"
+        slot = _slot(autocommit)
         conn: Connection | None = getattr(self._kept, slot, None)
         setattr(self._kept, slot, None)
         if conn is not None:
@@ -254,6 +243,11 @@ class GroupCommit(Generic[P, R]):
                 unit.result = self._work(unit)(conn)
         except BaseException as exc:
             unit.error = exc
+
+
+def _slot(autocommit: bool) -> str:
+    """Where a writer thread keeps its connection of that kind (and `<slot>_used_at`)."""
+    return "auto" if autocommit else "conn"
 
 
 def _in_savepoint(conn: Connection, unit: _Unit, work: Callable[[Connection], Any]) -> None:
