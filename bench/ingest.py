@@ -329,7 +329,9 @@ def _run(bench: Bench, args: argparse.Namespace) -> int:
                 f"{ours.p95:.1f}",
                 f"{base.p95:.1f}",
                 f"{half:.0f}/s: {ours_half.p95:.1f} vs {base_half.p95:.1f} ({ours_half.p95 / base_half.p95:.2f}x)",
-                non_202(clarion=ours, baseline=base, clarion_half=ours_half, baseline_half=base_half),
+                non_202(
+                    clarion=ours, baseline=base, clarion_half=ours_half, baseline_half=base_half
+                ),
             ]
         )
     say(
