@@ -284,17 +284,12 @@ class Threads:
 
     def __init__(self, keep: int = 16) -> None:
         self.keep = keep
-        self._idle: list[tuple[queue.SimpleQueue[Callable[[], None]], threading.Thread]] = []
+        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
         self._lock = threading.Lock()
 
     def run(self, work: Callable[[], None]) -> None:
         with self._lock:
-            while self._idle:
-                inbox, thread = self._idle.pop()
-                if thread.is_alive():  # always, unless the process was torn down around it
-                    break
-            else:
-                inbox = None
+            inbox = self._idle.pop() if self._idle else None
         if inbox is None:
             inbox = queue.SimpleQueue()
             threading.Thread(
@@ -303,13 +298,12 @@ class Threads:
         inbox.put(work)
 
     def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
-        me = threading.current_thread()
         while True:
             inbox.get()()  # a sender: it catches and logs what it meets
             with self._lock:
                 if len(self._idle) >= self.keep:
                     return
-                self._idle.append((inbox, me))
+                self._idle.append(inbox)
 
 
 @runtime.per_process

@@ -259,6 +259,15 @@ def test_a_batch_that_raises_runs_again_a_savepoint_per_payload(scratch):
     group: GroupCommit[str, int] = GroupCommit(engine, batch=_rows_batch(calls))
     holder, pid = _holding("row-1")
     futures = _queue_behind_held_row(group, pid, ["a", "k0", "c"])
+    first, a, c = _k0_taken_then_released(holder, futures)
+    assert first.result(30) == 0 and a.result(30) == c.result(30)
+    assert calls == [["a", "k0", "c"], ["a"], ["k0"], ["c"]]  # the group, then one by one
+    assert [_visible(k) for k in ("a", "c")] == [True, True]
+
+
+def _k0_taken_then_released(holder: Connection, futures: list) -> tuple:
+    """Take k0 while the group that holds it waits, release the held row, and check k0's caller
+    got the statement's failure; the other futures (first, a, c)."""
     with engine().begin() as conn:
         conn.execute(text("INSERT INTO scratch VALUES ('k0', 0)"))  # k0 is taken now
     holder.rollback()
@@ -266,9 +275,7 @@ def test_a_batch_that_raises_runs_again_a_savepoint_per_payload(scratch):
     first, a, k0, c = futures
     with pytest.raises(DBAPIError, match="scratch_pkey"):
         k0.result(30)
-    assert first.result(30) == 0 and a.result(30) == c.result(30)
-    assert calls == [["a", "k0", "c"], ["a"], ["k0"], ["c"]]  # the group, then one by one
-    assert [_visible(k) for k in ("a", "c")] == [True, True]
+    return first, a, c
 
 
 def _backend(conn: Connection) -> int:
@@ -387,13 +394,7 @@ def test_a_failed_one_statement_group_runs_again_in_a_transaction_a_savepoint_ea
     )
     holder, pid = _holding("row-1")
     futures = _rows_behind_held_row(group, pid, ["a", "k0", "c"])
-    with engine().begin() as conn:
-        conn.execute(text("INSERT INTO scratch VALUES ('k0', 0)"))  # k0 is taken now
-    holder.rollback()
-    holder.close()
-    first, a, k0, c = futures
-    with pytest.raises(DBAPIError, match="scratch_pkey"):
-        k0.result(30)
+    first, a, c = _k0_taken_then_released(holder, futures)
     assert first.result(30) and a.result(30) == c.result(30)  # one transaction for the retry
     assert calls == [["first"], ["a", "k0", "c"], ["a"], ["k0"], ["c"]]
     assert levels[:2] == ["AUTOCOMMIT", "AUTOCOMMIT"]

@@ -204,34 +204,24 @@ def start_fleet(
 def kill_worker(rig: Rig, host: str) -> list[int]:
     """SIGKILL the Celery worker that a supervisor (`start_fleet(supervised=True)`) runs on
     `host`, as the kernel's OOM killer would: its supervisor starts it again. The PIDs killed."""
-    killed = []
-    for process in rig.processes[host]:
-        if "worker" not in process.command or not process.alive():
-            continue
-        pid = process.popen.pid
-        with contextlib.suppress(FileNotFoundError):
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-            for child in map(int, children):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child, signal.SIGKILL)
-                    killed.append(child)
-    return killed
+    return _signal(_celery_workers(rig, host), signal.SIGKILL)
 
 
 def dump_stacks(rig: Rig, host: str) -> list[int]:
     """SIGUSR2 to each pool process of the Celery worker on `host`: every thread's stack goes to
     the worker's log (tasks/app.py). The PIDs asked."""
-    asked = []
-    for process in rig.processes[host]:
-        if "worker" not in process.command or not process.alive():
-            continue
-        pid = process.popen.pid
-        for worker in _children(pid):
-            for child in _children(worker):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child, signal.SIGUSR2)
-                    asked.append(child)
-    return asked
+    pool = [child for worker in _celery_workers(rig, host) for child in _children(worker)]
+    return _signal(pool, signal.SIGUSR2)
+
+
+def _celery_workers(rig: Rig, host: str) -> list[int]:
+    """The Celery worker processes (main processes) the supervisors on `host` run."""
+    return [
+        child
+        for process in rig.processes[host]
+        if "worker" in process.command and process.alive()
+        for child in _children(process.popen.pid)
+    ]
 
 
 def _children(pid: int) -> list[int]:
@@ -239,6 +229,16 @@ def _children(pid: int) -> list[int]:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except FileNotFoundError:
         return []
+
+
+def _signal(pids: list[int], sig: signal.Signals) -> list[int]:
+    """`sig` to each of `pids` still there; the ones it reached."""
+    reached = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+            reached.append(pid)
+    return reached
 
 
 def slack_verdict(slack: FakeSlack, acknowledged: list[dict]) -> dict[str, int]:
