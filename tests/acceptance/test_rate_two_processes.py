@@ -19,7 +19,8 @@ import pytest
 
 from clarion.tasks import register_recipient, runtime
 from clarion.web.api_auth import chunk_size, create_key
-from tests.support.environment import ROOT
+from tests.support.environment import ROOT, use_only
+from tests.support.services import RedisServer
 
 pytestmark = pytest.mark.acceptance
 
@@ -29,12 +30,12 @@ SENT = 400
 CLIENTS = 8
 
 
-def _serve(clarion_env) -> tuple[subprocess.Popen[str], str]:
+def _serve(clarion: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLARION_")}
     process = subprocess.Popen(
         [*CLI, "web", "--host", "127.0.0.1", "--port", "0"],
         cwd=ROOT,
-        env={**env, **clarion_env.env, "PYTHONPATH": str(ROOT)},
+        env={**env, **clarion, "PYTHONPATH": str(ROOT)},
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
@@ -49,12 +50,17 @@ def _serve(clarion_env) -> tuple[subprocess.Popen[str], str]:
 
 
 @pytest.fixture
-def servers(clarion_env) -> Iterator[list[str]]:
+def servers(clarion_env, tmp_path, monkeypatch) -> Iterator[list[str]]:
+    # a Redis of this test's own for the rate budget: INFO commandstats counts a whole server's
+    # EVALs, and the shared one also serves the tests of the other xdist worker (lanes use EVAL)
+    redis_server = RedisServer(tmp_path)
+    env = {**clarion_env.env, "CLARION_REDIS_URL": redis_server.url}
+    use_only(monkeypatch, env)
     started: list[subprocess.Popen[str]] = []
     try:
         urls = []
         for _ in range(2):
-            process, url = _serve(clarion_env)
+            process, url = _serve(env)
             started.append(process)
             urls.append(url)
         yield urls
@@ -62,6 +68,7 @@ def servers(clarion_env) -> Iterator[list[str]]:
         for process in started:
             process.terminate()
             process.wait(timeout=60)
+        redis_server.stop()
 
 
 def _evals() -> int:
