@@ -232,3 +232,20 @@ def unmigrated_database(clarion_env: TestEnv) -> Iterator[str]:
     dispose_all()
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def own_redis(
+    clarion_env: TestEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[str, str]]:
+    """clarion_env with a Redis of this test's own (CLARION_REDIS_URL; the broker stays): for a
+    test that counts what Redis served (INFO commandstats is the whole server's, and the shared
+    one also serves the other xdist worker's tests). Returns the CLARION_* values for children."""
+    from tests.support.services import RedisServer
+
+    server = RedisServer(tmp_path)
+    env = {**clarion_env.env, "CLARION_REDIS_URL": server.url}
+    use_only(monkeypatch, env)
+    yield env
+    reset_process_state()
+    server.stop()

@@ -19,8 +19,7 @@ import pytest
 
 from clarion.tasks import register_recipient, runtime
 from clarion.web.api_auth import chunk_size, create_key
-from tests.support.environment import ROOT, use_only
-from tests.support.services import RedisServer
+from tests.support.environment import ROOT
 
 pytestmark = pytest.mark.acceptance
 
@@ -50,17 +49,12 @@ def _serve(clarion: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
 
 
 @pytest.fixture
-def servers(clarion_env, tmp_path, monkeypatch) -> Iterator[list[str]]:
-    # a Redis of this test's own for the rate budget: INFO commandstats counts a whole server's
-    # EVALs, and the shared one also serves the tests of the other xdist worker (lanes use EVAL)
-    redis_server = RedisServer(tmp_path)
-    env = {**clarion_env.env, "CLARION_REDIS_URL": redis_server.url}
-    use_only(monkeypatch, env)
+def servers(own_redis: dict[str, str]) -> Iterator[list[str]]:
     started: list[subprocess.Popen[str]] = []
     try:
         urls = []
         for _ in range(2):
-            process, url = _serve(env)
+            process, url = _serve(own_redis)
             started.append(process)
             urls.append(url)
         yield urls
@@ -68,7 +62,6 @@ def servers(clarion_env, tmp_path, monkeypatch) -> Iterator[list[str]]:
         for process in started:
             process.terminate()
             process.wait(timeout=60)
-        redis_server.stop()
 
 
 def _evals() -> int:

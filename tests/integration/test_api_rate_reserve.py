@@ -38,7 +38,7 @@ def test_chunk_size_is_a_fiftieth_of_the_rate_at_most_64_at_least_one(clarion_en
     assert chunk_size(replace(made, rate_limit=10**6)) == CHUNK_MAX
 
 
-def test_a_chunk_is_spent_locally_then_lapses_one_window_after_it_was_taken(clarion_env):
+def test_a_chunk_is_spent_locally_then_lapses_one_window_after_it_was_taken(own_redis):
     record = create_key("k", ["events:write"], (1000, 60)).record  # chunks of 20
     take = runtime.collaborators().limits.take
     reserve = Reserve()
