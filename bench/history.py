@@ -2,18 +2,22 @@
 same statements on a fresh one, in one run.
 
     .venv/bin/python bench/history.py [--deliveries 2000000] [--batch 100] [--rounds 30]
-        [--home /tmp/history-bench] [--chunk 250000] [--jobs 2] [--keep]
+        [--home /tmp/history-bench] [--chunk 250000] [--jobs 2] [--checkpoint]
+        [--shared-buffers 6GB] [--keep]
 
-Three phases on one database, the same statements through clarion's own functions (db/ledger.py,
+Two ledgers on one server, the same statements on both through clarion's own functions (db/ledger.py,
 db/claims.py, db/due.py, db/activity.py) and its engine (prepared statements, as a worker runs them):
+a fresh one, and one that gets the history. Both start as a migrated ledger with a few thousand
+deliveries of ordinary traffic, ANALYZEd while small (as autovacuum does early in a deployment's
+life). Three phases, in each the two ledgers' rounds alternating (so the host's load drift falls on
+both alike; the first phase, before the load, shows the A/A spread):
 
-  fresh     a migrated ledger with a few thousand deliveries of ordinary traffic, ANALYZEd while
-            small (as autovacuum does early in a deployment's life)
+  before    both ledgers as they started
   stale     right after a bulk load of --deliveries rows of history (sent, delivered, opened,
             bounced, failed, suppressed; receipts for those that got one, inbox items, decisions,
             series), autovacuum off on the loaded tables so its ANALYZE cannot run first: the
-            statistics are the fresh phase's (migration 0027's per-table settings only help once
-            autovacuum runs; this is the window before it). The run checks it: the tables'
+            statistics are from before the load (migration 0027's per-table settings only help
+            once autovacuum runs; this is the window before it). The run checks it: the tables'
             analyze and vacuum counts (manual and auto) and pg_class.reltuples are the same
             before the load and after the stale phase (it says so, or says STALE PHASE NOT
             STALE).
@@ -33,7 +37,8 @@ requests on --jobs connections, with session_replication_role = replica in those
 no per-row foreign-key check or trigger (the rows are consistent by construction), every index
 and CHECK kept: 20 M deliveries and their rows in 39 min on this host under load
 (bench/RESULTS.md). On its own server (--home, or .clarion/bench-history) the bench spaces
-checkpoints (max_wal_size 8GB, checkpoint_timeout 30min) for all three phases; with
+checkpoints (max_wal_size 8GB, checkpoint_timeout 30min) and sizes shared_buffers as for a
+database server (--shared-buffers, a quarter of RAM; a restart) for all three phases; with
 CLARION_DATABASE_URL it changes no server setting. --checkpoint: a CHECKPOINT after the load,
 before the stale phase (statistics untouched), so that phase does not also pay the load's writes. A fresh database per run, dropped at the end (--keep keeps it).
 """
@@ -41,6 +46,7 @@ before the stale phase (statistics untouched), so that phase does not also pay t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import statistics
@@ -62,7 +68,7 @@ if str(ROOT) not in sys.path:
 
 os.environ.setdefault("CLARION_WEBHOOK_SECRET", "bench-history-secret")
 
-from bench.common import say, start_services, table, with_database  # noqa: E402
+from bench.common import say, table, with_database  # noqa: E402
 from clarion.db import activity, claims, ledger  # noqa: E402
 from clarion.db.due import what_is_due  # noqa: E402
 from clarion.db.engine import engine, migrate, one_off_engine  # noqa: E402
@@ -366,32 +372,40 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - began, out
 
 
-def measure(traffic: Traffic, rounds: int) -> dict[str, float]:
-    """Median µs per row of each step over `rounds` rounds (tick: per call; explain and the
-    activity page: per request shown)."""
-    samples: dict[str, list[float]] = {step: [] for step in STEPS}
+def one_round(traffic: Traffic, samples: dict[str, list[float]]) -> None:
+    """One round of every step, its times appended to `samples` (µs per row, see measure)."""
     b = traffic.batch
-    for _ in range(rounds):
-        token = str(uuid.uuid4())
-        took, routed = timed(partial(traffic.route, token))
-        samples["route"].append(took / b)
-        pending = traffic.route(None)
-        token2 = str(uuid.uuid4())
-        took, n = timed(partial(traffic.claim, pending, token2))
-        assert n == len(pending) == b, (n, len(pending))
-        samples["claim"].append(took / b)
-        took, n = timed(partial(traffic.mark_sent, routed, token))  # type: ignore[arg-type]
-        assert n == b, n
-        samples["mark sent"].append(took / b)
-        traffic.mark_sent(pending, token2)
-        samples["tick"].append(timed(traffic.tick)[0])
-        took, n = timed(traffic.explain)
-        samples["explain"].append(took / max(1, n))  # type: ignore[call-overload]
-        took, n = timed(traffic.by_user)
-        samples["activity: user"].append(took / max(1, n))  # type: ignore[call-overload]
-        samples["activity: request id"].append(timed(traffic.by_request_id)[0])
-        samples["activity: event id"].append(timed(traffic.by_event_id)[0])
-    return {step: statistics.median(v) * 1e6 for step, v in samples.items()}
+    token = str(uuid.uuid4())
+    took, routed = timed(partial(traffic.route, token))
+    samples["route"].append(took / b)
+    pending = traffic.route(None)
+    token2 = str(uuid.uuid4())
+    took, n = timed(partial(traffic.claim, pending, token2))
+    assert n == len(pending) == b, (n, len(pending))
+    samples["claim"].append(took / b)
+    took, n = timed(partial(traffic.mark_sent, routed, token))  # type: ignore[arg-type]
+    assert n == b, n
+    samples["mark sent"].append(took / b)
+    traffic.mark_sent(pending, token2)
+    samples["tick"].append(timed(traffic.tick)[0])
+    took, n = timed(traffic.explain)
+    samples["explain"].append(took / max(1, n))  # type: ignore[call-overload]
+    took, n = timed(traffic.by_user)
+    samples["activity: user"].append(took / max(1, n))  # type: ignore[call-overload]
+    samples["activity: request id"].append(timed(traffic.by_request_id)[0])
+    samples["activity: event id"].append(timed(traffic.by_event_id)[0])
+
+
+def measure(*traffics: Traffic, rounds: int) -> list[dict[str, float]]:
+    """Median µs per row of each step over `rounds` rounds, per ledger (tick: per call; explain
+    and the activity page: per request shown). With two ledgers their rounds alternate (and which
+    goes first alternates too), so a change in the host's load falls on both alike."""
+    samples: list[dict[str, list[float]]] = [{step: [] for step in STEPS} for _ in traffics]
+    for r in range(rounds):
+        order = range(len(traffics)) if r % 2 == 0 else reversed(range(len(traffics)))
+        for i in order:
+            one_round(traffics[i], samples[i])
+    return [{step: statistics.median(v) * 1e6 for step, v in got.items()} for got in samples]
 
 
 def mark_sent_plan(url: str, traffic: Traffic) -> str:
@@ -463,6 +477,62 @@ def autovacuum(url: str, on: bool) -> None:
                 conn.execute(text(f"ALTER TABLE {name} SET (autovacuum_enabled = false)"))
 
 
+def quarter_of_memory() -> str:
+    """shared_buffers as the usual advice sizes it for a database server: a quarter of RAM."""
+    return f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') // 4 // 2**20}MB"
+
+
+def size_server(admin_url: str, pgdata: Path, shared_buffers: str | None) -> str:
+    """Checkpoints spaced for a load of tens of GB, and shared_buffers set (a restart) on our own
+    embedded server; returns the shared_buffers it runs with."""
+    admin = one_off_engine(admin_url)
+    with admin.connect() as conn:
+        conn.execute(text("ALTER SYSTEM SET max_wal_size = '8GB'"))
+        conn.execute(text("ALTER SYSTEM SET checkpoint_timeout = '30min'"))
+        conn.execute(text("SELECT pg_reload_conf()"))
+        if shared_buffers:
+            conn.execute(text(f"ALTER SYSTEM SET shared_buffers = '{shared_buffers}'"))
+        running = conn.execute(text("SHOW shared_buffers")).scalar_one()
+    if shared_buffers and running != shared_buffers:
+        pg_ctl(pgdata, "-w", "-m", "fast", "restart")
+        with admin.connect() as conn:
+            running = conn.execute(text("SHOW shared_buffers")).scalar_one()
+    return str(running)
+
+
+def pg_ctl(pgdata: Path, *args: str) -> None:
+    import pgserver
+
+    user = "pgserver" if os.geteuid() == 0 else None  # pgserver runs the server as it when root
+    pgserver.pg_ctl(list(args), pgdata=pgdata, user=user)
+
+
+def new_ledger(url: str, users: int, batch: int) -> Traffic:
+    """A migrated ledger with `users` recipients and a few thousand deliveries of ordinary
+    traffic, ANALYZEd while small with a backlog pending (as autovacuum does early in a
+    deployment's life), the backlog then sent."""
+    migrate(url)
+    with engine(url).begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO recipients (user_id, timezone, addresses, created_at, updated_at) "
+                "SELECT 'u' || g, 'UTC', '{\"webhook\": \"https://example.test/h\"}', now(), now() "
+                "FROM generate_series(0, :n - 1) g"
+            ),
+            {"n": users},
+        )
+    traffic = Traffic(url, users, batch)
+    measure(traffic, rounds=3)  # a few hundred rows of ordinary traffic
+    backlog = [traffic.route(None) for _ in range(20)]
+    with engine(url).begin() as conn:
+        conn.execute(text("ANALYZE"))
+    for keys in backlog:
+        token = str(uuid.uuid4())
+        traffic.claim(keys, token)
+        traffic.mark_sent(keys, token)
+    return traffic
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -471,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=None, help="recipients (deliveries / 50)")
     parser.add_argument("--batch", type=int, default=100, help="rows per statement (100)")
     parser.add_argument("--rounds", type=int, default=30, help="rounds per phase (30)")
-    parser.add_argument("--keep", action="store_true", help="keep the database")
+    parser.add_argument("--keep", action="store_true", help="keep the databases")
     parser.add_argument("--chunk", type=int, default=250_000, help="requests per load transaction")
     parser.add_argument("--jobs", type=int, default=2, help="connections loading at once (2)")
     parser.add_argument(
@@ -481,56 +551,50 @@ def main(argv: list[str] | None = None) -> int:
         "stale phase then measures the statements without the load's pending writes",
     )
     parser.add_argument(
+        "--shared-buffers",
+        default=quarter_of_memory(),
+        help="our own server's shared_buffers, set before the run (a quarter of RAM: %(default)s;"
+        " '' keeps the server's own)",
+    )
+    parser.add_argument(
         "--home",
         type=Path,
-        default=None,
+        default=ROOT / ".clarion" / "bench-history",
         help="the embedded services' folder (.clarion/bench-history)",
     )
     args = parser.parse_args(argv)
     users = args.users or max(1000, args.deliveries // 50)
     random.seed(29)
     own = not os.environ.get("CLARION_DATABASE_URL")
-    if own and args.home is not None:
+    handle = None
+    if own:
         from clarion.db.embedded import ensure_running
 
         handle = ensure_running(args.home.resolve())
         admin_url = handle.database_url
+        buffers = size_server(admin_url, args.home.resolve() / "pg", args.shared_buffers)
     else:
-        admin_url, handle = start_services("history")
-    name = f"clarion_bench_history_{uuid.uuid4().hex[:8]}"
-    url = with_database(admin_url, name)
+        admin_url = os.environ["CLARION_DATABASE_URL"]
+        with one_off_engine(admin_url).connect() as conn:
+            buffers = conn.execute(text("SHOW shared_buffers")).scalar_one()
+    tag = uuid.uuid4().hex[:8]
+    names = {"history": f"clarion_bench_history_{tag}", "fresh": f"clarion_bench_fresh_{tag}"}
+    url, fresh_url = (with_database(admin_url, n) for n in names.values())
     admin = one_off_engine(admin_url)
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, list[dict[str, float]]] = {}
     plans: dict[str, str] = {}
     try:
         with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-            if own:  # our own server: checkpoints spaced for a load of tens of GB (all phases)
-                conn.execute(text("ALTER SYSTEM SET max_wal_size = '8GB'"))
-                conn.execute(text("ALTER SYSTEM SET checkpoint_timeout = '30min'"))
-                conn.execute(text("SELECT pg_reload_conf()"))
-        migrate(url)
-        with engine(url).begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO recipients (user_id, timezone, addresses, created_at, updated_at) "
-                    "SELECT 'u' || g, 'UTC', '{\"webhook\": \"https://example.test/h\"}', now(), now() "
-                    "FROM generate_series(0, :n - 1) g"
-                ),
-                {"n": users},
-            )
-        traffic = Traffic(url, users, args.batch)
-        measure(traffic, 3)  # a few hundred rows of ordinary traffic
-        backlog = [traffic.route(None) for _ in range(20)]
-        with engine(url).begin() as conn:
-            conn.execute(text("ANALYZE"))  # analyzed while small, a backlog pending
-        for keys in backlog:
-            token = str(uuid.uuid4())
-            traffic.claim(keys, token)
-            traffic.mark_sent(keys, token)
-        results["fresh"] = measure(traffic, args.rounds)
-        plans["fresh"] = mark_sent_plan(url, traffic)
-        say(f"fresh: {stats_state(url)}")
+            for name in names.values():
+                conn.execute(text(f'CREATE DATABASE "{name}"'))
+        say(f"shared_buffers {buffers}; a fresh ledger beside the one that gets the history")
+        traffic, fresh = (
+            new_ledger(url, users, args.batch),
+            new_ledger(fresh_url, users, args.batch),
+        )
+        results["before the load"] = measure(fresh, traffic, rounds=args.rounds)
+        plans["fresh"] = mark_sent_plan(fresh_url, fresh)
+        say(f"before the load: {stats_state(url)}")
 
         autovacuum(url, on=False)  # waits for a running autovacuum of these tables to end
         time.sleep(2)  # its counts reported
@@ -550,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
                 conn.execute(text("CHECKPOINT"))
             say(f"CHECKPOINT after the load: {time.perf_counter() - began:.0f} s")
         say(f"stale: {stats_state(url)}")
-        results["stale"] = measure(traffic, args.rounds)
+        results["stale"] = measure(fresh, traffic, rounds=args.rounds)
         plans["stale"] = mark_sent_plan(url, traffic)
         after = statistics_taken(url)
         if after != before:  # said, not raised: the load's figures are still worth printing
@@ -560,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
                 "stale phase checked: no ANALYZE or VACUUM (by hand or autovacuum) of "
                 + ", ".join(HISTORY_TABLES)
                 + " from before the load to the end of the stale phase (pg_stat_user_tables), "
-                "pg_class.reltuples still the fresh phase's: "
+                "pg_class.reltuples still from before the load: "
                 + ", ".join(f"{t} {int(after[t][2]):,}" for t in HISTORY_TABLES)
             )
         autovacuum(url, on=True)
@@ -572,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             conn.execute(text("ANALYZE"))
         say(f"analyzed: {stats_state(url)} (VACUUM ANALYZE {time.perf_counter() - began:.0f} s)")
-        results["analyzed"] = measure(traffic, args.rounds)
+        results["analyzed"] = measure(fresh, traffic, rounds=args.rounds)
         plans["analyzed"] = mark_sent_plan(url, traffic)
         with engine(url).connect() as conn:
             counts = {
@@ -580,31 +644,35 @@ def main(argv: list[str] | None = None) -> int:
                 for t in ("requests", "deliveries", "receipts", "inbox_items", "series")
             }
     finally:
-        engine(url).dispose()
+        for u in (url, fresh_url):
+            engine(u).dispose()
         if not args.keep:
             with admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                for name in names.values():
+                    conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         if handle is not None:
             handle.stop()
+            if handle.process is not None:  # ours; pgserver loses track of a restarted server
+                with contextlib.suppress(Exception):
+                    pg_ctl(args.home.resolve() / "pg", "-w", "-m", "fast", "stop")
     say(
-        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; rows: "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; shared_buffers {buffers}; rows: "
         + ", ".join(f"{t} {n:,}" for t, n in counts.items())
-        + f"; {args.batch} rows per statement, {args.rounds} rounds; median µs per row "
-        "(tick: per call; explain, activity: per request shown)"
+        + f"; {args.batch} rows per statement, {args.rounds} rounds per phase, the fresh "
+        "ledger's rounds alternating with the history's; median µs per row (tick: per call; "
+        "explain, activity: per request shown)"
     )
-    fresh = results["fresh"]
-    rows = [
-        [
-            step,
-            f"{fresh[step]:.0f}",
-            f"{results['stale'][step]:.0f}",
-            f"{results['stale'][step] / fresh[step]:.2f}",
-            f"{results['analyzed'][step]:.0f}",
-            f"{results['analyzed'][step] / fresh[step]:.2f}",
-        ]
-        for step in STEPS
-    ]
-    say(table(["step", "fresh", "stale", "stale/fresh", "analyzed", "analyzed/fresh"], rows))
+    rows = []
+    for step in STEPS:
+        row = [step]
+        for phase in ("before the load", "stale", "analyzed"):
+            f, h = (got[step] for got in results[phase])
+            row += [f"{f:.0f}", f"{h:.0f}", f"{h / f:.2f}"]
+        rows.append(row)
+    heads = ["step"]
+    for phase in ("before", "stale", "analyzed"):
+        heads += ["fresh", phase, "ratio"]
+    say(table(heads, rows))
     for phase, plan in plans.items():
         say(f"mark_sent_many, {phase}: {plan}")
     return 0
