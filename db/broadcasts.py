@@ -174,7 +174,11 @@ def members(
     return [row[0] for row in found]
 
 
-def _walk(audience: Audience, zones: Sequence[str] | None) -> tuple[str, dict[str, Any]]:
+def _walk(
+    audience: Audience, zones: Sequence[str] | None, *, numbered: bool = False
+) -> tuple[str, dict[str, Any]]:
+    """The audience's members after :cursor in user_id order, :limit of them; `numbered` adds
+    their place `n` (1, 2, …) in that order."""
     source, where, params = audience.sql()
     key = audience.key_column()
     if zones is not None:
@@ -182,8 +186,10 @@ def _walk(audience: Audience, zones: Sequence[str] | None) -> tuple[str, dict[st
         params["zones"] = list(zones)
     # the cursor on both sides of a topic's join: a merge join then starts each index there,
     # instead of reading the recipients before it (half the table, half-way through)
+    place = f", row_number() OVER (ORDER BY {key}) AS n" if numbered else ""
     statement = (
-        f"SELECT {key} AS user_id, r.locale FROM {source} WHERE {where} AND r.user_id > :cursor "
+        f"SELECT {key} AS user_id, r.locale{place} FROM {source} WHERE {where} "
+        f"AND r.user_id > :cursor "
         + (f"AND {key} > :cursor " if key != "r.user_id" else "")
         + f"ORDER BY {key} LIMIT :limit"
     )
@@ -345,11 +351,13 @@ _AFTER = text(
 def _chunk_statement(
     audience: Audience, zones: list[str] | None
 ) -> tuple[TextClause, dict[str, Any]]:
-    """The chunk's one statement: walk the audience, insert what it found, say what was done."""
-    walk, params = _walk(audience, zones)
+    """The chunk's one statement: walk the audience one member past :take (whether the wave has
+    more), insert the first :take it found, say what was done."""
+    walk, params = _walk(audience, zones, numbered=True)
     statement = text(
         f"""
-            WITH chunk AS ({walk}),
+            WITH walked AS ({walk}),
+            chunk AS (SELECT user_id, locale FROM walked WHERE n <= :take),
             made AS (
                 INSERT INTO requests (user_id, type_key, occurrence_key, lane, template_version,
                                       variables, locale, state, due_at, created_at)
@@ -359,7 +367,7 @@ def _chunk_statement(
                 ON CONFLICT (user_id, type_key, occurrence_key) DO NOTHING
                 RETURNING user_id, id
             )
-            SELECT (SELECT count(*) FROM chunk), (SELECT max(user_id) FROM chunk),
+            SELECT (SELECT count(*) FROM walked), (SELECT max(user_id) FROM chunk),
                    coalesce((SELECT array_agg(user_id) FROM made), '{{}}'),
                coalesce((SELECT array_agg(id) FROM made), '{{}}')
         """
@@ -378,8 +386,9 @@ def fan_out_chunk(
 ) -> Chunk | None:
     """Request the next chunk of a running broadcast's due wave, in the caller's transaction.
 
-    None: the broadcast is not running (cancelled or done). A wave whose walk comes back short is
-    done; the broadcast is done when every wave is. `due_at` is the new requests' (the tick
+    None: the broadcast is not running (cancelled or done). A wave is done with the chunk after
+    which its walk found no member (the walk reads one past the chunk, so a wave of exactly a
+    chunk ends with it, not with an empty chunk after); the broadcast is done when every wave is. `due_at` is the new requests' (the tick
     publishes them then if the caller's publish is lost); `lease`: while waves are due, the
     broadcast's own due_at is pushed this far on, so the tick publishes a fan-out again only if
     this one stops."""
@@ -397,7 +406,8 @@ def fan_out_chunk(
             {
                 **params,
                 "cursor": wave.cursor or "",
-                "limit": limit,
+                "limit": limit + 1,  # one more than it takes: a wave that has no more is done now
+                "take": limit,
                 "type_key": b.type_key,
                 "occ": b.occurrence_key,
                 "lane": b.lane,
@@ -409,14 +419,14 @@ def fan_out_chunk(
         ).one()
         conn.execute(
             _ADVANCE,
-            {"id": b.id, "wave": wave.wave, "last": last, "n": len(ids), "done": seen < limit},
+            {"id": b.id, "wave": wave.wave, "last": last, "n": len(ids), "done": seen <= limit},
         )
     # the trigger of migration 0026 writes the broadcast.* outbound events of this change
     after = {"id": b.id, "n": len(ids), "now": now, "lease": lease, "worked": wave is not None}
     state = conn.execute(_AFTER, after).scalar_one()
     return Chunk(
         wave.wave if wave else None,
-        int(seen),
+        min(int(seen), limit),
         list(zip(users, ids, strict=True)),
         b.lane,
         state == "done",
