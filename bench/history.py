@@ -46,7 +46,6 @@ before the stale phase (statistics untouched), so that phase does not also pay t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import random
 import statistics
@@ -77,6 +76,9 @@ LANES = ("transactional", "activation")
 HISTORY_TABLES = ("requests", "deliveries", "receipts", "inbox_items", "decisions", "series")
 STEPS = (
     "route",
+    "  insert requests",
+    "  resolve",
+    "  insert deliveries",
     "claim",
     "mark sent",
     "tick",
@@ -254,6 +256,7 @@ class Traffic:
         # (user id, request id, event id) of the traffic's requests
         self.made: list[tuple[str, int, str]] = []
         self.history: tuple[int, int] | None = None  # (base, n) of the history's request ids
+        self.split: dict[str, float] = {}  # the last route's statements, seconds each
 
     def _requests(self, conn: Connection, now: datetime) -> list[ledger.NewDelivery]:
         rows = []
@@ -265,14 +268,18 @@ class Traffic:
                     user, "receipt", f"event:t{uuid.uuid4().hex}", "transactional", 1, {"o": 1}
                 )
             )
+        began = time.perf_counter()
         ids = ledger.insert_requests(conn, rows, now=now, due_at=now + timedelta(seconds=30))
+        self.split["  insert requests"] = time.perf_counter() - began
         self.made.extend(
             (r.user_id, i, r.occurrence_key.removeprefix("event:"))
             for r, (i, _) in zip(rows, ids, strict=True)
         )
+        began = time.perf_counter()
         resolved = ledger.resolve_requests(
             conn, [(r.user_id, i) for r, (i, _) in zip(rows, ids, strict=True)], now=now
         )
+        self.split["  resolve"] = time.perf_counter() - began
         return [
             ledger.NewDelivery(
                 r.user_id, r.id, r.type_key, r.occurrence_key, "webhook", False, r.lane
@@ -286,9 +293,11 @@ class Traffic:
         with engine(self.url).begin() as conn:
             news = self._requests(conn, now)
             claim = (token, 60.0) if token else None
+            began = time.perf_counter()
             made = ledger.insert_deliveries(
                 conn, news, now=now, due_at=now + timedelta(seconds=30), claim=claim
             )
+        self.split["  insert deliveries"] = time.perf_counter() - began  # and the commit
         return [(d.user_id, d.id) for d in made]
 
     def claim(self, keys: list[tuple[str, int]], token: str) -> int:
@@ -378,6 +387,8 @@ def one_round(traffic: Traffic, samples: dict[str, list[float]]) -> None:
     token = str(uuid.uuid4())
     took, routed = timed(partial(traffic.route, token))
     samples["route"].append(took / b)
+    for step, seconds in traffic.split.items():
+        samples[step].append(seconds / b)
     pending = traffic.route(None)
     token2 = str(uuid.uuid4())
     took, n = timed(partial(traffic.claim, pending, token2))
@@ -433,6 +444,28 @@ def mark_sent_plan(url: str, traffic: Traffic) -> str:
         if "Scan" in line or "Join" in line or "Nested" in line or "Buffers" in line
     ]
     return "; ".join(keep[:6])
+
+
+def blocks(url: str) -> tuple[int, int]:
+    """(blocks read from outside shared_buffers, blocks found in it) by the database so far."""
+    time.sleep(1.5)  # backends report their counts at most once a second
+    with engine(url).connect() as conn:
+        read, hit = conn.execute(
+            text(
+                "SELECT blks_read, blks_hit FROM pg_stat_database "
+                "WHERE datname = current_database()"
+            )
+        ).one()
+    return int(read), int(hit)
+
+
+def measured(fresh: Traffic, traffic: Traffic, rounds: int, url: str) -> list[dict[str, float]]:
+    """measure() of both ledgers, and the history database's block reads during it, said."""
+    before = blocks(url)
+    got = measure(fresh, traffic, rounds=rounds)
+    read, hit = (b - a for a, b in zip(before, blocks(url), strict=True))
+    say(f"  history database: {read:,} blocks read outside shared_buffers, {hit:,} hit")
+    return got
 
 
 def stats_state(url: str) -> str:
@@ -592,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
             new_ledger(url, users, args.batch),
             new_ledger(fresh_url, users, args.batch),
         )
-        results["before the load"] = measure(fresh, traffic, rounds=args.rounds)
+        results["before the load"] = measured(fresh, traffic, args.rounds, url)
         plans["fresh"] = mark_sent_plan(fresh_url, fresh)
         say(f"before the load: {stats_state(url)}")
 
@@ -614,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
                 conn.execute(text("CHECKPOINT"))
             say(f"CHECKPOINT after the load: {time.perf_counter() - began:.0f} s")
         say(f"stale: {stats_state(url)}")
-        results["stale"] = measure(fresh, traffic, rounds=args.rounds)
+        results["stale"] = measured(fresh, traffic, args.rounds, url)
         plans["stale"] = mark_sent_plan(url, traffic)
         after = statistics_taken(url)
         if after != before:  # said, not raised: the load's figures are still worth printing
@@ -636,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             conn.execute(text("ANALYZE"))
         say(f"analyzed: {stats_state(url)} (VACUUM ANALYZE {time.perf_counter() - began:.0f} s)")
-        results["analyzed"] = measure(fresh, traffic, rounds=args.rounds)
+        results["analyzed"] = measured(fresh, traffic, args.rounds, url)
         plans["analyzed"] = mark_sent_plan(url, traffic)
         with engine(url).connect() as conn:
             counts = {
@@ -652,9 +685,9 @@ def main(argv: list[str] | None = None) -> int:
                     conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         if handle is not None:
             handle.stop()
-            if handle.process is not None:  # ours; pgserver loses track of a restarted server
-                with contextlib.suppress(Exception):
-                    pg_ctl(args.home.resolve() / "pg", "-w", "-m", "fast", "stop")
+            pgdata = args.home.resolve() / "pg"
+            if handle.process is not None and (pgdata / "postmaster.pid").exists():
+                pg_ctl(pgdata, "-w", "-m", "fast", "stop")  # pgserver lost a restarted server
     say(
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; shared_buffers {buffers}; rows: "
         + ", ".join(f"{t} {n:,}" for t, n in counts.items())
