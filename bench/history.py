@@ -537,7 +537,7 @@ def pg_ctl(pgdata: Path, *args: str) -> None:
     import pgserver
 
     user = "pgserver" if os.geteuid() == 0 else None  # pgserver runs the server as it when root
-    pgserver.pg_ctl(list(args), pgdata=pgdata, user=user)
+    pgserver.pg_ctl(list(args), pgdata=pgdata, user=user)  # type: ignore[attr-defined]
 
 
 def new_ledger(url: str, users: int, batch: int) -> Traffic:

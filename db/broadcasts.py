@@ -148,13 +148,21 @@ class Chunk:
 
 
 def zone_counts(conn: Connection, audience: Audience) -> dict[str, int]:
-    """The audience's members now, counted by time zone (planning a broadcast)."""
+    """The audience's members now, counted by time zone (planning a local-time broadcast)."""
     source, where, params = audience.sql()
     rows = conn.execute(
         text(f"SELECT r.timezone, count(*) FROM {source} WHERE {where} GROUP BY r.timezone"),
         params,
     ).all()
     return {zone: int(n) for zone, n in rows}
+
+
+def member_count(conn: Connection, audience: Audience) -> int:
+    """The audience's members now (planning a broadcast at one instant: no zones to count by)."""
+    source, where, params = audience.sql()
+    return int(
+        conn.execute(text(f"SELECT count(*) FROM {source} WHERE {where}"), params).scalar_one()
+    )
 
 
 def members(

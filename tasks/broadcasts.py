@@ -22,6 +22,7 @@ from datetime import datetime, time, timedelta
 from typing import Any
 
 from celery import shared_task
+from sqlalchemy import Connection
 
 from clarion import clock, faults, settings
 from clarion import validation as check
@@ -106,10 +107,12 @@ def _when(at: object) -> datetime | time:
     )
 
 
-def _waves(asked: _Asked, counts: Mapping[str, int], now: datetime) -> tuple[list, int]:
-    """([(wave, planned)], skipped) for the audience counted by zone."""
+def _waves(asked: _Asked, conn: Connection, now: datetime) -> tuple[list, int]:
+    """([(wave, planned)], skipped): one wave at an instant, or one per local-time wave with the
+    audience counted by zone."""
     if isinstance(asked.at, datetime):
-        return [(db.NewWave(max(asked.at, now), None), sum(counts.values()))], 0
+        return [(db.NewWave(max(asked.at, now), None), db.member_count(conn, asked.audience))], 0
+    counts = db.zone_counts(conn, asked.audience)
     plan = local_waves(now, asked.at, asked.passed, zone_names())  # type: ignore[arg-type]
     waves = [
         (db.NewWave(at, zones), sum(counts.get(z, 0) for z in zones)) for at, zones in plan.waves
@@ -141,7 +144,7 @@ def broadcast(
     now = clock.now()
     with engine().begin() as conn:
         require_known(conn, asked.audience)
-        waves, skipped = _waves(asked, db.zone_counts(conn, asked.audience), now)
+        waves, skipped = _waves(asked, conn, now)
         made, new = db.create(
             conn,
             idempotency_key=key,
@@ -317,7 +320,7 @@ def dry_run_broadcast(
     result = DryRun()
     with engine().connect() as conn:
         require_known(conn, asked.audience)
-        waves, result.skipped = _waves(asked, db.zone_counts(conn, asked.audience), now)
+        waves, result.skipped = _waves(asked, conn, now)
         for wave, _ in waves:
             after: str | None = None
             while users := db.members(
