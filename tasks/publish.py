@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+import kombu.exceptions
+
 from clarion import settings
 from clarion.tasks.app import app, use_broker
+
+log = logging.getLogger(__name__)
 
 ROUTE = "clarion.route"
 DELIVER = "clarion.deliver"
@@ -34,35 +39,74 @@ def publish(task: str, rows: Iterable[tuple[str, int, str]], *, fail_fast: bool 
         return 0
     use_broker(settings.get().urls()[2])
     size = settings.get().batch_size
-    sent = 0
+    messages = [
+        (lane, keys[start : start + size])
+        for lane, keys in by_lane.items()
+        for start in range(0, len(keys), size)
+    ]
     options = {"retry": False} if fail_fast else {}
-    with app.producer_or_acquire() as producer, _batched(producer):
+    with app.producer_or_acquire() as producer:
         if fail_fast:  # else kombu keeps reconnecting for broker_connection_timeout and more
             producer.connection.ensure_connection(
                 max_retries=1, interval_start=0, interval_step=0.1
             )
-        for lane, keys in by_lane.items():
-            for start in range(0, len(keys), size):
-                chunk = keys[start : start + size]
-                app.send_task(
-                    task,
-                    args=[[k[0] for k in chunk], [k[1] for k in chunk]],
-                    queue=lane,
-                    producer=producer,
-                    # what Flower and the logs show; Celery's own repr of 200 keys costs as much
-                    # as the rest of the publish
-                    argsrepr=_describe(chunk),
-                    kwargsrepr="{}",
-                    **options,
-                )
-                sent += 1
-    return sent
+        try:
+            with _batched(producer):
+                _send(task, messages, producer, options)
+        except BATCH_FAILED as exc:
+            if fail_fast:
+                raise
+            # which of the batch reached the broker is unknown: all again, one by one, with a few
+            # seconds of retries (AGAIN; a wake-up that arrives twice finds its rows taken)
+            log.warning(
+                "publish: a batch of %d %s messages failed (%s); sending them one by one",
+                len(messages),
+                task,
+                exc.__cause__ or exc,
+                extra={"action": "publish_batch_failed"},
+            )
+            _send(task, messages, producer, AGAIN)
+    return len(messages)
+
+
+def _send(
+    task: str,
+    messages: list[tuple[str, list[tuple[str, int]]]],
+    producer: Any,
+    options: dict[str, Any],
+) -> None:
+    for lane, chunk in messages:
+        app.send_task(
+            task,
+            args=[[k[0] for k in chunk], [k[1] for k in chunk]],
+            queue=lane,
+            producer=producer,
+            # what Flower and the logs show; Celery's own repr of 200 keys costs as much as the
+            # rest of the publish
+            argsrepr=_describe(chunk),
+            kwargsrepr="{}",
+            **options,
+        )
+
+
+# kombu ≥ 5.7: a publish batch whose flush failed (which of its messages went is unknown)
+BATCH_FAILED = getattr(kombu.exceptions, "BatchPublishError", ())
+# the messages of a failed batch, sent again one by one: a broker that restarts or fails over
+# within a few seconds takes them
+AGAIN = {
+    "retry": True,
+    "retry_policy": {
+        "max_retries": 5,
+        "interval_start": 0,
+        "interval_step": 0.5,
+        "interval_max": 1,
+    },
+}
 
 
 def _batched(producer: Any) -> contextlib.AbstractContextManager[object]:
     """The messages of one publish() sent together where the transport can (kombu ≥ 5.7's
     Producer.batch: on Redis, one pipeline instead of a round trip — and a new Redis client
-    object — per message); one by one elsewhere. A batch that fails raises a KombuError, as a
-    publish does: the rows are committed, and the beat tick publishes them again at their due_at."""
+    object — per message); one by one elsewhere (RabbitMQ)."""
     batch = getattr(producer, "batch", None)
     return batch() if batch is not None else contextlib.nullcontext()

@@ -249,12 +249,3 @@ def own_redis(
     yield env
     reset_process_state()
     server.stop()
-
-
-@pytest.fixture
-def own_broker(own_redis: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """own_redis, and the broker on it too (CLARION_BROKER_URL): for a test that counts what
-    the broker's Redis served."""
-    env = {**own_redis, "CLARION_BROKER_URL": own_redis["CLARION_REDIS_URL"]}
-    use_only(monkeypatch, env)
-    return env

@@ -6,15 +6,33 @@ messages, each in its lane's queue."""
 from __future__ import annotations
 
 import json
+import logging
 from base64 import b64decode
+from collections.abc import Iterator
 
 import pytest
 import redis
 
 from clarion import settings
 from clarion.tasks.publish import ROUTE, publish
+from tests.support.environment import reset_process_state, use_only
+from tests.support.services import RedisServer
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def broker(clarion_env, tmp_path, monkeypatch) -> Iterator[RedisServer]:
+    """A Redis of this test's own as clarion's Redis and broker, to count what it served and to
+    stop and start."""
+    server = RedisServer(tmp_path)
+    use_only(
+        monkeypatch,
+        {**clarion_env.env, "CLARION_REDIS_URL": server.url, "CLARION_BROKER_URL": server.url},
+    )
+    yield server
+    reset_process_state()
+    server.stop()
 
 
 def _reads(client: redis.Redis) -> int:
@@ -32,10 +50,10 @@ def _queued(client: redis.Redis, lane: str) -> list[tuple[list[str], list[int]]]
     return found
 
 
-def test_the_messages_of_one_publish_reach_the_broker_together(own_broker, monkeypatch):
+def test_the_messages_of_one_publish_reach_the_broker_together(broker, monkeypatch):
     monkeypatch.setenv("CLARION_BATCH_SIZE", "1")  # a message per key: round trips show
     settings.reset()
-    client = redis.Redis.from_url(own_broker["CLARION_BROKER_URL"])
+    client = redis.Redis.from_url(broker.url)
     publish(ROUTE, [("u0", 0, "transactional")])  # the producer's connection made, queue declared
     client.delete("transactional")
     before = _reads(client)
@@ -46,11 +64,32 @@ def test_the_messages_of_one_publish_reach_the_broker_together(own_broker, monke
     assert sorted(ids[0] for _, ids in _queued(client, "transactional")) == list(range(400))
 
 
-def test_a_publish_splits_keys_by_lane_in_batches(own_broker):
-    client = redis.Redis.from_url(own_broker["CLARION_BROKER_URL"])
+def test_a_publish_splits_keys_by_lane_in_batches(broker):
+    client = redis.Redis.from_url(broker.url)
     rows = [(f"u{i}", i, "transactional" if i % 4 else "activation") for i in range(2000)]
     assert publish(ROUTE, rows) == 15 + 5  # 1,500 keys in messages of 100, and 500
     for lane, mine in (("transactional", lambda i: i % 4), ("activation", lambda i: not i % 4)):
         batches = _queued(client, lane)
         assert all(len(ids) == 100 and users == [f"u{i}" for i in ids] for users, ids in batches)
         assert sorted(i for _, ids in batches for i in ids) == [i for i in range(2000) if mine(i)]
+
+
+def test_a_batch_the_broker_lost_is_sent_again_one_by_one(broker):
+    publish(ROUTE, [("u0", 0, "transactional")])  # the producer's connection made
+    broker.stop()  # the batch's flush meets a broker that is gone
+
+    class Restart(logging.Handler):  # the broker is back when the batch is sent again
+        def emit(self, record: logging.LogRecord) -> None:
+            if getattr(record, "action", None) == "publish_batch_failed":
+                self.seen = record.getMessage()
+                broker.start()
+
+    restart = Restart()
+    logging.getLogger("clarion.tasks.publish").addHandler(restart)
+    try:
+        assert publish(ROUTE, [(f"u{i}", i, "transactional") for i in range(250)]) == 3
+    finally:
+        logging.getLogger("clarion.tasks.publish").removeHandler(restart)
+    assert "a batch of 3 clarion.route messages failed" in restart.seen
+    client = redis.Redis.from_url(broker.url)  # a new server: only what came after the restart
+    assert sorted(i for _, ids in _queued(client, "transactional") for i in ids) == list(range(250))
