@@ -396,10 +396,10 @@ def fan_out_chunk(
 
     None: the broadcast is not running (cancelled or done). A wave is done with the chunk after
     which its walk found no member (the walk reads one past the chunk, so a wave of exactly a
-    chunk ends with it, not with an empty chunk after); the broadcast is done when every wave is. `due_at` is the new requests' (the tick
-    publishes them then if the caller's publish is lost); `lease`: while waves are due, the
-    broadcast's own due_at is pushed this far on, so the tick publishes a fan-out again only if
-    this one stops."""
+    chunk ends with it, not with an empty chunk after); the broadcast is done when every wave is.
+    `due_at` is the new requests' (the tick publishes them then if the caller's publish is lost);
+    `lease`: while waves are due, the broadcast's own due_at is pushed this far on, so the tick
+    publishes a fan-out again only if this one stops."""
     locked = conn.execute(_LOCK, {"id": broadcast_id}).one_or_none()
     if locked is None:
         return None
