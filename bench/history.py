@@ -5,9 +5,9 @@ same statements on a fresh one, in one run.
         [--home /tmp/history-bench] [--chunk 250000] [--jobs 2] [--checkpoint]
         [--shared-buffers 6GB] [--keep]
 
-Two ledgers on one server, the same statements on both through clarion's own functions (db/ledger.py,
-db/claims.py, db/due.py, db/activity.py) and its engine (prepared statements, as a worker runs them):
-a fresh one, and one that gets the history. Both start as a migrated ledger with a few thousand
+Two ledgers on one server, the same statements on both through clarion's own functions
+(db/ledger.py, db/claims.py, db/due.py, db/activity.py) and its engine (prepared statements, as a
+worker runs them): a fresh one, and one that gets the history. Both start as a migrated ledger with a few thousand
 deliveries of ordinary traffic, ANALYZEd while small (as autovacuum does early in a deployment's
 life). Three phases, in each the two ledgers' rounds alternating (so the host's load drift falls on
 both alike; the first phase, before the load, shows the A/A spread):
@@ -40,7 +40,8 @@ and CHECK kept: 20 M deliveries and their rows in 39 min on this host under load
 checkpoints (max_wal_size 8GB, checkpoint_timeout 30min) and sizes shared_buffers as for a
 database server (--shared-buffers, a quarter of RAM; a restart) for all three phases; with
 CLARION_DATABASE_URL it changes no server setting. --checkpoint: a CHECKPOINT after the load,
-before the stale phase (statistics untouched), so that phase does not also pay the load's writes. A fresh database per run, dropped at the end (--keep keeps it).
+before the stale phase (statistics untouched), so that phase does not also pay the load's writes.
+Fresh databases per run, dropped at the end (--keep keeps them).
 """
 
 from __future__ import annotations
