@@ -18,6 +18,20 @@ log = logging.getLogger(__name__)
 ROUTE = "clarion.route"
 DELIVER = "clarion.deliver"
 
+# kombu ≥ 5.7: a publish batch whose flush failed (which of its messages went is unknown)
+BATCH_FAILED = getattr(kombu.exceptions, "BatchPublishError", ())
+# the messages of a failed batch, sent again one by one: a broker that restarts or fails over
+# within a few seconds takes them
+AGAIN = {
+    "retry": True,
+    "retry_policy": {
+        "max_retries": 5,
+        "interval_start": 0,
+        "interval_step": 0.5,
+        "interval_max": 1,
+    },
+}
+
 
 def _describe(chunk: list[tuple[str, int]]) -> str:
     """A batch as Flower lists it: its size and first key."""
@@ -87,21 +101,6 @@ def _send(
             kwargsrepr="{}",
             **options,
         )
-
-
-# kombu ≥ 5.7: a publish batch whose flush failed (which of its messages went is unknown)
-BATCH_FAILED = getattr(kombu.exceptions, "BatchPublishError", ())
-# the messages of a failed batch, sent again one by one: a broker that restarts or fails over
-# within a few seconds takes them
-AGAIN = {
-    "retry": True,
-    "retry_policy": {
-        "max_retries": 5,
-        "interval_start": 0,
-        "interval_step": 0.5,
-        "interval_max": 1,
-    },
-}
 
 
 def _batched(producer: Any) -> contextlib.AbstractContextManager[object]:

