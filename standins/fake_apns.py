@@ -117,6 +117,7 @@ class FakeApns:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
         self._open: set[_H2Protocol] = set()
+        self._answers: set[asyncio.Task[None]] = set()  # answers being written (a late one sleeps)
         self.port = 0
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -138,6 +139,9 @@ class FakeApns:
                 protocol.transport.abort()
             if self._server is not None:
                 self._server.close()
+            for task in self._answers:  # a late answer still asleep: ended, not left pending
+                task.cancel()
+            await asyncio.gather(*self._answers, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -347,7 +351,9 @@ class _H2Protocol(asyncio.Protocol):
                     self.streams[event.stream_id][1].extend(event.data or b"")
                 self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             elif isinstance(event, h2.events.StreamEnded) and event.stream_id in self.streams:
-                asyncio.ensure_future(self.respond(event.stream_id))
+                task = asyncio.ensure_future(self.respond(event.stream_id))
+                self.fake._answers.add(task)
+                task.add_done_callback(self.fake._answers.discard)
             elif isinstance(event, h2.events.StreamReset):
                 self.streams.pop(event.stream_id, None)
             elif isinstance(event, h2.events.ConnectionTerminated):

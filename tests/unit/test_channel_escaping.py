@@ -13,6 +13,7 @@ from clarion.adapters import apns, console, fcm, inapp, slack, teams
 from clarion.adapters.email_mime import Identities, build
 from clarion.adapters.sms import SmsAdapter, budget_quota
 from clarion.records import Message
+from tests.support.syntax import parse
 
 ADAPTERS = Path(slack.__file__).parent
 # What a variable could carry: a Slack ping and link, card/markdown link, HTML, a bidi override
@@ -99,7 +100,7 @@ def test_no_adapter_escapes_on_its_own() -> None:
     for path in ADAPTERS.glob("*.py"):
         if path.name == "escape.py":
             continue
-        tree = ast.parse(path.read_text())
+        tree = parse(path)
         imported = {
             alias.name.split(".")[0]
             for node in ast.walk(tree)

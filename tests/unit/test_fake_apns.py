@@ -5,6 +5,7 @@ shown to refuse (the adapter's own tests are in tests/integration/test_push.py).
 
 from __future__ import annotations
 
+import gc
 import json
 import ssl
 import time
@@ -192,3 +193,20 @@ def test_a_lost_answer_comes_after_the_notification_was_taken(fake, key, loss):
 def test_the_key_file_is_a_pkcs8_p8(fake, tmp_path: Path):
     text = fake.write_key(tmp_path / "k.p8").read_text()
     assert text.startswith("-----BEGIN PRIVATE KEY-----")
+
+
+def test_stopping_ends_an_answer_still_held_back(tmp_path, caplog):
+    """A late answer asleep when the fake stops is cancelled, not left pending on a closed loop
+    (a pending task's finalizer logs from inside whatever the garbage collector interrupts)."""
+    with FakeApns() as fake:
+        key = fake.write_key(tmp_path / "AuthKey.p8").read_text()
+        fake.losses.next("late", delay=60.0)
+        with (
+            _client(fake, timeout=0.3) as client,
+            pytest.raises(httpx.ReadTimeout, match="timed out"),
+        ):
+            _post(client, _jwt(key))
+    del fake
+    gc.collect()
+    destroyed = [r for r in caplog.records if "destroyed but it is pending" in r.getMessage()]
+    assert destroyed == []

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.syntax import parse
+
 TESTS = Path(__file__).resolve().parents[1]
 
 
@@ -31,10 +33,9 @@ def _is_raises(func: ast.expr) -> bool:
 def unmatched(path: Path, source: str | None = None) -> list[str]:
     """`file:line` of every pytest.raises call in `path` (with `source`, else its text) that has
     no `match=` keyword."""
-    source = path.read_text() if source is None else source
     return [
         f"{path.relative_to(TESTS.parent)}:{node.lineno}"
-        for node in ast.walk(ast.parse(source, filename=str(path)))
+        for node in ast.walk(parse(path, source))
         if isinstance(node, ast.Call)
         and _is_raises(node.func)
         and not any(k.arg == "match" for k in node.keywords)
@@ -45,7 +46,7 @@ def test_there_are_raises_to_check():
     calls = [
         node
         for path in _modules()
-        for node in ast.walk(ast.parse(path.read_text()))
+        for node in ast.walk(parse(path))
         if isinstance(node, ast.Call) and _is_raises(node.func)
     ]
     assert len(calls) > 100  # the scan sees the suite's raises, not an empty folder

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.syntax import parse
+
 TESTS = Path(__file__).resolve().parents[1]
 TIERS = ("unit", "integration", "acceptance")
 
@@ -37,7 +39,7 @@ def _imported(path: Path, source: str) -> list[tuple[int, str]]:
     `from package import name` both the package and package.name."""
     package = _dotted(path).rsplit(".", 1)[0]
     found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source, filename=str(path))):
+    for node in ast.walk(parse(path, source)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from clarion.scheduling.zones import country_of, country_of_zone, load_zone, zone_names
+from tests.support.syntax import parse
 
 
 @pytest.mark.parametrize(
@@ -82,7 +83,7 @@ def _host_zone_reads(path: Path) -> list[str]:
     """Calls that would read the host's zoneinfo: ZoneInfo(...), available_timezones(), and
     datetime.astimezone() with no zone (the host's local time)."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parse(path)):
         if not isinstance(node, ast.Call):
             continue
         name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
