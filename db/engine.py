@@ -15,7 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 
 from clarion import settings
-from clarion.db import partitioning, relocate
+from clarion.db import arrays, partitioning, relocate
 from clarion.db.schema import SCHEMA_REVISION
 from clarion.errors import ConfigurationError
 
@@ -79,6 +79,9 @@ def engine(url: str | None = None) -> Engine:
             max_overflow=10,
             pool_pre_ping=True,
             connect_args={"prepare_threshold": None if pooled else 0},
+        )
+        event.listen(
+            created, "connect", lambda dbapi_connection, _: arrays.register(dbapi_connection)
         )
         (check_search_path if pooled else use_schema)(created, settings.get().schema)
         check_schema(created)
