@@ -8,11 +8,13 @@ Keys are (user_id, id) pairs; batch statements take them as two parallel arrays.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, time
+from functools import cache
 from typing import Any
 
+import psycopg
 from sqlalchemy import Connection, CursorResult, TextClause, text
 
 from clarion.rows import CreatedDelivery, DueRequest, Key, Recipient, ResolvedRequest
@@ -261,13 +263,16 @@ def _with_existing(
     occurrences that were already there, read only when some row was not created."""
     ids = dict(created)
     if len(created) < len(rows):
-        keys = {
-            "users": [r.user_id for r in rows],
-            "types": [r.type_key for r in rows],
-            "occs": [r.occurrence_key for r in rows],
-        }
-        ids.update({(u, t, o): i for u, t, o, i in conn.execute(_EXISTING_REQUESTS, keys)})
+        ids.update({(u, t, o): i for u, t, o, i in conn.execute(_EXISTING_REQUESTS, _keys(rows))})
     return ids
+
+
+def _keys(rows: Sequence[NewRequest]) -> dict[str, list[str]]:
+    return {
+        "users": [r.user_id for r in rows],
+        "types": [r.type_key for r in rows],
+        "occs": [r.occurrence_key for r in rows],
+    }
 
 
 # insert_grouped_requests(): the recipients' check, their locales and the INSERT in one round
@@ -301,6 +306,8 @@ _INSERT_GROUPED = text(
     SELECT g, u, NULL, NULL, NULL FROM bad
     """
 )
+# One group's outcome: (request id, is_new) per row in its order, or the user id refusing it.
+GroupMade = list[tuple[int, bool]] | str
 
 
 def insert_grouped_requests(
@@ -309,11 +316,55 @@ def insert_grouped_requests(
     *,
     now: datetime,
     due_at: datetime,
-) -> list[list[tuple[int, bool]] | str]:
+) -> list[GroupMade]:
     """Many callers' requests in one statement with the check of their recipients: per group,
     (request id, is_new) per row in its order, or the user id that refuses the group (unknown or
     erased; the group writes nothing). A repeated occurrence, in the table or in an earlier row of
     the groups, maps to the existing id with is_new False, as if the groups came one by one."""
+    steps = _grouped(groups, now=now, due_at=due_at)
+    statement, params = next(steps)
+    try:
+        while True:
+            statement, params = steps.send(list(conn.execute(statement, params)))
+    except StopIteration as done:
+        made: list[GroupMade] = done.value
+        return made
+
+
+async def insert_grouped_requests_async(
+    conn: psycopg.AsyncConnection[Any],
+    groups: Sequence[Sequence[NewRequest]],
+    *,
+    now: datetime,
+    due_at: datetime,
+) -> list[GroupMade]:
+    """insert_grouped_requests() on an auto-committing psycopg AsyncConnection (the web's event
+    loop writes with one, db/loop_commit.py): the same statements, the INSERT its own
+    transaction."""
+    steps = _grouped(groups, now=now, due_at=due_at)
+    statement, params = next(steps)
+    try:
+        while True:
+            cursor = await conn.execute(_driver_sql(statement), params)
+            statement, params = steps.send(await cursor.fetchall())
+    except StopIteration as done:
+        made: list[GroupMade] = done.value
+        return made
+
+
+@cache
+def _driver_sql(statement: TextClause) -> str:
+    """A text() statement as psycopg takes it (`%(name)s` parameters)."""
+    from sqlalchemy.dialects.postgresql.psycopg import dialect
+
+    return str(statement.compile(dialect=dialect()))  # type: ignore[no-untyped-call]
+
+
+def _grouped(
+    groups: Sequence[Sequence[NewRequest]], *, now: datetime, due_at: datetime
+) -> Generator[tuple[TextClause, dict[str, Any]], Sequence[Sequence[Any]], list[GroupMade]]:
+    """insert_grouped_requests() without I/O: yields each statement with its parameters, is sent
+    its rows, returns the groups' outcomes."""
     listed = [
         {
             "n": n,
@@ -330,14 +381,16 @@ def insert_grouped_requests(
     params = {"rows": json.dumps(listed), "now": now, "due_at": due_at}
     created: dict[tuple[str, str, str], int] = {}
     bad: dict[int, str] = {}
-    for g, u, t, o, i in conn.execute(_INSERT_GROUPED, params):
+    for g, u, t, o, i in (yield _INSERT_GROUPED, params):
         if g is None:
             created[(u, t, o)] = i
         else:
             bad[g] = u
     kept = [r for g, group in enumerate(groups) if g not in bad for r in group]
-    ids = _with_existing(conn, kept, created)
-    out: list[list[tuple[int, bool]] | str] = []
+    ids = dict(created)
+    if len(created) < len(kept):
+        ids.update({(u, t, o): i for u, t, o, i in (yield _EXISTING_REQUESTS, _keys(kept))})
+    out: list[GroupMade] = []
     seen: set[tuple[str, str, str]] = set()
     for g, group in enumerate(groups):
         if g in bad:

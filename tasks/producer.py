@@ -11,6 +11,7 @@ from typing import Any
 
 import amqp.exceptions
 import kombu.exceptions
+import psycopg
 import redis.exceptions
 from sqlalchemy import Connection
 
@@ -311,13 +312,26 @@ def insert_grouped(
     each group's Enqueued, or the UnknownRecipient that refuses that group alone (it writes
     nothing). A repeated occurrence, in the table or in an earlier group, is `new: false`, as if
     the groups had come one by one."""
-    outcomes: list[list[Enqueued] | UnknownRecipient] = []
-    for made in ledger.insert_grouped_requests(conn, groups, now=now, due_at=due_at):
-        if isinstance(made, str):
-            outcomes.append(UnknownRecipient(made))
-        else:
-            outcomes.append([Enqueued(*m) for m in made])
-    return outcomes
+    return _enqueued(ledger.insert_grouped_requests(conn, groups, now=now, due_at=due_at))
+
+
+async def insert_grouped_async(
+    conn: psycopg.AsyncConnection[Any],
+    groups: Sequence[Sequence[ledger.NewRequest]],
+    *,
+    now: datetime,
+    due_at: datetime,
+) -> list[list[Enqueued] | UnknownRecipient]:
+    """insert_grouped() on an auto-committing AsyncConnection (the web's event loop)."""
+    made = await ledger.insert_grouped_requests_async(conn, groups, now=now, due_at=due_at)
+    return _enqueued(made)
+
+
+def _enqueued(made: list[ledger.GroupMade]) -> list[list[Enqueued] | UnknownRecipient]:
+    return [
+        UnknownRecipient(group) if isinstance(group, str) else [Enqueued(*m) for m in group]
+        for group in made
+    ]
 
 
 def _insert(conn: Connection, rows: list[ledger.NewRequest], *, now, due_at) -> list[Enqueued]:

@@ -1,12 +1,14 @@
-"""POST /v1/events: checked events → request rows, in a transaction shared with the requests
-arriving meanwhile (db/group_commit.py: one COMMIT for the group, each request answered only after
-it); then the route task is published by this process's publishing thread, off the request's path
-(a lost publish is the beat tick's to redo): handed over once per group by the writer thread for
-plain requests, by the request for the others.
+"""POST /v1/events: checked events → request rows, written together with the requests arriving
+meanwhile, each request answered only once its rows are durable; then the route task is published
+by this process's publishing thread, off the request's path (a lost publish is the beat tick's to
+redo).
 
 A plain request (no Idempotency-Key, no inline recipient) is checked on the event loop and its rows
-join the group's one multi-row INSERT (tasks/producer.insert_grouped), with no savepoint of its
-own; a request with either runs notify_many() with its Idempotency-Key row in a savepoint.
+join the group's one multi-row INSERT, auto-committed on one of the loop's own connections
+(db/loop_commit.py, tasks/producer.insert_grouped_async; the group's new requests handed to the
+publishing thread once). A request with either runs notify_many() with its Idempotency-Key row in
+a savepoint of a transaction shared on writer threads (db/group_commit.py), and hands its own
+publish over.
 
 Idempotency (Stripe's semantics and draft-ietf-httpapi-idempotency-key-header's):
 - keys are scoped per API key; a key is 1-255 printable ASCII characters;
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 from pydantic import BaseModel
 from sqlalchemy import Connection
 
@@ -43,12 +46,13 @@ from clarion.db.api_keys import ApiKey
 from clarion.db.engine import engine
 from clarion.db.group_commit import GroupCommit
 from clarion.db.ledger import NewRequest
+from clarion.db.loop_commit import LoopCommit
 from clarion.errors import ClarionError, InvalidField, UnknownRecipient
 from clarion.tasks import notify_many, recipients, runtime
 from clarion.tasks.producer import (
     Enqueued,
     checked_requests,
-    insert_grouped,
+    insert_grouped_async,
     publish_in_background,
 )
 from clarion.web.api_errors import ApiError, ascii_json, contract_field, from_clarion, item_index
@@ -59,14 +63,14 @@ MAX_IDEMPOTENCY_KEY = 255
 ACCEPTED = 202
 
 
-def _write_rows(
-    conn: Connection, groups: Sequence[list[NewRequest]]
+async def _write_rows(
+    conn: psycopg.AsyncConnection[Any], groups: Sequence[list[NewRequest]]
 ) -> list[list[Enqueued] | UnknownRecipient]:
     """The plain requests of one group, in one INSERT; their rows wait `stray_after` for the
     publish before the tick takes them (as notify()'s own commits do)."""
     now = clock.now()
     stray = now + timedelta(seconds=settings.get().stray_after)
-    return insert_grouped(conn, groups, now=now, due_at=stray)
+    return await insert_grouped_async(conn, groups, now=now, due_at=stray)
 
 
 def _publish_rows(done: list[tuple[list[NewRequest], list[Enqueued]]]) -> None:
@@ -82,12 +86,14 @@ def _publish_rows(done: list[tuple[list[NewRequest], list[Enqueued]]]) -> None:
     )
 
 
-# Concurrent requests share transactions (db/group_commit.py): one COMMIT answers many.
-# _write_rows is one INSERT (insert_grouped_requests; what follows it only reads): a group of plain
-# requests alone is that statement auto-committed, without BEGIN and COMMIT round trips.
-WRITER: GroupCommit[list[NewRequest], list[Enqueued]] = GroupCommit(
-    engine, writers=4, batch=_write_rows, committed=_publish_rows, one_statement=True
+# Concurrent plain requests share statements on the event loop (db/loop_commit.py): one
+# auto-committed INSERT (insert_grouped_requests; what follows it only reads) answers many.
+ROWS: LoopCommit[list[NewRequest], list[Enqueued]] = LoopCommit(
+    _write_rows, connections=4, committed=_publish_rows
 )
+# The others (an Idempotency-Key row, an inline recipient) share transactions on writer threads,
+# each in a savepoint of its own (db/group_commit.py).
+WRITER = GroupCommit(engine, writers=4)
 
 
 @dataclass(frozen=True)
@@ -200,7 +206,7 @@ async def ingest(
     if idem is None and not any(people):
         try:
             rows = checked_requests(items)
-            results = await asyncio.wrap_future(WRITER.submit_rows(rows))
+            results = await ROWS.submit_rows(rows)
         except ClarionError as exc:
             raise _refusal(exc, events, batch) from exc
         answer, _ = _accepted(events, results, lanes, batch=batch)  # published by the writer
