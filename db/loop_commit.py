@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from clarion import settings
 from clarion.db import arrays
 from clarion.db.engine import driver_args, engine, normalise_url, pooled_transactions
 
+log = logging.getLogger(__name__)
 P = TypeVar("P")
 R = TypeVar("R")
 PING_IDLE = 1.0
@@ -116,7 +118,14 @@ class LoopCommit(Generic[P, R]):
             while here.waiting:
                 group = here.waiting[: self.max_units]
                 del here.waiting[: self.max_units]
-                await self._write(here, group)
+                try:
+                    await self._write(here, group)
+                except Exception as exc:  # a bug: its callers hear of it, the next group goes
+                    log.exception("a group's write failed", extra={"action": "loop_commit_failed"})
+                    _fail(group, exc)
+                except BaseException:  # the loop shutting down: nobody waits forever
+                    _fail(group, RuntimeError("the writer stopped"))
+                    raise
         finally:
             here.flushing -= 1
 
@@ -142,7 +151,10 @@ class LoopCommit(Generic[P, R]):
                 if not answer.done():
                     answer.set_result(outcome)
         if done and self.committed is not None:
-            self.committed(done)
+            try:
+                self.committed(done)
+            except Exception:  # it must not raise; if it does, the next group still goes
+                log.exception("after a group's commit", extra={"action": "loop_commit_failed"})
 
     async def _outcomes(
         self, conn: psycopg.AsyncConnection[Any], payloads: list[P]
@@ -185,3 +197,9 @@ class LoopCommit(Generic[P, R]):
 async def _close(conn: psycopg.AsyncConnection[Any]) -> None:
     with contextlib.suppress(Exception):
         await conn.close()
+
+
+def _fail(group: list[tuple[Any, asyncio.Future[Any]]], exc: Exception) -> None:
+    for _, answer in group:
+        if not answer.done():
+            answer.set_exception(exc)

@@ -176,3 +176,32 @@ def test_an_unreachable_database_fails_the_callers_without_hanging(scratch, monk
         settings.reset()
     assert [type(o).__name__ for o in outcomes] == ["OperationalError"] * 2
     assert batch.groups == []
+
+
+def test_a_batch_that_answers_wrongly_fails_its_callers_and_the_writer_goes_on(scratch, caplog):
+    """A bug in a batch (fewer outcomes than payloads) or in `committed` reaches the callers or the
+    log, never leaves a caller waiting, and the next group is written."""
+    batch = Recorder()
+    calls = 0
+
+    async def short(conn: psycopg.AsyncConnection[Any], keys: Sequence[str]) -> list[Any]:
+        nonlocal calls
+        calls += 1
+        return [] if calls == 1 else await batch(conn, keys)
+
+    def committed(done: list[tuple[str, int]]) -> None:
+        raise RuntimeError("committed failed")
+
+    writer: LoopCommit[str, int] = LoopCommit(short, connections=1, committed=committed)
+
+    async def main() -> tuple[list[Any], int]:
+        wrong = await asyncio.wait_for(_submit_all(writer, ["a", "b"]), 30)
+        return wrong, await asyncio.wait_for(writer.submit_rows("after"), 30)
+
+    wrong, after = asyncio.run(main())
+    assert [type(o).__name__ for o in wrong] == ["ValueError", "ValueError"]  # zip(strict=True)
+    assert after == 5 and _committed() == {"after"}
+    assert [r.getMessage() for r in caplog.records if r.name == "clarion.db.loop_commit"] == [
+        "a group's write failed",
+        "after a group's commit",
+    ]
