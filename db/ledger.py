@@ -8,7 +8,7 @@ Keys are (user_id, id) pairs; batch statements take them as two parallel arrays.
 from __future__ import annotations
 
 import json
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, time
 from functools import cache
@@ -310,61 +310,19 @@ _INSERT_GROUPED = text(
 GroupMade = list[tuple[int, bool]] | str
 
 
-def insert_grouped_requests(
-    conn: Connection,
-    groups: Sequence[Sequence[NewRequest]],
-    *,
-    now: datetime,
-    due_at: datetime,
-) -> list[GroupMade]:
-    """Many callers' requests in one statement with the check of their recipients: per group,
-    (request id, is_new) per row in its order, or the user id that refuses the group (unknown or
-    erased; the group writes nothing). A repeated occurrence, in the table or in an earlier row of
-    the groups, maps to the existing id with is_new False, as if the groups came one by one."""
-    steps = _grouped(groups, now=now, due_at=due_at)
-    statement, params = next(steps)
-    try:
-        while True:
-            statement, params = steps.send(list(conn.execute(statement, params)))
-    except StopIteration as done:
-        made: list[GroupMade] = done.value
-        return made
-
-
-async def insert_grouped_requests_async(
+async def insert_grouped_requests(
     conn: psycopg.AsyncConnection[Any],
     groups: Sequence[Sequence[NewRequest]],
     *,
     now: datetime,
     due_at: datetime,
 ) -> list[GroupMade]:
-    """insert_grouped_requests() on an auto-committing psycopg AsyncConnection (the web's event
-    loop writes with one, db/loop_commit.py): the same statements, the INSERT its own
-    transaction."""
-    steps = _grouped(groups, now=now, due_at=due_at)
-    statement, params = next(steps)
-    try:
-        while True:
-            cursor = await conn.execute(_driver_sql(statement), params)
-            statement, params = steps.send(await cursor.fetchall())
-    except StopIteration as done:
-        made: list[GroupMade] = done.value
-        return made
-
-
-@cache
-def _driver_sql(statement: TextClause) -> str:
-    """A text() statement as psycopg takes it (`%(name)s` parameters)."""
-    from sqlalchemy.dialects.postgresql.psycopg import dialect
-
-    return str(statement.compile(dialect=dialect()))  # type: ignore[no-untyped-call]
-
-
-def _grouped(
-    groups: Sequence[Sequence[NewRequest]], *, now: datetime, due_at: datetime
-) -> Generator[tuple[TextClause, dict[str, Any]], Sequence[Sequence[Any]], list[GroupMade]]:
-    """insert_grouped_requests() without I/O: yields each statement with its parameters, is sent
-    its rows, returns the groups' outcomes."""
+    """Many callers' requests in one statement with the check of their recipients, on an
+    auto-committing psycopg AsyncConnection (the web's event loop writes with one,
+    db/loop_commit.py; the INSERT is its own transaction): per group, (request id, is_new) per row
+    in its order, or the user id that refuses the group (unknown or erased; the group writes
+    nothing). A repeated occurrence, in the table or in an earlier row of the groups, maps to the
+    existing id with is_new False, as if the groups came one by one."""
     listed = [
         {
             "n": n,
@@ -381,7 +339,8 @@ def _grouped(
     params = {"rows": json.dumps(listed), "now": now, "due_at": due_at}
     created: dict[tuple[str, str, str], int] = {}
     bad: dict[int, str] = {}
-    for g, u, t, o, i in (yield _INSERT_GROUPED, params):
+    inserted = await (await conn.execute(_driver_sql(_INSERT_GROUPED), params)).fetchall()
+    for g, u, t, o, i in inserted:
         if g is None:
             created[(u, t, o)] = i
         else:
@@ -389,7 +348,8 @@ def _grouped(
     kept = [r for g, group in enumerate(groups) if g not in bad for r in group]
     ids = dict(created)
     if len(created) < len(kept):
-        ids.update({(u, t, o): i for u, t, o, i in (yield _EXISTING_REQUESTS, _keys(kept))})
+        existing = await conn.execute(_driver_sql(_EXISTING_REQUESTS), _keys(kept))
+        ids.update({(u, t, o): i for u, t, o, i in await existing.fetchall()})
     out: list[GroupMade] = []
     seen: set[tuple[str, str, str]] = set()
     for g, group in enumerate(groups):
@@ -403,6 +363,14 @@ def _grouped(
             seen.add(occurrence)
         out.append(made)
     return out
+
+
+@cache
+def _driver_sql(statement: TextClause) -> str:
+    """A text() statement as psycopg takes it (`%(name)s` parameters)."""
+    from sqlalchemy.dialects.postgresql.psycopg import dialect
+
+    return str(statement.compile(dialect=dialect()))  # type: ignore[no-untyped-call]
 
 
 _FIND_REQUEST = text(

@@ -98,10 +98,6 @@ class LoopCommit(Generic[P, R]):
             task.add_done_callback(here.flushes.discard)
         return await answer
 
-    def queued(self) -> int:
-        """Payloads submitted and not yet taken into a group."""
-        return len(self._here.waiting) if self._here is not None else 0
-
     def _state(self) -> _Loop[P]:
         loop = asyncio.get_running_loop()
         s = settings.get()

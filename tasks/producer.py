@@ -300,34 +300,19 @@ def publish_after_commit(keys: list[tuple[str, int, str]]) -> None:
         )
 
 
-def insert_grouped(
-    conn: Connection,
-    groups: Sequence[Sequence[ledger.NewRequest]],
-    *,
-    now: datetime,
-    due_at: datetime,
-) -> list[list[Enqueued] | UnknownRecipient]:
-    """Many callers' checked rows (checked_requests) in the connection's transaction, with the
-    recipients' check in the same statement (ledger.insert_grouped_requests: one round trip):
-    each group's Enqueued, or the UnknownRecipient that refuses that group alone (it writes
-    nothing). A repeated occurrence, in the table or in an earlier group, is `new: false`, as if
-    the groups had come one by one."""
-    return _enqueued(ledger.insert_grouped_requests(conn, groups, now=now, due_at=due_at))
-
-
-async def insert_grouped_async(
+async def insert_grouped(
     conn: psycopg.AsyncConnection[Any],
     groups: Sequence[Sequence[ledger.NewRequest]],
     *,
     now: datetime,
     due_at: datetime,
 ) -> list[list[Enqueued] | UnknownRecipient]:
-    """insert_grouped() on an auto-committing AsyncConnection (the web's event loop)."""
-    made = await ledger.insert_grouped_requests_async(conn, groups, now=now, due_at=due_at)
-    return _enqueued(made)
-
-
-def _enqueued(made: list[ledger.GroupMade]) -> list[list[Enqueued] | UnknownRecipient]:
+    """Many callers' checked rows (checked_requests) in one auto-committed statement on an
+    AsyncConnection (the web's event loop), with the recipients' check in the same statement
+    (ledger.insert_grouped_requests): each group's Enqueued, or the UnknownRecipient that refuses
+    that group alone (it writes nothing). A repeated occurrence, in the table or in an earlier
+    group, is `new: false`, as if the groups had come one by one."""
+    made = await ledger.insert_grouped_requests(conn, groups, now=now, due_at=due_at)
     return [
         UnknownRecipient(group) if isinstance(group, str) else [Enqueued(*m) for m in group]
         for group in made

@@ -5,7 +5,7 @@ redo).
 
 A plain request (no Idempotency-Key, no inline recipient) is checked on the event loop and its rows
 join the group's one multi-row INSERT, auto-committed on one of the loop's own connections
-(db/loop_commit.py, tasks/producer.insert_grouped_async; the group's new requests handed to the
+(db/loop_commit.py, tasks/producer.insert_grouped; the group's new requests handed to the
 publishing thread once). A request with either runs notify_many() with its Idempotency-Key row in
 a savepoint of a transaction shared on writer threads (db/group_commit.py), and hands its own
 publish over.
@@ -52,7 +52,7 @@ from clarion.tasks import notify_many, recipients, runtime
 from clarion.tasks.producer import (
     Enqueued,
     checked_requests,
-    insert_grouped_async,
+    insert_grouped,
     publish_in_background,
 )
 from clarion.web.api_errors import ApiError, ascii_json, contract_field, from_clarion, item_index
@@ -70,7 +70,7 @@ async def _write_rows(
     publish before the tick takes them (as notify()'s own commits do)."""
     now = clock.now()
     stray = now + timedelta(seconds=settings.get().stray_after)
-    return await insert_grouped_async(conn, groups, now=now, due_at=stray)
+    return await insert_grouped(conn, groups, now=now, due_at=stray)
 
 
 def _publish_rows(done: list[tuple[list[NewRequest], list[Enqueued]]]) -> None:

@@ -5,6 +5,7 @@ Every refused call is checked twice: the typed error it raises, and the row coun
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -284,12 +285,13 @@ def test_notify_many_with_nothing_to_do_writes_nothing(ann):
     assert count("requests") == 0
 
 
-# --- insert_grouped(): many callers' rows in one statement -------------------------------------
+# --- insert_grouped(): many callers' rows in one statement, as the web writes them ------------
 
 
 def test_grouped_callers_get_their_own_outcomes_as_if_they_came_one_by_one(ann):
     from datetime import UTC, datetime
 
+    from clarion.db.loop_commit import LoopCommit
     from clarion.tasks.producer import checked_requests, insert_grouped
 
     def rows_of(*events: tuple[str, str]) -> list:
@@ -305,8 +307,20 @@ def test_grouped_callers_get_their_own_outcomes_as_if_they_came_one_by_one(ann):
         rows_of((ann, "e0")),  # requested before
     ]
     now = datetime.now(UTC)
-    with engine().begin() as conn:
-        first, refused, third, fourth = insert_grouped(conn, groups, now=now, due_at=now)
+    calls: list[int] = []
+
+    async def batch(conn, payloads):
+        calls.append(len(payloads))
+        return await insert_grouped(conn, payloads, now=now, due_at=now)
+
+    async def together() -> list:
+        writer = LoopCommit(batch, connections=1)
+        return await asyncio.gather(
+            *(writer.submit_rows(g) for g in groups), return_exceptions=True
+        )
+
+    first, refused, third, fourth = asyncio.run(together())
+    assert calls == [4]  # the four callers in one statement
     assert isinstance(refused, UnknownRecipient) and refused.user_id == "bob"
     assert isinstance(first, list) and isinstance(third, list) and isinstance(fourth, list)
     assert [e.new for e in first] == [True]
