@@ -89,6 +89,7 @@ def _send(
     producer: Any,
     options: dict[str, Any],
 ) -> None:
+    declared: set[str] = set()
     for lane, chunk in messages:
         app.send_task(
             task,
@@ -99,8 +100,13 @@ def _send(
             # rest of the publish
             argsrepr=_describe(chunk),
             kwargsrepr="{}",
+            # the lane's queue declared by its first message of this publish only: kombu binds
+            # (copies) the queue and its exchange before it looks at its cache of declared ones,
+            # a quarter of each message's CPU (a broadcast chunk publishes 50 messages)
+            **({"declare": []} if lane in declared else {}),
             **options,
         )
+        declared.add(lane)
 
 
 def _batched(producer: Any) -> contextlib.AbstractContextManager[object]:
