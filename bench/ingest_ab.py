@@ -8,7 +8,8 @@ on a shared, noisy machine a change to ingest is judged by ratios taken minutes 
 set to the other tree. One server process each (uvicorn's supervisor of several workers kills
 children that take more than 5 s to start, which three servers starting at once on a loaded host
 did). Each round: single events from 8 and 32 clients to after, before and the baseline; then
-the batch door (500 a request) to after and before, and one multi-row INSERT per 500 rows.
+the batch door (500 a request) to after and before, and one multi-row INSERT per 500 of the same
+rows (and of narrow ones), as bench/ingest.py.
 """
 
 # ruff: noqa: E501, E702, E731
@@ -85,25 +86,26 @@ try:
                 f"round {r + 1} {clients:2d} clients: after {ra.rate:5.0f}/s p95 {ra.p95:6.1f} | before {rb.rate:5.0f}/s p95 {rb.p95:6.1f} | base {rs.rate:5.0f}/s p95 {rs.p95:6.1f} | ratio after {ra.rate / rs.rate:.2f} before {rb.rate / rs.rate:.2f} after/before {ra.rate / rb.rate:.2f}",
                 flush=True,
             )
+        mine = {}
         for name, port in (("after", after), ("before", before)):
             n += 1
+            mine[name] = f"bt{n}-"
             bodies = [
                 json.dumps({"items": [json.loads(x) for x in b.events(f"bt{n}-{j}", 500)]}).encode()
                 for j in range(a.batches)
             ]
             run = b.load(port, auth, bodies, 1, path="/v1/events/batch")
             res.setdefault(("batch", name), []).append(run.rate * 500)
-        plain = b.batch_insert_rate(bench.url, 500 * a.batches, 500) if r == 0 else None
-        if plain is None:
-            import psycopg
-
-            with psycopg.connect(b._libpq(bench.url), autocommit=True) as c:
-                c.execute("TRUNCATE bench_batch")
-            plain = b.batch_insert_rate(bench.url, 500 * a.batches, 500)
-        res.setdefault(("batch", "base"), []).append(plain)
+        # the same rows as after's (read back) into a table LIKE requests, as bench/ingest.py does
+        same = b.batch_insert_rate(
+            bench.url, "bench_ledger", b.ledger_rows(bench.url, mine["after"]), 500
+        )
+        pairs = [(f"b{r}-{i}", {"i": i}) for i in range(500 * a.batches)]
+        plain = b.batch_insert_rate(bench.url, "bench_batch", pairs, 500)
+        res.setdefault(("batch", "base"), []).append(same)
         ba, bb = res[("batch", "after")][-1], res[("batch", "before")][-1]
         print(
-            f"round {r + 1} batch: after {ba:6.0f} rows/s | before {bb:6.0f} | multi-row INSERT {plain:6.0f} | ratio after {ba / plain:.2f} before {bb / plain:.2f} after/before {ba / bb:.2f}",
+            f"round {r + 1} batch: after {ba:6.0f} rows/s | before {bb:6.0f} | INSERT of the same rows {same:6.0f} | ratio after {ba / same:.2f} before {bb / same:.2f} after/before {ba / bb:.2f} | INSERT of (event_id, body) {plain:6.0f}: after {ba / plain:.2f}",
             flush=True,
         )
     for clients in (8, 32):
