@@ -5,8 +5,9 @@ inside another parse's conversion breaks the outer one with `SystemError: AST co
 recursion depth mismatch` (python/cpython#106905). A garbage collection landing in the conversion
 runs finalizers, and one that logs an error (an asyncio task destroyed while pending, whose log
 write fails on pytest's closed capture stream) prints a traceback, which 3.11 places carets on by
-parsing the source line: a nested parse. Collecting first and holding the collector off for the
-parse keeps other tests' garbage out of it."""
+parsing the source line: a nested parse. Holding the collector off for the parse keeps other
+tests' garbage out of it: what is garbage now is collected after the parse, outside it. (A
+collection before each parse as well cost the tests that read every source file ~100 s each.)"""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from pathlib import Path
 def parse(path: Path, source: str | None = None) -> ast.Module:
     """The syntax tree of `path` (or of `source`, named `path` in a SyntaxError)."""
     text = path.read_text(encoding="utf-8") if source is None else source
-    gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
     try:
