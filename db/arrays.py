@@ -4,8 +4,9 @@ The ledger's statements take their rows as arrays (`unnest(CAST(:users AS text[]
 hundred elements or more per parameter. psycopg's text `ListDumper` writes an array element by
 element in Python (a dumper call, a regular-expression test and perhaps an escape for each): a
 fifth of the route task's own CPU. `FlatListDumper` writes the flat lists those statements pass —
-every element a `str`, every element an `int`, or every element a `bool` — with one `join`, and
-hands anything else (None among the elements, nested lists, dates, mixed types) to psycopg's own.
+every element a `str`, every element an `int`, every element a `bool`, or every element a
+timezone-aware `datetime`, with None (NULL) allowed among any of them — with one `join`, and hands
+anything else (nested lists, naive datetimes, mixed types) to psycopg's own.
 
 Each string element is quoted, with `"` and `\\` escaped (PostgreSQL's array input: a quoted
 element is taken as it is written, whitespace, commas, braces and the word NULL included). Text
@@ -16,6 +17,7 @@ on psycopg's global adapters: a host app's connections keep psycopg's behaviour.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from psycopg import errors
@@ -23,21 +25,36 @@ from psycopg.abc import Buffer
 from psycopg.types.array import ListDumper
 
 _ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"'})
+_NONE = type(None)
 
 
 class FlatListDumper(ListDumper):
     def dump(self, obj: list[Any]) -> Buffer | None:
         kinds = set(map(type, obj))
+        nulls = _NONE in kinds
+        kinds.discard(_NONE)
         if kinds == {str}:
-            whole = "".join(obj)
+            texts = [s for s in obj if s is not None] if nulls else obj
+            whole = "".join(texts)
             if "\x00" in whole:
                 raise errors.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
             if '"' in whole or "\\" in whole:
-                obj = [s.translate(_ESCAPES) for s in obj]
-            return ('{"' + '","'.join(obj) + '"}').encode(self._text_encoding())
-        if kinds == {int} or kinds == {bool}:
-            return ("{" + ",".join(map(str, obj)) + "}").encode()
+                obj = [s if s is None else s.translate(_ESCAPES) for s in obj]
+            return self._quoted(obj, nulls).encode(self._text_encoding())
+        if kinds == {int} or kinds == {bool} or not kinds:
+            words = [("NULL" if v is None else str(v)) for v in obj] if nulls else map(str, obj)
+            return ("{" + ",".join(words) + "}").encode()
+        if kinds == {datetime} and all(v is None or v.tzinfo is not None for v in obj):
+            # as psycopg writes one (str(): ISO 8601 with its offset), quoted for its space
+            return self._quoted([v if v is None else str(v) for v in obj], nulls).encode()
         return super().dump(obj)
+
+    @staticmethod
+    def _quoted(texts: list[Any], nulls: bool) -> str:
+        """`{"a","b"}`; None as NULL, unquoted (quoted, "NULL" is the text NULL)."""
+        if not nulls:
+            return '{"' + '","'.join(texts) + '"}'
+        return "{" + ",".join("NULL" if t is None else '"' + t + '"' for t in texts) + "}"
 
     def _text_encoding(self) -> str:
         encoding = self._tx.encoding

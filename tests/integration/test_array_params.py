@@ -1,9 +1,11 @@
 """db/arrays.py on a real PostgreSQL: every list clarion's connections pass as an array parameter
-reads back as the very list, through the fast path (flat lists of str, int, bool) and through
-psycopg's own dumper for the rest, and text with NUL is refused as psycopg refuses it."""
+reads back as the very list, through the fast path (flat lists of str, int, bool or aware
+datetimes, None among them) and through psycopg's own dumper for the rest, and text with NUL is
+refused as psycopg refuses it."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -55,6 +57,40 @@ def test_text_lists_read_back_as_written(clarion_env, values):
     assert _round_trip(values, "text[]") == values
 
 
+# Aware datetimes anywhere in Python's range, at any offset PostgreSQL takes (to the second: an
+# old zone's local mean time), microseconds or none.
+AWARE = st.datetimes(
+    min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.timezones()
+) | st.builds(
+    lambda at, seconds: at.replace(tzinfo=timezone(timedelta(seconds=seconds))),
+    st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30)),
+    st.integers(min_value=-15 * 3600 + 1, max_value=15 * 3600 - 1),
+)
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(values=st.lists(st.one_of(AWARE, st.none()), min_size=1, max_size=8))
+def test_aware_datetime_lists_read_back_as_the_same_instants(clarion_env, values):
+    # compared in UTC: Python never finds two zones' datetimes equal when one of them falls in a
+    # gap or fold of its zone (PEP 495), though both name the same instant
+    utc = [None if v is None else v.astimezone(UTC) for v in values]
+    assert [
+        None if v is None else v.astimezone(UTC) for v in _round_trip(values, "timestamptz[]")
+    ] == utc
+    if any(v is not None for v in values):
+        assert _dumped(values).startswith(b"{")
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(values=st.lists(st.one_of(TEXT, st.none()), min_size=1, max_size=8))
+def test_text_lists_with_nulls_read_back_as_written(clarion_env, values):
+    assert _round_trip(values, "text[]") == values
+
+
 @pytest.mark.parametrize(
     "values",
     [
@@ -73,15 +109,32 @@ def test_text_that_array_input_treats_specially(clarion_env, values):
     [
         ([0, -1, 2**62, -(2**62), 7], "bigint[]"),
         ([True, False, True], "boolean[]"),
-        (["a", None, "b"], "text[]"),  # None among them: psycopg's own dumper
+        (["a", None, "NULL", "b"], "text[]"),  # None is NULL; the text "NULL" is text
         ([1, None], "bigint[]"),
+        ([None, None], "timestamptz[]"),
+        ([datetime(2026, 12, 6, 13, 0, tzinfo=UTC), None], "timestamptz[]"),
         ([], "text[]"),
-        ([["a", "b"], ["c", "d"]], "text[]"),
+        ([["a", "b"], ["c", "d"]], "text[]"),  # nested: psycopg's own dumper
+        ([datetime(2026, 12, 6, 13, 0)], "timestamp[]"),  # naive: psycopg's own
     ],
-    ids=["ints", "bools", "text-with-null", "int-with-null", "empty", "nested"],
+    ids=[
+        "ints",
+        "bools",
+        "text-with-null",
+        "int-with-null",
+        "all-null",
+        "datetime-with-null",
+        "empty",
+        "nested",
+        "naive-datetime",
+    ],
 )
 def test_other_lists_read_back_as_written(clarion_env, values, sql_type):
     assert _round_trip(values, sql_type) == values
+
+
+def test_nulls_among_text_are_written_by_the_fast_path(clarion_env):
+    assert _dumped(["a", None, "NULL"]) == b'{"a",NULL,"NULL"}'
 
 
 def test_text_with_nul_is_refused_as_psycopg_refuses_it(clarion_env):
