@@ -273,13 +273,12 @@ LEDGER_COLUMNS = (
 
 
 def batch_insert_rate(
-    url: str, table_name: str, rows: Sequence[tuple[object, ...]], size: int
+    url: str, table_name: str, columns: str, rows: Sequence[tuple[object, ...]], size: int
 ) -> float:
     """Rows/s of one multi-row INSERT … ON CONFLICT DO NOTHING per `size` rows, one commit each."""
     import psycopg
     from psycopg.types.json import Jsonb
 
-    columns = "event_id, body" if table_name == "bench_batch" else LEDGER_COLUMNS
     with psycopg.connect(_libpq(url), autocommit=True) as conn:
         t0 = time.perf_counter()
         for start in range(0, len(rows), size):
@@ -388,9 +387,9 @@ def _run(bench: Bench, args: argparse.Namespace) -> int:
     sent += n_batch
     ours_rows = ours.rate * args.batch
     same = ledger_rows(bench.url, "batch")
-    plain = batch_insert_rate(bench.url, "bench_ledger", same, args.batch)
+    plain = batch_insert_rate(bench.url, "bench_ledger", LEDGER_COLUMNS, same, args.batch)
     pairs = [(f"b{i}", {"i": i}) for i in range(n_batch)]
-    narrow = batch_insert_rate(bench.url, "bench_batch", pairs, args.batch)
+    narrow = batch_insert_rate(bench.url, "bench_batch", "event_id, body", pairs, args.batch)
     say(
         table(
             [

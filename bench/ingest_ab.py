@@ -86,10 +86,10 @@ try:
                 f"round {r + 1} {clients:2d} clients: after {ra.rate:5.0f}/s p95 {ra.p95:6.1f} | before {rb.rate:5.0f}/s p95 {rb.p95:6.1f} | base {rs.rate:5.0f}/s p95 {rs.p95:6.1f} | ratio after {ra.rate / rs.rate:.2f} before {rb.rate / rs.rate:.2f} after/before {ra.rate / rb.rate:.2f}",
                 flush=True,
             )
-        mine = {}
         for name, port in (("after", after), ("before", before)):
             n += 1
-            mine[name] = f"bt{n}-"
+            if name == "after":
+                after_prefix = f"bt{n}-"
             bodies = [
                 json.dumps({"items": [json.loads(x) for x in b.events(f"bt{n}-{j}", 500)]}).encode()
                 for j in range(a.batches)
@@ -97,11 +97,10 @@ try:
             run = b.load(port, auth, bodies, 1, path="/v1/events/batch")
             res.setdefault(("batch", name), []).append(run.rate * 500)
         # the same rows as after's (read back) into a table LIKE requests, as bench/ingest.py does
-        same = b.batch_insert_rate(
-            bench.url, "bench_ledger", b.ledger_rows(bench.url, mine["after"]), 500
-        )
+        rows = b.ledger_rows(bench.url, after_prefix)
+        same = b.batch_insert_rate(bench.url, "bench_ledger", b.LEDGER_COLUMNS, rows, 500)
         pairs = [(f"b{r}-{i}", {"i": i}) for i in range(500 * a.batches)]
-        plain = b.batch_insert_rate(bench.url, "bench_batch", pairs, 500)
+        plain = b.batch_insert_rate(bench.url, "bench_batch", "event_id, body", pairs, 500)
         res.setdefault(("batch", "base"), []).append(same)
         ba, bb = res[("batch", "after")][-1], res[("batch", "before")][-1]
         print(
