@@ -117,6 +117,9 @@ class Settings:
     broadcast_chunk: int = field(
         default=5000, metadata=at_least(1)
     )  # recipients a broadcast's fan-out requests per transaction
+    broadcast_fills: int = field(
+        default=2, metadata=at_least(1)
+    )  # chunks of one wave a fan-out writes at once, each on its own connection
     send_concurrency: int = field(
         default=8, metadata=at_least(1)
     )  # most sends in flight at once within one deliver batch (fewer for a fast provider)

@@ -1,11 +1,12 @@
 """Named statements for broadcasts: one occurrence (`broadcast:<id>`) per recipient of an audience.
 
-The fan-out walks the audience in user_id order (keyset pagination) in chunks. One chunk is one
-transaction: lock the broadcast's row, insert the chunk's requests with one INSERT ... SELECT, move
-the wave's cursor past the chunk and add to the counters. A fan-out that dies before the commit
-leaves nothing; after it, the cursor says where to go on. The requests' unique occurrence key makes
-a recipient requested twice (a second fan-out, a recipient who changed zone between waves)
-impossible rather than unlikely.
+The fan-out walks the audience in user_id order (keyset pagination), a step at a time: the plan
+finds where the step's chunks start, each chunk is written by one INSERT ... SELECT in a transaction
+of its own (on its own connection, the chunks of a step at once), and then the wave's cursor moves
+past what they covered. A fan-out that dies before a chunk's commit leaves nothing of it; one that
+dies before the cursor moved walks those chunks again. The requests' unique occurrence key makes a
+recipient requested twice (a chunk walked again, a second fan-out, a recipient who changed zone
+between waves) impossible rather than unlikely.
 
 An audience is a topic, a segment (a filter over recipient columns, from a fixed list), or both.
 Membership is read when a chunk is written: see docs/guides/broadcasts.md for the rule.
@@ -132,18 +133,6 @@ class Wave:
     cursor: str | None
 
 
-@dataclass(frozen=True)
-class Chunk:
-    """What one fan-out step did: `seen` audience members read, `keys` of the requests it created
-    (fewer when some already had theirs), the wave it worked on (None: nothing was due)."""
-
-    wave: int | None
-    seen: int
-    keys: list[tuple[str, int]]
-    lane: str
-    finished: bool  # the broadcast has nothing left to request
-
-
 # --- audience ------------------------------------------------------------------------------------
 
 
@@ -183,10 +172,14 @@ def members(
 
 
 def _walk(
-    audience: Audience, zones: Sequence[str] | None, *, numbered: bool = False
+    audience: Audience,
+    zones: Sequence[str] | None,
+    *,
+    numbered: bool = False,
+    bounded: bool = False,
 ) -> tuple[str, dict[str, Any]]:
-    """The audience's members after :cursor in user_id order, :limit of them; `numbered` adds
-    their place `n` (1, 2, …) in that order."""
+    """The audience's members after :cursor (up to :hi when `bounded`) in user_id order, :limit
+    of them; `numbered` adds their place `n` (1, 2, …) in that order."""
     source, where, params = audience.sql()
     key = audience.key_column()
     if zones is not None:
@@ -195,10 +188,11 @@ def _walk(
     # the cursor on both sides of a topic's join: a merge join then starts each index there,
     # instead of reading the recipients before it (half the table, half-way through)
     place = f", row_number() OVER (ORDER BY {key}) AS n" if numbered else ""
+    keys = [key, "r.user_id"] if key != "r.user_id" else [key]
     statement = (
         f"SELECT {key} AS user_id, r.locale{place} FROM {source} WHERE {where} "
-        f"AND r.user_id > :cursor "
-        + (f"AND {key} > :cursor " if key != "r.user_id" else "")
+        + "".join(f"AND {k} > :cursor " for k in keys)
+        + ("".join(f"AND {k} <= :hi " for k in keys) if bounded else "")
         + f"ORDER BY {key} LIMIT :limit"
     )
     return statement, params
@@ -324,44 +318,105 @@ def take_due(
 
 
 # --- fan-out -------------------------------------------------------------------------------------
+#
+# A step of the fan-out: plan (where its fills start), fill (each on its own connection, at once),
+# advance (the wave's cursor past what the fills covered, together). A fill writes its requests and
+# adds them to the counters in its own commit; the cursor moves only once every fill before it
+# committed, so a fan-out killed between a fill and the advance walks that stretch again, where the
+# requests' once-only key finds every recipient already requested (nobody twice, nobody skipped).
 
-_LOCK = text(f"SELECT {_COLUMNS} FROM broadcasts WHERE id = :id AND state = 'running' FOR UPDATE")
+_RUNNING = text(f"SELECT {_COLUMNS} FROM broadcasts WHERE id = :id AND state = 'running'")
 _NEXT_WAVE = text(
     """
     SELECT wave, due_at, zones, cursor FROM broadcast_waves
     WHERE broadcast_id = :id AND NOT done AND due_at <= :now ORDER BY due_at, wave LIMIT 1
     """
 )
+_COUNT_WAVE = text(
+    "UPDATE broadcast_waves SET requested = requested + :n WHERE broadcast_id = :id AND wave = :wave"
+)
+# the fill's last statement: the row lock a cancel also takes (so cancel waits for a fill in
+# flight and counts it, and a fill after a cancel finds it stopped and writes nothing)
+_COUNT = text(
+    """
+    UPDATE broadcasts SET requested = requested + :n, started_at = coalesce(started_at, :now)
+    WHERE id = :id AND state = 'running'
+    RETURNING id
+    """
+)
 _ADVANCE = text(
     """
-    UPDATE broadcast_waves SET cursor = coalesce(:last, cursor), requested = requested + :n,
-                               done = :done
-    WHERE broadcast_id = :id AND wave = :wave
+    UPDATE broadcast_waves SET cursor = coalesce(:reach, cursor), done = :done
+    WHERE broadcast_id = :id AND wave = :wave AND cursor IS NOT DISTINCT FROM :was
     """
 )
 _AFTER = text(
     """
-    UPDATE broadcasts b SET requested = requested + :n,
+    UPDATE broadcasts b SET
         due_at = CASE WHEN w.next IS NULL THEN NULL
                       WHEN w.next <= :now THEN CAST(:now AS timestamptz)
                                                  + make_interval(secs => :lease)
                       ELSE w.next END,
         state = CASE WHEN w.next IS NULL THEN 'done' ELSE state END,
-        finished_at = CASE WHEN w.next IS NULL THEN :now END,
-        started_at = CASE WHEN :worked THEN coalesce(started_at, :now) ELSE started_at END
+        finished_at = CASE WHEN w.next IS NULL THEN :now END
     FROM (SELECT min(due_at) AS next FROM broadcast_waves WHERE broadcast_id = :id AND NOT done) w
-    WHERE b.id = :id
+    WHERE b.id = :id AND b.state = 'running'
     RETURNING b.state
     """
 )
 
 
-def _chunk_statement(
-    audience: Audience, zones: list[str] | None
+@dataclass(frozen=True)
+class Step:
+    """One step of a running broadcast's fan-out: its due wave (None: none is due now) and where
+    each fill starts (the wave's cursor, then a member every `chunk` after it, found by the plan);
+    fill i takes the members after starts[i] up to starts[i + 1], the last fill up to `chunk`."""
+
+    broadcast: Broadcast
+    wave: Wave | None
+    starts: list[str]
+
+
+@dataclass(frozen=True)
+class Filled:
+    """What one fill wrote: `keys` of the requests it created (fewer than it walked when some had
+    theirs already) and how far it covered its stretch: `last` is the member after which its
+    stretch is not covered yet, None when it covered all of it (a bounded fill to its end, the
+    last fill to the end of the audience)."""
+
+    keys: list[tuple[str, int]]
+    last: str | None
+
+
+def plan_step(
+    conn: Connection, broadcast_id: int, *, now: datetime, chunk: int, fills: int
+) -> Step | None:
+    """Where the next step's `fills` fills start (fewer near the end of a wave). None: the
+    broadcast is not running (cancelled, done or unknown)."""
+    row = conn.execute(_RUNNING, {"id": broadcast_id}).one_or_none()
+    if row is None:
+        return None
+    b = _broadcast(row)
+    found = conn.execute(_NEXT_WAVE, {"id": b.id, "now": now}).one_or_none()
+    if found is None:
+        return Step(b, None, [])
+    wave = Wave(*found)
+    starts = [wave.cursor or ""]
+    if fills > 1:
+        walk, params = _walk(b.audience, wave.zones, numbered=True)
+        starts += conn.execute(
+            text(f"SELECT user_id FROM ({walk}) walk WHERE n % :every = 0 ORDER BY n"),
+            {**params, "cursor": starts[0], "limit": chunk * (fills - 1), "every": chunk},
+        ).scalars()
+    return Step(b, wave, starts)
+
+
+def _fill_statement(
+    audience: Audience, zones: list[str] | None, *, bounded: bool
 ) -> tuple[TextClause, dict[str, Any]]:
-    """The chunk's one statement: walk the audience one member past :take (whether the wave has
-    more), insert the first :take it found, say what was done."""
-    walk, params = _walk(audience, zones, numbered=True)
+    """A fill's one statement: walk the audience after :cursor (up to :hi when `bounded`), one
+    member past :take, insert the first :take it found, say what was done."""
+    walk, params = _walk(audience, zones, numbered=True, bounded=bounded)
     statement = text(
         f"""
             WITH walked AS ({walk}),
@@ -383,62 +438,76 @@ def _chunk_statement(
     return statement, params
 
 
-def fan_out_chunk(
-    conn: Connection,
-    broadcast_id: int,
-    *,
-    limit: int,
-    now: datetime,
-    due_at: datetime,
-    lease: float,
-) -> Chunk | None:
-    """Request the next chunk of a running broadcast's due wave, in the caller's transaction.
+def fill(
+    conn: Connection, step: Step, at: int, *, chunk: int, now: datetime, due_at: datetime
+) -> Filled | None:
+    """Fill `at` of a step, in the caller's transaction: request the members of its stretch and
+    add them to the counters. None: the broadcast stopped running (the caller rolls back).
 
-    None: the broadcast is not running (cancelled or done). A wave is done with the chunk after
-    which its walk found no member (the walk reads one past the chunk, so a wave of exactly a
-    chunk ends with it, not with an empty chunk after); the broadcast is done when every wave is.
-    `due_at` is the new requests' (the tick publishes them then if the caller's publish is lost);
-    `lease`: while waves are due, the broadcast's own due_at is pushed this far on, so the tick
-    publishes a fan-out again only if this one stops."""
-    locked = conn.execute(_LOCK, {"id": broadcast_id}).one_or_none()
-    if locked is None:
+    A bounded fill takes every member of its stretch up to 2 x `chunk` (more joined the audience
+    since the plan: it covers up to its last); the last fill takes `chunk` and walks one more, so
+    a wave of exactly a chunk ends with it. `due_at` is the new requests' (the tick publishes them
+    then if the caller's publish is lost)."""
+    assert step.wave is not None
+    b, bounded = step.broadcast, at + 1 < len(step.starts)
+    take = 2 * chunk if bounded else chunk
+    statement, params = _fill_statement(b.audience, step.wave.zones, bounded=bounded)
+    seen, last, users, ids = conn.execute(
+        statement,
+        {
+            **params,
+            "cursor": step.starts[at],
+            "hi": step.starts[at + 1] if bounded else None,
+            "limit": take + 1,
+            "take": take,
+            "type_key": b.type_key,
+            "occ": b.occurrence_key,
+            "lane": b.lane,
+            "version": b.template_version,
+            "variables": json.dumps(b.variables),
+            "due_at": due_at,
+            "now": now,
+        },
+    ).one()
+    n = len(ids)
+    conn.execute(_COUNT_WAVE, {"id": b.id, "wave": step.wave.wave, "n": n})
+    # the trigger of migration 0026 writes the broadcast.started/progress events of this change
+    if conn.execute(_COUNT, {"id": b.id, "n": n, "now": now}).one_or_none() is None:
         return None
-    b = _broadcast(locked)
-    row = conn.execute(_NEXT_WAVE, {"id": b.id, "now": now}).one_or_none()
-    seen, last, users, ids, wave = 0, None, [], [], None
-    if row is not None:
-        wave = Wave(*row)
-        statement, params = _chunk_statement(b.audience, wave.zones)
-        seen, last, users, ids = conn.execute(
-            statement,
-            {
-                **params,
-                "cursor": wave.cursor or "",
-                "limit": limit + 1,  # one more than it takes: a wave that has no more is done now
-                "take": limit,
-                "type_key": b.type_key,
-                "occ": b.occurrence_key,
-                "lane": b.lane,
-                "version": b.template_version,
-                "variables": json.dumps(b.variables),
-                "due_at": due_at,
-                "now": now,
-            },
-        ).one()
+    return Filled(list(zip(users, ids, strict=True)), last if seen > take else None)
+
+
+def advance(
+    conn: Connection, step: Step, filled: Sequence[Filled], *, now: datetime, lease: float
+) -> bool | None:
+    """Move the wave's cursor past what the step's fills covered together (to the first stretch
+    not covered), in the caller's transaction; the wave is done when they covered it to its end,
+    the broadcast when every wave is. True: the broadcast is done; None: it stopped running.
+
+    `lease`: while waves are due, the broadcast's own due_at is pushed this far on, so the tick
+    publishes a fan-out again only if this one stops. A cursor another fan-out moved meanwhile
+    (two ran at once after a lease ran out) is left where it is."""
+    b, wave = step.broadcast, step.wave
+    if wave is not None:
+        reach: str | None = None
+        for at, f in enumerate(filled):
+            if f.last is not None:  # this fill's stretch is covered only up to f.last
+                reach = f.last
+                break
+            reach = step.starts[at + 1] if at + 1 < len(step.starts) else None
         conn.execute(
             _ADVANCE,
-            {"id": b.id, "wave": wave.wave, "last": last, "n": len(ids), "done": seen <= limit},
+            {
+                "id": b.id,
+                "wave": wave.wave,
+                "reach": reach,
+                "done": reach is None,
+                "was": wave.cursor,
+            },
         )
-    # the trigger of migration 0026 writes the broadcast.* outbound events of this change
-    after = {"id": b.id, "n": len(ids), "now": now, "lease": lease, "worked": wave is not None}
-    state = conn.execute(_AFTER, after).scalar_one()
-    return Chunk(
-        wave.wave if wave else None,
-        min(int(seen), limit),
-        list(zip(users, ids, strict=True)),
-        b.lane,
-        state == "done",
-    )
+    # the trigger of migration 0026 writes the broadcast.done event of this change
+    state = conn.execute(_AFTER, {"id": b.id, "now": now, "lease": lease}).scalar_one_or_none()
+    return None if state is None else state == "done"
 
 
 # --- progress ------------------------------------------------------------------------------------

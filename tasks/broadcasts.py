@@ -14,9 +14,11 @@ if a fan-out stopped (a worker killed, a deploy) — and it resumes after the la
 from __future__ import annotations
 
 import logging
+import os
 import time as monotonic
 from collections import Counter
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
 from typing import Any
@@ -246,38 +248,73 @@ def fan_out_task(users: list[str], ids: list[int]) -> int:
 
 
 def fan_out(broadcast_id: int, *, chunk: int | None = None, seconds: float = RUN_SECONDS) -> int:
-    """Request the due recipients of a broadcast, a chunk (CLARION_BROADCAST_CHUNK) per
-    transaction, for up to `seconds` (then hand over to a new task); returns how many were
-    requested."""
+    """Request the due recipients of a broadcast, a step at a time for up to `seconds` (then hand
+    over to a new task); returns how many were requested. A step writes up to
+    CLARION_BROADCAST_FILLS chunks of CLARION_BROADCAST_CHUNK recipients at once, each in its own
+    transaction on its own connection, then moves the wave's cursor past them (db/broadcasts.py)."""
     s = settings.get()
     chunk = chunk or s.broadcast_chunk
     total, stop, lane = 0, monotonic.monotonic() + seconds, None
     while True:
-        give_way(lane)  # a marketing fan-out's chunk waits for receipts in flight (tasks.lanes)
+        give_way(lane)  # a marketing fan-out's step waits for receipts in flight (tasks.lanes)
         now = clock.now()
-        with engine().begin() as conn:
-            done = db.fan_out_chunk(
-                conn,
-                broadcast_id,
-                limit=chunk,
-                now=now,
-                due_at=now + timedelta(seconds=s.stray_after),
-                lease=_lease(),
-            )
-            faults.hit("broadcast.before_commit")
-        if done is None:  # cancelled, finished, or unknown
-            return total
-        faults.hit("broadcast.after_chunk")
-        # on the publishing thread, while the next chunk is written; lost with the process, the
-        # requests are published by the tick at their due_at
-        publish_in_background([(u, i, done.lane) for u, i in done.keys])
-        total += len(done.keys)
-        lane = done.lane
-        if done.wave is None or done.finished or monotonic.monotonic() > stop:
-            if done.wave is not None and not done.finished:
-                publish_fan_out([(broadcast_id, done.lane)])  # hand over to a new task
+        with engine().connect() as conn:
+            step = db.plan_step(conn, broadcast_id, now=now, chunk=chunk, fills=s.broadcast_fills)
+        if step is None:  # cancelled, finished, or unknown
             publishing_settled()
             return total
+        lane = step.broadcast.lane
+        due_at = now + timedelta(seconds=s.stray_after)
+        filled = _fill_all(step, chunk=chunk, now=now, due_at=due_at) if step.wave else []
+        written = [f for f in filled if f is not None]
+        total += sum(len(f.keys) for f in written)
+        finished = None
+        if len(written) == len(filled):  # else the broadcast stopped running during the step
+            with engine().begin() as conn:
+                finished = db.advance(conn, step, written, now=now, lease=_lease())
+        if finished is None or step.wave is None or finished or monotonic.monotonic() > stop:
+            if finished is False and step.wave is not None:
+                publish_fan_out([(broadcast_id, lane)])  # hand over to a new task
+            publishing_settled()
+            return total
+
+
+def _fill_all(step: db.Step, **kw: Any) -> list[db.Filled | None]:
+    """Every fill of a step, the first on this thread and the others at once on their own; the
+    exception of one that failed is raised once all have ended."""
+    others = [_fillers().submit(_fill, step, at, **kw) for at in range(1, len(step.starts))]
+    try:
+        first = _fill(step, 0, **kw)
+    finally:
+        wait(others)
+    return [first, *(f.result() for f in others)]
+
+
+def _fill(step: db.Step, at: int, **kw: Any) -> db.Filled | None:
+    """One fill in its own transaction; its requests are published once it committed."""
+    with engine().connect() as conn, conn.begin() as transaction:
+        filled = db.fill(conn, step, at, **kw)
+        if filled is None:  # stopped (a cancel came first): none of this fill is written
+            transaction.rollback()
+            return None
+        faults.hit("broadcast.before_commit")
+    faults.hit("broadcast.after_chunk")
+    # on the publishing thread, while the rest of the step is written; lost with the process,
+    # the requests are published by the tick at their due_at
+    lane = step.broadcast.lane
+    publish_in_background([(u, i, lane) for u, i in filled.keys])
+    return filled
+
+
+_FILLERS: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _fillers() -> ThreadPoolExecutor:
+    """This process's threads for a step's fills (made anew in a forked worker process)."""
+    global _FILLERS
+    if _FILLERS is None or _FILLERS[0] != os.getpid():
+        _FILLERS = (os.getpid(), ThreadPoolExecutor(8, thread_name_prefix="clarion-fill"))
+    return _FILLERS[1]
 
 
 # --- dry run -------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ route and deliver tasks the code published, taken off the broker), counted at th
 - topics: bulk subscribe and unsubscribe; bad input names the field and writes nothing;
 - a topic broadcast and a segment broadcast reach each member once; opted-out ones have a reason;
 - the idempotency key; a crash before and after a chunk's commit resumes without repeats or gaps;
-- cancel mid-fan-out: what it reports equals what the receiver got;
+- a step of several chunks at once: each member once; members who joined a stretch after the plan;
+- cancel mid-fan-out: what it reports equals what the receiver got; it waits for a chunk in flight;
 - a local-time broadcast: each of 24 zones at its 09:00, one tick early nothing, on the tick all;
 - the dry run counts by channel and reason with the route's own planner;
 - explain answers for one recipient of a broadcast; the CLI and /metrics show progress.
@@ -12,13 +13,18 @@ route and deliver tasks the code published, taken off the broker), counted at th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from sqlalchemy import text
 
 from clarion import settings
+from clarion.db import broadcasts as db
+from clarion.db.engine import engine
 from clarion.errors import (
     FaultInjected,
     InvalidField,
@@ -232,22 +238,33 @@ def test_bad_broadcasts_name_the_field_and_write_nothing(env, call, error, match
 # --- crash, resume, cancel -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("point", ["broadcast.before_commit", "broadcast.after_chunk"])
-def test_a_fan_out_that_dies_at_a_chunk_resumes_without_repeats_or_gaps(
-    receiver, monkeypatch, point
+@pytest.mark.parametrize(
+    ("point", "fills", "written"),
+    [
+        ("broadcast.before_commit", 1, 0),  # the chunk's transaction dies: nothing of it
+        ("broadcast.before_commit", 2, 8),  # one of the step's two dies, the other commits
+        ("broadcast.after_chunk", 1, 8),  # the step's chunks committed, the cursor not moved
+        ("broadcast.after_chunk", 3, 24),
+    ],
+)
+def test_a_fan_out_that_dies_in_a_step_resumes_without_repeats_or_gaps(
+    receiver, monkeypatch, point, fills, written
 ):
     users = recipients("us", 50)
     join("news", users)
     started = broadcast("newsletter", {"topic": "news"}, {"issue": "2"})
-    configure(monkeypatch, faults=f"{point}=raise*1", webhook_url=receiver.url)
+    configure(
+        monkeypatch, faults=f"{point}=raise*1", webhook_url=receiver.url, broadcast_fills=fills
+    )
     with pytest.raises(FaultInjected, match=point):
         fan_out(started.id, chunk=8)
-    written = count("requests")
-    assert written == (0 if point == "broadcast.before_commit" else 8)
+    assert count("requests") == written
     [wave] = rows("SELECT cursor, requested FROM broadcast_waves")
-    assert wave["requested"] == written  # the cursor moved with the chunk, not without it
+    # counted with the chunks that committed; the cursor moves only past a whole step, so the
+    # next fan-out walks these chunks again (and finds them requested)
+    assert wave == {"cursor": None, "requested": written}
     # the fan-out's message is gone with it; the tick publishes it again once its lease ends,
-    # and the requests of the committed chunk once they are stray
+    # and the requests of the committed chunks once they are stray
     with frozen_clock(datetime.now(UTC) + timedelta(minutes=5)):
         assert tick()["broadcasts"] == 1
         work()
@@ -255,17 +272,107 @@ def test_a_fan_out_that_dies_at_a_chunk_resumes_without_repeats_or_gaps(
     assert broadcast_progress(started.id).broadcast.requested == 50
 
 
+@pytest.mark.parametrize("fills", [1, 2, 4])
+def test_a_step_of_several_chunks_requests_each_member_once(receiver, monkeypatch, fills):
+    # 3 chunks of 7 and a member over (a wave that is not a whole number of chunks), and a
+    # segment that leaves out every fourth member (the chunks are counted after the filter)
+    users = recipients("us", 22) + recipients("ca", 8, country="CA")
+    join("news", users)
+    configure(monkeypatch, webhook_url=receiver.url, broadcast_fills=fills)
+    started = broadcast(
+        "newsletter", {"topic": "news", "segment": {"country": "US"}}, {"issue": "4"}
+    )
+    assert fan_out(started.id, chunk=7) == 22
+    work()
+    assert _received(receiver, started.id) == {u: 1 for u in users[:22]}
+    done = broadcast_progress(started.id).broadcast
+    assert (done.state, done.requested) == ("done", 22)
+
+
+def test_members_who_join_a_stretch_after_the_plan_are_covered_by_the_next_step(env):
+    """The plan splits the wave by who is in the audience then; a chunk that finds its stretch
+    grown past what it takes leaves the cursor at its last member, and the next step goes on
+    from there (joined: requested; walked twice: requested once)."""
+    join("news", recipients("a", 6) + recipients("c", 6))
+    started = broadcast("newsletter", {"topic": "news"}, {"issue": "5"})
+    now = datetime.now(UTC)
+    with engine().connect() as conn:
+        step = db.plan_step(conn, started.id, now=now, chunk=3, fills=2)
+    assert step is not None and step.starts == ["", "a000002"]  # a000000-2, then 3 from a000003
+    joined = recipients("a0000015", 5)  # a0000015000000…: 5 new members inside the first stretch
+    join("news", joined)
+    filled = []
+    for at in range(2):
+        with engine().begin() as conn:
+            filled.append(db.fill(conn, step, at, chunk=3, now=now, due_at=now))
+    # the first took 6 (twice its chunk) of its 8 members and stopped there: a gap after it
+    assert [len(f.keys) for f in filled] == [6, 3] and filled[0].last == joined[3]
+    with engine().begin() as conn:
+        assert db.advance(conn, step, filled, now=now, lease=30) is False
+    assert rows("SELECT cursor FROM broadcast_waves") == [{"cursor": joined[3]}]
+    assert fan_out(started.id, chunk=3) == 17 - 9
+    assert (
+        count("requests")
+        == 17
+        == len(set(r["user_id"] for r in rows("SELECT user_id FROM requests")))
+    )
+    assert broadcast_progress(started.id).broadcast.requested == 17
+
+
+def test_a_cancel_waits_for_a_chunk_in_flight_and_a_chunk_after_it_writes_nothing(env):
+    join("news", recipients("us", 20))
+    started = broadcast("newsletter", {"topic": "news"}, {"issue": "6"})
+    now = datetime.now(UTC)
+    with engine().connect() as conn:
+        step = db.plan_step(conn, started.id, now=now, chunk=5, fills=3)
+    assert step is not None and len(step.starts) == 3
+    with engine().connect() as conn, conn.begin():
+        assert db.fill(conn, step, 0, chunk=5, now=now, due_at=now) is not None
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        with ThreadPoolExecutor(1) as pool:
+            cancelling = pool.submit(cancel_broadcast, started.id)
+            # the cancel waits on the chunk's row lock (seen in PostgreSQL, not assumed)
+            assert _waits_on(pid) and not cancelling.done()
+            # (leaving the pool waits for the cancel: commit first, from this thread)
+            conn.commit()
+            stopped = cancelling.result(timeout=30)
+    assert (stopped.state, stopped.requested) == ("cancelled", 5)
+    # a chunk of the same step after the cancel says so; its caller rolls it back (tasks)
+    with engine().connect() as conn, conn.begin() as transaction:
+        assert db.fill(conn, step, 1, chunk=5, now=now, due_at=now) is None
+        transaction.rollback()
+    assert count("requests") == 5 == broadcast_progress(started.id).broadcast.requested
+
+
+def _waits_on(pid: int, seconds: float = 10) -> bool:
+    """Whether a backend comes to wait for a lock held by backend `pid` within `seconds`."""
+    with engine().connect() as conn:
+        for _ in range(int(seconds / 0.01)):
+            blocked = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"
+                ),
+                {"pid": pid},
+            ).scalar_one()
+            if blocked:
+                return True
+            conn.rollback()
+            time.sleep(0.01)
+    return False
+
+
 def test_cancel_mid_fan_out_reports_what_the_receiver_then_gets(receiver):
     users = recipients("us", 60)
     join("news", users)
     started = broadcast("newsletter", {"topic": "news"}, {"issue": "3"})
-    fan_out(started.id, chunk=10, seconds=0)  # one chunk, then it hands over to a new message
+    # one step (two chunks at once, by default), then it hands over to a new message
+    assert fan_out(started.id, chunk=10, seconds=0) == 20
     stopped = cancel_broadcast(started.id)
     work()  # the handed-over message finds the broadcast cancelled
     got = _received(receiver, started.id)
-    assert stopped.state == "cancelled" and stopped.requested == 10
+    assert stopped.state == "cancelled" and stopped.requested == 20
     assert sum(got.values()) == len(got) == stopped.requested
-    assert cancel_broadcast(started.id).requested == 10  # again: the same answer
+    assert cancel_broadcast(started.id).requested == 20  # again: the same answer
     with pytest.raises(UnknownBroadcast, match="no broadcast 999"):
         cancel_broadcast(999)
 
@@ -414,7 +521,7 @@ def test_the_cli_dry_runs_starts_follows_and_cancels_a_broadcast(receiver, capsy
 def test_metrics_show_a_broadcasts_plan_progress_and_suppressions_by_reason(receiver):
     join("news", recipients("us", 20) + recipients("de", 5, country="DE", zone="Europe/Berlin"))
     started = broadcast("newsletter", {"topic": "news"}, {"issue": "9"})
-    fan_out(started.id, chunk=10, seconds=0)
+    assert fan_out(started.id, chunk=5, seconds=0) == 10  # one step of two chunks
     running = {"broadcast": str(started.id), "type": "newsletter", "state": "running"}
     assert counted("clarion_broadcast_planned", **running) == 25
     assert counted("clarion_broadcast_requested", **running) == 10
