@@ -30,7 +30,7 @@ POINTS = frozenset(
         "deliver.before_flush",  # a group of accepted sends about to be recorded (tasks.send.group)
         "click.before_commit",  # a button answer and what it stops applied, not committed
         "broadcast.before_commit",  # a broadcast's chunk of requests written, not committed
-        "broadcast.after_chunk",  # a chunk and its cursor committed, its requests not published
+        "broadcast.after_chunk",  # a chunk committed (the cursor not yet past its step), not published
         "tick.before_commit",  # due series advanced and their occurrences written, not committed
         "events.after_post",  # an app's endpoint took an event, "delivered" not yet recorded
     }

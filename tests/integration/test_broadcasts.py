@@ -5,6 +5,7 @@ route and deliver tasks the code published, taken off the broker), counted at th
 - a topic broadcast and a segment broadcast reach each member once; opted-out ones have a reason;
 - the idempotency key; a crash before and after a chunk's commit resumes without repeats or gaps;
 - a step of several chunks at once: each member once; members who joined a stretch after the plan;
+  two fan-outs of one broadcast at once (a lease run out): each member once, no deadlock;
 - cancel mid-fan-out: what it reports equals what the receiver got; it waits for a chunk in flight;
 - a local-time broadcast: each of 24 zones at its 09:00, one tick early nothing, on the tick all;
 - the dry run counts by channel and reason with the route's own planner;
@@ -342,6 +343,51 @@ def test_a_cancel_waits_for_a_chunk_in_flight_and_a_chunk_after_it_writes_nothin
         assert db.fill(conn, step, 1, chunk=5, now=now, due_at=now) is None
         transaction.rollback()
     assert count("requests") == 5 == broadcast_progress(started.id).broadcast.requested
+
+
+def test_two_fan_outs_of_one_broadcast_at_once_request_each_member_once(receiver, monkeypatch):
+    """A fan-out whose lease ran out is published again while the first still runs: both walk
+    the same stretch; the second waits for the first's uncommitted chunk (seen in PostgreSQL)
+    and finds its members requested. Nobody twice, the counters exact, no deadlock."""
+    users = recipients("us", 40)
+    join("news", users)
+    started = broadcast("newsletter", {"topic": "news"}, {"issue": "7"})
+    # the first step's two chunks hold their transactions open for a while before the commit
+    configure(
+        monkeypatch,
+        faults="broadcast.before_commit=sleep:1*2",
+        webhook_url=receiver.url,
+        broadcast_fills=2,
+    )
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(fan_out, started.id, chunk=5)
+        holder = _backend_in_transaction()
+        second = pool.submit(fan_out, started.id, chunk=5)
+        assert _waits_on(holder)  # the second fan-out waits on the first's open chunk
+        requested = first.result(timeout=60) + second.result(timeout=60)
+    assert requested == 40
+    work()
+    assert _received(receiver, started.id) == {u: 1 for u in users}
+    done = broadcast_progress(started.id).broadcast
+    assert (done.state, done.requested) == ("done", 40)
+    assert rows("SELECT requested FROM broadcast_waves") == [{"requested": 40}]
+
+
+def _backend_in_transaction(seconds: float = 10) -> int:
+    """The pid of a backend of this database idle in an open transaction, once there is one."""
+    with engine().connect() as conn:
+        for _ in range(int(seconds / 0.01)):
+            pid = conn.execute(
+                text(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND state = 'idle in transaction' AND pid <> pg_backend_pid() LIMIT 1"
+                )
+            ).scalar_one_or_none()
+            if pid is not None:
+                return int(pid)
+            conn.rollback()
+            time.sleep(0.01)
+    raise AssertionError("no backend came to hold a transaction open")
 
 
 def _waits_on(pid: int, seconds: float = 10) -> bool:
