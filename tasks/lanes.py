@@ -316,7 +316,7 @@ def pacer() -> Pacer:
 
 def give_way(lane: str | None) -> None:
     """Wait while transactional work is in flight, if `lane` is a bulk lane and the feedback on:
-    a broadcast's fan-out does this before each chunk it writes."""
+    a broadcast's fan-out does this before each step (its chunks at once) it writes."""
     if lane in BULK and feedback_on():
         pacer().give_way()
 
