@@ -60,6 +60,7 @@ from tests.support.pipeline import (
     rows,
     webhook_receiver,
 )
+from tests.support.race import waiting_on
 
 pytestmark = pytest.mark.integration
 
@@ -333,7 +334,7 @@ def test_a_cancel_waits_for_a_chunk_in_flight_and_a_chunk_after_it_writes_nothin
         with ThreadPoolExecutor(1) as pool:
             cancelling = pool.submit(cancel_broadcast, started.id)
             # the cancel waits on the chunk's row lock (seen in PostgreSQL, not assumed)
-            assert _waits_on(pid) and not cancelling.done()
+            assert waiting_on(pid, within=10) and not cancelling.done()
             # (leaving the pool waits for the cancel: commit first, from this thread)
             conn.commit()
             stopped = cancelling.result(timeout=30)
@@ -365,7 +366,7 @@ def test_two_fan_outs_of_one_broadcast_at_once_request_each_member_once(receiver
         second = pool.submit(fan_out, started.id, chunk=5)
         # two wait on the chunk holding its transaction open: the first fan-out's other chunk
         # (for the wave's row) and one of the second's (for the same recipients' requests)
-        assert _waits_on(holder, at_least=2)
+        assert len(waiting_on(holder, within=10, at_least=2)) >= 2
         requested = first.result(timeout=60) + second.result(timeout=60)
     assert requested == 40
     work()
@@ -390,24 +391,6 @@ def _backend_in_transaction(seconds: float = 10) -> int:
             conn.rollback()
             time.sleep(0.01)
     raise AssertionError("no backend came to hold a transaction open")
-
-
-def _waits_on(pid: int, seconds: float = 10, *, at_least: int = 1) -> bool:
-    """Whether `at_least` backends come to wait for a lock held by backend `pid` within
-    `seconds`."""
-    with engine().connect() as conn:
-        for _ in range(int(seconds / 0.01)):
-            blocked = conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"
-                ),
-                {"pid": pid},
-            ).scalar_one()
-            if blocked >= at_least:
-                return True
-            conn.rollback()
-            time.sleep(0.01)
-    return False
 
 
 def test_cancel_mid_fan_out_reports_what_the_receiver_then_gets(receiver):

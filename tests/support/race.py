@@ -75,10 +75,10 @@ def race(n: int, fn: Callable[..., Any], args_for: Callable[[int], tuple] = lamb
     return raced
 
 
-def waiting_on(pid: int, within: float) -> list[str]:
+def waiting_on(pid: int, within: float, *, at_least: int = 1) -> list[str]:
     """The statements of backends waiting on a lock that backend `pid` holds, polled until there
-    is one (for up to `within` seconds; [] if none came): a contender blocked on the winner's open
-    transaction."""
+    are `at_least` (for up to `within` seconds; fewer, or [], if they did not come): a contender
+    blocked on the winner's open transaction."""
     from sqlalchemy import text
 
     from clarion.db.engine import engine
@@ -95,7 +95,7 @@ def waiting_on(pid: int, within: float) -> list[str]:
                     {"pid": pid},
                 ).scalars()
             )
-        if found or time.monotonic() >= deadline:
+        if len(found) >= at_least or time.monotonic() >= deadline:
             return found
         time.sleep(0.01)
 
