@@ -31,6 +31,7 @@ from celery.signals import (
     task_prerun,
     worker_process_init,
     worker_process_shutdown,
+    worker_ready,
 )
 from kombu.utils.url import maybe_sanitize_url
 
@@ -107,6 +108,27 @@ def _fresh_connections(**_: object) -> None:
     from clarion.db import engine
 
     engine.dispose_all()
+
+
+@worker_process_init.connect
+def _watch_the_catalog(**_: object) -> None:
+    """A pool process looks at the catalog file every second, idle or not (tasks/catalogs.py)."""
+    from clarion.tasks import runtime
+
+    runtime.watch_catalog()
+
+
+@worker_ready.connect
+def _watch_the_catalog_here(sender: object = None, **_: object) -> None:
+    """A solo or threads worker runs its tasks in its main process, which then looks too. A
+    prefork main process runs none and keeps no thread of ours: it forks, and a fork beside a
+    running thread can copy a lock that thread held."""
+    from celery.concurrency.prefork import TaskPool
+
+    from clarion.tasks import runtime
+
+    if not isinstance(getattr(sender, "pool", None), TaskPool):
+        runtime.watch_catalog()
 
 
 @worker_process_init.connect

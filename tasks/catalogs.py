@@ -8,6 +8,12 @@ unchanged: a request is pinned to a version number when it is made, so the text 
 must not move under it (add version N+1 instead). Otherwise the running catalog stays and the
 refusal is logged once per digest (`catalog_reload_refused`). `check_now()` skips the wait: a
 worker missing a type or version looks at the file before it defers the delivery.
+
+A pool process looks when a task asks for the catalog, and also on its own (`watch()`: a thread
+that calls `current()` every interval), so an idle process is not left on the old catalog: it
+would otherwise keep it for good if the file went bad before its next task. A forked child keeps
+the catalog its parent checked at start (`after_fork()`), rather than reading the file again: a
+pool process started while the file is broken runs the last good catalog, as its parent does.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,6 +52,20 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
     return (found.st_mtime_ns, found.st_size, found.st_ino)
 
 
+def _look_while_alive(source: weakref.ref[Loaded], every: float) -> None:
+    """The watch: `current()` every interval until the Loaded is gone (a test's, or replaced)."""
+    while True:
+        time.sleep(every)
+        loaded = source()
+        if loaded is None:
+            return
+        try:
+            loaded.current()
+        except Exception:  # noqa: BLE001 - a look must never end the watch
+            log.exception("catalog look failed", extra={"action": "catalog_look_failed"})
+        del loaded
+
+
 class Loaded:
     """A catalog file and the catalog built from it, reloaded when the file changes."""
 
@@ -65,7 +86,25 @@ class Loaded:
         self.catalog = Catalog.from_yaml(path)  # a broken file at start is the caller's error
         self._refused = ""
         self._next = monotonic() + every
+        self._watching: int | None = None  # the pid whose thread looks at the file
         announce(self.catalog, demo=demo)
+
+    def after_fork(self) -> None:
+        """In a forked child: keep the catalog, renew the lock (another thread may have held it)."""
+        self._lock = threading.Lock()
+
+    def watch(self) -> None:
+        """Look at the file every interval from a daemon thread of this process (once per pid),
+        whether or not a task asks: for a pool process that may sit idle through an edit."""
+        if self._watching == os.getpid():
+            return
+        self._watching = os.getpid()
+        threading.Thread(
+            target=_look_while_alive,
+            args=(weakref.ref(self), self.every),
+            name="clarion-catalog-watch",
+            daemon=True,
+        ).start()
 
     def current(self) -> Catalog:
         """The running catalog; at most once every `every` seconds, reloaded if the file changed."""
@@ -145,6 +184,12 @@ class Fixed:
 
     def check_now(self) -> Catalog:
         return self.catalog
+
+    def after_fork(self) -> None:
+        pass
+
+    def watch(self) -> None:
+        pass
 
 
 def announce(catalog: Catalog, *, demo: bool) -> None:

@@ -23,7 +23,7 @@ from clarion.catalog import Catalog
 from clarion.catalog.model import EXAMPLES
 from clarion.db import alerts, gating, teams
 from clarion.db.engine import engine
-from clarion.errors import ConfigurationError
+from clarion.errors import ClarionError, ConfigurationError
 from clarion.tasks import catalogs
 from clarion.tasks.inbox import LedgerInbox
 
@@ -36,14 +36,25 @@ T = TypeVar("T")
 class PerProcess(Generic[T]):
     """`factory()` cached for this process: a forked child (a prefork pool process) forgets what
     its parent built, through os.register_at_fork, so each call is one attribute read rather than
-    a getpid() system call. cache_clear() forgets too."""
+    a getpid() system call. cache_clear() forgets too. With `inherit`, a child keeps its parent's
+    value instead and `inherit(value)` makes it its own (renews its locks)."""
 
-    def __init__(self, factory: Callable[[], T]) -> None:
+    def __init__(
+        self, factory: Callable[[], T], inherit: Callable[[T], None] | None = None
+    ) -> None:
         self._factory = factory
+        self._inherit = inherit
         self._value: T | None = None
         self._built = False
         update_wrapper(self, factory)
         _CACHES.add(self)
+
+    def forked(self) -> None:
+        """In a forked child: forget, or keep and adopt when the value may be inherited."""
+        if self._inherit is not None and self._built:
+            self._inherit(self._value)  # type: ignore[arg-type]
+        else:
+            self.cache_clear()
 
     def __call__(self) -> T:
         if not self._built:
@@ -61,7 +72,7 @@ _CACHES: weakref.WeakSet[PerProcess] = weakref.WeakSet()
 
 def _forget_after_fork() -> None:
     for cached in list(_CACHES):
-        cached.cache_clear()
+        cached.forked()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -72,11 +83,11 @@ def per_process(factory: Callable[[], T]) -> PerProcess[T]:
     return PerProcess(factory)
 
 
-@per_process
-def loaded() -> catalogs.Loaded | catalogs.Fixed:
+def _loaded() -> catalogs.Loaded | catalogs.Fixed:
     """The catalog named by CLARION_CATALOG: a YAML file (reloaded when it changes:
     tasks/catalogs.py), or `package.module:NAME` holding a Catalog or the same mapping as the
-    YAML. Unset: the built-in demo catalog, with a warning."""
+    YAML. Unset: the built-in demo catalog, with a warning. A pool process inherits the one its
+    worker checked at start."""
     source = settings.get().catalog
     try:
         if source is None:
@@ -86,6 +97,16 @@ def loaded() -> catalogs.Loaded | catalogs.Fixed:
         return catalogs.Loaded(Path(source))
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from exc
+
+
+loaded = PerProcess(_loaded, inherit=lambda source: source.after_fork())
+
+
+def watch_catalog() -> None:
+    """This process looks at its catalog file every second even when no task asks (a pool
+    process, or a solo/threads worker); nothing for a catalog built in Python."""
+    with contextlib.suppress(ClarionError):  # never loaded: the first task says so
+        loaded().watch()
 
 
 def catalog() -> Catalog:

@@ -91,6 +91,21 @@ def logs_of(logs: Path, name: str) -> str:
     return "".join(p.read_text(errors="replace") for p in logs.glob(f"{name}.*.log"))
 
 
+POOL = 3  # pool processes: w1's two and w2's one
+
+
+def processes_saying(logs: Path, phrase: str) -> int:
+    """Pool processes whose log lines hold `phrase` (a line names its process: ForkPoolWorker-N)."""
+    return len(
+        {
+            (log.name, line.split("/", 1)[1].split("]", 1)[0])
+            for log in logs.glob("w*.log")
+            for line in log.read_text(errors="replace").splitlines()
+            if phrase in line and "ForkPoolWorker" in line
+        }
+    )
+
+
 def test_a_catalog_edit_reaches_running_workers_with_deliveries_in_flight(
     clarion_env, tmp_path, monkeypatch
 ) -> None:
@@ -135,13 +150,20 @@ def test_a_catalog_edit_reaches_running_workers_with_deliveries_in_flight(
                 ]
             )
             settled = wait_settled(120, expect_sent=3 * USERS)
+            # every pool process took the edit, those that had no task since included (each
+            # looks at the file every second): none is left on v1 when the file breaks
+            wait_for(
+                lambda: processes_saying(logs, "catalog reloaded") == POOL,
+                10,
+                "every pool process to reload",
+            )
 
             # a broken edit: the workers keep the last good catalog, say why, and go on sending
             replace(path, yaml.safe_dump(BROKEN))
             wait_for(
-                lambda: "catalog change refused" in logs_of(logs, "w1") + logs_of(logs, "w2"),
+                lambda: processes_saying(logs, "catalog change refused") == POOL,
                 10,
-                "a worker to refuse the broken edit",
+                "every pool process to refuse the broken edit",
             )
             notify_many(
                 [dict(user_id=f"u{u}", type_key="welcome", event_id="e3") for u in range(4)]

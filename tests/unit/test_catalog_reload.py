@@ -8,6 +8,10 @@ import copy
 import hashlib
 import logging
 import os
+import select
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +187,54 @@ def test_a_configured_catalog_is_announced_at_info(configured, tmp_path, caplog)
         runtime.catalog()
     [said] = [r for r in caplog.records if getattr(r, "action", "") == "catalog_loaded"]
     assert said.levelno == logging.INFO and said.path == str(path) and said.types == 1
+
+
+def test_an_idle_process_sees_an_edit_from_its_watch(tmp_path) -> None:
+    """No task asks for the catalog here: the watch thread alone takes the edit."""
+    path = write(tmp_path / "catalog.yaml", BASE)
+    source = catalogs.Loaded(path, every=0.02)
+
+    def watching() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == "clarion-catalog-watch")
+
+    before = watching()
+    source.watch()
+    source.watch()  # once per process
+    assert watching() == before + 1
+    write(path, edited(add_v2_and_a_type))
+    deadline = time.monotonic() + 10
+    while source.catalog.get("welcome") is None:
+        assert time.monotonic() < deadline, "the watch did not take the edit"
+        time.sleep(0.01)
+    assert source.catalog.types["receipt"].version == 2
+
+
+def test_a_forked_pool_process_keeps_the_catalog_its_parent_checked(configured, tmp_path) -> None:
+    """The file broke after the worker started: a pool process forked now runs the parent's
+    catalog (it does not read the broken file as a first load, which would fail every task),
+    refuses the edit itself, and does not inherit a lock held at the fork."""
+    path = write(tmp_path / "catalog.yaml", BASE)
+    configured(str(path))
+    parent = runtime.catalog()
+    write(path, edited(lambda t: t["receipt"]["templates"][0].update(body="{{ n | shout }}")))
+    source = runtime.loaded()
+    assert isinstance(source, catalogs.Loaded)
+    reader, writer = os.pipe()
+    with source._lock:  # another thread of the parent is in check_now() at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: report, then leave without running pytest's teardown
+            try:
+                here = runtime.catalog_now()
+                said = f"{here.digest} {sorted(here.types)}"
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                said = f"error {exc!r}"
+            os.write(writer, said.encode())
+            os._exit(0)
+    os.close(writer)
+    ready, _, _ = select.select([reader], [], [], 20)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    said = os.read(reader, 4096).decode() if ready else "the child hung"
+    os.waitpid(pid, 0)
+    os.close(reader)
+    assert said == f"{parent.digest} ['receipt']", said
