@@ -19,6 +19,7 @@ import pytest
 
 from clarion.ops import launch
 from clarion.ops.launch import UNAVAILABLE
+from tests.support.cluster import children
 
 pytestmark = pytest.mark.acceptance
 
@@ -205,7 +206,7 @@ def test_clarion_worker_brings_a_dead_worker_back_and_stops_on_sigterm(clarion_e
         assert launch.wait_until(lambda: log.read_text().count("ready.") == 1, timeout=60), (
             log.read_text()
         )
-        first = _children(supervisor.pid)
+        first = children(supervisor.pid)
         os.kill(
             first[0], signal.SIGKILL
         )  # the celery main process dies (as on kombu's AttributeError)
@@ -213,14 +214,9 @@ def test_clarion_worker_brings_a_dead_worker_back_and_stops_on_sigterm(clarion_e
             log.read_text()
         )
         assert "restarting in 0.5 s" in log.read_text()
-        assert _children(supervisor.pid) != first
+        assert children(supervisor.pid) != first
         supervisor.send_signal(signal.SIGTERM)
         assert supervisor.wait(30) == 0, log.read_text()
     finally:
         supervisor.kill()
-    assert _children(supervisor.pid) == []
-
-
-def _children(pid: int) -> list[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(p) for p in path.read_text().split()] if path.exists() else []
+    assert children(supervisor.pid) == []

@@ -87,6 +87,14 @@ class Cluster:
         raise AssertionError(f"workers not ready after {timeout} s: see {self.logs}")
 
 
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (a Celery worker's pool processes), none if it is gone."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
 def counts(sql: str) -> int:
     with engine().connect() as conn:
         return conn.execute(text(sql)).scalar_one()

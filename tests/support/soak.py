@@ -22,7 +22,7 @@ from clarion.records import idempotency_key
 from clarion.standins.fake_slack import FakeSlack
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many
-from tests.support.cluster import counts, occurrence
+from tests.support.cluster import children, counts, occurrence
 from tests.support.environment import CATALOG, WEBHOOK_SECRET
 from tests.support.hosts import Rig
 
@@ -210,7 +210,7 @@ def kill_worker(rig: Rig, host: str) -> list[int]:
 def dump_stacks(rig: Rig, host: str) -> list[int]:
     """SIGUSR2 to each pool process of the Celery worker on `host`: every thread's stack goes to
     the worker's log (tasks/app.py). The PIDs asked."""
-    pool = [child for worker in _celery_workers(rig, host) for child in _children(worker)]
+    pool = [child for worker in _celery_workers(rig, host) for child in children(worker)]
     return _signal(pool, signal.SIGUSR2)
 
 
@@ -220,15 +220,8 @@ def _celery_workers(rig: Rig, host: str) -> list[int]:
         child
         for process in rig.processes[host]
         if "worker" in process.command and process.alive()
-        for child in _children(process.popen.pid)
+        for child in children(process.popen.pid)
     ]
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except FileNotFoundError:
-        return []
 
 
 def _signal(pids: list[int], sig: signal.Signals) -> list[int]:
