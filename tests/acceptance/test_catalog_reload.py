@@ -5,7 +5,8 @@ they are in flight the file is replaced with one that adds receipt v2 and a new 
 pinned to v2 and the new type are then notified. Counted at the receiver: everything arrives once,
 each body is the text of the version its request was pinned to, and nothing was deferred as a
 type or version missing here (no `template_missing`, no wait near the skew grace). Then a broken
-edit: the workers keep the last good catalog, log the refusal, and still send."""
+edit: the workers keep the last good catalog, log the refusal, and still send. And an idle
+worker (prefork and solo) takes an edit with no task at all (tasks/catalogs.py's watch)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from sqlalchemy import text
 from clarion.db.engine import engine
 from clarion.standins.receiver import Receiver
 from clarion.tasks import notify_many, register_recipient, runtime
-from tests.support.cluster import Cluster, counts, wait_settled
+from tests.support.cluster import Cluster, children, counts, wait_settled
 from tests.support.pipeline import configure
 
 pytestmark = pytest.mark.acceptance
@@ -94,14 +95,24 @@ def logs_of(logs: Path, name: str) -> str:
 POOL = 3  # pool processes: w1's two and w2's one
 
 
+def saying(log: Path, phrase: str) -> set[str]:
+    """The processes (MainProcess, ForkPoolWorker-N) whose lines in one worker's log hold
+    `phrase`: a line names its process."""
+    return {
+        line.split("/", 1)[1].split("]", 1)[0]
+        for line in log.read_text(errors="replace").splitlines()
+        if phrase in line and "/" in line
+    }
+
+
 def processes_saying(logs: Path, phrase: str) -> int:
-    """Pool processes whose log lines hold `phrase` (a line names its process: ForkPoolWorker-N)."""
+    """Pool processes of every worker whose log lines hold `phrase`."""
     return len(
         {
-            (log.name, line.split("/", 1)[1].split("]", 1)[0])
+            (log.name, process)
             for log in logs.glob("w*.log")
-            for line in log.read_text(errors="replace").splitlines()
-            if phrase in line and "ForkPoolWorker" in line
+            for process in saying(log, phrase)
+            if process.startswith("ForkPoolWorker")
         }
     )
 
@@ -194,3 +205,44 @@ def test_a_catalog_edit_reaches_running_workers_with_deliveries_in_flight(
     said = logs_of(logs, "w1") + logs_of(logs, "w2")
     assert "catalog reloaded" in said and "unknown filter 'shout'" in said, f"see {logs}"
     assert "types not in this catalog yet" not in said, f"a route deferred a type: see {logs}"
+
+
+@pytest.mark.parametrize(
+    ("pool", "processes"),
+    [("prefork", {"ForkPoolWorker-1", "ForkPoolWorker-2"}), ("solo", {"MainProcess"})],
+)
+def test_an_idle_worker_takes_an_edit_and_keeps_it_through_a_broken_one(
+    clarion_env, tmp_path, pool, processes
+) -> None:
+    """No task is sent: each process (a pool process, or a solo worker's main process) looks at
+    the file on its own; a pool process started after the broken edit runs the catalog its worker
+    checked. The only evidence is each process's own log line."""
+    path = tmp_path / "catalog.yaml"
+    replace(path, yaml.safe_dump(V1))
+    logs = tmp_path / "logs"
+    cluster = Cluster({**clarion_env.env, "CLARION_CATALOG": str(path)}, logs)
+    try:
+        cluster.worker("w", ["control"], concurrency=2, pool=pool)
+        cluster.wait_ready(["w"], 60)
+        [log] = logs.glob("w.*.log")
+        replace(path, yaml.safe_dump(V2))
+        wait_for(lambda: saying(log, "catalog reloaded") == processes, 15, "every process reloads")
+        replace(path, yaml.safe_dump(BROKEN))
+        wait_for(
+            lambda: saying(log, "catalog change refused") == processes,
+            15,
+            "every process refuses the broken edit",
+        )
+        if pool == "prefork":  # a pool process started now inherits the good catalog
+            for pid in children(cluster.processes["w"].pid):
+                os.kill(pid, 9)
+            wait_for(
+                lambda: len(saying(log, "catalog change refused") - processes) == 2,
+                30,
+                "the replaced pool processes to refuse the file (not fail to load it)",
+            )
+    finally:
+        cluster.stop()
+    said = log.read_text(errors="replace")
+    assert said.count("sha256") >= 1 and "Traceback" not in said, f"see {log}"
+    assert "the catalog does not load" not in said, f"see {log}"

@@ -30,14 +30,14 @@ class Cluster:
         queues: Sequence[str] = launch.QUEUES,
         *,
         concurrency: int = 2,
+        pool: str = "prefork",
         env: dict[str, str] | None = None,
         loglevel: str = "INFO",
     ) -> None:
-        self._start(
-            name,
-            launch.worker_command(queues, concurrency=concurrency, name=name, loglevel=loglevel),
-            env or {},
+        command = launch.worker_command(
+            queues, concurrency=concurrency, name=name, pool=pool, loglevel=loglevel
         )
+        self._start(name, command, env or {})
 
     def beat(self, name: str = "beat") -> None:
         home = Path(self.env["CLARION_HOME"]) / name
