@@ -57,10 +57,10 @@ lock: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/clarion demo
 
-# Four xdist processes on two cores: most of a test's time is waiting for the processes it started
+# Three xdist processes on two cores: most of a test's time is waiting for the processes it started
 # (the tier keeps ~40% of two CPUs busy under -n 2). worksteal: an idle process takes half of a busy
 # one's queue, so the acceptance tests, collected first, do not all fall to one process.
-XDIST ?= -n 4 --dist worksteal
+XDIST ?= -n 3 --dist worksteal
 
 test: $(STAMP) browser
 	$(BIN)/ruff check .

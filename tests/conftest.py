@@ -46,7 +46,7 @@ __all__ = [  # re-exported for code that still reaches them here; new code impor
     "with_database",
 ]
 
-# Under pytest-xdist (`make test` runs `-n 4`) each worker process counts metrics in its own folder:
+# Under pytest-xdist (`make test` runs `-n 3`) each worker process counts metrics in its own folder:
 # the metrics tests compare one scrape with another, and a neighbour's sends would otherwise land
 # in the same files. The workers inherit the folder the controller chose here, so each appends
 # its own name to it.
