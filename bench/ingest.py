@@ -11,7 +11,9 @@ Two servers, each with `--workers` server processes, on the same PostgreSQL:
 
 For each client count, a closed loop (each client posts as soon as its last answer came) gives
 requests/s and p95; then an open loop at half the baseline's rate gives both servers' p95 at the
-same offered load. Then the batch door: `--batch`-event `POST /v1/events/batch` against one
+same offered load, in `--half-rounds` paired rounds (which server goes first alternating; each
+`--half-seconds` long): the ratio printed is the median of the rounds' ratios, with their range,
+because one short window's p95 on a shared 2-core host moved 1.5-4.8x from round to round. Then the batch door: `--batch`-event `POST /v1/events/batch` against one
 multi-row INSERT per `--batch` rows through psycopg, of the same rows (the request rows clarion
 wrote, read back, into a table made LIKE clarion.requests: its columns and indexes) and, for
 scale, of narrow (event_id, body) rows. Checked afterwards: rows in clarion's ledger =
@@ -29,6 +31,7 @@ import argparse
 import http.client
 import json
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -57,6 +60,21 @@ class Run:
     p95: float
     errors: int
     statuses: dict[int, int]  # the answers that were not 202, by status
+
+
+def merged(runs: Sequence[Run]) -> Run:
+    """Several runs of one server as one row: median rate, p50 and p95; every non-202 counted."""
+    statuses: dict[int, int] = {}
+    for r in runs:
+        for status, n in r.statuses.items():
+            statuses[status] = statuses.get(status, 0) + n
+    return Run(
+        statistics.median(r.rate for r in runs),
+        statistics.median(r.p50 for r in runs),
+        statistics.median(r.p95 for r in runs),
+        sum(r.errors for r in runs),
+        statuses,
+    )
 
 
 def non_202(**runs: Run) -> str:
@@ -313,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--drain", action="store_true", help="a worker routes and sends meanwhile")
+    parser.add_argument(
+        "--half-rounds", type=int, default=5, help="paired rounds at half the baseline's rate"
+    )
+    parser.add_argument("--half-seconds", type=float, default=3.0, help="seconds a half-rate round")
     args = parser.parse_args(argv)
     bench = Bench(args)
     try:
@@ -344,10 +366,19 @@ def _run(bench: Bench, args: argparse.Namespace) -> int:
         base = load(base_port, {}, events(f"c{clients}", args.requests), clients)
         sent += args.requests
         half = base.rate / 2
-        n_half = max(200, int(half * 5))
-        ours_half = load(clarion_port, auth, events(f"h{clients}", n_half), clients, rate=half)
-        base_half = load(base_port, {}, events(f"h{clients}", n_half), clients, rate=half)
-        sent += n_half
+        n_half = max(200, int(half * args.half_seconds))
+        halves = []  # (clarion, baseline) per round, which server goes first alternating
+        for r in range(args.half_rounds):
+            bodies = events(f"h{clients}-{r}", n_half)
+            if r % 2:
+                theirs = load(base_port, {}, bodies, clients, rate=half)
+                halves.append((load(clarion_port, auth, bodies, clients, rate=half), theirs))
+            else:
+                ours_first = load(clarion_port, auth, bodies, clients, rate=half)
+                halves.append((ours_first, load(base_port, {}, bodies, clients, rate=half)))
+            sent += n_half
+        ratios = sorted(o.p95 / b.p95 for o, b in halves)
+        ours_half, base_half = merged([o for o, _ in halves]), merged([b for _, b in halves])
         rows.append(
             [
                 f"{clients} clients",
@@ -356,7 +387,8 @@ def _run(bench: Bench, args: argparse.Namespace) -> int:
                 f"{ours.rate / base.rate:.2f}x",
                 f"{ours.p95:.1f}",
                 f"{base.p95:.1f}",
-                f"{half:.0f}/s: {ours_half.p95:.1f} vs {base_half.p95:.1f} ({ours_half.p95 / base_half.p95:.2f}x)",
+                f"{half:.0f}/s: {ours_half.p95:.1f} vs {base_half.p95:.1f}, "
+                f"ratio {statistics.median(ratios):.2f}x (rounds {ratios[0]:.2f}-{ratios[-1]:.2f})",
                 non_202(
                     clarion=ours, baseline=base, clarion_half=ours_half, baseline_half=base_half
                 ),
