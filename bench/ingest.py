@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -40,6 +41,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -99,6 +101,12 @@ class Client:
         return answer.status, answer.read()
 
 
+# Client connections per load process. 32 threads in one Python process made the process's own
+# GIL and scheduling delays part of every latency it recorded (bench/RESULTS.md, session 22: a
+# round's p95 went to tens of ms for either server), so more clients are spread over processes.
+PER_PROCESS = 8
+
+
 def load(
     port: int,
     headers: dict[str, str],
@@ -108,18 +116,64 @@ def load(
     path: str = "/v1/events",
     rate: float | None = None,
 ) -> Run:
-    """Post every body once from `clients` connections; closed loop, or paced at `rate`/s."""
+    """Post every body once from `clients` connections; closed loop, or paced at `rate`/s. Up to
+    PER_PROCESS connections run as threads of this process; more are spread over forked ones."""
+    procs = -(-clients // PER_PROCESS)
+    # every client starts at `start`, closed loop too: the wall clock runs from there (a client
+    # that began earlier made short runs look up to 50 ms faster than they were)
+    start = time.perf_counter() + (0.05 if procs == 1 else 0.3)
+    args = (port, headers, bodies, clients, path, rate, start)
+    if procs == 1:
+        results = [_clients(range(clients), *args)]
+    else:
+        ctx = multiprocessing.get_context("fork")
+        children = []
+        for p in range(procs):
+            receive, send = ctx.Pipe(duplex=False)
+            child = ctx.Process(target=_child, args=(send, range(p, clients, procs), *args))
+            child.start()
+            send.close()
+            children.append((child, receive))
+        results = []
+        for child, receive in children:
+            results.append(receive.recv())
+            child.join()
+    latencies = sorted(took for r in results for took in r[0])
+    statuses: dict[int, int] = {}
+    for _, theirs, _ in results:
+        for status, n in theirs.items():
+            statuses[status] = statuses.get(status, 0) + n
+    wall = max(end for _, _, end in results) - start
+    pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
+    return Run(len(bodies) / wall, pick(0.5), pick(0.95), sum(statuses.values()), statuses)
+
+
+Outcome = tuple[list[float], dict[int, int], float]  # latencies, non-202 statuses, when done
+
+
+def _child(send: Any, indices: range, *args: Any) -> None:
+    send.send(_clients(indices, *args))
+    send.close()
+
+
+def _clients(
+    indices: range,
+    port: int,
+    headers: dict[str, str],
+    bodies: list[bytes],
+    clients: int,
+    path: str,
+    rate: float | None,
+    start: float,
+) -> Outcome:
+    """Clients `indices` (of `clients`) as threads of this process, each its own connection."""
     latencies: list[float] = []
-    errors = [0]
     statuses: dict[int, int] = {}
     lock = threading.Lock()
-    start = time.perf_counter() + 0.05
 
     def work(index: int) -> None:
         client = Client(port, headers)
         mine = bodies[index::clients]
-        # every client starts at `start`, closed loop too: the wall clock runs from there (a
-        # client that began earlier made short runs look up to 50 ms faster than they were)
         time.sleep(max(0.0, start - time.perf_counter()))
         for n, body in enumerate(mine):
             if rate:
@@ -130,19 +184,15 @@ def load(
             took = time.perf_counter() - t0
             with lock:
                 latencies.append(took)
-                errors[0] += status != 202
                 if status != 202:
                     statuses[status] = statuses.get(status, 0) + 1
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
+    threads = [threading.Thread(target=work, args=(i,)) for i in indices]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - start
-    latencies.sort()
-    pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
-    return Run(len(bodies) / wall, pick(0.5), pick(0.95), errors[0], statuses)
+    return latencies, statuses, time.perf_counter()
 
 
 def wait_for(port: int, path: str = "/healthz", timeout: float = 60) -> None:
