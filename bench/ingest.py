@@ -38,7 +38,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,17 +67,22 @@ class Run:
 
 def merged(runs: Sequence[Run]) -> Run:
     """Several runs of one server as one row: median rate, p50 and p95; every non-202 counted."""
-    statuses: dict[int, int] = {}
-    for r in runs:
-        for status, n in r.statuses.items():
-            statuses[status] = statuses.get(status, 0) + n
+    statuses = counted(r.statuses for r in runs)
     return Run(
         statistics.median(r.rate for r in runs),
         statistics.median(r.p50 for r in runs),
         statistics.median(r.p95 for r in runs),
-        sum(r.errors for r in runs),
+        sum(statuses.values()),
         statuses,
     )
+
+
+def counted(parts: Iterable[dict[int, int]]) -> dict[int, int]:
+    """Non-202 statuses of several runs or client processes, added up."""
+    total: Counter[int] = Counter()
+    for part in parts:
+        total.update(part)
+    return dict(total)
 
 
 def non_202(**runs: Run) -> str:
@@ -139,10 +145,7 @@ def load(
             results.append(receive.recv())
             child.join()
     latencies = sorted(took for r in results for took in r[0])
-    statuses: dict[int, int] = {}
-    for _, theirs, _ in results:
-        for status, n in theirs.items():
-            statuses[status] = statuses.get(status, 0) + n
+    statuses = counted(theirs for _, theirs, _ in results)
     wall = max(end for _, _, end in results) - start
     pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
     return Run(len(bodies) / wall, pick(0.5), pick(0.95), sum(statuses.values()), statuses)
