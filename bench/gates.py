@@ -60,7 +60,7 @@ settings.reset()
 from bench.common import say, start_services, table, with_database  # noqa: E402
 from clarion.db import gating, ledger  # noqa: E402
 from clarion.db.engine import engine, migrate, one_off_engine  # noqa: E402
-from clarion.gates.apply import needs_address, snapshots  # noqa: E402
+from clarion.gates.apply import needs_address, snapshots, suppression_reason  # noqa: E402
 from clarion.gates.contract import Plan, Snapshot  # noqa: E402
 from clarion.gates.fatigue_caps import cap_buckets  # noqa: E402
 from clarion.gates.pipeline import plan  # noqa: E402
@@ -429,6 +429,12 @@ _Q_RECIPIENT = text(
 _Q_SUPPRESSED = text(
     "SELECT channel, address, reason FROM suppressions WHERE user_id = :u AND channel = ANY(CAST(:channels AS text[]))"
 )
+# The same addresses listed for anyone (the gate suppresses by address, not by user): by hash.
+_Q_SUPPRESSED_ADDRESS = text(
+    "SELECT user_id, channel, address_hash, reason, detail, created_at FROM suppressions "
+    "WHERE channel = ANY(CAST(:channels AS text[])) AND address_hash = ANY(CAST(:hashed AS text[])) "
+    "ORDER BY created_at, user_id"
+)
 _Q_PREFERENCES = text(
     "SELECT scope, key, channel, enabled FROM preferences WHERE user_id = :u AND "
     "((scope = 'type' AND key = :t) OR (scope = 'category' AND key = :c) OR scope = 'all')"
@@ -476,15 +482,28 @@ class PerGateSnapshot:
 
     @property
     def suppressed(self):
-        return self._once(
-            "suppressed",
-            lambda: {
-                (c, a): reason
-                for c, a, reason in self._query(
-                    _Q_SUPPRESSED, u=self._request["user_id"], channels=list(self._ntype.channels)
-                )
-            },
-        )
+        return self._once("suppressed", self._suppressed)
+
+    def _suppressed(self) -> dict[tuple[str, str], str]:
+        """What gates.apply.snapshots builds for one recipient: their addresses listed for anyone
+        (earliest first, with the reason the gate records), then their own rows."""
+        user, channels = self._request["user_id"], list(self._ntype.channels)
+        found: dict[tuple[str, str], str] = {}
+        addresses = self.recipient.addresses if self.recipient else {}
+        plain = {
+            _hash(c, value): value
+            for c, a in addresses.items()
+            if c in channels
+            for value in (str(a).split() if c == "push" else [str(a)])
+        }
+        if plain:
+            rows = self._query(_Q_SUPPRESSED_ADDRESS, channels=channels, hashed=sorted(plain))
+            for owner, c, digest, reason, detail, at in rows:
+                why = suppression_reason(reason, detail, at, own=owner == user)
+                found.setdefault((c, plain[digest]), why)
+        for c, a, reason in self._query(_Q_SUPPRESSED, u=user, channels=channels):
+            found.setdefault((c, a), reason)
+        return found
 
     @property
     def preferences(self):
