@@ -784,6 +784,13 @@ class Catalog:
     def channels(self) -> frozenset[str]:
         return frozenset(c for t in self.types.values() for c in t.channels)
 
+    @cached_property
+    def escalation_step_types(self) -> frozenset[str]:
+        """The types some escalation chain sends as a later step (the route asks per request)."""
+        return frozenset(
+            s.type_key for t in self.types.values() if t.escalation for s in t.escalation.steps
+        )
+
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<python>", digest: str = "") -> Catalog:
         """Build and check a catalog; every CatalogError names `source` (the file) first."""

@@ -29,8 +29,8 @@ def address_key(s: Settings) -> bytes:
 
 def hashed(key: bytes, channel: str, address: str) -> str:
     """`hmac:` and the hex HMAC-SHA256 of `channel`, a unit separator and `address`."""
-    mac = hmac.new(key, f"{channel}\x1f{address}".encode("utf-8", "surrogatepass"), hashlib.sha256)
-    return PREFIX + mac.hexdigest()
+    mac = hmac.digest(key, f"{channel}\x1f{address}".encode("utf-8", "surrogatepass"), "sha256")
+    return PREFIX + mac.hex()
 
 
 def is_hashed(address: str) -> bool:

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, time
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, TypeVar
+
+from sqlalchemy.engine import Row
 
 Key = tuple[str, int]  # (user_id, id) of a request or a delivery
 
@@ -21,10 +23,47 @@ class _FromRow:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any] | Sequence[Any]) -> Self:
+        # A row in column order with every field, the route path's case, is filled in directly:
+        # a frozen dataclass's __init__ calls object.__setattr__ once per field (half the cost of
+        # building a record). Checked first: an isinstance against the Mapping ABC costs ~0.8 µs.
+        if isinstance(row, Row | tuple | list):
+            names = _field_names(cls)
+            if len(row) != len(names):
+                return cls(*row)  # defaults for the columns left off, or the TypeError
+            record = object.__new__(cls)
+            record.__dict__.update(zip(names, row, strict=True))
+            if hasattr(record, "__post_init__"):
+                record.__post_init__()
+            return record
         if isinstance(row, Mapping):
-            names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-            return cls(**{name: row[name] for name in names if name in row})
+            return cls(**{name: row[name] for name in _field_names(cls) if name in row})
         return cls(*row)
+
+
+_NAMES: dict[type, tuple[str, ...]] = {}  # a record's field names, in order
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
+R = TypeVar("R")
+
+
+def evolve(record: R, **changes: Any) -> R:
+    """`dataclasses.replace` for a frozen record with no `__post_init__`, at a third of its cost:
+    a copy of the instance's fields with `changes` (replace runs `__init__` again, one
+    object.__setattr__ per field). For the planner's hot path: a Plan is copied once per gate."""
+    kind = type(record)
+    if not changes.keys() <= kind.__dataclass_fields__.keys():  # type: ignore[attr-defined]
+        unknown = sorted(changes.keys() - kind.__dataclass_fields__.keys())  # type: ignore[attr-defined]
+        raise TypeError(f"{kind.__name__} has no field(s) {', '.join(unknown)}")
+    copy = object.__new__(kind)
+    copy.__dict__.update(record.__dict__, **changes)
+    return copy
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, time
 from typing import Any
 from urllib.parse import urlsplit
@@ -70,15 +70,21 @@ def show(value: object, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def _clean(field: str, value: str) -> None:
+def _unclean(value: str) -> str | None:
+    """Why PostgreSQL cannot store `value` (a NUL, a lone surrogate), or None."""
     if "\x00" in value:
-        raise InvalidField(field, "must not contain NUL characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidField(
-            field, f"is not valid Unicode text (lone surrogate at {exc.start})"
-        ) from exc
+        return "must not contain NUL characters"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"is not valid Unicode text (lone surrogate at {exc.start})"
+    return None
+
+
+def _clean(field: str, value: str) -> None:
+    if (why := _unclean(value)) is not None:
+        raise InvalidField(field, why)
 
 
 def text(field: str, value: object, *, max_bytes: int, empty: bool = False) -> str:
@@ -90,7 +96,7 @@ def text(field: str, value: object, *, max_bytes: int, empty: bool = False) -> s
     if len(value) > max_bytes:
         raise InvalidField(field, f"must be at most {max_bytes} bytes, not {len(value)} characters")
     _clean(field, value)
-    size = len(value.encode("utf-8"))
+    size = len(value) if value.isascii() else len(value.encode("utf-8"))
     if size > max_bytes:
         raise InvalidField(field, f"must be at most {max_bytes} bytes of UTF-8, not {size}")
     return str(value)
@@ -146,14 +152,17 @@ def _copy_json(
         source, target, path, depth = stack.pop()
         if depth > max_depth:
             raise InvalidField(path, f"nests deeper than {max_depth} levels")
-        for key, where, item in _members(source, path):
+        for index, (key, item) in enumerate(_members(source, path)):
             budget += 2 + len(key or "") + (len(item) if isinstance(item, str) else 0)
             if budget > max_bytes:
                 raise InvalidField(field, f"must be at most {max_bytes} bytes as JSON")
             most += 1 + (0 if key is None else 3 + _MOST_PER_CHAR * len(key)) + _most(item)
-            plain = _plain(where, item)
+            try:
+                plain = _plain(item)
+            except _Unfit as unfit:  # the member's name is worked out for errors only
+                raise InvalidField(_where(path, key, index), str(unfit)) from None
             if isinstance(plain, dict | list):
-                stack.append((item, plain, where, depth + 1))
+                stack.append((item, plain, _where(path, key, index), depth + 1))
             if key is None:
                 target.append(plain)
             else:
@@ -174,43 +183,51 @@ def _most(item: object) -> int:
     return 2  # a container's brackets; its members are counted as they are copied
 
 
-def _members(source: Any, path: str):
-    """(key or None for a list item, field name, value) for each member of a mapping or list."""
+def _members(source: Any, path: str) -> Iterator[tuple[str | None, Any]]:
+    """(key, or None for a list item, value) for each member of a mapping or list."""
     if isinstance(source, Mapping):
         for key, item in source.items():
             if not isinstance(key, str):
                 raise InvalidField(path, f"keys must be strings, not {show(key)}")
-            _clean(f"{path} key {show(key)}", key)
-            yield str(key), f"{path}.{key[:60]}", item
+            if (why := _unclean(key)) is not None:
+                raise InvalidField(f"{path} key {show(key)}", why)
+            yield str(key), item
     else:
-        for index, item in enumerate(source):
-            yield None, f"{path}[{index}]", item
+        for item in source:
+            yield None, item
 
 
-def _plain(field: str, item: object) -> Any:
+def _where(path: str, key: str | None, index: int) -> str:
+    """A member's field name in an error: `variables.order.lines[2]`."""
+    return f"{path}[{index}]" if key is None else f"{path}.{key[:60]}"
+
+
+class _Unfit(ValueError):
+    """A value that is not plain JSON (the message; the caller names the field)."""
+
+
+def _plain(item: object) -> Any:
     """The plain JSON form of one value: a scalar, or an empty dict/list to fill."""
     if item is None or isinstance(item, bool):
         return item
+    if isinstance(item, str):
+        if (why := _unclean(item)) is not None:
+            raise _Unfit(why)
+        return str(item)
     if isinstance(item, int):
         if not -MAX_INT <= item < MAX_INT:
-            raise InvalidField(
-                field, "integers must fit in 64 bits; send bigger numbers as strings"
-            )
+            raise _Unfit("integers must fit in 64 bits; send bigger numbers as strings")
         return int(item)
     if isinstance(item, float):
         if not math.isfinite(item):
-            raise InvalidField(field, f"numbers must be finite, not {item!r}")
+            raise _Unfit(f"numbers must be finite, not {item!r}")
         return float(item)
-    if isinstance(item, str):
-        _clean(field, item)
-        return str(item)
     if isinstance(item, Mapping):
         return {}
     if isinstance(item, list | tuple):
         return []
-    raise InvalidField(
-        field,
-        f"must be a JSON value (str, int, float, bool, None, list or mapping), not {show(item)}",
+    raise _Unfit(
+        f"must be a JSON value (str, int, float, bool, None, list or mapping), not {show(item)}"
     )
 
 

@@ -3,7 +3,6 @@ claim in PostgreSQL); a nudge that meets an open window is skipped, or deferred 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import timedelta
 
 from sqlalchemy import Connection
@@ -18,7 +17,7 @@ from clarion.gates.contract import (
     Plan,
     with_step,
 )
-from clarion.rows import OpenWindow
+from clarion.rows import OpenWindow, evolve
 
 
 def plan(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
@@ -30,7 +29,7 @@ def plan(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
     if snapshot.window is not None and snapshot.window.until > now:
         return blocked_by_window(p, snapshot.window), []
     until = now + timedelta(hours=policy.activation_window_hours)
-    return replace(
+    return evolve(
         with_step(p, "activation_window", "allow", "opens_window", f"until {until.isoformat()}"),
         window_until=until,
     ), channels
@@ -43,7 +42,7 @@ def blocked_by_window(p: Plan, window: OpenWindow) -> Plan:
         f"another activation nudge ({window.type_key}) holds the window until {until.isoformat()}"
     )
     if p.on_window == "defer":
-        return replace(
+        return evolve(
             with_step(p, "activation_window", "defer", "activation_window", detail, until=until),
             defer_until=until,
             window_until=None,
@@ -51,7 +50,7 @@ def blocked_by_window(p: Plan, window: OpenWindow) -> Plan:
             collapse=None,
             channels=(),
         )
-    return replace(
+    return evolve(
         with_step(p, "activation_window", "suppress", "activation_window", detail),
         window_until=None,
         caps=(),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,7 +20,7 @@ from clarion.errors import ConfigurationError
 from clarion.gates.contract import ClaimContext, DigestJoin, Fold, Plan, Snapshot, Step
 from clarion.gates.fatigue_caps import cap_buckets
 from clarion.gates.pipeline import CLAIMS, PARTS
-from clarion.rows import CollapseGroup, Recipient, ResolvedRequest
+from clarion.rows import CollapseGroup, Recipient, ResolvedRequest, evolve
 
 
 def snapshots(
@@ -170,7 +169,7 @@ def _join_digest(
     steps = tuple(
         Step(s.gate, s.outcome, s.reason, detail) if s.gate == "digest" else s for s in plan.steps
     )
-    return replace(plan, steps=steps)
+    return evolve(plan, steps=steps)
 
 
 def _fold(

@@ -3,7 +3,6 @@ first leads the group (a claim in PostgreSQL); the others follow it and are coun
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
@@ -20,7 +19,7 @@ from clarion.gates.contract import (
     Snapshot,
     with_step,
 )
-from clarion.rows import CollapseGroup, PlannedRequest
+from clarion.rows import CollapseGroup, PlannedRequest, evolve
 
 
 def plan(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
@@ -32,7 +31,7 @@ def plan(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
     if (follows := open_group(request, ntype, snapshot, now)) is not None:
         return collapsed(p, follows), []
     until = now + timedelta(seconds=spec.window_seconds)
-    return replace(
+    return evolve(
         with_step(p, "collapse", "allow", "leads_group", f"key {key!r} until {until.isoformat()}"),
         collapse=(key, until),
     ), channels
@@ -57,7 +56,7 @@ def collapsed(p: Plan, group: CollapseGroup, *, joining: int = 1) -> Plan:
         f"collapsed into request {group.leader_id} (key {key!r}, {group.count + joining} so far, "
         f"window until {group.until.isoformat()})"
     )
-    return replace(
+    return evolve(
         with_step(p, "collapse", "collapse", "collapsed", detail),
         collapse=None,
         caps=(),

@@ -12,7 +12,7 @@ the runner.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, TypeVar, cast
 
@@ -27,6 +27,7 @@ from clarion.rows import (
     Preference,
     Recipient,
     ResolvedRequest,
+    evolve,
 )
 
 T = TypeVar("T")
@@ -182,7 +183,7 @@ def with_step(
     channel: str | None = None,
     until: datetime | None = None,
 ) -> Plan:
-    return replace(p, steps=p.steps + (Step(gate, outcome, reason, detail, channel, until),))
+    return evolve(p, steps=p.steps + (Step(gate, outcome, reason, detail, channel, until),))
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ class Claim(Protocol):
 
 def asked(p: Plan, claim: str) -> Plan:
     """The plan, asking gates.apply to make the registered claim named `claim`."""
-    return replace(p, asks=p.asks | {claim})
+    return evolve(p, asks=p.asks | {claim})
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,11 @@ through every gate itself, once."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import datetime
 
 from clarion.catalog import NotificationType
 from clarion.gates.contract import Channels, Context, DigestJoin, FunctionGate, Plan, with_step
-from clarion.rows import PlannedRequest, Recipient
+from clarion.rows import PlannedRequest, Recipient, evolve
 from clarion.scheduling.digests import window_due
 
 
@@ -26,7 +25,7 @@ def digested(
     key = ntype.digest_key(request.variables)
     due = window_due(now, recipient.timezone, every=spec.every, daily=spec.daily)
     detail = f"into the open {spec.type} digest (key {key!r}), or one closing {due.isoformat()}"
-    return replace(
+    return evolve(
         with_step(p, "digest", "digest", "digested", detail),
         digest=DigestJoin(spec.type, key, due, spec.max_items),
         channels=(),

@@ -3,8 +3,8 @@ per hour (slots claimed in PostgreSQL); one over the cap is folded into the day'
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import UTC, datetime, time, timedelta
+from functools import lru_cache
 
 from sqlalchemy import Connection
 
@@ -23,7 +23,7 @@ from clarion.gates.contract import (
     Plan,
     with_step,
 )
-from clarion.rows import Recipient
+from clarion.rows import Recipient, evolve
 from clarion.scheduling.zones import load_zone
 
 NOT_CAPPED = frozenset({"transactional", "security"})
@@ -46,26 +46,37 @@ def plan(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
         claims.append(CapClaim(scope, bucket, limit, ends))
     if not claims:
         return p, channels
-    return replace(with_step(p, "fatigue_cap", "allow", "under_cap"), caps=tuple(claims)), channels
+    return evolve(with_step(p, "fatigue_cap", "allow", "under_cap"), caps=tuple(claims)), channels
 
 
 def cap_buckets(recipient: Recipient, now: datetime) -> list[tuple[str, str, datetime]]:
     """(scope, bucket, bucket end) for the recipient's local day and their organisation's hour."""
-    local = now.astimezone(load_zone(recipient.timezone))
-    day_end = datetime.combine(local.date() + timedelta(days=1), time(0), tzinfo=local.tzinfo)
-    buckets = [(f"user:{recipient.user_id}", local.date().isoformat(), day_end)]
+    buckets = [(f"user:{recipient.user_id}", *_local_day(recipient.timezone, now))]
     if recipient.org_id:
-        hour = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
-        buckets.append(
-            (f"org:{recipient.org_id}", hour.strftime("%Y-%m-%dT%H"), hour + timedelta(hours=1))
-        )
+        buckets.append((f"org:{recipient.org_id}", *_hour(now)))
     return buckets
+
+
+# A route batch shares one `now` and its recipients share a few zones: each bucket is worked
+# out once per (zone, now) rather than once per request and again per snapshot.
+@lru_cache(maxsize=512)
+def _local_day(zone: str, now: datetime) -> tuple[str, datetime]:
+    local = now.astimezone(load_zone(zone))
+    return local.date().isoformat(), datetime.combine(
+        local.date() + timedelta(days=1), time(0), tzinfo=local.tzinfo
+    )
+
+
+@lru_cache(maxsize=8)
+def _hour(now: datetime) -> tuple[str, datetime]:
+    hour = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    return hour.strftime("%Y-%m-%dT%H"), hour + timedelta(hours=1)
 
 
 def folded(p: Plan, recipient: Recipient, now: datetime, policy: Policy, detail: str) -> Plan:
     """The plan for a request over a fatigue cap: folded into the day's summary, or dropped."""
     if policy.summary_type is None:
-        return replace(
+        return evolve(
             with_step(p, "fatigue_cap", "suppress", "fatigue_cap", detail + "; no summary type"),
             caps=(),
             window_until=None,
@@ -74,7 +85,7 @@ def folded(p: Plan, recipient: Recipient, now: datetime, policy: Policy, detail:
     scope, bucket, ends = cap_buckets(recipient, now)[0]
     fold = Fold(policy.summary_type, f"summary:{bucket}", ends)
     detail += f"; folded into the {bucket} summary"
-    return replace(
+    return evolve(
         with_step(p, "fatigue_cap", "fold", "fatigue_cap", detail),
         caps=(),
         fold=fold,

@@ -20,7 +20,6 @@ the plan into the same outcome the gate would have chosen had it seen that worke
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from datetime import datetime
 from typing import TypeVar
 
@@ -50,7 +49,7 @@ from clarion.gates.contract import (
     SnapshotPart,
     Step,
 )
-from clarion.rows import PlannedRequest, Recipient
+from clarion.rows import PlannedRequest, Recipient, evolve
 from clarion.scheduling.zones import country_of
 
 _Named = TypeVar("_Named", Gate, Claim, SnapshotPart[object])
@@ -108,8 +107,8 @@ def plan(
     for gate in GATES:
         result, channels = gate.plan(result, channels, context)
         if not channels or result.defer_until is not None:
-            return replace(result, channels=())
-    return replace(result, channels=tuple(channels))
+            return evolve(result, channels=())
+    return evolve(result, channels=tuple(channels))
 
 
 def channel_gates(
@@ -127,7 +126,7 @@ def channel_gates(
         step = _one_channel(channel, c)
         steps.append(step)
         if step.outcome == "allow":
-            c = replace(c, chosen=(*c.chosen, channel))
+            c = evolve(c, chosen=(*c.chosen, channel))
     if not c.chosen:
         steps.append(Step("channels", "suppress", "no_channel", "no channel is left to send on"))
     return tuple(steps), [(channel, None) for channel in c.chosen]

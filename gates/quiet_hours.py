@@ -3,10 +3,9 @@ types and the policy's bypass categories go through (gates/quiet.py does the loc
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from clarion.gates.contract import Channels, Context, FunctionGate, Plan, with_step
 from clarion.gates.quiet import quiet_until
+from clarion.rows import evolve
 
 
 def plan(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
@@ -20,7 +19,7 @@ def plan(p: Plan, channels: Channels, c: Context) -> tuple[Plan, Channels]:
     if until is None:
         return with_step(p, "quiet_hours", "allow", "outside_quiet_hours"), channels
     detail = f"quiet hours in {r.timezone} until {until.isoformat()}"
-    return replace(
+    return evolve(
         with_step(p, "quiet_hours", "defer", "quiet_hours", detail, until=until), defer_until=until
     ), channels
 

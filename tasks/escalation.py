@@ -81,12 +81,6 @@ def _wait_text(seconds: float, working_hours: str | None) -> str:
     return shown + (f" of working time ({working_hours} on working days)" if working_hours else "")
 
 
-def _step_types(catalog: Catalog) -> frozenset[str]:
-    return frozenset(
-        s.type_key for t in catalog.types.values() if t.escalation for s in t.escalation.steps
-    )
-
-
 def routed(
     conn: Connection,
     request: ResolvedRequest,
@@ -100,7 +94,7 @@ def routed(
     request means for its chain."""
     if ntype is None:
         return
-    if ntype.key in _step_types(catalog):
+    if ntype.key in catalog.escalation_step_types:
         chain = store.lock_by_request(conn, request.user_id, request.id)
         if chain is not None and chain.step > 1:
             _step_routed(conn, chain, plan, now)
