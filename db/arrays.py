@@ -21,14 +21,37 @@ from datetime import datetime
 from typing import Any
 
 from psycopg import errors
-from psycopg.abc import Buffer
-from psycopg.types.array import ListDumper
+from psycopg.abc import Buffer, DumperKey
+from psycopg.adapt import PyFormat
+from psycopg.types.array import BaseListDumper, ListDumper
 
 _ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"'})
 _NONE = type(None)
 
 
+def _flat(obj: list[Any]) -> bool:
+    """Whether FlatListDumper.dump writes `obj` itself (else psycopg's ListDumper does)."""
+    kinds = set(map(type, obj))
+    kinds.discard(_NONE)
+    if len(kinds) > 1:
+        return False
+    if not kinds or kinds == {str} or kinds == {int} or kinds == {bool}:
+        return True
+    return kinds == {datetime} and all(v is None or v.tzinfo is not None for v in obj)
+
+
 class FlatListDumper(ListDumper):
+    # psycopg looks at a list's elements twice before dumping it (get_key, then upgrade: which
+    # array type, from the first element, the smallest int type that holds them all), on every
+    # execute (its dumper cache is per cursor). A flat list is sent as an array of unknown type
+    # instead, and PostgreSQL reads it as the type the statement casts it to (every array
+    # parameter of ours is cast: `CAST(:ids AS bigint[])`), or the column or operand it meets.
+    def get_key(self, obj: list[Any], format: PyFormat) -> DumperKey:
+        return self.cls if _flat(obj) else super().get_key(obj, format)
+
+    def upgrade(self, obj: list[Any], format: PyFormat) -> BaseListDumper:
+        return self if _flat(obj) else super().upgrade(obj, format)
+
     def dump(self, obj: list[Any]) -> Buffer | None:
         kinds = set(map(type, obj))
         nulls = _NONE in kinds

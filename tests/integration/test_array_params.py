@@ -141,3 +141,52 @@ def test_text_with_nul_is_refused_as_psycopg_refuses_it(clarion_env):
     with pytest.raises(DataError, match="cannot contain NUL") as refused:
         _round_trip(["fine", "nul\x00here"], "text[]")
     assert isinstance(refused.value.orig, errors.DataError)
+
+
+@pytest.mark.parametrize(
+    ("values", "flat"),
+    [
+        (["a", None], True),
+        ([1, 2**40, None], True),
+        ([True, None], True),
+        ([datetime(2026, 12, 6, 13, 0, tzinfo=UTC)], True),
+        ([], True),
+        ([["a"], ["b"]], False),
+        ([datetime(2026, 12, 6, 13, 0)], False),
+    ],
+    ids=["text", "ints", "bools", "aware", "empty", "nested", "naive"],
+)
+def test_a_flat_list_is_sent_untyped_without_psycopg_looking_at_it(clarion_env, values, flat):
+    """The fast path skips psycopg's two passes over the elements (get_key, upgrade): the list
+    goes as an array of unknown type (oid 0) and the statement's cast or operand types it."""
+    with engine().connect() as conn:
+        driver = conn.connection.dbapi_connection
+        assert isinstance(driver, psycopg.Connection)
+        dumper = Transformer.from_context(driver).get_dumper(values, PyFormat.AUTO)
+    assert isinstance(dumper, FlatListDumper)
+    if flat:
+        assert dumper.oid == 0 and dumper.sub_dumper is None
+    else:  # psycopg's own upgrade chose the element type
+        assert dumper.sub_dumper is not None
+
+
+def test_a_mixed_list_is_refused_as_psycopg_refuses_it(clarion_env):
+    with pytest.raises(DataError, match="cannot dump lists of mixed types"):
+        _round_trip([1, "a"], "text[]")
+
+
+def test_an_untyped_array_takes_the_type_of_what_it_meets(clarion_env):
+    """Without a cast: `= ANY(...)` against a bigint, a name, a timestamptz column alike."""
+    at = datetime(2026, 12, 6, 13, 0, tzinfo=UTC)
+    with engine().connect() as conn:
+        assert conn.execute(text("SELECT CAST(5 AS bigint) = ANY(:v)"), {"v": [1, 5]}).scalar()
+        assert (
+            conn.execute(
+                text("SELECT count(*) FROM pg_class WHERE relname = ANY(:names)"),
+                {"names": ["pg_class", "pg_type"]},
+            ).scalar_one()
+            == 2
+        )
+        assert conn.execute(
+            text("SELECT CAST(:at AS timestamptz) = ANY(:v)"), {"at": at, "v": [None, at]}
+        ).scalar()
