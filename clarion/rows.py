@@ -54,9 +54,10 @@ R = TypeVar("R")
 
 
 def evolve(record: R, **changes: Any) -> R:
-    """`dataclasses.replace` for a frozen record with no `__post_init__`, at a third of its cost:
-    a copy of the instance's fields with `changes` (replace runs `__init__` again, one
-    object.__setattr__ per field). For the planner's hot path: a Plan is copied once per gate."""
+    """`dataclasses.replace` for a frozen record with no `__post_init__` nor cached properties,
+    at a third of its cost: a copy of the instance's fields with `changes` (replace runs
+    `__init__` again, one object.__setattr__ per field). For the planner's hot path: a Plan is
+    copied once per gate."""
     kind = type(record)
     if not changes.keys() <= kind.__dataclass_fields__.keys():  # type: ignore[attr-defined]
         unknown = sorted(changes.keys() - kind.__dataclass_fields__.keys())  # type: ignore[attr-defined]

@@ -6,7 +6,9 @@ element in Python (a dumper call, a regular-expression test and perhaps an escap
 fifth of the route task's own CPU. `FlatListDumper` writes the flat lists those statements pass —
 every element a `str`, every element an `int`, every element a `bool`, or every element a
 timezone-aware `datetime`, with None (NULL) allowed among any of them — with one `join`, and hands
-anything else (nested lists, naive datetimes, mixed types) to psycopg's own.
+anything else (nested lists, naive datetimes, mixed types) to psycopg's own. A flat list is sent
+as an array of unknown type: the statement's cast (`CAST(:ids AS bigint[])`) or the column or
+operand it meets gives it its type.
 
 Each string element is quoted, with `"` and `\\` escaped (PostgreSQL's array input: a quoted
 element is taken as it is written, whitespace, commas, braces and the word NULL included). Text

