@@ -31,15 +31,22 @@ _ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"'})
 _NONE = type(None)
 
 
-def _flat(obj: list[Any]) -> bool:
-    """Whether FlatListDumper.dump writes `obj` itself (else psycopg's ListDumper does)."""
+def _flat_kind(obj: list[Any]) -> tuple[type | None, bool] | None:
+    """The one element type of a list FlatListDumper writes itself (None: nothing but NULLs),
+    and whether NULLs are among them; None for a list psycopg's ListDumper writes."""
     kinds = set(map(type, obj))
+    nulls = _NONE in kinds
     kinds.discard(_NONE)
+    if not kinds:
+        return None, nulls
     if len(kinds) > 1:
-        return False
-    if not kinds or kinds == {str} or kinds == {int} or kinds == {bool}:
-        return True
-    return kinds == {datetime} and all(v is None or v.tzinfo is not None for v in obj)
+        return None
+    kind = kinds.pop()
+    if kind in (str, int, bool):
+        return kind, nulls
+    if kind is datetime and all(v is None or v.tzinfo is not None for v in obj):
+        return kind, nulls
+    return None
 
 
 class FlatListDumper(ListDumper):
@@ -49,16 +56,17 @@ class FlatListDumper(ListDumper):
     # instead, and PostgreSQL reads it as the type the statement casts it to (every array
     # parameter of ours is cast: `CAST(:ids AS bigint[])`), or the column or operand it meets.
     def get_key(self, obj: list[Any], format: PyFormat) -> DumperKey:
-        return self.cls if _flat(obj) else super().get_key(obj, format)
+        return self.cls if _flat_kind(obj) is not None else super().get_key(obj, format)
 
     def upgrade(self, obj: list[Any], format: PyFormat) -> BaseListDumper:
-        return self if _flat(obj) else super().upgrade(obj, format)
+        return self if _flat_kind(obj) is not None else super().upgrade(obj, format)
 
     def dump(self, obj: list[Any]) -> Buffer | None:
-        kinds = set(map(type, obj))
-        nulls = _NONE in kinds
-        kinds.discard(_NONE)
-        if kinds == {str}:
+        flat = _flat_kind(obj)
+        if flat is None:
+            return super().dump(obj)
+        kind, nulls = flat
+        if kind is str:
             texts = [s for s in obj if s is not None] if nulls else obj
             whole = "".join(texts)
             if "\x00" in whole:
@@ -66,13 +74,12 @@ class FlatListDumper(ListDumper):
             if '"' in whole or "\\" in whole:
                 obj = [s if s is None else s.translate(_ESCAPES) for s in obj]
             return self._quoted(obj, nulls).encode(self._text_encoding())
-        if kinds == {int} or kinds == {bool} or not kinds:
-            words = [("NULL" if v is None else str(v)) for v in obj] if nulls else map(str, obj)
-            return ("{" + ",".join(words) + "}").encode()
-        if kinds == {datetime} and all(v is None or v.tzinfo is not None for v in obj):
+        if kind is datetime:
             # as psycopg writes one (str(): ISO 8601 with its offset), quoted for its space
             return self._quoted([v if v is None else str(v) for v in obj], nulls).encode()
-        return super().dump(obj)
+        # int, bool, or nothing but NULLs
+        words = [("NULL" if v is None else str(v)) for v in obj] if nulls else map(str, obj)
+        return ("{" + ",".join(words) + "}").encode()
 
     @staticmethod
     def _quoted(texts: list[Any], nulls: bool) -> str:
