@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
+from clarion.errors import SendError
 from clarion.records import Message, SendResult
 
 if TYPE_CHECKING:
@@ -38,6 +39,17 @@ class Adapter(Protocol):
 
     def send(self, message: Message) -> SendResult:
         """Hand the message to the provider."""
+        ...
+
+
+class SendsMany(Adapter, Protocol):
+    """A channel that puts several calls in flight at once (`sends_many`: the webhook's requests
+    on kept-alive connections); see `Channel.send_many`."""
+
+    sends_many: bool
+
+    def send_many(self, messages: list[Message]) -> list[SendResult | SendError]:
+        """Each message's outcome, in order: its SendResult, or the SendError it ended in."""
         ...
 
 
@@ -122,6 +134,7 @@ class Channel(Generic[Req, Resp]):
     evidence_wait: float = 0.0  # seconds a resend after an unknown outcome waits for a report
     replaces_on_device: bool = False  # a resend replaces the first on the device (push)
     updates_in_place: bool = False
+    sends_many: bool = False  # call_many puts several calls in flight at once (send_many)
     limits: RateLimits | None = None
 
     def to_request(self, message: Message) -> Req:
@@ -145,6 +158,11 @@ class Channel(Generic[Req, Resp]):
         sets the whole message, so repeating one is harmless (at-least-once is fine)."""
         raise NotImplementedError(f"channel {self.channel!r} cannot update a sent message")
 
+    def call_many(self, requests: list[Req]) -> list[Resp | SendError]:
+        """Optional (a channel that sets `sends_many`): the calls of several requests in flight
+        at once, each ending in its response or its SendError, in the order given."""
+        raise NotImplementedError(f"channel {self.channel!r} makes one call at a time")
+
     def spend(self, message: Message, request: Req) -> None:
         """Spend `budget` from the shared rate limits (ThrottledError: wait, nothing was sent)."""
         spend = self.budget(message, request)
@@ -157,6 +175,29 @@ class Channel(Generic[Req, Resp]):
         request = self.to_request(message)
         self.spend(message, request)
         return self.from_response(message, self.call(request))
+
+    def send_many(self, messages: list[Message]) -> list[SendResult | SendError]:
+        """`send` for several messages, their calls in flight together (`call_many`); each
+        message's outcome in the order given, a SendError returned rather than raised."""
+        outcomes: dict[int, SendResult | SendError] = {}
+        ready: list[tuple[int, Req]] = []
+        for i, message in enumerate(messages):
+            try:
+                request = self.to_request(message)
+                self.spend(message, request)
+            except SendError as error:
+                outcomes[i] = error
+            else:
+                ready.append((i, request))
+        responses = self.call_many([request for _, request in ready]) if ready else []
+        for (i, _), response in zip(ready, responses, strict=True):
+            try:
+                if isinstance(response, SendError):
+                    raise response
+                outcomes[i] = self.from_response(messages[i], response)
+            except SendError as error:
+                outcomes[i] = error
+        return [outcomes[i] for i in range(len(messages))]
 
 
 def can_update(adapter: object) -> bool:

@@ -21,7 +21,13 @@ from typing import Protocol
 from clarion.adapters import http1
 from clarion.adapters.base import Channel, Collaborators
 from clarion.adapters.ratelimit import Quota, RateLimits
-from clarion.errors import PermanentSendError, ThrottledError, TransientSendError, UnknownSendError
+from clarion.errors import (
+    PermanentSendError,
+    SendError,
+    ThrottledError,
+    TransientSendError,
+    UnknownSendError,
+)
 from clarion.records import Message, SendResult, clean_provider_id
 from clarion.settings import Settings
 
@@ -116,9 +122,24 @@ def error_for(exc: http1.NotSent | http1.NoAnswer) -> TransientSendError | Unkno
     return UnknownSendError("no_answer", str(exc)[:200])
 
 
+def _response(
+    answer: http1.Answer | http1.NotSent | http1.NoAnswer | ValueError,
+) -> WebhookResponse | SendError:
+    if isinstance(answer, http1.Answer):
+        return WebhookResponse(answer.status, answer.headers, answer.body)
+    error = (
+        PermanentSendError("bad_url", str(answer))
+        if isinstance(answer, ValueError)
+        else error_for(answer)
+    )
+    error.__cause__ = answer
+    return error
+
+
 def pool_manager() -> http1.Connections:
-    """Connections kept alive per receiving host (up to 8 idle each, one per sending thread);
-    the client never retries (a repeat is the ledger's decision) nor follows a redirect."""
+    """Connections kept alive per receiving host (up to 8 idle each: the requests one batch has in
+    flight at most by CLARION_SEND_CONCURRENCY's default); the client never retries (a repeat is
+    the ledger's decision) nor follows a redirect."""
     return http1.Connections(keep=8)
 
 
@@ -143,6 +164,7 @@ class WebhookAdapter(Channel[WebhookRequest, WebhookResponse]):
     channel = "webhook"
     needs_address = False
     dedups_by_key = True  # the webhook contract: receivers drop a repeated Idempotency-Key
+    sends_many = True  # a batch's requests go out together (call_many)
 
     def __init__(
         self,
@@ -193,13 +215,16 @@ class WebhookAdapter(Channel[WebhookRequest, WebhookResponse]):
         return self.quota, host, 1
 
     def call(self, request: WebhookRequest) -> WebhookResponse:
-        try:
-            answer = self.pool.post(request.url, request.headers, request.body, self.timeout)
-        except ValueError as exc:
-            raise PermanentSendError("bad_url", str(exc)) from exc
-        except (http1.NotSent, http1.NoAnswer) as exc:
-            raise error_for(exc) from exc
-        return WebhookResponse(answer.status, answer.headers, answer.body)
+        [response] = self.call_many([request])
+        if isinstance(response, SendError):
+            raise response
+        return response
+
+    def call_many(self, requests: list[WebhookRequest]) -> list[WebhookResponse | SendError]:
+        """The requests in flight together on kept-alive connections, one each (a batch's
+        webhooks wait for their answers once, not once a request)."""
+        answers = self.pool.post_many([(r.url, r.headers, r.body) for r in requests], self.timeout)
+        return [_response(answer) for answer in answers]
 
     def from_response(self, message: Message, response: WebhookResponse) -> SendResult:
         return from_response(response.status, response.headers, response.body)

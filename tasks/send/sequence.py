@@ -17,9 +17,11 @@ claim behind, and its lease (PostgreSQL's clock) hands the row to the next worke
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sqlalchemy import Engine
@@ -113,47 +115,89 @@ def _claim(keys: list[Key], batch: Batch) -> list[ClaimedDelivery]:
 
 def _send_rows(claimed: list[ClaimedDelivery], batch: Batch) -> None:
     faults.hit("deliver.after_claim")
+    adapters = runtime.adapters()
     work = pool.Work(
         connect=lambda: RowConnection(batch.engine),
-        send=lambda db, row, senders: _deliver_one(db, row, batch, senders),
+        send=lambda db, rows, senders: _deliver(db, rows, batch, senders),
         overdue=lambda db, row, adapter, error: _settle_unknown_send(
             db, row, batch, adapter, error
         ),
+        together=lambda row: getattr(adapters.get(row.channel), "sends_many", False),
     )
     pool.send_all(claimed, work, batch.concurrency)
 
 
-def _deliver_one(db: RowConnection, row: ClaimedDelivery, batch: Batch, senders: Senders) -> None:
-    """One row, whatever happens: an error that cannot even be recorded (the database is down)
-    leaves the row to its lease, and the thread goes on with the next."""
+@dataclass(frozen=True)
+class Ready:
+    """A claimed row past every step before its provider call."""
+
+    row: ClaimedDelivery
+    adapter: Adapter
+    message: Message
+    lease: claims.Lease  # what the send runs under
+    repeat_possible: bool  # an earlier attempt may have sent, and nobody could find out
+
+
+def _deliver(
+    db: RowConnection, rows: list[ClaimedDelivery], batch: Batch, senders: Senders
+) -> None:
+    """A sender's rows (one, or a slice of one channel's: tasks.send.pool), each settled whatever
+    happens: each made ready (or settled on the way), then the ready ones sent together under
+    one budget, then each outcome recorded. An error that cannot even be recorded (the database
+    is down) leaves its row to its lease, and the thread goes on."""
+    ready: list[Ready] = []
+    for row in rows:
+        with _unsettled(row):
+            if (one := _ready(db, row, batch)) is not None:
+                ready.append(one)
+    if not ready:
+        return
+    budget = min(min(batch.budget, r.lease.left() - MARGIN) for r in ready)
+    outcomes = senders.call(
+        ready[0].adapter, [r.message for r in ready], [r.row for r in ready], budget
+    )
+    for one, outcome in zip(ready, outcomes, strict=True):
+        with _unsettled(one.row):
+            _settle_send(db, one, batch, outcome)
+
+
+@contextlib.contextmanager
+def _unsettled(row: ClaimedDelivery) -> Iterator[None]:
+    """An error settling `row` is logged, and the row left to its lease."""
     try:
-        _deliver_row(db, row, batch, senders)
+        yield
     except Exception:
         log.exception(
             "delivery not settled", extra={"action": "deliver_unsettled", "delivery": row.key}
         )
 
 
-def _deliver_row(db: RowConnection, row: ClaimedDelivery, batch: Batch, senders: Senders) -> None:
+def _ready(db: RowConnection, row: ClaimedDelivery, batch: Batch) -> Ready | None:
+    """The row ready to send, or None once it was settled (not preparable, an earlier attempt's
+    outcome settled it) or its claim was lost."""
     try:
         adapter, message = _prepare(row, batch)
     except SendError as error:
         settle_failure(db, row, batch.token, error, batch.policy)
-        return
+        return None
     except Exception as exc:  # a bug or an outage before anything was sent: retried, then failed
         log.exception(
             "delivery could not be prepared", extra={"action": "deliver_error", "delivery": row.key}
         )
         internal = TransientSendError("internal_error", _describe(exc))
         settle_failure(db, row, batch.token, internal, batch.policy)
-        return
+        return None
     repeat_possible = False
     if row.maybe_sent_at is not None:
         earlier = _settle_earlier_attempt(db, row, batch, adapter, message)
         if earlier == "settled":
-            return
+            return None
         repeat_possible = earlier == "unchecked"
-    _send(db, row, batch, senders, adapter, message, repeat_possible=repeat_possible)
+    lease = _lease_for_send(db, row, batch, adapter)
+    if lease is None:
+        log.info("claim lost before the send", extra={"action": "claim_lost", "delivery": row.key})
+        return None
+    return Ready(row, adapter, message, lease, repeat_possible)
 
 
 def _prepare(row: ClaimedDelivery, batch: Batch) -> tuple[Adapter, Message]:
@@ -281,25 +325,18 @@ def _lease_for_send(
     return db.run(lambda c: claims.begin_send(c, row.key, token=batch.token, need=need))
 
 
-def _send(
-    db: RowConnection,
-    row: ClaimedDelivery,
-    batch: Batch,
-    senders: Senders,
-    adapter: Adapter,
-    message: Message,
-    *,
-    repeat_possible: bool,
+def _settle_send(
+    db: RowConnection, ready: Ready, batch: Batch, outcome: SendResult | Exception
 ) -> None:
-    lease = _lease_for_send(db, row, batch, adapter)
-    if lease is None:
-        log.info("claim lost before the send", extra={"action": "claim_lost", "delivery": row.key})
-        return
-    deadline = lease.ends - 1.0
+    """Record what the provider call ended in: sent (after the send, by the group commit), failed
+    (retried or not), or unknown."""
+    row, adapter = ready.row, ready.adapter
     try:
-        result = senders.call(adapter, message, row, min(batch.budget, lease.left() - MARGIN))
+        if isinstance(outcome, Exception):
+            raise outcome
         faults.hit("deliver.after_send")
-        _record_sent(row, batch, result, deadline=deadline, repeat_possible=repeat_possible)
+        deadline = ready.lease.ends - 1.0
+        _record_sent(row, batch, outcome, deadline=deadline, repeat_possible=ready.repeat_possible)
     except UnknownSendError as error:
         _settle_unknown_send(db, row, batch, adapter, error)
     except SendError as error:

@@ -267,3 +267,87 @@ def test_a_certificate_for_another_host_is_not_sent_to(serve, ca) -> None:
     with pytest.raises(http1.NotSent, match="IP address mismatch|doesn't match|hostname"):
         post(server.url, pool=http1.Connections(tls=_trusting(ca)))
     assert server.requests == []
+
+
+# --- post_many: several requests in flight on one thread --------------------------------------
+
+
+def test_requests_posted_together_are_all_in_flight_at_once(serve) -> None:
+    """The server answers none until it holds all four: a client that waited for each answer
+    before writing the next request would time out."""
+    arrived = threading.Barrier(4, timeout=5)
+
+    def together(conn: socket.socket, request: bytes) -> None:
+        arrived.wait()
+        conn.sendall(OK)
+
+    server = serve(together)
+    pool = http1.Connections()
+    requests = [(server.url, {"X-N": str(n)}, b"{}") for n in range(4)]
+    answers = pool.post_many(requests, timeout=3)
+    assert [a.status for a in answers if isinstance(a, http1.Answer)] == [200] * 4
+    assert server.connections == 4 and sorted(
+        r.split(b"X-N: ")[1][:1] for r in server.requests
+    ) == [
+        b"0",
+        b"1",
+        b"2",
+        b"3",
+    ]
+    assert len(pool._idle[http1.target(server.url).origin]) == 4  # all kept alive for the next
+
+
+def test_each_request_of_many_ends_on_its_own(serve) -> None:
+    """A refused connection, a malformed URL, an answer that never comes and a good answer, in one
+    call: each request gets its own outcome, in the order given, within the one timeout."""
+    fast = serve(answer(OK))
+    silent = serve(lambda conn, request: time.sleep(2))  # reads the request, never answers
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        refused = f"http://127.0.0.1:{sock.getsockname()[1]}/hook"
+    started = time.monotonic()
+    got = http1.Connections().post_many(
+        [
+            (refused, {}, b"1"),
+            ("ftp://h/x", {}, b"2"),
+            (silent.url, {}, b"3"),
+            (fast.url, {}, b"4"),
+        ],
+        timeout=0.4,
+    )
+    assert time.monotonic() - started < 1.0
+    assert [type(g).__name__ for g in got] == ["NotSent", "ValueError", "NoAnswer", "Answer"]
+    assert "timed out" in str(got[2]) and isinstance(got[3], http1.Answer) and got[3].status == 200
+    assert len(silent.requests) == 1  # the silent server had the request: its outcome is unknown
+
+
+def test_an_answer_split_across_reads_is_put_together(serve) -> None:
+    """Two answers arriving a few bytes at a time, interleaved: each is read whole once its last
+    byte came, from its own connection."""
+
+    def dribble(conn: socket.socket, request: bytes) -> None:
+        body = request.rpartition(b"\r\n\r\n")[2]
+        raw = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        for i in range(0, len(raw), 7):
+            conn.sendall(raw[i : i + 7])
+            time.sleep(0.01)
+
+    server = serve(dribble)
+    got = http1.Connections().post_many(
+        [(server.url, {}, b"first"), (server.url, {}, b"second")], timeout=3
+    )
+    assert [g.body for g in got if isinstance(g, http1.Answer)] == [b"first", b"second"]
+
+
+def test_https_requests_in_flight_together_are_read_whole(serve, ca) -> None:
+    """A TLS socket read without blocking: what it has decrypted is drained before the next poll."""
+    big = b"y" * 100_000  # several TLS records
+    server = serve(
+        answer(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(big), big)),
+        _server_tls(ca, "127.0.0.1"),
+    )
+    pool = http1.Connections(tls=_trusting(ca))
+    for _ in range(2):
+        got = pool.post_many([(server.url, {}, b"{}")] * 3, timeout=3)
+        assert [g.body == big for g in got if isinstance(g, http1.Answer)] == [True] * 3
+    assert server.connections == 3 and len(server.requests) == 6

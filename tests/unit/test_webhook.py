@@ -427,3 +427,38 @@ def test_send_to_a_malformed_url_is_permanent(url: str) -> None:
     with pytest.raises(PermanentSendError, match=r"^bad_url: ") as caught:
         adapter(default_url=None).send(replace(MESSAGE, config={"url": url}))
     assert caught.value.reason == "bad_url"
+
+
+def test_send_many_ends_each_message_on_its_own_with_the_calls_in_flight_together(
+    receiver: Receiver,
+) -> None:
+    """Five messages in one send_many: each gets the outcome send would have given it, in order;
+    the three that reached the receiver were there at the same time (each answer waits 0.3 s,
+    and the lot took well under the 0.9 s they would take one after another)."""
+    receiver.replies["/ok"] = Reply(201, body=b'{"id": "p-1"}', delay=0.3)
+    receiver.replies["/gone"] = Reply(410, body=b"gone", delay=0.3)
+    receiver.replies["/busy"] = Reply(503, {"Retry-After": "4"}, b"later", delay=0.3)
+    urls = [
+        receiver.url + "/ok",
+        None,  # no url: refused before any call
+        receiver.url + "/gone",
+        f"http://127.0.0.1:{closed_port()}/hook",
+        receiver.url + "/busy",
+    ]
+    messages = [
+        replace(MESSAGE, delivery_id=i, config={} if url is None else {"url": url})
+        for i, url in enumerate(urls)
+    ]
+    started = time.monotonic()
+    outcomes = adapter().send_many(messages)
+    assert time.monotonic() - started < 0.8
+    assert outcomes[0] == SendResult(platform="webhook", provider_message_id="p-1", repeat=False)
+    assert [type(o).__name__ for o in outcomes[1:]] == [
+        "PermanentSendError",
+        "PermanentSendError",
+        "TransientSendError",
+        "UnknownSendError",
+    ]
+    reasons = [o.reason for o in outcomes[1:] if isinstance(o, SendError)]
+    assert reasons == ["no_url", "http_410", "connection", "http_503"]
+    assert sorted(json.loads(body)["delivery_id"] for _, _, body in receiver.received) == [0, 2, 4]
