@@ -207,6 +207,12 @@ def test_an_idle_process_sees_an_edit_from_its_watch(tmp_path) -> None:
         assert time.monotonic() < deadline, "the watch did not take the edit"
         time.sleep(0.01)
     assert source.catalog.types["receipt"].version == 2
+    del source  # the watch ends with its Loaded: it must not outlive this test (a thread still
+    # logging when a later test forks this process leaves the child a lock it can never take)
+    deadline = time.monotonic() + 10
+    while watching() > before:
+        assert time.monotonic() < deadline, "the watch outlived its Loaded"
+        time.sleep(0.01)
 
 
 def test_a_forked_pool_process_keeps_the_catalog_its_parent_checked(configured, tmp_path) -> None:
