@@ -133,8 +133,7 @@ class Connections:
                 poller.unregister(fd)
                 del waiting[fd]
                 answer, reusable = done
-                if reusable:
-                    exchange.sock.setblocking(True)
+                if reusable:  # left non-blocking: the next _write sets its timeout
                     self._give(exchange.origin, exchange.sock)
                 else:
                     exchange.sock.close()

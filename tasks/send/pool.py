@@ -41,26 +41,19 @@ log = logging.getLogger(__name__)
 
 class Pace:
     """How one channel's rows go in this process (moving averages): the wall time a row takes on
-    a sender, how much of it is waiting for the provider's answer, and how long a call takes. A
-    batch starts as many senders as keep one busy while the others wait. The first batch uses
-    them all. A provider that answers within FAST is `fast`: its rows may go out in slices."""
+    a sender, and how much of it is waiting for the provider's answer. A batch starts as many
+    senders as keep one busy while the others wait. The first batch uses them all. A provider
+    whose rows wait under FAST each is `fast`: its rows may go out in slices."""
 
     ALPHA = 0.05
-    FAST = 0.005  # seconds: a call this quick costs a sender more in wake-ups than in waiting
+    FAST = 0.005  # seconds a row waits: this quick, a send costs more in wake-ups than in waiting
 
     def __init__(self) -> None:
         self.row: float | None = None
         self.wait = 0.0
-        self.answer: float | None = None  # a call's wall time per row (a slice's over its rows)
-
-    def answered(self, seconds: float) -> None:
-        if self.answer is None:
-            self.answer = seconds
-        else:
-            self.answer += self.ALPHA * (seconds - self.answer)
 
     def fast(self) -> bool:
-        return self.answer is not None and self.answer < self.FAST
+        return self.row is not None and self.wait < self.FAST
 
     def note(self, row: float, wait: float) -> None:
         if self.row is None:
@@ -315,9 +308,7 @@ class Senders:
             except Exception as exc:  # one send's error; from send_many, a bug: each row's
                 return [exc] * len(messages)
         finally:
-            took = time.monotonic() - calls[0].started
-            _waited.seconds = getattr(_waited, "seconds", 0.0) + took
-            pace(rows[0].channel).answered(took / len(rows))  # per row: what a slice costs each
+            _waited.seconds = getattr(_waited, "seconds", 0.0) + time.monotonic() - calls[0].started
             with self.cond:
                 self.calls.difference_update(calls)
                 if any(call.abandoned for call in calls):

@@ -160,7 +160,7 @@ def _channel(answers_in: float | None) -> str:
     `answers_in` seconds (None: never called yet)."""
     name = f"hook-{uuid.uuid4().hex[:8]}"
     if answers_in is not None:
-        pace(name).answered(answers_in)
+        pace(name).note(answers_in, answers_in)
     return name
 
 
