@@ -12,6 +12,10 @@ process, so the count keeps growing once a second (the dashboards and checks tha
 ticked" from it see an idle deployment tick). A tick with work is counted by the worker that runs
 it, as before. Celery's "Sending due task" DEBUG line is written only for ticks sent.
 
+Every STATISTICS_EVERY seconds, with the tick, beat also looks for ledger tables that outgrew their
+statistics and has them analyzed (db/statistics.py: a plan made on a small table must not go on
+reading it whole once it is large; an idle deployment's look finds nothing and logs nothing).
+
 Every other entry (alerts, the events round, retention) is sent on its schedule as Celery does.
 The events round runs every second even when nothing is due on purpose: it is the task that makes
 an idle pool process look at the catalog file (tasks/app.py), so a process idle while a good edit
@@ -26,18 +30,21 @@ deployment"). This scheduler sleeps until the entry is due.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
 from celery.beat import PersistentScheduler, ScheduleEntry
 
-from clarion import clock, metrics
+from clarion import clock, metrics, settings
 from clarion.db.due import what_is_due
 from clarion.db.engine import engine
+from clarion.db.statistics import Refresher
 from clarion.tasks.tick import LANES
 
 log = logging.getLogger(__name__)
 TICK = "clarion.tick"
+STATISTICS_EVERY = 2.0  # seconds between beat's looks for tables that outgrew their statistics
 
 
 def tick_has_work() -> bool:
@@ -59,10 +66,26 @@ class Scheduler(PersistentScheduler):
         then spins; see the module docstring)."""
         return n
 
+    _statistics: Refresher | None = None
+    _statistics_looked = -math.inf
+
     def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
         if entry.task == TICK:
+            self._look_at_statistics()
             started = time.perf_counter()
             if not tick_has_work():
                 metrics.TICK_SECONDS.observe(time.perf_counter() - started)
                 return
         super().apply_entry(entry, producer=producer)
+
+    def _look_at_statistics(self) -> None:
+        now = time.monotonic()
+        if now - self._statistics_looked < STATISTICS_EVERY:
+            return
+        self._statistics_looked = now
+        try:
+            if self._statistics is None:
+                self._statistics = Refresher(engine(), settings.get().schema)
+            self._statistics.look()
+        except Exception as exc:  # noqa: BLE001 - the database is away: the next look
+            log.debug("beat: the statistics look failed (%s)", exc)
