@@ -30,12 +30,12 @@ _lock = threading.Lock()
 _tally: Counter[str] = Counter()
 
 
-def note(channel: str, outcome: str) -> None:
-    """Count one provider call's outcome (sent | failed | unknown); others are not counted."""
+def note(channel: str, outcome: str, calls: int = 1) -> None:
+    """Count `calls` provider calls' outcome (sent | failed | unknown); others are not counted."""
     kind = "ok" if outcome in GOOD else "bad" if outcome in BAD else None
     if kind is not None:
         with _lock:
-            _tally[f"{channel}:{kind}"] += 1
+            _tally[f"{channel}:{kind}"] += calls
 
 
 def _minute(at: datetime) -> int:
