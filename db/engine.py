@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import select
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -11,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 
 from clarion import settings
@@ -26,6 +28,7 @@ _engines: dict[tuple[int, str, str], Engine] = {}
 T = TypeVar("T")
 # Set in a connection's pool record (Connection.info) when clarion's search_path is its own.
 _PATH_KEY = "clarion_search_path"
+_RESTED_KEY = "clarion_rested_since"  # time.monotonic() when the connection went back to the pool
 
 
 @lru_cache(maxsize=64)
@@ -77,9 +80,9 @@ def engine(url: str | None = None) -> Engine:
             url,
             pool_size=10,
             max_overflow=10,
-            pool_pre_ping=True,
             connect_args={"prepare_threshold": None if pooled else 0},
         )
+        ping_when_stale(created)
         event.listen(
             created, "connect", lambda dbapi_connection, _: arrays.register(dbapi_connection)
         )
@@ -87,6 +90,53 @@ def engine(url: str | None = None) -> Engine:
         check_schema(created)
         _engines[key] = created
     return _engines[key]
+
+
+PING_IDLE = 1.0  # seconds a pooled connection may rest and still be used without a round trip
+
+
+def ping_when_stale(eng: Engine) -> None:
+    """A pooled connection is checked before use, without a round trip while it is in use: one
+    the server closed (a restart, a failover, `pg_terminate_backend`: its socket has the server's
+    goodbye or end of file waiting) is replaced at once, found by a zero-timeout poll; one that
+    rested more than PING_IDLE seconds is pinged first, as SQLAlchemy's pool_pre_ping pings every
+    checkout. A busy worker checks a connection out several times per batch (the route's
+    transaction, each sender's, the group commit's): one ping each was a round trip per checkout,
+    a few per notification on a receipt's path."""
+
+    @event.listens_for(eng, "checkin")
+    def _rested(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        record.info[_RESTED_KEY] = time.monotonic()
+
+    @event.listens_for(eng, "checkout")
+    def _check(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: Any) -> None:
+        rested = record.info.pop(_RESTED_KEY, None)
+        if rested is None:  # just connected
+            return
+        if _closed_by_server(dbapi_connection) or (
+            time.monotonic() - rested > PING_IDLE and not _answers(eng, dbapi_connection)
+        ):
+            raise DisconnectionError("the server closed the connection")  # the pool reconnects
+
+
+def _closed_by_server(dbapi_connection: Any) -> bool:
+    """An idle connection with anything to read (the server's FATAL message, end of file) or an
+    error on its socket, or one psycopg already knows is broken."""
+    if dbapi_connection.closed or dbapi_connection.broken:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(dbapi_connection.fileno(), select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):  # no socket any more
+        return True
+
+
+def _answers(eng: Engine, dbapi_connection: Any) -> bool:
+    try:
+        return bool(eng.dialect.do_ping(dbapi_connection))
+    except Exception:  # noqa: BLE001 - any failure to answer is a connection to replace
+        return False
 
 
 def use_schema(eng: Engine, schema: str) -> None:
