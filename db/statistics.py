@@ -10,11 +10,13 @@ Autovacuum re-analyzes a ledger table after 2% of it changed (migration 0027), b
 every `autovacuum_naptime` (a minute by default), and not at all where it is off.
 
 So beat looks every few seconds (`STATISTICS_EVERY`; one read of pg_stat_user_tables) for tables
-of clarion's schema (and its partitions') whose rows changed since their last ANALYZE by more than they held then (and
-by at least MIN_CHANGED), and analyzes them, on a thread of its own. New statistics invalidate
-every plan made on the table, in every connection, and each is made again at the table's size
-now. A growing table is analyzed at each doubling, about log2(rows) times in its life, so no plan
-runs on a table more than about twice the size it was made for.
+of clarion's schema (and its partitions') that hold more than twice the live rows they held at
+their last ANALYZE (and at least MIN_ROWS), and analyzes them, on a thread of its own. New
+statistics invalidate every plan made on the table, in every connection, and each is made again
+at the table's size now. A growing table is analyzed at each doubling, about log2(rows) times in
+its life, so no plan runs on a table more than about twice the size it was made for. A table
+that churns without growing (rows inserted and deleted, or updated) is autovacuum's alone:
+analyzing it here every few seconds would only make every connection plan again.
 """
 
 from __future__ import annotations
@@ -29,15 +31,15 @@ from clarion.db.partitioning import SUFFIX
 
 log = logging.getLogger(__name__)
 
-MIN_CHANGED = 1000  # rows changed before a table's statistics are refreshed at all
+MIN_ROWS = 1000  # live rows a table holds before beat refreshes its statistics at all
 LOCK_TIMEOUT_MS = 1000  # an ANALYZE waits this long for a lock (a VACUUM running): next look
 
 _GROWN = text(
     """
-    SELECT s.schemaname, s.relname, greatest(c.reltuples, 0)::bigint, s.n_mod_since_analyze
+    SELECT s.schemaname, s.relname, greatest(c.reltuples, 0)::bigint, s.n_live_tup
     FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
     WHERE s.schemaname IN (:schema, :partitions)
-      AND s.n_mod_since_analyze >= greatest(c.reltuples::bigint, :least)
+      AND s.n_live_tup >= greatest(2 * c.reltuples::bigint, :least)
     ORDER BY s.schemaname, s.relname
     """
 )
@@ -45,17 +47,17 @@ _GROWN = text(
 
 @dataclass(frozen=True)
 class Grown:
-    """A table that changed by more than it held when its statistics were taken."""
+    """A table that holds more than twice the rows it held when its statistics were taken."""
 
     schema: str
     table: str
     rows_then: int  # at its last ANALYZE (0: never analyzed, or empty then)
-    changed: int  # rows inserted, updated or deleted since
+    rows_now: int  # live rows, as the server's cumulative statistics count them
 
 
-def grown(conn: Connection, schema: str, least: int = MIN_CHANGED) -> list[Grown]:
-    """The tables of `schema` (and of its partitions' schema) that changed since their last
-    ANALYZE by more than they held then, and by at least `least` rows."""
+def grown(conn: Connection, schema: str, least: int = MIN_ROWS) -> list[Grown]:
+    """The tables of `schema` (and of its partitions' schema) holding more than twice the live
+    rows they held at their last ANALYZE, and at least `least`."""
     params = {"schema": schema, "partitions": schema + SUFFIX, "least": least}
     return [Grown(s, t, int(then), int(n)) for s, t, then, n in conn.execute(_GROWN, params)]
 
@@ -110,6 +112,6 @@ class Refresher:
                     "action": "statistics_refreshed",
                     "table": table,
                     "rows_then": g.rows_then,
-                    "changed": g.changed,
+                    "rows_now": g.rows_now,
                 },
             )

@@ -52,6 +52,26 @@ def _wait_grown(schema: str) -> list[str]:
     raise AssertionError("requests never showed as grown in pg_stat_user_tables")
 
 
+def _counted(schema: str, changed: int) -> None:
+    """Wait until the server's statistics counted `changed` more rows written since the last
+    ANALYZE of requests (its partitions summed)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with engine().connect() as conn:
+            n = conn.execute(
+                text(
+                    "SELECT sum(n_mod_since_analyze) FROM pg_stat_user_tables "
+                    "WHERE schemaname IN (:s, :p) "
+                    "AND (relname = 'requests' OR relname LIKE 'requests\\_p%')"
+                ),
+                {"s": schema, "p": schema + "_partitions"},
+            ).scalar_one()
+        if n is not None and n >= changed:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the churn was not counted in pg_stat_user_tables: {n}")
+
+
 class Prepared:
     """`resolve_requests` prepared once on one connection, as a worker's connection holds it."""
 
@@ -129,13 +149,21 @@ def test_a_plan_made_on_a_small_table_finds_rows_by_key_once_the_grown_table_is_
 
 
 def test_a_quiet_ledger_is_not_analyzed_and_the_look_says_nothing(clarion_env, caplog):
+    """Nor one that churns without growing: rows written and deleted again are autovacuum's."""
     schema = settings.get().schema
-    _insert("q", 6000)  # past MIN_CHANGED in each of up to four partitions
+    _insert("q", 6000)  # past MIN_ROWS in each of up to four partitions
     _wait_grown(schema)
     refresher = Refresher(engine(), schema)
     refresher.look()
     assert refresher._running is not None
     refresher._running.join(30)
+    churn = _insert("c", 6000)
+    with engine().begin() as conn:
+        conn.execute(
+            text("DELETE FROM requests WHERE user_id = ANY(:users)"),
+            {"users": [u for u, _ in churn]},
+        )
+    _counted(schema, 12_000)
     caplog.clear()
     caplog.set_level(logging.DEBUG)
     with engine().connect() as conn:
