@@ -63,8 +63,9 @@ def grown(conn: Connection, schema: str, least: int = MIN_ROWS) -> list[Grown]:
 
 
 def analyze(conn: Connection, schema: str, table: str) -> None:
-    """ANALYZE one table (an auto-committing connection), waiting at most LOCK_TIMEOUT_MS."""
-    conn.execute(text(f"SET lock_timeout = {LOCK_TIMEOUT_MS}"))
+    """ANALYZE one table in the caller's transaction, waiting at most LOCK_TIMEOUT_MS for its lock
+    (SET LOCAL: the pooled connection goes back without the setting)."""
+    conn.execute(text(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}"))
     quoted = conn.dialect.identifier_preparer.quote
     conn.execute(text(f"ANALYZE {quoted(schema)}.{quoted(table)}"))
 
@@ -96,9 +97,8 @@ class Refresher:
         for g in found:
             table = f"{g.schema}.{g.table}"
             try:
-                with self.engine.connect() as conn:
-                    auto = conn.execution_options(isolation_level="AUTOCOMMIT")
-                    analyze(auto, g.schema, g.table)
+                with self.engine.begin() as conn:
+                    analyze(conn, g.schema, g.table)
             except Exception as exc:  # noqa: BLE001 - a lock held, no privilege: the next look
                 log.warning(
                     "statistics not refreshed: %s",

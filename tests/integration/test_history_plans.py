@@ -16,6 +16,7 @@ from sqlalchemy import text
 
 from clarion.db import claims
 from clarion.db.engine import engine
+from tests.support.prepared import numbered
 
 pytestmark = pytest.mark.integration
 
@@ -65,14 +66,7 @@ def _ledger_analyzed_small_then_grown(token: str) -> list[tuple[str, int]]:
 def _generic_plan(sql: str, values: dict[str, object]) -> str:
     """EXPLAIN ANALYZE of `sql` (named parameters) prepared and run with a generic plan, as a
     prepared statement runs once PostgreSQL settles on one; rolled back."""
-    names: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        if match.group(1) not in names:
-            names.append(match.group(1))
-        return f"${names.index(match.group(1)) + 1}"
-
-    prepared = re.sub(r"(?<!:):([a-z_]+)", number, sql)
+    prepared, names = numbered(sql)
     with engine().connect() as conn, conn.begin() as tx:
         raw = conn.connection.dbapi_connection
         assert raw is not None

@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import pytest
 from psycopg import ClientCursor
@@ -21,8 +23,10 @@ from clarion import settings
 from clarion.db import ledger
 from clarion.db.engine import engine
 from clarion.db.statistics import Refresher, grown
+from tests.support.prepared import numbered
 
 pytestmark = pytest.mark.integration
+T = TypeVar("T")
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 INSERT = """
@@ -39,24 +43,33 @@ def _insert(tag: str, n: int) -> list[tuple[str, int]]:
         return [(u, i) for u, i in conn.execute(text(INSERT), {"tag": tag, "n": n, "now": NOW})]
 
 
-def _wait_grown(schema: str) -> list[str]:
-    """The tables `grown` lists, once the server's statistics counted the inserts (backends
-    report their counts to the cumulative statistics within about a second of going idle)."""
+def _eventually(check: Callable[[], T | None], what: str) -> T:
+    """`check`'s first answer that is not None, asked every 0.1 s for up to 10 s (backends report
+    their counts to the server's cumulative statistics within about a second of going idle)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        with engine().connect() as conn:
-            found = [g.table for g in grown(conn, schema)]
-        if "requests" in found or any(t.startswith("requests_p") for t in found):
+        if (found := check()) is not None:
             return found
         time.sleep(0.1)
-    raise AssertionError("requests never showed as grown in pg_stat_user_tables")
+    raise AssertionError(f"{what}: not in pg_stat_user_tables after 10 s")
+
+
+def _wait_grown(schema: str) -> list[str]:
+    """The tables `grown` lists, once it lists requests (or a partition of it)."""
+
+    def tables() -> list[str] | None:
+        with engine().connect() as conn:
+            found = [g.table for g in grown(conn, schema)]
+        return found if any(t == "requests" or t.startswith("requests_p") for t in found) else None
+
+    return _eventually(tables, "requests grown")
 
 
 def _counted(schema: str, changed: int) -> None:
     """Wait until the server's statistics counted `changed` more rows written since the last
     ANALYZE of requests (its partitions summed)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def enough() -> bool | None:
         with engine().connect() as conn:
             n = conn.execute(
                 text(
@@ -66,25 +79,17 @@ def _counted(schema: str, changed: int) -> None:
                 ),
                 {"s": schema, "p": schema + "_partitions"},
             ).scalar_one()
-        if n is not None and n >= changed:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"the churn was not counted in pg_stat_user_tables: {n}")
+        return True if n is not None and n >= changed else None
+
+    _eventually(enough, "the churn counted")
 
 
 class Prepared:
     """`resolve_requests` prepared once on one connection, as a worker's connection holds it."""
 
     def __init__(self) -> None:
-        names: list[str] = []
-
-        def number(match: re.Match[str]) -> str:
-            if match.group(1) not in names:
-                names.append(match.group(1))
-            return f"${names.index(match.group(1)) + 1}"
-
-        sql = re.sub(r"(?<!:):([a-z_]+)", number, ledger._RESOLVE_REQUESTS.text)
-        self.names = names
+        sql, self.names = numbered(ledger._RESOLVE_REQUESTS.text)
+        self.params = ", ".join(["%s"] * len(self.names))
         self.conn = engine().connect()
         raw = self.conn.connection.dbapi_connection
         assert raw is not None
@@ -99,14 +104,11 @@ class Prepared:
         return [values[n] for n in self.names]
 
     def run(self, key: tuple[str, int]) -> None:
-        self.cur.execute(
-            f"EXECUTE resolve_plan({', '.join(['%s'] * len(self.names))})", self._args(key)
-        )
+        self.cur.execute(f"EXECUTE resolve_plan({self.params})", self._args(key))
 
     def plan(self, key: tuple[str, int]) -> str:
         self.cur.execute(
-            "EXPLAIN (ANALYZE, TIMING OFF) EXECUTE resolve_plan"
-            f"({', '.join(['%s'] * len(self.names))})",
+            f"EXPLAIN (ANALYZE, TIMING OFF) EXECUTE resolve_plan({self.params})",
             self._args(key),
         )
         plan = "\n".join(r[0] for r in self.cur.fetchall())
