@@ -9,11 +9,14 @@ budget, then: receipts at 10/s idle; a marketing broadcast to --size recipients;
 rate with receipts idle (--drain seconds); receipts at 10/s beside it; the rest of the campaign;
 receipts idle again. Latency: arrival at the stand-in minus the notify call.
 
-  off     CLARION_BULK_FEEDBACK=off, CLARION_BULK_NICE=0: lanes as before issue 28 item 5
+  off     CLARION_BULK_FEEDBACK=off, CLARION_BULK_NICE=0, CLARION_BULK_SENDS_BESIDE=0: lanes as
+          before issue 28 item 5
   advice  off, plus the old README advice: CLARION_ACTIVATION_PER_SECOND=300, bulk worker nice 10
-  nice    the bulk worker niced (CLARION_BULK_NICE=10), no feedback
+  nice    the bulk worker niced (CLARION_BULK_NICE=10), nothing else: the default until session 26
+  calm    nice, and bulk sends one at a time while receipts flow (CLARION_BULK_SENDS_BESIDE=1):
+          the default
   nicedb  nice, and the bulk worker's PostgreSQL backends niced too (CLARION_BULK_NICE_DATABASE)
-  on      bulk lanes give way to transactional work (tasks/lanes.py), nice 10 (not its backends)
+  on      calm, and bulk lanes give way to transactional work in flight (CLARION_BULK_FEEDBACK)
   ondb    on, and the backends niced
   NAME-c1 any of these with the bulk worker at concurrency 1 (2 otherwise)
 
@@ -22,7 +25,7 @@ to the route (broker and pick-up), to the arrival at the stand-in (the route's t
 claim's commit, the provider call).
 
 A round may be named more than once (--rounds off,on,off,on: alternate them on a shared host);
-the summary compares each round with the mean of the `off` rounds.
+the summary gives each setting's mean ratio over its rounds.
 """
 
 from __future__ import annotations
@@ -40,18 +43,20 @@ if str(ROOT) not in sys.path:
 from bench.common import say, table  # noqa: E402
 from bench.throughput import Bench, Cleanup  # noqa: E402
 
-OFF = {"CLARION_BULK_FEEDBACK": "off", "CLARION_BULK_NICE_DATABASE": "off"}
+OFF = {
+    "CLARION_BULK_FEEDBACK": "off",
+    "CLARION_BULK_NICE_DATABASE": "off",
+    "CLARION_BULK_SENDS_BESIDE": "0",
+}
+CALM = {**OFF, "CLARION_BULK_NICE": "10", "CLARION_BULK_SENDS_BESIDE": "1"}
 ROUNDS: dict[str, dict[str, str]] = {
     "off": {**OFF, "CLARION_BULK_NICE": "0"},
     "advice": {**OFF, "CLARION_BULK_NICE": "10", "CLARION_ACTIVATION_PER_SECOND": "300"},
     "nice": {**OFF, "CLARION_BULK_NICE": "10"},
     "nicedb": {**OFF, "CLARION_BULK_NICE": "10", "CLARION_BULK_NICE_DATABASE": "on"},
-    "on": {**OFF, "CLARION_BULK_NICE": "10", "CLARION_BULK_FEEDBACK": "on"},
-    "ondb": {
-        "CLARION_BULK_NICE": "10",
-        "CLARION_BULK_FEEDBACK": "on",
-        "CLARION_BULK_NICE_DATABASE": "on",
-    },
+    "calm": CALM,
+    "on": {**CALM, "CLARION_BULK_FEEDBACK": "on"},
+    "ondb": {**CALM, "CLARION_BULK_FEEDBACK": "on", "CLARION_BULK_NICE_DATABASE": "on"},
 }
 # a round named NAME-c1 is NAME with the bulk worker at concurrency 1 (two pool processes else)
 
@@ -251,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--size", type=int, default=20_000, help="campaign recipients (20,000)")
     parser.add_argument(
-        "--rounds", default="off,on", help="off, advice, nice, on; repeat to alternate (off,on)"
+        "--rounds", default="nice,calm", help="off, advice, nice, calm, on; repeat to alternate"
     )
     parser.add_argument("--rate", type=float, default=10.0, help="receipts per second (10)")
     parser.add_argument("--seconds", type=float, default=30.0, help="receipts phase (30 s)")

@@ -138,6 +138,10 @@ class Settings:
     )  # on: bulk lanes (activation: nudges, broadcasts, digests) give way to transactional work
     # in flight and pace themselves by an AIMD rule (tasks/lanes.py). Off by default: it has not
     # shown a gain yet (bench/RESULTS.md, lanes)
+    bulk_sends_beside: int = field(
+        default=1, metadata=at_least(0)
+    )  # sends a bulk lane's batch keeps in flight while transactional work is about (a
+    # transactional task began in the last 2 s; tasks/lanes.py); 0: CLARION_SEND_CONCURRENCY
     bulk_nice: int = field(
         default=10, metadata={"check": lambda v: 0 <= v <= 19, "rule": "in 0..19"}
     )  # CPU niceness a worker that consumes only bulk lanes takes at start (0: as the others)

@@ -34,6 +34,17 @@ its workers do. The state is per process (each bulk process reacts to the same m
 path writes only a counter, `bulk_slices_gave_way` in `clarion stats`). Redis unreachable: the mark reads as idle (fails open, as above).
 Bulk-only workers also run at a lower CPU priority (CLARION_BULK_NICE, tasks/app.py), so the
 slice in progress when a receipt arrives gives way to it on the CPU.
+
+**Bulk lanes send one at a time beside transactional work** (on by default,
+CLARION_BULK_SENDS_BESIDE=1; 0 turns it off): every transactional task sets `SEEN` for RECENT
+seconds (one Redis SET; with the feedback on, in the same script as its in-flight mark), and a
+bulk lane's send batch that finds it keeps at most that many sends in flight instead of
+CLARION_SEND_CONCURRENCY (`sends_beside`). On a small host a receipt waits behind what the bulk
+side does at the moment it arrives — eight sends in flight are eight replies the worker handles
+and eight requests the provider's connections carry at once, a burst that fills every CPU —
+not behind the bulk lane's average rate: capped at a quarter of its speed a campaign still
+doubled the receipts' p95, sending one at a time it did not (bench/RESULTS.md, "Lanes under a
+campaign"). With no transactional work for RECENT seconds the bulk lanes send as many as ever.
 """
 
 from __future__ import annotations
@@ -44,7 +55,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -151,12 +162,19 @@ ACTIVE = "clarion:lane:transactional:active"  # sorted set: in-flight task token
 # the bulk lanes would give back, so nothing is lost by no longer giving way to it.
 ACTIVE_LEASE = 2.0
 
-# KEYS[1]: the in-flight set. ARGV: token, lease ms. Marks the token in flight until the lease ends.
+SEEN = "clarion:lane:transactional:seen"  # exists for RECENT seconds after a transactional task
+# Seconds after a transactional task began during which bulk lanes keep fewer sends in flight
+# (`sends_beside`): receipts one every two seconds or more often keep it set while they flow.
+RECENT = 2.0
+
+# KEYS[1]: the in-flight set, KEYS[2]: the seen flag. ARGV: token, lease ms, recent ms. Marks the
+# token in flight until the lease ends, and transactional work seen for the next `recent` ms.
 _ENTER = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+redis.call('SET', KEYS[2], '1', 'PX', tonumber(ARGV[3]))
 return 1
 """
 
@@ -176,16 +194,23 @@ def feedback_on() -> bool:
 
 @contextmanager
 def transactional_work(lane: str | None) -> Iterator[None]:
-    """Mark a transactional task in flight while it runs, for the bulk lanes' pacers to see; any
-    other lane, or the feedback off, marks nothing. The mark counts for ACTIVE_LEASE at most:
+    """A transactional task sets SEEN (bulk sends go one at a time for RECENT seconds:
+    `sends_beside`) and, with the feedback on, marks itself in flight while it runs, for the bulk
+    lanes' pacers to see; any other lane marks nothing. The mark counts for ACTIVE_LEASE at most:
     a process that dies leaves one that stops counting then."""
-    if lane != "transactional" or not feedback_on():
+    if lane != "transactional":
+        yield
+        return
+    client = runtime.redis()
+    if not feedback_on():
+        if settings.get().bulk_sends_beside > 0:
+            with contextlib.suppress(redis_lib.RedisError):  # bulk lanes then send as many as ever
+                client.set(SEEN, "1", px=int(RECENT * 1000))
         yield
         return
     token = uuid.uuid4().hex
-    client = runtime.redis()
     try:
-        client.eval(_ENTER, 1, ACTIVE, token, int(ACTIVE_LEASE * 1000))
+        client.eval(_ENTER, 2, ACTIVE, SEEN, token, int(ACTIVE_LEASE * 1000), int(RECENT * 1000))
     except redis_lib.RedisError:
         token = ""
     try:
@@ -203,6 +228,20 @@ def transactional_active() -> int:
     except redis_lib.RedisError:
         log.warning("lane feedback unavailable", extra={"action": "lane_feedback_open"})
         return 0
+
+
+def sends_beside(lanes: Iterable[str | None], limit: int) -> int:
+    """The sends a batch of rows of `lanes` may keep in flight, `limit` as configured: for a bulk
+    lane's batch while transactional work was seen in the last RECENT seconds, at most
+    CLARION_BULK_SENDS_BESIDE (default 1; 0: `limit`). Redis unreadable: `limit` (fails open)."""
+    most = settings.get().bulk_sends_beside
+    if most <= 0 or most >= limit or not any(lane in BULK for lane in lanes):
+        return limit
+    try:
+        seen = bool(runtime.redis().exists(SEEN))
+    except redis_lib.RedisError:
+        return limit
+    return most if seen else limit
 
 
 @dataclass(frozen=True)

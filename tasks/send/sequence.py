@@ -39,7 +39,7 @@ from clarion.errors import (
 from clarion.records import Message, SendResult
 from clarion.rows import ClaimedDelivery
 from clarion.settings import Settings
-from clarion.tasks import runtime
+from clarion.tasks import lanes, runtime
 from clarion.tasks.send import pool, rate
 from clarion.tasks.send.connection import RowConnection
 from clarion.tasks.send.group import Sent, SentGroup
@@ -124,7 +124,8 @@ def _send_rows(claimed: list[ClaimedDelivery], batch: Batch) -> None:
         ),
         together=lambda row: getattr(adapters.get(row.channel), "sends_many", False),
     )
-    pool.send_all(claimed, work, batch.concurrency)
+    # a bulk lane's batch while transactional work is about: one send at a time (tasks.lanes)
+    pool.send_all(claimed, work, lanes.sends_beside({r.lane for r in claimed}, batch.concurrency))
 
 
 @dataclass(frozen=True)

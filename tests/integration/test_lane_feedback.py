@@ -12,6 +12,7 @@ import time
 import pytest
 
 from clarion.db.engine import engine
+from clarion.standins.receiver import Receiver
 from clarion.tasks import lanes, notify_many, register_recipient, runtime
 from clarion.tasks.route import route
 from tests.support.pipeline import configure, drain
@@ -68,6 +69,54 @@ def test_a_bulk_batch_waits_for_transactional_work_in_flight(clarion_env, monkey
     routing.join(30)
     assert done.is_set() and time.monotonic() - began >= 0.2
     assert lanes.pacer().budget.rate < lanes.Feedback().ceiling  # and it slowed down
+
+
+def _nudges_arrive(receiver: Receiver, tag: str) -> list[float]:
+    """Route six nudges for new recipients as the activation lane's worker would (it sends what it
+    routed itself) and return their arrival times at the receiver, in order."""
+    users = [f"{tag}{n}" for n in range(6)]
+    for user in users:
+        register_recipient(user, timezone="UTC")
+    made = notify_many(
+        [dict(user_id=u, type_key="nudge", event_id=f"{u}-n", variables={"name": u}) for u in users]
+    )
+    drain("activation")
+    route.apply(args=[users, [m.request_id for m in made]], routing_key="activation")
+    arrivals = receiver.arrivals
+    with arrivals.lock:
+        keys = {k for o, ks in arrivals.occurrences.items() if o.split("/")[0] in users for k in ks}
+        return sorted(arrivals.first_at[k] for k in keys)
+
+
+@pytest.mark.parametrize("feedback", ["off", "on"])
+def test_a_bulk_batch_sends_one_at_a_time_while_transactional_work_is_about(
+    clarion_env, monkeypatch, feedback
+):
+    latency = 0.15  # each answer takes this long: sends in parallel arrive together
+    with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"], latency=latency) as receiver:
+        configure(monkeypatch, bulk_feedback=feedback, webhook_url=receiver.url, send_concurrency=4)
+        lanes._pacer = None
+        alone = _nudges_arrive(receiver, "quiet")
+        assert len(alone) == 6
+        assert alone[3] - alone[0] < latency, f"no transactional work, yet one at a time: {alone}"
+        with lanes.transactional_work("transactional"):
+            pass  # a receipt came and went: the bulk lanes stay careful for RECENT seconds
+        assert lanes.sends_beside(["activation"], 4) == 1
+        assert lanes.sends_beside(["transactional"], 4) == 4
+        lanes._pacer = None
+        careful = _nudges_arrive(receiver, "busy")
+        assert len(careful) == 6
+        gaps = [b - a for a, b in zip(careful, careful[1:], strict=False)]
+        assert min(gaps) >= latency * 0.9, f"sent together beside transactional work: {gaps}"
+        configure(monkeypatch, bulk_sends_beside=0, webhook_url=receiver.url, send_concurrency=4)
+        assert lanes.sends_beside(["activation"], 4) == 4  # turned off: as many as allowed
+        assert lanes.runtime.redis().ttl(lanes.SEEN) <= lanes.RECENT
+
+
+def test_bulk_lanes_send_as_many_as_allowed_when_redis_is_unreachable(clarion_env, monkeypatch):
+    configure(monkeypatch, redis_url="redis://127.0.0.1:9/0")  # nothing listens on port 9
+    with lanes.transactional_work("transactional"):  # the mark is lost, the task goes on
+        assert lanes.sends_beside(["activation"], 8) == 8
 
 
 @pytest.mark.direct("a backend behind a pooler is left alone (the next test)")
