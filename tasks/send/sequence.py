@@ -124,7 +124,7 @@ def _send_rows(claimed: list[ClaimedDelivery], batch: Batch) -> None:
         ),
         together=lambda row: getattr(adapters.get(row.channel), "sends_many", False),
     )
-    # a bulk lane's batch while transactional work is about: one send at a time (tasks.lanes)
+    # a bulk lane's batch while transactional work is about: CLARION_BULK_SENDS_BESIDE in flight
     pool.send_all(claimed, work, lanes.sends_beside({r.lane for r in claimed}, batch.concurrency))
 
 

@@ -37,9 +37,9 @@ from tests.support.environment import reset_process_state
 
 # Not in the soak tier CI runs: on a quiet 2-core host the defaults gave 2.22x, since beat
 # analyzes tables that outgrew their statistics (db/statistics.py) 1.46x and 1.80x in two runs,
-# and with bulk sends one at a time beside receipts (tasks/lanes.py) 1.32x and 0.88x, while bench rounds of
-# the same default still exceed 1.5x one time in three (bench/RESULTS.md, "Lanes under a
-# campaign"); issue 28 stays open until this passes reliably.
+# and with bulk sends one at a time beside receipts (tasks/lanes.py) 1.32x and 0.88x, while
+# bench rounds of the same default still exceed 1.5x one time in three (bench/RESULTS.md, "Lanes
+# under a campaign"); issue 28 stays open until this passes reliably.
 # `make campaign`.
 pytestmark = [pytest.mark.acceptance, pytest.mark.campaign]
 
