@@ -144,7 +144,8 @@ class Settings:
     # transactional task began in the last 2 s; tasks/lanes.py); 0: CLARION_SEND_CONCURRENCY
     bulk_nice: int = field(
         default=10, metadata={"check": lambda v: 0 <= v <= 19, "rule": "in 0..19"}
-    )  # CPU niceness a worker that consumes only bulk lanes takes at start (0: as the others)
+    )  # CPU niceness a worker that consumes only bulk lanes takes at start (0: as the others),
+    # for its session too where it leads one (Linux autogroup; tasks/lanes.py nice_session)
     bulk_nice_database: str = field(
         default="off", metadata={"check": lambda v: v in ("on", "off"), "rule": "on or off"}
     )  # on: that worker's PostgreSQL backends take the same niceness, where the server runs on

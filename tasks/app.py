@@ -199,16 +199,25 @@ def _refuse_a_wrong_start(**_: object) -> None:
 def _bulk_workers_give_way(options: dict[str, object] | None = None, **_: object) -> None:
     """A worker that consumes only bulk lanes (activation) lowers its CPU priority before its
     pool forks (CLARION_BULK_NICE, default 10): on a host every lane shares, a receipt's worker
-    then gets the CPU before a slice of nudges or broadcast mail (tasks/lanes.py). Its
-    PostgreSQL backends too, where the server is on this host and permits it
-    (CLARION_BULK_NICE_DATABASE, tasks.lanes.nice_backends)."""
+    then gets the CPU before a slice of nudges or broadcast mail (tasks/lanes.py). Its session
+    too, where Linux schedules sessions as groups and the worker leads its own
+    (tasks.lanes.nice_session). Its PostgreSQL backends too, where the server is on this host and
+    permits it (CLARION_BULK_NICE_DATABASE, tasks.lanes.nice_backends)."""
     step = bulk_niceness((options or {}).get("queues"), settings.get().bulk_nice)
-    if step:
-        os.nice(step)
-        if settings.get().bulk_nice_database == "on":
-            from clarion.tasks.lanes import nice_backends
+    if not step:
+        return
+    from clarion.tasks.lanes import nice_backends, nice_session
 
-            nice_backends(step)  # and its PostgreSQL backends, where permitted (tasks/lanes.py)
+    os.nice(step)
+    why = nice_session(step)  # and its session's, where Linux schedules sessions as groups
+    if why:
+        logging.getLogger(__name__).info(
+            "bulk worker's session not niced: %s",
+            why,
+            extra={"action": "bulk_session_not_niced", "reason": why},
+        )
+    if settings.get().bulk_nice_database == "on":
+        nice_backends(step)  # and its PostgreSQL backends, where permitted (tasks/lanes.py)
 
 
 def bulk_niceness(queues: object, nice: int) -> int:

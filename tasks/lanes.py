@@ -33,7 +33,9 @@ the bulk slices that can still overlap one are a few rows, and with none the lan
 its workers do. The state is per process (each bulk process reacts to the same mark; the bulk
 path writes only a counter, `bulk_slices_gave_way` in `clarion stats`). Redis unreachable: the mark reads as idle (fails open, as above).
 Bulk-only workers also run at a lower CPU priority (CLARION_BULK_NICE, tasks/app.py), so the
-slice in progress when a receipt arrives gives way to it on the CPU.
+slice in progress when a receipt arrives gives way to it on the CPU; where Linux schedules each
+session as one group (autogroup), a worker that leads its session nices the session too
+(`nice_session`), or its niceness would count only against its own pool.
 
 **Bulk lanes send one at a time beside transactional work** (on by default,
 CLARION_BULK_SENDS_BESIDE=1; 0 turns it off): every transactional task sets `SEEN` for RECENT
@@ -375,6 +377,38 @@ def paced(lane: str | None, keys: list[tuple[str, int]]) -> Iterator[list[tuple[
             runtime.count("bulk_slices_gave_way")  # `clarion stats`: the feedback at work
         yield keys[start : start + size]
         start += size
+
+
+# --- a bulk worker's niceness across sessions (autogroup) ---------------------------------------
+
+AUTOGROUP = "/proc/self/autogroup"
+
+
+def nice_session(step: int, path: str = AUTOGROUP) -> str | None:
+    """Give this process's scheduling group the niceness `step` more, where Linux groups
+    processes by session (autogroup: `/proc/sys/kernel/sched_autogroup_enabled`, on by default in
+    most distributions' kernels). Under autogroup a process's own niceness weighs only against
+    the other processes of its session: a bulk worker started in a session of its own (by
+    systemd, a supervisor, ops/launch.py) competes with the transactional worker, PostgreSQL and
+    Redis, each in theirs, as an equal, whatever `os.nice` it took. So a worker that leads its
+    session (every process in it is its own or its pool's) sets the session's niceness as well;
+    one that does not (started from a shell, whose session holds other programs) leaves the
+    shell's session alone, and its niceness weighs against what was started beside it. In a
+    cgroup of its own (a container, a systemd unit with CPU accounting) autogroup does not
+    apply and this changes nothing: there the cgroup's CPU weight is what counts
+    (docs/operations). None when done, else why not."""
+    if step <= 0:
+        return "no niceness asked"
+    if os.getsid(0) != os.getpid():
+        return "this process does not lead its session (its niceness applies within it)"
+    try:
+        with open(path) as current:
+            now = int(current.read().split()[-1])  # "/autogroup-120 nice 0"
+        with open(path, "w") as group:
+            group.write(str(min(19, now + step)))
+    except (OSError, ValueError, IndexError) as exc:  # no autogroup in this kernel, no /proc
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 # --- a bulk worker's PostgreSQL backends at its niceness -----------------------------------------

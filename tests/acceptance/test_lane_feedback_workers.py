@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
@@ -102,8 +103,9 @@ def _niced_backends() -> list[int]:
 
 @pytest.mark.parametrize("database", ["on", "off"])
 def test_a_bulk_workers_database_backends_run_niced(clarion_env, tmp_path, database):
-    """CLARION_BULK_NICE_DATABASE=on: the bulk worker's backends take its niceness
-    on a server on this host; off, none is niced (the test's own backends never are)."""
+    """The bulk worker's niceness holds for its session (autogroup); CLARION_BULK_NICE_DATABASE=on:
+    its backends take its niceness on a server on this host; off, none is niced (the test's own
+    backends never are)."""
     with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as receiver:
         env = {
             **clarion_env.env,
@@ -123,9 +125,13 @@ def test_a_bulk_workers_database_backends_run_niced(clarion_env, tmp_path, datab
             while counts(NUDGES_SENT) < 1 and time.monotonic() < deadline:
                 time.sleep(0.1)
             niced = _niced_backends()  # the worker's pool keeps its connections open
+            # started in a session of its own (as systemd or ops/launch.py start it), the worker
+            # niced the session too: under autogroup its own niceness counts only within it
+            session = Path(f"/proc/{cluster.processes['nice-a'].pid}/autogroup").read_text()
         finally:
             cluster.stop_together()
     assert counts(NUDGES_SENT) == 1
+    assert session.split()[-2:] == ["nice", "7"], session
     if database == "on":
         assert niced and all(n >= 7 for n in niced), niced
     else:
