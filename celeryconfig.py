@@ -66,8 +66,13 @@ broker_transport_options = {
     ),
 }
 
-# Task events for Flower (`clarion flower`): batching keeps them to a few per thousand notifications.
-worker_send_task_events = True
+# Task events only while someone watches: Flower (`clarion flower`) asks every worker for them
+# when it starts and every 5 s after (the `enable_events` control command; `celery control
+# enable_events` does the same by hand). Sent by default they cost the worker's main process three
+# Redis publishes per task, each through a new redis-py client inside kombu: ~2.5 ms of CPU per
+# receipt on a 2-core host, about an eighth of the transactional worker's (bench/RESULTS.md,
+# "Lanes under a campaign"). Worker heartbeats go out either way, so Flower lists the workers.
+worker_send_task_events = False
 # No "task-sent" events: beat's once-a-second tick would be one each (a task's own send_events
 # flag does not stop them); Flower shows tasks from "received" on.
 task_send_sent_event = False

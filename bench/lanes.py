@@ -55,6 +55,7 @@ ROUNDS: dict[str, dict[str, str]] = {
     "nice": {**OFF, "CLARION_BULK_NICE": "10"},
     "nicedb": {**OFF, "CLARION_BULK_NICE": "10", "CLARION_BULK_NICE_DATABASE": "on"},
     "calm": CALM,
+    "calmdb": {**CALM, "CLARION_BULK_NICE_DATABASE": "on"},
     "on": {**CALM, "CLARION_BULK_FEEDBACK": "on"},
     "ondb": {**CALM, "CLARION_BULK_FEEDBACK": "on", "CLARION_BULK_NICE_DATABASE": "on"},
 }
