@@ -65,7 +65,9 @@ class Sent:
     message_id: str
     payload: dict[str, Any]
     answered: bool = True
-    arrived: float = field(default_factory=time.monotonic)  # when it was taken (budgets)
+    # when its request had been read (budgets, latencies): before the stand-in's own parsing and
+    # checks, which are the receiving server's time, not the sender's
+    arrived: float = field(default_factory=time.monotonic)
 
     @property
     def to(self) -> str:
@@ -178,8 +180,12 @@ class FakeSendGrid(LocalServer):
         with self.lock:
             self.failures.append(Failure(status, retry_after, reset, times))
 
-    def answer(self, auth: str, body: bytes) -> tuple[int, dict[str, str], Any]:
-        """(status, headers, JSON body or None) for one POST /v3/mail/send; records it."""
+    def answer(
+        self, auth: str, body: bytes, arrived: float | None = None
+    ) -> tuple[int, dict[str, str], Any]:
+        """(status, headers, JSON body or None) for one POST /v3/mail/send, whose request was read
+        at `arrived` (monotonic; now if not given); records it."""
+        arrived = time.monotonic() if arrived is None else arrived
         with self.lock:
             if auth != f"Bearer {self.api_key}":
                 self.calls.append(Call(401, False))
@@ -195,7 +201,7 @@ class FakeSendGrid(LocalServer):
                 self.calls.append(Call(400, True, errors))
                 return 400, {}, {"errors": errors}
             message_id = f"fake{next(self._ids):06d}{secrets.token_hex(6)}"
-            self.sent.append(Sent(message_id, payload))
+            self.sent.append(Sent(message_id, payload, arrived=arrived))
             self.calls.append(Call(202, True))
             return 202, {"X-Message-Id": message_id}, None
 
@@ -227,10 +233,13 @@ class FakeSendGrid(LocalServer):
 
             def do_POST(self) -> None:  # noqa: N802 - the http.server API
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                arrived = time.monotonic()
                 if self.path.partition("?")[0] != "/v3/mail/send":
                     send_json(self, 404, {"errors": [_error("Not found")]})
                     return
-                status, headers, answer = fake.answer(self.headers.get("Authorization", ""), body)
+                status, headers, answer = fake.answer(
+                    self.headers.get("Authorization", ""), body, arrived
+                )
                 lost = lambda: fake._lost(headers.get("X-Message-Id"))  # noqa: E731
                 if status == 202 and fake.losses.apply(self, lost):
                     return

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -53,6 +55,35 @@ def test_a_send_is_taken_with_a_message_id(fake):
     [sent] = fake.sent
     assert response.headers["X-Message-Id"] == sent.message_id
     assert sent.to == "ana@example.com" and sent.content("text/plain") == "hello"
+
+
+def test_a_mail_arrives_when_its_request_was_read_not_when_the_stand_in_got_to_it(fake):
+    """Latencies measured at the stand-in (tests/support/campaign.py) end when the sender's request
+    was in, not after the stand-in's own wait for its lock or its parsing: a mail read while
+    another thread holds the lock is stamped before the lock comes free."""
+    client = _client(fake)
+    with fake.lock:
+        sending = threading.Thread(target=client.send, args=(MAIL,))
+        began = time.monotonic()
+        sending.start()
+        deadline = time.monotonic() + 10
+        while not _waiting_for_the_lock() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen = time.monotonic()  # the request is read; its handler waits in answer()
+        assert _waiting_for_the_lock()
+        time.sleep(0.1)
+        freed = time.monotonic()
+    sending.join(5)
+    [sent] = fake.sent
+    assert began < sent.arrived <= seen < freed, (began, sent.arrived, seen, freed)
+
+
+def _waiting_for_the_lock() -> bool:
+    """A server thread is inside FakeSendGrid.answer (blocked on its lock: the test holds it)."""
+    return any(
+        frame.f_code.co_name == "answer" and frame.f_code.co_filename.endswith("fake_sendgrid.py")
+        for frame in sys._current_frames().values()
+    )
 
 
 def test_a_wrong_key_is_401_and_nothing_is_taken(fake):
