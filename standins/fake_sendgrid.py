@@ -180,12 +180,9 @@ class FakeSendGrid(LocalServer):
         with self.lock:
             self.failures.append(Failure(status, retry_after, reset, times))
 
-    def answer(
-        self, auth: str, body: bytes, arrived: float | None = None
-    ) -> tuple[int, dict[str, str], Any]:
+    def answer(self, auth: str, body: bytes, arrived: float) -> tuple[int, dict[str, str], Any]:
         """(status, headers, JSON body or None) for one POST /v3/mail/send, whose request was read
-        at `arrived` (monotonic; now if not given); records it."""
-        arrived = time.monotonic() if arrived is None else arrived
+        at `arrived` (monotonic); records it."""
         with self.lock:
             if auth != f"Bearer {self.api_key}":
                 self.calls.append(Call(401, False))

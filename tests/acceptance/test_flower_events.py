@@ -155,4 +155,4 @@ def test_task_events_go_out_only_once_asked_for(clarion_env, tmp_path):
 
 def _idle(active: dict[str, list[object]] | None) -> bool:
     """`inspect().active()` answered and every worker runs nothing."""
-    return active is not None and bool(active) and all(not tasks for tasks in active.values())
+    return bool(active and all(not tasks for tasks in active.values()))

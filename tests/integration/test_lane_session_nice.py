@@ -23,7 +23,7 @@ ENABLED = Path("/proc/sys/kernel/sched_autogroup_enabled")
 WINDOW = 1.5  # seconds both spin together on one CPU
 
 SPIN = """
-import os, sys
+import os
 os.sched_setaffinity(0, {{{cpu}}})
 os.nice({nice})
 if {session}:
