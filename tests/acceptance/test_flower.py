@@ -1,6 +1,7 @@
 """`clarion flower` is not open by default: the real command, started as a subprocess, answers 401
 without credentials (given, or made up and printed), and with them lists the lane queues with the
-depths the broker holds; `--unauthenticated` on a non-loopback address is refused."""
+depths the broker holds, and its task list fills though workers send no task events until it asks;
+`--unauthenticated` on a non-loopback address is refused."""
 
 from __future__ import annotations
 
@@ -127,3 +128,34 @@ def test_the_plan(address, configured, environ, auth):
         assert given and given.startswith("clarion:") and given[8:] in (chosen.notice or "")
     else:
         assert given == auth
+
+
+def test_with_clarion_flower_running_its_task_list_fills(clarion_env, tmp_path):
+    """Workers send no task events by default (celeryconfig.py); `clarion flower`, as documented,
+    asks them for events itself, so the route tasks of notifications show in its task list."""
+    from clarion.standins.receiver import Receiver
+    from clarion.tasks import notify, register_recipient
+    from tests.support.cluster import Cluster
+
+    with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as hooks:
+        env = {**clarion_env.env, "CLARION_WEBHOOK_URL": hooks.url}
+        cluster = Cluster(env, tmp_path / "logs")
+        cluster.worker("seen", ["transactional", "control"], concurrency=1)
+        try:
+            cluster.wait_ready(["seen"], 60)
+            register_recipient("ann", timezone="UTC")
+            login = _env(clarion_env, **env, CLARION_FLOWER_BASIC_AUTH="ops:s3cret-pass")
+            with flower(login, tmp_path / "flower.log") as base:
+                sent = [0]
+
+                def listed() -> bool:  # a notification a second until Flower lists one
+                    sent[0] += 1
+                    notify("ann", "receipt", event_id=f"f{sent[0]}", variables={"order": 1})
+                    tasks = httpx.get(f"{base}/api/tasks", headers=_basic("ops", "s3cret-pass"))
+                    assert tasks.status_code == 200, tasks.text
+                    return any(t.get("name") == "clarion.route" for t in tasks.json().values())
+
+                assert launch.wait_until(listed, 60, 1.0), (tmp_path / "flower.log").read_text()
+        finally:
+            cluster.stop()
+    assert hooks.arrivals.total >= 1
