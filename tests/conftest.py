@@ -81,6 +81,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
 
 
+# The soak tier's CPU-heavy runs (make soak): one xdist process takes them one after another,
+# while the other runs the rest, which mostly wait on budgets and timers (2,000 SMS at 10
+# segments/s, a worker started during an outage, wheels installed into fresh virtualenvs). Two
+# heavy runs side by side each take three times as long, and a short settle timeout in one of
+# them (test_digest_workers) then fails.
+# By file: xdist's own grouping (`--dist loadgroup`, `xdist_group` marks) does nothing under
+# pytest 9 (it renames an attribute pytest no longer reads).
+SOAK_ONE_AT_A_TIME = frozenset(
+    f"tests/{path}.py"
+    for path in (
+        "acceptance/test_all_faults",
+        "acceptance/test_broadcast_chaos",
+        "acceptance/test_broker_failover",
+        "acceptance/test_chaos",
+        "acceptance/test_demo",
+        "acceptance/test_digest_workers",
+        "acceptance/test_failover",
+        "acceptance/test_lease_partition",
+        "acceptance/test_outbound_events",
+        "acceptance/test_two_beats",
+        "integration/test_failover",
+    )
+)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under `--dist loadscope` with `-m soak`, the heavy files above are one unit of work (one
+    process, one test at a time) and every other test a unit of its own; anything else keeps
+    xdist's own scheduling."""
+    if config.getoption("dist") != "loadscope" or config.option.markexpr != "soak":
+        return None
+    if missing := sorted(p for p in SOAK_ONE_AT_A_TIME if not (ROOT / p).is_file()):
+        raise pytest.UsageError(f"SOAK_ONE_AT_A_TIME names files that are not there: {missing}")
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneHeavyAtATime(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "heavy" if nodeid.split("::")[0] in SOAK_ONE_AT_A_TIME else nodeid
+
+    return OneHeavyAtATime(config, log)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Start the embedded services once, in the controlling process, before xdist starts workers.
 

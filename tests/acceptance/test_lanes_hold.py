@@ -40,8 +40,8 @@ from tests.support.environment import reset_process_state
 # and with bulk sends one at a time beside receipts (tasks/lanes.py) 1.32x and 0.88x, while
 # bench rounds of the same default still exceed 1.5x one time in three (bench/RESULTS.md, "Lanes
 # under a campaign"); on a slower host losing 22-30% of its CPU to steal, 2.87x, then 1.63x with
-# the bulk worker's session niced and task events off. Issue 28 stays open until this passes
-# reliably.
+# the bulk worker's session niced and task events off; with CLARION_BULK_FEEDBACK=on, 1.07x on
+# that host and 1.45x on a fast one. Issue 28 stays open until this passes reliably.
 # `make campaign`.
 pytestmark = [pytest.mark.acceptance, pytest.mark.campaign]
 
