@@ -84,8 +84,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # The soak tier's CPU-heavy runs (make soak): one xdist process takes them one after another,
 # while the other runs the rest, which mostly wait on budgets and timers (2,000 SMS at 10
 # segments/s, a worker started during an outage, wheels installed into fresh virtualenvs). Two
-# heavy runs side by side each take three times as long, and a short settle timeout in one of
-# them (test_digest_workers) then fails.
+# heavy runs side by side take up to three times as long (the 200k broadcast 20+ min against 7.7,
+# every-fault 10 against 5.8), and a short settle timeout in one of them (test_digest_workers)
+# then fails.
 # By file: xdist's own grouping (`--dist loadgroup`, `xdist_group` marks) does nothing under
 # pytest 9 (it renames an attribute pytest no longer reads).
 SOAK_ONE_AT_A_TIME = frozenset(
