@@ -14,8 +14,10 @@ receipts idle again. Latency: arrival at the stand-in minus the notify call.
   advice  off, plus the old README advice: CLARION_ACTIVATION_PER_SECOND=300, bulk worker nice 10
   nice    the bulk worker niced (CLARION_BULK_NICE=10), nothing else: the default until session 26
   calm    nice, and bulk sends one at a time while receipts flow (CLARION_BULK_SENDS_BESIDE=1):
-          the default
-  nicedb  nice, and the bulk worker's PostgreSQL backends niced too (CLARION_BULK_NICE_DATABASE)
+          the default until session 29
+  nicedb  nice, and the bulk worker's PostgreSQL backends (and their sessions) niced too
+          (CLARION_BULK_NICE_DATABASE)
+  calmdb  calm and nicedb: the default
   on      calm, and bulk lanes give way to transactional work in flight (CLARION_BULK_FEEDBACK)
   ondb    on, and the backends niced
   NAME-c1 any of these with the bulk worker at concurrency 1 (2 otherwise)
@@ -227,6 +229,18 @@ def _stages(
         )
         + " ms (p50/p95)"
     )
+    # the tail: where the slowest 5% of receipts (by their whole latency) spent it, on average
+    totals = [sum(values) for values in zip(*parts.values(), strict=True)]
+    cut = _pct(totals, 0.95) / 1000
+    slow = [i for i, total in enumerate(totals) if total >= cut]
+    if slow:
+        say(
+            f"  {label} slowest {len(slow)} (>= {cut * 1000:.1f} ms), mean ms: "
+            + ", ".join(
+                f"{part} {sum(values[i] for i in slow) / len(slow) * 1000:.1f}"
+                for part, values in parts.items()
+            )
+        )
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -147,10 +147,10 @@ class Settings:
     )  # CPU niceness a worker that consumes only bulk lanes takes at start (0: as the others),
     # for its session too where it leads one (Linux autogroup; tasks/lanes.py nice_session)
     bulk_nice_database: str = field(
-        default="off", metadata={"check": lambda v: v in ("on", "off"), "rule": "on or off"}
-    )  # on: that worker's PostgreSQL backends take the same niceness, where the server runs on
-    # this host as a user the worker may renice (the embedded default); elsewhere nothing changes.
-    # Off by default: no gain shown yet on a shared host (bench/RESULTS.md, lanes)
+        default="on", metadata={"check": lambda v: v in ("on", "off"), "rule": "on or off"}
+    )  # on: that worker's PostgreSQL backends take the same niceness (and their sessions',
+    # autogroup), where the server runs on this host as a user the worker may renice (the
+    # embedded default); elsewhere nothing changes
     webhook_url: str | None = None  # default endpoint for webhook types without config.webhook.url
     # HMAC key of webhook signatures (and, derived, of email Message-IDs); the public default is
     # refused once CLARION_DATABASE_URL is set

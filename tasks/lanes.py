@@ -384,7 +384,7 @@ def paced(lane: str | None, keys: list[tuple[str, int]]) -> Iterator[list[tuple[
 AUTOGROUP = "/proc/self/autogroup"
 
 
-def nice_session(step: int, path: str = AUTOGROUP) -> str | None:
+def nice_session(step: int, path: str = AUTOGROUP, *, leads: bool | None = None) -> str | None:
     """Give this process's scheduling group the niceness `step` more, where Linux groups
     processes by session (autogroup: `/proc/sys/kernel/sched_autogroup_enabled`, on by default in
     most distributions' kernels). Under autogroup a process's own niceness weighs only against
@@ -396,10 +396,11 @@ def nice_session(step: int, path: str = AUTOGROUP) -> str | None:
     shell's session alone, and its niceness weighs against what was started beside it. In a
     cgroup of its own (a container, a systemd unit with CPU accounting) autogroup does not
     apply and this changes nothing: there the cgroup's CPU weight is what counts
-    (docs/operations). None when done, else why not."""
+    (docs/operations). `path` and `leads` name another process's group (a database backend that
+    leads its session: `renice_backend`). None when done, else why not."""
     if step <= 0:
         return "no niceness asked"
-    if os.getsid(0) != os.getpid():
+    if not (os.getsid(0) == os.getpid() if leads is None else leads):
         return "this process does not lead its session (its niceness applies within it)"
     try:
         with open(path) as current:
@@ -418,7 +419,8 @@ LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 def nice_backends(step: int) -> None:
     """Every database connection this process (and the pool processes it forks) opens from now on
-    has its PostgreSQL backend reniced by `step`, where that is possible: a bulk worker's queries
+    has its PostgreSQL backend reniced by `step`, and the backend's session (autogroup), where
+    that is possible: a bulk worker's queries
     then give way to a receipt's on the CPU as its own code does (tasks/app.py). Only a server on
     this host (a Unix socket or loopback; not through a pooler, whose server connections are
     shared) whose backend process is a `postgres` this user may renice: the embedded default.
@@ -474,4 +476,10 @@ def renice_backend(dbapi_connection: object, step: int) -> str | None:
         os.setpriority(os.PRIO_PROCESS, pid, min(19, now + step))
     except OSError as exc:  # not permitted (another user's server), gone, or no /proc
         return f"{type(exc).__name__}: {exc}"
+    # PostgreSQL starts every backend in a session of its own (InitPostmasterChild's setsid):
+    # under autogroup each backend is a scheduling group of one, which its process niceness does
+    # not reach (`nice_session`); the group's niceness does.
+    group = f"/proc/{pid}/autogroup"
+    if os.path.exists(group) and os.getsid(pid) == pid:
+        return nice_session(step, group, leads=True)
     return None

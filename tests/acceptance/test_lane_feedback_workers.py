@@ -87,25 +87,31 @@ def test_a_dead_transactional_process_does_not_hold_the_bulk_lanes_back(clarion_
     )
 
 
-def _niced_backends() -> list[int]:
-    """The niceness of each of this database's backends that runs niced (the server is on this
-    host)."""
+def _niced_backends() -> list[tuple[int, int | None]]:
+    """Each of this database's backends that runs niced (the server is on this host): its
+    niceness, and its scheduling group's (None without autogroup)."""
     with engine().connect() as conn:
         pids = conn.execute(
             text("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
         ).scalars()
         found = []
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError):  # a backend that just left
-                found.append(os.getpriority(os.PRIO_PROCESS, pid))
-    return [n for n in found if n > 0]
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # one that left
+                group = Path(f"/proc/{pid}/autogroup")
+                found.append(
+                    (
+                        os.getpriority(os.PRIO_PROCESS, pid),
+                        int(group.read_text().split()[-1]) if group.exists() else None,
+                    )
+                )
+    return [(n, g) for n, g in found if n > 0 or (g or 0) > 0]
 
 
 @pytest.mark.parametrize("database", ["on", "off"])
 def test_a_bulk_workers_database_backends_run_niced(clarion_env, tmp_path, database):
-    """The bulk worker's niceness holds for its session (autogroup); CLARION_BULK_NICE_DATABASE=on:
-    its backends take its niceness on a server on this host; off, none is niced (the test's own
-    backends never are)."""
+    """The bulk worker's niceness holds for its session (autogroup); CLARION_BULK_NICE_DATABASE=on
+    (the default): its backends take its niceness, and their sessions', on a server on this host;
+    off, none is niced (the test's own backends never are)."""
     with Receiver(clarion_env.env["CLARION_WEBHOOK_SECRET"]) as receiver:
         env = {
             **clarion_env.env,
@@ -133,6 +139,8 @@ def test_a_bulk_workers_database_backends_run_niced(clarion_env, tmp_path, datab
     assert counts(NUDGES_SENT) == 1
     assert session.split()[-2:] == ["nice", "7"], session
     if database == "on":
-        assert niced and all(n >= 7 for n in niced), niced
+        # each backend leads a session of its own (PostgreSQL's setsid), so under autogroup its
+        # group's niceness is what counts, and is raised too
+        assert niced and all(n >= 7 and (g is None or g >= 7) for n, g in niced), niced
     else:
         assert niced == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -127,8 +128,18 @@ def test_a_backend_on_this_host_is_reniced(clarion_env):
             cursor.execute("SELECT pg_backend_pid()")
             pid = cursor.fetchone()[0]
         before = os.getpriority(os.PRIO_PROCESS, pid)
+        group = Path(f"/proc/{pid}/autogroup")
+        group_before = group.read_text().split() if group.exists() else None
         assert lanes.renice_backend(raw.driver_connection, 3) is None
         assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, before + 3)
+        if group_before is not None:
+            # PostgreSQL's backend leads a session of its own: under autogroup its niceness
+            # would weigh against nothing, so its group's is raised too (tests/integration/
+            # test_lane_session_nice.py shows what the group's niceness does)
+            assert os.getsid(pid) == pid
+            after = group.read_text().split()
+            assert after[0] == group_before[0]  # the same group
+            assert int(after[-1]) == min(19, int(group_before[-1]) + 3)
     finally:
         raw.invalidate()  # a niced backend goes with its connection, not back to the pool
 
