@@ -1,7 +1,10 @@
 """The email channel through SendGrid's v3 Mail Send API (the official `sendgrid` SDK), and the
 parser of its Event Webhook.
 
-Sending: the same email as over SMTP (adapters.email_mime), as SendGrid's JSON: From per lane
+Sending: the same email as over SMTP (adapters.email_mime), as SendGrid's JSON (built with the
+SDK's mail helpers), POSTed on the process's kept-alive connections (adapters.http1: the SDK's
+own transport, urllib, opens a connection per mail, and a campaign's mail each paid a connect —
+a TLS handshake against the real API — on both sides; measured in bench/RESULTS.md): From per lane
 (and the lane's IP pool, CLARION_SENDGRID_IP_POOL / _MARKETING), the Message-ID and one-click
 List-Unsubscribe headers, categories (the type and its category), an unsubscribe group for
 non-transactional mail (CLARION_SENDGRID_ASM_GROUP), and custom_args `clarion_user` /
@@ -27,14 +30,14 @@ Events: `receipts(events)` maps a verified batch to clarion receipts (see EVENTS
 
 from __future__ import annotations
 
-import http.client
-import urllib.error
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from clarion import clock
+from clarion.adapters import http1
 from clarion.adapters.base import Channel, Collaborators
 from clarion.adapters.email_mime import Identities, build, is_transactional
 from clarion.adapters.ratelimit import Quota, RateLimits
@@ -42,14 +45,10 @@ from clarion.errors import (
     ConfigurationError,
     PermanentSendError,
     ThrottledError,
-    TransientSendError,
     UnknownSendError,
 )
 from clarion.records import Message, Receipt, SendResult, clean_provider_id
 from clarion.settings import Settings
-
-if TYPE_CHECKING:  # the SDK is the `sendgrid` extra: imported where it is used
-    from sendgrid import SendGridAPIClient
 
 USER_ARG, DELIVERY_ARG = "clarion_user", "clarion_delivery"
 DEFAULT_PAUSE = 5.0  # seconds, for a 429 that names no wait
@@ -124,7 +123,7 @@ def to_payload(
 def wait_of(headers: Mapping[str, str], now: float) -> float:
     """Seconds a 429 asks for: Retry-After, else X-RateLimit-Reset (an epoch second)."""
     for name, relative in (("Retry-After", True), ("X-RateLimit-Reset", False)):
-        raw = headers.get(name)
+        raw = header(headers, name)
         try:
             value = float(raw) if raw else None
         except ValueError:
@@ -138,7 +137,7 @@ def from_response(response: SendGridResponse, *, now: float) -> SendResult:
     """The pure part: an answer as a result, or the error to raise."""
     status, detail = response.status, response.body[:200].decode("utf-8", "replace")
     if status == 202 or 200 <= status < 300:
-        message_id = clean_provider_id(response.headers.get("X-Message-Id"))
+        message_id = clean_provider_id(header(response.headers, "X-Message-Id"))
         return SendResult(platform="sendgrid", provider_message_id=message_id, repeat=None)
     if status == 429:
         raise ThrottledError("http_429", detail, wait_of(response.headers, now))
@@ -147,8 +146,12 @@ def from_response(response: SendGridResponse, *, now: float) -> SendResult:
     raise PermanentSendError(f"http_{status}", detail)
 
 
-def _headers(raw: Any) -> dict[str, str]:
-    return {str(k): str(v) for k, v in (raw.items() if raw is not None else [])}
+def header(headers: Mapping[str, str], name: str) -> str | None:
+    """A header's value, its name matched in any case (HTTP's rule)."""
+    if (value := headers.get(name)) is not None:
+        return value
+    wanted = name.lower()
+    return next((v for k, v in headers.items() if k.lower() == wanted), None)
 
 
 class SendGridAdapter(Channel[dict[str, Any], SendGridResponse]):
@@ -161,8 +164,10 @@ class SendGridAdapter(Channel[dict[str, Any], SendGridResponse]):
 
     def __init__(
         self,
-        client: SendGridAPIClient,
+        http: http1.Connections,
         *,
+        url: str,
+        timeout: float,
         api_key: str,
         identities: Identities,
         public_url: str,
@@ -172,8 +177,14 @@ class SendGridAdapter(Channel[dict[str, Any], SendGridResponse]):
         limits: RateLimits | None = None,
         quota: Quota | None = None,
     ) -> None:
-        self.client = client
+        self.http, self.url, self.timeout = http, url, timeout
         self.api_key = api_key
+        self.headers = {
+            "Authorization": f"Bearer {api_key}",
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "User-Agent": "clarion",
+        }
         self.identities = identities
         self.public_url = public_url
         self.secret = secret
@@ -188,12 +199,15 @@ class SendGridAdapter(Channel[dict[str, Any], SendGridResponse]):
         group = s.sendgrid_asm_group
         if group is not None and not (group.isascii() and group.isdigit()):
             raise ConfigurationError(f"CLARION_SENDGRID_ASM_GROUP={group!r} must be a group id")
-        from sendgrid import SendGridAPIClient
-
-        client = SendGridAPIClient(api_key=key, host=s.sendgrid_api_url.rstrip("/"))
-        client.client.timeout = s.email_timeout  # per request; the SDK itself never retries
+        url = s.sendgrid_api_url.rstrip("/") + "/v3/mail/send"
+        try:
+            http1.target(url)
+        except ValueError as exc:
+            raise ConfigurationError(f"CLARION_SENDGRID_API_URL: {exc}") from exc
         return cls(
-            client,
+            parts.http,
+            url=url,
+            timeout=s.email_timeout,  # per request, all of it; never retried here
             api_key=key,
             identities=Identities(s.email_from, s.email_from_marketing),
             public_url=s.public_url,
@@ -218,24 +232,16 @@ class SendGridAdapter(Channel[dict[str, Any], SendGridResponse]):
         return (self.quota, self.api_key, 1) if self.quota else None
 
     def call(self, request: dict[str, Any]) -> SendGridResponse:
-        """POST /v3/mail/send through the SDK. urllib raises URLError only while connecting or
-        writing the request (nothing was taken); anything after that is an unknown outcome."""
-        from python_http_client import exceptions as http_errors
+        """POST /v3/mail/send. No connection (nothing can have been sent): failed, retried; once
+        the request may have been written, no complete answer is an unknown outcome."""
+        from clarion.adapters.webhook import error_for
 
+        body = json.dumps(request, separators=(",", ":")).encode()
         try:
-            answer = self.client.send(request)
-        except http_errors.HTTPError as exc:
-            response = SendGridResponse(
-                int(exc.status_code), _headers(exc.headers), _bytes(exc.body)
-            )
-        except urllib.error.URLError as exc:
-            raise TransientSendError("connection", str(exc.reason)[:200]) from exc
-        except (OSError, http.client.HTTPException) as exc:
-            raise UnknownSendError("no_answer", f"{type(exc).__name__}: {exc}"[:200]) from exc
-        else:
-            response = SendGridResponse(
-                int(answer.status_code), _headers(answer.headers), _bytes(answer.body)
-            )
+            answer = self.http.post(self.url, self.headers, body, self.timeout)
+        except (http1.NotSent, http1.NoAnswer) as exc:
+            raise error_for(exc) from exc
+        response = SendGridResponse(answer.status, answer.headers, answer.body)
         if response.status == 429 and self.limits is not None and self.quota is not None:
             wait = wait_of(response.headers, clock.now().timestamp())
             self.limits.pause(self.quota, self.api_key, wait)
@@ -243,12 +249,6 @@ class SendGridAdapter(Channel[dict[str, Any], SendGridResponse]):
 
     def from_response(self, message: Message, response: SendGridResponse) -> SendResult:
         return from_response(response, now=clock.now().timestamp())
-
-
-def _bytes(body: Any) -> bytes:
-    if isinstance(body, bytes):
-        return body
-    return str(body or "").encode()
 
 
 # --- the Event Webhook ---------------------------------------------------------------------------------

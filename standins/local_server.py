@@ -22,10 +22,12 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.open_sockets: set[socket.socket] = set()  # accepted connections not yet closed
+        self.accepted = 0  # connections accepted since start (kept-alive clients reuse theirs)
 
     def get_request(self):
         sock, address = super().get_request()
         self.open_sockets.add(sock)
+        self.accepted += 1
         return sock, address
 
     def shutdown_request(self, request) -> None:

@@ -119,6 +119,25 @@ def test_a_400_fails_the_delivery_for_good(web, fake):
     assert delivery(key)["state"] == "failed" and "http_400" in delivery(key)["last_error"]
 
 
+def test_mail_goes_out_on_one_kept_alive_connection(web, fake):
+    for n in range(5):
+        assert send("ana", "receipt_email", f"k{n}", order=f"A-{n}")[1] == 1
+    assert len(fake.sent) == 5
+    # the SDK's own transport (urllib) connected once per mail; one connection serves them all
+    assert fake.server.accepted == 1
+
+
+def test_no_connection_fails_the_send_and_the_retry_sends_it(web, fake):
+    fake.refuse()  # nothing listens: nothing can have been sent
+    key, sent = send("ana", "receipt_email", order="A-1")
+    row = delivery(key)
+    assert sent == 0 and row["state"] == "pending" and row["maybe_sent_at"] is None
+    assert row["last_error"].startswith("connection"), row["last_error"]
+    fake.reopen()
+    assert retry(key) == 1
+    assert len(fake.sent) == 1 and delivery(key)["state"] == "sent" and incidents() == []
+
+
 def test_a_429_pauses_the_keys_budget_and_recovers(web, fake):
     with frozen_clock() as clock:
         fake.fail(429, retry_after=30)
