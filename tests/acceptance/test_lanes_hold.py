@@ -46,6 +46,10 @@ from tests.support.environment import reset_process_state
 pytestmark = [pytest.mark.acceptance, pytest.mark.campaign]
 
 SIZE = int(os.environ.get("SOAK_CAMPAIGN_SIZE", "200000"))
+# The lanes' settings a run asks for (`CLARION_BULK_FEEDBACK=on make campaign`), read before the
+# clarion_env fixture removes every CLARION_* variable it did not set itself (until session 29
+# they were silently dropped: the runs recorded as "with the feedback on" ran the defaults).
+ASKED = {k: v for k, v in os.environ.items() if k.startswith("CLARION_BULK_")}
 # Receipts per second and seconds of the phase beside the campaign (the idle baseline is two
 # phases of half that, before and after): 1,200 latencies each side, so that a p95 is the 60th
 # slowest and not the 15th, which one stall of the host can move on its own.
@@ -57,7 +61,11 @@ PER_SECOND = 2000  # the provider's budget (clarion spends 90%, the activation l
 def test_receipts_keep_their_p95_while_a_200k_campaign_drains(clarion_env, tmp_path, monkeypatch):
     stand_in = StandIn()
     try:
-        env = {**clarion_env.env, **email_env(stand_in.url, stand_in.api_key, PER_SECOND)}
+        env = {
+            **clarion_env.env,
+            **ASKED,
+            **email_env(stand_in.url, stand_in.api_key, PER_SECOND),
+        }
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         reset_process_state()
@@ -91,7 +99,8 @@ def test_receipts_keep_their_p95_while_a_200k_campaign_drains(clarion_env, tmp_p
         f"\ncampaign of {SIZE:,} at a {PER_SECOND}/s provider budget: receipts p95 idle "
         f"{p95(idle) * 1000:.1f} ms, under the campaign {p95(busy) * 1000:.1f} ms = {ratio:.2f}x; "
         f"campaign {bulk_idle:,.0f}/s with receipts idle, {during / (ended - phase):,.0f}/s "
-        f"beside them; whole campaign {max(got.campaign_at) - began:,.0f} s"
+        f"beside them; whole campaign {max(got.campaign_at) - began:,.0f} s; settings asked: "
+        f"{' '.join(f'{k}={v}' for k, v in sorted(ASKED.items())) or 'none (the defaults)'}"
     )
     for name, values in (("idle", idle), ("campaign", busy)):
         print(
