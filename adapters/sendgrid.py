@@ -199,6 +199,10 @@ class SendGridAdapter(Channel[dict[str, Any], SendGridResponse]):
         group = s.sendgrid_asm_group
         if group is not None and not (group.isascii() and group.isdigit()):
             raise ConfigurationError(f"CLARION_SENDGRID_ASM_GROUP={group!r} must be a group id")
+        if not all(" " < ch < "\x7f" for ch in key):  # it goes into a header line as it is
+            raise ConfigurationError(
+                "CLARION_SENDGRID_API_KEY holds a space or a control character"
+            )
         url = s.sendgrid_api_url.rstrip("/") + "/v3/mail/send"
         try:
             http1.target(url)

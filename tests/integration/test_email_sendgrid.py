@@ -19,10 +19,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clarion import settings as clarion_settings
+from clarion.adapters.sendgrid import SendGridAdapter
+from clarion.errors import ConfigurationError
 from clarion.ops.explain import explain
 from clarion.standins.fake_sendgrid import EventKey, FakeSendGrid, Sent, event, post_events
 from clarion.standins.fake_slack import serving
-from clarion.tasks import register_recipient
+from clarion.tasks import register_recipient, runtime
 from clarion.tasks.deliver import deliver
 from clarion.web.app import create_app
 from tests.support.mail import (
@@ -458,3 +461,22 @@ def test_a_complaint_stops_the_address_for_every_user_who_has_it(web, fake):
         assert "complained recorded for another recipient with this address" in why["detail"]
         assert "complained recorded for another recipient" in explain(user)
     assert len(fake.sent) == 1  # the stand-in got ana's message and nothing since
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "names"),
+    [
+        ("sendgrid_api_key", "SG.key\r\nX-Injected: 1", "CLARION_SENDGRID_API_KEY"),
+        ("sendgrid_api_key", "SG.key with space", "CLARION_SENDGRID_API_KEY"),
+        ("sendgrid_api_url", "ftp://api.sendgrid.example", "CLARION_SENDGRID_API_URL"),
+        ("sendgrid_api_url", "https://", "CLARION_SENDGRID_API_URL"),
+    ],
+)
+def test_a_bad_api_key_or_url_is_a_configuration_error(
+    clarion_env, monkeypatch, field, value, names
+):
+    configure(
+        monkeypatch, **email_settings(**{"sendgrid_api_key": FakeSendGrid.API_KEY, field: value})
+    )
+    with pytest.raises(ConfigurationError, match=rf"^{names}\b"):
+        SendGridAdapter.from_settings(clarion_settings.get(), runtime.collaborators())
