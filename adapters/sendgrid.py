@@ -41,6 +41,7 @@ from clarion.adapters import http1
 from clarion.adapters.base import Channel, Collaborators
 from clarion.adapters.email_mime import Identities, build, is_transactional
 from clarion.adapters.ratelimit import Quota, RateLimits
+from clarion.adapters.webhook import error_for
 from clarion.errors import (
     ConfigurationError,
     PermanentSendError,
@@ -238,8 +239,6 @@ class SendGridAdapter(Channel[dict[str, Any], SendGridResponse]):
     def call(self, request: dict[str, Any]) -> SendGridResponse:
         """POST /v3/mail/send. No connection (nothing can have been sent): failed, retried; once
         the request may have been written, no complete answer is an unknown outcome."""
-        from clarion.adapters.webhook import error_for
-
         body = json.dumps(request, separators=(",", ":")).encode()
         try:
             answer = self.http.post(self.url, self.headers, body, self.timeout)

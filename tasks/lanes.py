@@ -384,7 +384,7 @@ def paced(lane: str | None, keys: list[tuple[str, int]]) -> Iterator[list[tuple[
 AUTOGROUP = "/proc/self/autogroup"
 
 
-def nice_session(step: int, path: str = AUTOGROUP, *, leads: bool | None = None) -> str | None:
+def nice_session(step: int, path: str = AUTOGROUP) -> str | None:
     """Give this process's scheduling group the niceness `step` more, where Linux groups
     processes by session (autogroup: `/proc/sys/kernel/sched_autogroup_enabled`, on by default in
     most distributions' kernels). Under autogroup a process's own niceness weighs only against
@@ -396,12 +396,17 @@ def nice_session(step: int, path: str = AUTOGROUP, *, leads: bool | None = None)
     shell's session alone, and its niceness weighs against what was started beside it. In a
     cgroup of its own (a container, a systemd unit with CPU accounting) autogroup does not
     apply and this changes nothing: there the cgroup's CPU weight is what counts
-    (docs/operations). `path` and `leads` name another process's group (a database backend that
-    leads its session: `renice_backend`). None when done, else why not."""
+    (docs/operations). None when done, else why not."""
     if step <= 0:
         return "no niceness asked"
-    if not (os.getsid(0) == os.getpid() if leads is None else leads):
+    if os.getsid(0) != os.getpid():
         return "this process does not lead its session (its niceness applies within it)"
+    return nice_group(step, path)
+
+
+def nice_group(step: int, path: str) -> str | None:
+    """Raise the niceness of the autogroup whose /proc file is `path` by `step` (at most to 19);
+    None when done, else why not."""
     try:
         with open(path) as current:
             now = int(current.read().split()[-1])  # "/autogroup-120 nice 0"
@@ -481,5 +486,5 @@ def renice_backend(dbapi_connection: object, step: int) -> str | None:
     # not reach (`nice_session`); the group's niceness does.
     group = f"/proc/{pid}/autogroup"
     if os.path.exists(group) and os.getsid(pid) == pid:
-        return nice_session(step, group, leads=True)
+        return nice_group(step, group)
     return None
